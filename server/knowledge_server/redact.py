@@ -1,0 +1,151 @@
+"""Secret redaction applied before any text reaches an index.
+
+Every lane that stores text (episodes, code chunks, documents) passes it through
+:func:`redact` at ingestion time, so a secret can never be searched for, returned
+in a snippet, or copied into a derived layer. The replacement keeps the kind of
+secret (``[REDACTED:aws-access-key]``) so a reader still sees that something was
+there, without the value.
+
+Patterns favour recall over precision: a false positive costs a few characters of
+context, a false negative leaks a credential.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["redact", "redact_counted", "looks_like_secret", "SECRET_FILE_PATTERNS"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    kind: str
+    pattern: re.Pattern[str]
+    # Which regex group holds the secret value; 0 = the whole match.
+    group: int = 0
+
+
+_RULES: tuple[_Rule, ...] = (
+    _Rule(
+        "private-key",
+        re.compile(
+            r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
+            r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
+            re.DOTALL,
+        ),
+    ),
+    _Rule("aws-access-key", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b")),
+    _Rule(
+        "aws-secret-key",
+        re.compile(
+            r"(?i)(aws_?secret_?(?:access_?)?key[\"']?\s*[:=]\s*[\"']?)([A-Za-z0-9/+=]{40})"
+        ),
+        group=2,
+    ),
+    _Rule("github-token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b")),
+    _Rule("gitlab-token", re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}\b")),
+    _Rule("slack-token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b")),
+    _Rule("openai-key", re.compile(r"\bsk-(?:proj-|ant-(?:api\d\d-)?)?[A-Za-z0-9_\-]{20,}\b")),
+    _Rule("google-api-key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),
+    _Rule("stripe-key", re.compile(r"\b(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}\b")),
+    _Rule(
+        "jwt",
+        re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\b"),
+    ),
+    # scheme://user:password@host -> keep user and host, drop the password.
+    _Rule(
+        "url-password",
+        re.compile(r"([a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@'\"]+:)([^\s@/'\"]+)(@)"),
+        group=2,
+    ),
+    _Rule(
+        "bearer-token",
+        re.compile(r"(?i)(\bauthorization\s*[:=]\s*[\"']?(?:bearer|token|basic)\s+)([A-Za-z0-9._~+/=\-]{8,})"),
+        group=2,
+    ),
+    # NAME_KEY=value, "password": "value", secret: value ... in env files, configs, shell.
+    _Rule(
+        "assignment",
+        re.compile(
+            r"(?i)(\b[A-Z0-9_.\-]*(?:api[_\-]?key|apikey|secret|passwd|password|pwd|token|"
+            r"access[_\-]?key|private[_\-]?key|client[_\-]?secret|auth)[A-Z0-9_\-]*[\"']?"
+            r"\s*(?::=|=|:)\s*[\"']?)([^\s\"',;}{)]{6,})"
+        ),
+        group=2,
+    ),
+)
+
+# Values that are obviously placeholders are not secrets: keep them readable.
+_PLACEHOLDER = re.compile(
+    r"(?i)^(?:\$\{?[A-Z0-9_]+\}?|<[^>]*>|x{4,}|\*{3,}|changeme|example|your[_\-].*|"
+    r"\[REDACTED:[a-z\-]+\]|none|null|true|false|redacted|placeholder|dummy|test|"
+    r"os\.environ.*|env\(.*|process\.env.*|getenv.*|self\..*|config\..*|settings\..*)$"
+)
+
+# File names that are never read at all (code lane walker): dotenv files, key
+# material, credential stores.
+SECRET_FILE_PATTERNS: tuple[str, ...] = (
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.jks",
+    "*.keystore",
+    "id_rsa",
+    "id_rsa.*",
+    "id_dsa",
+    "id_ecdsa",
+    "id_ed25519",
+    "*.ppk",
+    ".netrc",
+    "_netrc",
+    ".pgpass",
+    ".npmrc",
+    ".pypirc",
+    "credentials",
+    "credentials.json",
+    "*.credentials",
+    "secrets.*",
+    "*.secret",
+    "*.secrets",
+    ".htpasswd",
+    "*.kdbx",
+)
+
+
+def redact_counted(text: str) -> tuple[str, int]:
+    """Return ``text`` with every recognised secret replaced, and how many were."""
+    if not text:
+        return text, 0
+    count = 0
+    for rule in _RULES:
+
+        def _sub(m: re.Match[str], rule: _Rule = rule) -> str:
+            nonlocal count
+            value = m.group(rule.group)
+            if rule.group and _PLACEHOLDER.match(value):
+                return m.group(0)
+            count += 1
+            marker = f"[REDACTED:{rule.kind}]"
+            if rule.group == 0:
+                return marker
+            start, end = m.span(rule.group)
+            base = m.start(0)
+            whole = m.group(0)
+            return whole[: start - base] + marker + whole[end - base :]
+
+        text = rule.pattern.sub(_sub, text)
+    return text, count
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with every recognised secret replaced by ``[REDACTED:<kind>]``."""
+    return redact_counted(text)[0]
+
+
+def looks_like_secret(value: str) -> bool:
+    """True when ``value`` (a whole string, e.g. a config value) would be redacted."""
+    return redact_counted(value)[1] > 0
