@@ -24,3 +24,42 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.skip(f"real data folder {path} is absent (set KNOWLEDGE_SHARED_DATA to use another)")
     return path
+
+
+SEED_DIR = REPO_ROOT.parent / "shared" / "seeds"
+
+
+class RunningServer:
+    """A real grpc.aio server on a free loopback port, with its app and config."""
+
+    def __init__(self, server, port: int, app, config) -> None:  # type: ignore[no-untyped-def]
+        self.server = server
+        self.port = port
+        self.app = app
+        self.config = config
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+async def start_server(tmp_path: Path, app_factory=None, authenticate=None, **overrides):  # type: ignore[no-untyped-def]
+    """Start the real server (create_server on 127.0.0.1:0) with a temp data dir."""
+    from knowledge_server.config import load_config
+    from knowledge_server.runtime import build_app
+    from knowledge_server.server import create_server
+
+    values = {"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "data"), "bootstrap": False}
+    values.update(overrides)
+    cfg = load_config(env={}, overrides=values)
+    app = app_factory(cfg) if app_factory else build_app(cfg)
+    server, port, app = await create_server(cfg, app, authenticate=authenticate)
+    await server.start()
+    return RunningServer(server, port, app, cfg)
+
+
+@pytest.fixture
+async def running_server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    rs = await start_server(tmp_path)
+    yield rs
+    await rs.server.stop(0)

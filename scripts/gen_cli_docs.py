@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Write docs/cli.md from the CLI's own --help texts (run after changing a command)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from knowledge_server.cli import iter_commands, main
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+
+
+def _command(path: str) -> tuple[click.Command, click.Context]:
+    ctx = click.Context(main, info_name="knowledge")
+    cmd: click.Command = main
+    for part in path.split():
+        assert isinstance(cmd, click.Group)
+        cmd = cmd.commands[part]
+        ctx = click.Context(cmd, info_name=part, parent=ctx)
+    return cmd, ctx
+
+
+def render() -> str:
+    lines = [
+        "# CLI reference",
+        "",
+        "Generated from `--help` by `scripts/gen_cli_docs.py`. Global options (before the command):",
+        "",
+        "```",
+        main.get_help(click.Context(main, info_name="knowledge")),
+        "```",
+        "",
+        "Exit codes of client commands: 0 ok, 1 request failed (the reason code is printed), 2 usage or",
+        "configuration error, 3 edition required, 4 service unreachable, 5 not authenticated.",
+        "",
+    ]
+    for path in iter_commands():
+        cmd, ctx = _command(path)
+        lines += [f"## `knowledge {path}`", "", "```", cmd.get_help(ctx), "```", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    OUT.write_text(render())
+    print(f"wrote {OUT}")

@@ -1,0 +1,126 @@
+"""The application layer: plain Python behind the gRPC servicers.
+
+It owns the lanes, the coordinator and the licence/edition state, and knows nothing
+about gRPC except the protobuf messages it takes and returns.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+from knowledge_server import __version__
+from knowledge_server._gen.knowledge.v1 import (
+    dispatch_pb2,
+    docgraph_pb2,
+    index_service_pb2,
+    knowledge_service_pb2,
+    search_pb2,
+)
+from knowledge_server.auth_model import Principal
+from knowledge_server.config import Config
+from knowledge_server.errors import InvalidRequest, Unimplemented
+from knowledge_server.search.coordinator import Coordinator
+from knowledge_server.search.lanes import Lane, NotReadyLane
+from knowledge_server.search.validate import validate_search
+from knowledge_server.transport.interceptors import EditionState, current_call
+
+
+def normalise_workspace(path: str) -> str:
+    return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def effective_workspaces(principal: Principal, requested: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The caller's scope: a request can narrow the principal's workspaces, never widen them.
+
+    None = unrestricted (a principal allowed everything and no filter given);
+    () = nothing visible (every requested root lies outside the principal's)."""
+    wanted = tuple(dict.fromkeys(normalise_workspace(w) for w in requested))
+    allowed = principal.workspaces
+    if allowed is None:
+        return wanted or None
+    allowed_n = tuple(normalise_workspace(a) for a in allowed)
+    if not wanted:
+        return allowed_n
+    return tuple(w for w in wanted if any(_under(w, a) for a in allowed_n))
+
+
+class LicenceView:
+    """Edition state for the gate and GetStatus. Replaced by the licence watcher at start."""
+
+    def edition(self) -> EditionState:
+        return EditionState("community", frozenset(), "missing")
+
+    def status(self) -> index_service_pb2.EditionStatus:
+        e = self.edition()
+        return index_service_pb2.EditionStatus(
+            edition=e.edition, licence_state=e.licence_state, reason="no licence file", features=sorted(e.features)
+        )
+
+
+class KnowledgeApp:
+    def __init__(self, config: Config, *, lanes: dict[str, Lane] | None = None, licence: LicenceView | None = None) -> None:
+        self.config = config
+        self.started_at = datetime.now(timezone.utc)
+        self.licence = licence or LicenceView()
+        self.lanes: dict[str, Lane] = lanes or {
+            "episodes": NotReadyLane("episodes", "no session logs have been ingested yet"),
+            "code": NotReadyLane("code", "no workspace has been indexed yet"),
+            "skills": NotReadyLane("skills", "the skill catalog has not been built yet"),
+        }
+        self.coordinator = Coordinator(self.lanes, timeout_ms=config.lane_timeout_ms)
+
+    # -- KnowledgeService -------------------------------------------------------------
+    async def search(self, req: search_pb2.SearchRequest) -> search_pb2.SearchResponse:
+        valid = validate_search(req)
+        scope = effective_workspaces(current_call().principal, valid.workspaces)
+        return await self.coordinator.search(valid, scope)
+
+    async def dispatch(self, req: dispatch_pb2.DispatchRequest) -> dispatch_pb2.DispatchResponse:
+        if req.schema != "knowledge.dispatch/v1":
+            raise InvalidRequest("schema: must be exactly 'knowledge.dispatch/v1'", metadata={"field": "schema"})
+        raise Unimplemented("Dispatch is declared in knowledge.v1 but not built in this server yet")
+
+    async def get_episode(self, req: knowledge_service_pb2.GetEpisodeRequest) -> knowledge_service_pb2.GetEpisodeResponse:
+        raise Unimplemented("GetEpisode needs the episodes lane, which is not built in this server yet")
+
+    async def get_chunk(self, req: knowledge_service_pb2.GetChunkRequest) -> knowledge_service_pb2.GetChunkResponse:
+        raise Unimplemented("GetChunk needs the code lane, which is not built in this server yet")
+
+    # -- DocGraphService ---------------------------------------------------------------
+    async def docgraph(self, op: str, req: object) -> object:
+        raise Unimplemented(f"{op} (document graph) is declared in knowledge.v1 but not built in this server yet")
+
+    # -- IndexService ------------------------------------------------------------------
+    async def index_stream(self, op: str, req: object) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
+        raise Unimplemented(f"{op} is declared in knowledge.v1 but not built in this server yet")
+        yield  # pragma: no cover
+
+    async def status(self, req: index_service_pb2.GetStatusRequest) -> index_service_pb2.GetStatusResponse:
+        principal = current_call().principal
+        resp = index_service_pb2.GetStatusResponse(version=__version__)
+        resp.edition.CopyFrom(self.licence.status())
+        resp.principal.id = principal.id
+        resp.principal.organisation = principal.organisation
+        resp.principal.role = principal.role
+        resp.principal.workspaces.extend(principal.workspaces or ())
+        resp.started_at.FromDatetime(self.started_at)
+        scope = effective_workspaces(principal, ())
+        resp.workspaces.extend(w for w in self.config.workspaces if scope is None or w in scope)
+        for name, lane in self.lanes.items():
+            status = getattr(lane, "status", None)
+            if status is not None:
+                resp.lanes.append(status(scope))
+            else:
+                resp.lanes.append(index_service_pb2.LaneStatus(lane=name, degraded=True, capability="degraded", reason="not built"))
+        return resp
+
+    def data_path(self, name: str) -> Path:
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        return self.config.data_dir / name

@@ -1,0 +1,419 @@
+"""`knowledge`: the command line for people and scripts.
+
+Human tables by default, one JSON document on stdout with `--json`; logs and
+progress go to stderr. Client commands talk to a running service (the address
+`knowledge serve` recorded in the data directory, or --address / KNOWLEDGE_ADDRESS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from knowledge_server import __version__
+from knowledge_server.cli.common import (
+    clear_address,
+    client,
+    data_dir,
+    emit_json,
+    fail,
+    handle_errors,
+    record_address,
+)
+
+err_console = Console(stderr=True)
+out_console = Console()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), envvar="KNOWLEDGE_DATA_DIR",
+              help="Data directory (databases, tokens, licence). Env: KNOWLEDGE_DATA_DIR. "
+                   "Default: the user's data dir, e.g. ~/.local/share/knowledge-service.")
+@click.option("--address", envvar="KNOWLEDGE_ADDRESS", help="Service address HOST:PORT for client commands. "
+              "Env: KNOWLEDGE_ADDRESS. Default: the address `knowledge serve` recorded, else 127.0.0.1:50151.")
+@click.option("--token", envvar="KNOWLEDGE_TOKEN", help="Bearer token for client commands. Env: KNOWLEDGE_TOKEN.")
+@click.option("--timeout", type=float, default=None, help="Deadline in seconds for client calls (default 30).")
+@click.pass_context
+def main(ctx: click.Context, data_dir: Path | None, address: str | None, token: str | None, timeout: float | None) -> None:
+    """Knowledge Service: evidence-first search over agent sessions, code and skills.
+
+    \b
+    Start the service:      knowledge serve
+    Ask a question:         knowledge search "who fixed the MySQL access?"
+    See what is indexed:    knowledge status
+    """
+    ctx.ensure_object(dict)
+    ctx.obj.update(data_dir=data_dir, address=address, token=token, timeout=timeout)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def version(as_json: bool) -> None:
+    """Print the version of the CLI, server and SDK."""
+    import knowledge_sdk
+
+    if as_json:
+        emit_json({"knowledge_server": __version__, "knowledge_sdk": knowledge_sdk.__version__})
+    else:
+        click.echo(f"knowledge {__version__} (sdk {knowledge_sdk.__version__})")
+
+
+@main.command()
+@click.option("--listen", help="HOST:PORT to listen on (port 0 picks a free port). Default 127.0.0.1:50151.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), envvar="KNOWLEDGE_CONFIG",
+              help="TOML configuration file (see docs/configuration.md). Env: KNOWLEDGE_CONFIG.")
+@click.option("--workspace", "workspaces", multiple=True, type=click.Path(file_okay=False),
+              help="Workspace root to index for the code lane (repeatable). Default: the service's own source tree.")
+@click.option("--sessions", "session_paths", multiple=True, type=click.Path(),
+              help="Session log file or folder to ingest (repeatable). Default: the standard harness locations, "
+                   "else the bundled example log.")
+@click.option("--no-bootstrap", is_flag=True, help="Do not index or ingest at start.")
+@click.option("--licence", "licence_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Licence file (default: DATA_DIR/licence.json). Re-read on SIGHUP and when it changes.")
+@click.option("--auth", type=click.Choice(["auto", "on", "off"]), default=None,
+              help="Bearer-token authentication: auto = off on loopback, required elsewhere.")
+@click.pass_context
+def serve(ctx: click.Context, listen: str | None, config_file: Path | None, workspaces: tuple[str, ...],
+          session_paths: tuple[str, ...], no_bootstrap: bool, licence_file: Path | None, auth: str | None) -> None:
+    """Run the gRPC service until SIGTERM/SIGINT.
+
+    Prints one line `listening on HOST:PORT` once it accepts calls. On first start it
+    indexes the workspaces and ingests session logs in the background; lanes report
+    KNOWLEDGE_INDEX_NOT_READY until their index exists.
+    """
+    from knowledge_server.config import ConfigError, load_config
+    from knowledge_server.logs import configure_logging
+    from knowledge_server.runtime import build_app, build_authenticator, start_background
+    from knowledge_server.server import serve as run_server
+
+    overrides: dict[str, Any] = {
+        "listen": listen,
+        "data_dir": ctx.obj.get("data_dir"),
+        "workspaces": list(workspaces) or None,
+        "session_paths": list(session_paths) or None,
+        "licence_file": licence_file,
+        "auth": auth,
+        "bootstrap": False if no_bootstrap else None,
+    }
+    try:
+        cfg = load_config(config_file, overrides=overrides)
+    except ConfigError as exc:
+        fail(f"configuration: {exc}", 2)
+        return
+    configure_logging(cfg.log_format, cfg.log_level)
+    try:
+        app = build_app(cfg)
+        authenticate = build_authenticator(cfg)
+    except ConfigError as exc:
+        fail(f"configuration: {exc}", 2)
+        return
+
+    class _Out:
+        def write(self, text: str) -> int:
+            sys.stdout.write(text)
+            if text.startswith("listening on "):
+                record_address(cfg.data_dir, text.split()[-1])
+            return len(text)
+
+        def flush(self) -> None:
+            sys.stdout.flush()
+
+    try:
+        asyncio.run(run_server(cfg, app=app, authenticate=authenticate, out=_Out(), on_started=start_background))  # type: ignore[arg-type]
+    except ConfigError as exc:
+        fail(f"configuration: {exc}", 2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        clear_address(cfg.data_dir)
+
+
+def _lanes_table(resp: Any) -> None:
+    r = resp.routing
+    out_console.print(f"[bold]intent[/] {r.intent} ({r.confidence_level}, {r.confidence:.2f}) - {r.reason}")
+    ep = resp.lanes.episodes
+    state = f"degraded: {ep.degradation_reason}" if ep.degraded else "ok"
+    t = Table(title=f"episodes  rev={ep.index_rev or '-'}  {state}", show_lines=False, expand=False)
+    for col in ("id", "type", "time", "snippet"):
+        t.add_column(col, overflow="fold")
+    for it in ep.items:
+        when = it.time.isoformat(timespec="seconds") if it.time else ""
+        t.add_row(it.id, it.event_type, when, (it.snippet or "").replace("\n", " ")[:120])
+    out_console.print(t)
+    code = resp.lanes.code
+    state = f"degraded: {code.degradation_reason}" if code.degraded else f"capability={code.capability}"
+    if code.freshness and code.freshness.stale:
+        state += "  [yellow]STALE[/]"
+    t = Table(title=f"code  rev={code.index_rev or '-'}  {state}")
+    for col in ("path:line", "symbol", "why", "snippet"):
+        t.add_column(col, overflow="fold")
+    for it in code.items:
+        t.add_row(f"{it.path}:{it.start_line}-{it.end_line}", it.symbol, ", ".join(it.why), (it.snippet or "").replace("\n", " ")[:100])
+    out_console.print(t)
+    sk = resp.lanes.skills
+    if sk is not None and (sk.items or sk.degraded or sk.index_rev):
+        state = f"degraded: {sk.degradation_reason}" if sk.degraded else "ok"
+        t = Table(title=f"skills  rev={sk.index_rev or '-'}  {state}")
+        for col in ("name", "uses", "description"):
+            t.add_column(col, overflow="fold")
+        for it in sk.items:
+            t.add_row(it.name, str(it.uses), it.description[:100])
+        out_console.print(t)
+    if resp.actors:
+        t = Table(title="actors")
+        for col in ("actor", "kind", "score", "evidence", "dispatch"):
+            t.add_column(col, overflow="fold")
+        for a in resp.actors:
+            t.add_row(a.actor_id, a.kind, f"{a.score:.4f}", str(len(a.evidence)),
+                      f"{a.dispatch.mode} ({'available' if a.dispatch.available else 'not available'})" if a.dispatch else "")
+        out_console.print(t)
+    for w in resp.warnings:
+        err_console.print(f"[yellow]warning[/] {w.code} {w.lane}: {w.message}")
+    for e in resp.errors:
+        err_console.print(f"[red]error[/] {e.code} {e.lane}: {e.message}")
+    lim = resp.limits
+    out_console.print(f"returned {lim.returned} items, {lim.budget.used_tokens}/{lim.budget.max_tokens} tokens"
+                      + (" (truncated)" if lim.truncated else "") + f", found={resp.found}")
+
+
+@main.command()
+@click.argument("query")
+@click.option("--mode", default="auto", show_default=True,
+              help="auto, find_agent, find_skill, find_code, find_knowledge, docs or themes.")
+@click.option("--include", multiple=True, help="Lane to query: episodes, code, skills (repeatable; default all).")
+@click.option("--limit", default=10, show_default=True, help="Items per lane, 1..50.")
+@click.option("--workspace", "workspaces", multiple=True, help="Restrict to this workspace root (repeatable).")
+@click.option("--session", "session_ids", multiple=True, help="Restrict episodes to this session id (repeatable).")
+@click.option("--path", "paths", multiple=True, help="Restrict code to this path prefix (repeatable).")
+@click.option("--outcome", default="any", show_default=True, help="success, failure or any.")
+@click.option("--max-tokens", default=4000, show_default=True, help="Response budget, 500..20000.")
+@click.option("--snippet-chars", default=240, show_default=True, help="Snippet length, 80..1000.")
+@click.option("--locator", is_flag=True, help="Addresses only, no snippets (provenance=locator).")
+@click.option("--trace", is_flag=True, help="Add per-lane timings.")
+@click.option("--json", "as_json", is_flag=True, help="Print the knowledge.search/v1 response as JSON.")
+@click.pass_context
+@handle_errors
+def search(ctx: click.Context, query: str, mode: str, include: tuple[str, ...], limit: int, workspaces: tuple[str, ...],
+           session_ids: tuple[str, ...], paths: tuple[str, ...], outcome: str, max_tokens: int, snippet_chars: int,
+           locator: bool, trace: bool, as_json: bool) -> None:
+    """Ask one question; get separate lanes of evidence (episodes, code, skills) and actors."""
+    with client(ctx) as kc:
+        resp = kc.search(
+            query, mode=mode, include=list(include) or None, limit=limit, workspaces=workspaces,
+            session_ids=session_ids, paths=paths, outcome=outcome, max_tokens=max_tokens,
+            snippet_chars=snippet_chars, provenance="locator" if locator else "strict", trace=trace,
+        )
+    if as_json:
+        emit_json(resp)
+    else:
+        _lanes_table(resp)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+@handle_errors
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Edition, licence state and per-lane status of the running service."""
+    with client(ctx) as kc:
+        resp = kc.get_status()
+    if as_json:
+        emit_json(resp)
+        return
+    e = resp.edition
+    out_console.print(f"knowledge {resp.version}  edition [bold]{e.edition}[/] (licence {e.licence_state}: {e.reason})")
+    out_console.print(f"principal {resp.principal.id} ({resp.principal.role}, org {resp.principal.organisation})")
+    t = Table()
+    for col in ("lane", "index_rev", "capability", "counts", "notes"):
+        t.add_column(col, overflow="fold")
+    for lane in resp.lanes:
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(lane.counts.items()))
+        notes = lane.reason
+        if lane.stale_workspaces:
+            notes += f" stale: {', '.join(lane.stale_workspaces)}"
+        t.add_row(lane.lane, lane.index_rev or "-", lane.capability, counts, notes)
+    out_console.print(t)
+
+
+@main.command("get-episode")
+@click.argument("episode_id")
+@click.option("--neighbours", default=0, show_default=True, help="Events before and after to include (0..20).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+@handle_errors
+def get_episode(ctx: click.Context, episode_id: str, neighbours: int, as_json: bool) -> None:
+    """Print the full text of one episode (ep:<session_id>:<seq>)."""
+    with client(ctx) as kc:
+        resp = kc.get_episode(episode_id, neighbours=neighbours)
+    if as_json:
+        emit_json(resp)
+        return
+    for ev in [*resp.before, resp.episode, *resp.after]:
+        marker = ">>" if ev.id == resp.episode.id else "  "
+        out_console.print(f"{marker} [bold]{ev.id}[/] {ev.event_type} {ev.time.isoformat() if ev.time else ''}")
+        out_console.print(ev.text, markup=False, highlight=False)
+
+
+@main.command("get-chunk")
+@click.argument("chunk_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+@handle_errors
+def get_chunk(ctx: click.Context, chunk_id: str, as_json: bool) -> None:
+    """Print one code/document chunk with its path:line address."""
+    with client(ctx) as kc:
+        resp = kc.get_chunk(chunk_id)
+    if as_json:
+        emit_json(resp)
+        return
+    c = resp.chunk
+    out_console.print(f"[bold]{c.path}:{c.start_line}-{c.end_line}[/] {c.symbol} ({c.language}, {c.source_kind}) rev={resp.index_rev}")
+    out_console.print(c.text, markup=False, highlight=False)
+
+
+def _run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
+    """Show a progress bar for a streaming operation, then its summary."""
+    summary = None
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[current]}"), console=err_console, disable=as_json or not err_console.is_terminal) as bar:
+        task = bar.add_task(title, total=None, current="")
+        for ev in events:
+            if ev.progress is not None:
+                p = ev.progress
+                bar.update(task, description=f"{title}: {p.phase}", completed=p.done, total=p.total or None,
+                           current=(p.current or "")[-50:])
+            elif ev.summary is not None:
+                summary = ev.summary
+    if summary is None:
+        fail("the operation ended without a summary")
+        return
+    if as_json:
+        emit_json(summary)
+        return
+    counters = ", ".join(f"{k}={v}" for k, v in sorted(summary.counters.items()))
+    stopped = f" (stopped by {summary.stopped_by}; run again to resume)" if summary.stopped_by else ""
+    out_console.print(f"{title} done in {summary.ms / 1000:.1f}s: rev={summary.index_rev} {counters}{stopped}")
+    for p in summary.problems[:20]:
+        err_console.print(f"  {p.code}: {p.message}")
+    if len(summary.problems) > 20:
+        err_console.print(f"  ... and {len(summary.problems) - 20} more")
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--full", is_flag=True, help="Re-read every file, even unchanged ones.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_context
+@handle_errors
+def index(ctx: click.Context, path: str, full: bool, as_json: bool) -> None:
+    """Index a workspace for the code lane (progress bar, then a summary)."""
+    with client(ctx) as kc:
+        _run_stream(kc.index_workspace(str(Path(path).resolve()), full=full, timeout=None), as_json, "index")
+
+
+@main.command()
+@click.argument("paths", nargs=-1, type=click.Path(exists=True))
+@click.option("--watch", is_flag=True, help="Keep ingesting as live sessions grow (Ctrl-C to stop).")
+@click.option("--interval", default=2.0, show_default=True, help="Seconds between checks with --watch.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_context
+@handle_errors
+def ingest(ctx: click.Context, paths: tuple[str, ...], watch: bool, interval: float, as_json: bool) -> None:
+    """Ingest agent session logs (default: the standard harness locations)."""
+    import time
+
+    resolved = [str(Path(p).resolve()) for p in paths]
+    with client(ctx) as kc:
+        while True:
+            _run_stream(kc.ingest_sessions(resolved, timeout=None), as_json, "ingest")
+            if not watch:
+                break
+            time.sleep(interval)
+
+
+@main.command()
+@click.option("--full", is_flag=True, help="Rebuild from scratch.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_context
+@handle_errors
+def rebuild(ctx: click.Context, full: bool, as_json: bool) -> None:
+    """Rebuild the derived layer (skills, actors, skill uses)."""
+    with client(ctx) as kc:
+        _run_stream(kc.rebuild_derived(full=full, timeout=None), as_json, "rebuild")
+
+
+@main.command()
+@click.argument("task")
+@click.option("--acceptance", multiple=True, help="Acceptance criterion (repeatable).")
+@click.option("--constraint", "constraints", multiple=True, help="Constraint (repeatable).")
+@click.option("--actor", "actor_id", default="", help="Explicit actor id (must exist).")
+@click.option("--workspace", "workspaces", multiple=True, help="Draw evidence from this workspace (repeatable).")
+@click.option("--commit", is_flag=True, help="Record the plan (an assignment + outbox package). Default: dry run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the knowledge.dispatch/v1 response as JSON.")
+@click.pass_context
+@handle_errors
+def dispatch(ctx: click.Context, task: str, acceptance: tuple[str, ...], constraints: tuple[str, ...], actor_id: str,
+             workspaces: tuple[str, ...], commit: bool, as_json: bool) -> None:
+    """Choose the best actor for a task and prepare a hand-off package (never executed)."""
+    with client(ctx) as kc:
+        resp = kc.dispatch(task, acceptance=acceptance, constraints=constraints, actor_id=actor_id,
+                           target=f"actor:{actor_id}" if actor_id else "auto", commit=commit, workspaces=workspaces)
+    if as_json:
+        emit_json(resp)
+        return
+    t = resp.target
+    if t is None or not t.actor_id:
+        out_console.print("no actor fits this task")
+    else:
+        d = t.dispatch
+        out_console.print(f"[bold]{t.name}[/] ({t.actor_id}, {t.kind}) via {d.mode if d else 'none'}"
+                          f" - {'available' if d and d.available else 'not available'}{': ' + d.reason if d and d.reason else ''}")
+        for why in t.why:
+            out_console.print(f"  why: {why}")
+    cp = resp.context_pack
+    if cp is not None:
+        for ep in cp.prior_episodes:
+            out_console.print(f"  episode {ep.id}: {ep.snippet[:100]}")
+        for ref in cp.code_refs:
+            out_console.print(f"  code {ref.path}:{ref.start_line}-{ref.end_line}")
+        for sk in cp.skills:
+            out_console.print(f"  skill {sk.name} ({sk.uses} uses)")
+        for risk in cp.risks:
+            out_console.print(f"  risk: {risk}")
+    if resp.assignment is not None and resp.assignment.assignment_id:
+        a = resp.assignment
+        out_console.print(f"recorded {a.assignment_id} ({a.status}, {'new' if a.created else 'already recorded'}) -> {a.outbox_path}")
+    else:
+        out_console.print(f"mode: {resp.mode} (nothing written; --commit records the plan)")
+
+
+def _register_groups() -> None:
+    from knowledge_licensing.cli import license_group
+    from knowledge_server.auth import tokens_group
+    from knowledge_server.cli.docgraph import docgraph
+
+    main.add_command(license_group, "license")
+    main.add_command(tokens_group, "token")
+    main.add_command(docgraph, "docgraph")
+
+
+_register_groups()
+
+
+def iter_commands(group: click.Group | None = None, prefix: str = "") -> Iterator[str]:
+    """Every command path, e.g. 'search', 'license issue' (for the docs test)."""
+    group = group or main
+    for name, cmd in sorted(group.commands.items()):
+        path = f"{prefix}{name}"
+        yield path
+        if isinstance(cmd, click.Group):
+            yield from iter_commands(cmd, path + " ")
+

@@ -1,0 +1,5 @@
+"""`python -m knowledge_server.cli` = `knowledge`."""
+
+from knowledge_server.cli import main
+
+main()

@@ -1,0 +1,238 @@
+"""Server configuration: one TOML file, environment overrides, CLI flags.
+
+Precedence (last wins): built-in defaults < TOML file < ``KNOWLEDGE_*`` environment
+variables < explicit CLI flags. Everything is validated once, at start, and a bad
+value stops the server with a message that names the setting and the source it
+came from.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import platformdirs
+
+__all__ = ["Config", "ConfigError", "load_config", "default_data_dir", "parse_listen"]
+
+ENV_PREFIX = "KNOWLEDGE_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the setting and its source."""
+
+
+def default_data_dir() -> Path:
+    env = os.environ.get("KNOWLEDGE_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(platformdirs.user_data_dir("knowledge-service", appauthor=False))
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated server settings. See docs/configuration.md for each field."""
+
+    listen: str = "127.0.0.1:50151"
+    data_dir: Path = field(default_factory=default_data_dir)
+    # Workspace roots for the code lane (absolute). Empty = the service's own tree
+    # on first run (see knowledge_server.bootstrap).
+    workspaces: tuple[str, ...] = ()
+    # Session log files/folders; empty = the standard harness locations.
+    session_paths: tuple[str, ...] = ()
+    # SKILL.md roots; empty = ~/.claude/skills and each workspace's .claude/skills.
+    skill_roots: tuple[str, ...] = ()
+    # Index the workspaces and ingest logs when the server starts.
+    bootstrap: bool = True
+    licence_file: Path | None = None
+    licence_keys_dir: Path | None = None
+    # Authentication: "auto" = off on loopback, required elsewhere; "on"; "off" (loopback only).
+    auth: str = "auto"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    lane_timeout_ms: int = 250
+    log_format: str = "auto"  # auto | json | console
+    log_level: str = "info"
+    embedder: str = "hash"  # hash | openai | e5
+    embedder_url: str = ""
+    embedder_model: str = ""
+    embedder_key_env: str = ""
+    llm_url: str = ""
+    llm_model: str = ""
+    llm_key_env: str = ""
+    llm_key_file: Path | None = None
+    max_file_bytes: int = 1_048_576
+    grace_seconds: float = 5.0
+
+    @property
+    def listen_host(self) -> str:
+        return parse_listen(self.listen)[0]
+
+    @property
+    def is_loopback(self) -> bool:
+        host = self.listen_host
+        if host in ("localhost",):
+            return True
+        try:
+            return ipaddress.ip_address(host.strip("[]")).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def auth_required(self) -> bool:
+        if self.auth == "on":
+            return True
+        if self.auth == "off":
+            return False
+        return not self.is_loopback
+
+    @property
+    def tokens_file(self) -> Path:
+        return self.data_dir / "tokens.json"
+
+    @property
+    def effective_licence_file(self) -> Path:
+        return self.licence_file or (self.data_dir / "licence.json")
+
+    @property
+    def effective_keys_dir(self) -> Path:
+        return self.licence_keys_dir or (self.data_dir / "licence-keys")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6); port 0 picks a free port."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"listen: expected HOST:PORT, got {value!r}")
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise ConfigError(f"listen: port must be a number, got {port!r}") from None
+    if not 0 <= port_n <= 65535:
+        raise ConfigError(f"listen: port {port_n} is out of range 0..65535")
+    return host, port_n
+
+
+_PATH_FIELDS = {"data_dir", "licence_file", "licence_keys_dir", "tls_cert", "tls_key", "tls_client_ca", "llm_key_file"}
+_TUPLE_FIELDS = {"workspaces", "session_paths", "skill_roots"}
+_INT_FIELDS = {"lane_timeout_ms", "max_file_bytes"}
+_FLOAT_FIELDS = {"grace_seconds"}
+_BOOL_FIELDS = {"bootstrap"}
+_CHOICES = {
+    "auth": ("auto", "on", "off"),
+    "log_format": ("auto", "json", "console"),
+    "log_level": ("debug", "info", "warning", "error"),
+    "embedder": ("hash", "openai", "e5"),
+}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    try:
+        if name in _PATH_FIELDS:
+            return None if value in (None, "") else Path(str(value)).expanduser()
+        if name in _TUPLE_FIELDS:
+            if isinstance(value, str):
+                items = [v for v in value.split(os.pathsep) if v]
+            elif isinstance(value, (list, tuple)):
+                items = [str(v) for v in value]
+            else:
+                raise TypeError("expected a list of paths")
+            return tuple(items)
+        if name in _INT_FIELDS:
+            if isinstance(value, bool):
+                raise TypeError("expected an integer")
+            return int(value)
+        if name in _FLOAT_FIELDS:
+            return float(value)
+        if name in _BOOL_FIELDS:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise TypeError("expected true or false")
+        if not isinstance(value, str):
+            raise TypeError("expected a string")
+        return value
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name} (from {source}): {exc}") from None
+
+
+def _validate(cfg: Config) -> Config:
+    parse_listen(cfg.listen)
+    for name, choices in _CHOICES.items():
+        value = getattr(cfg, name)
+        if value not in choices:
+            raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    if not 10 <= cfg.lane_timeout_ms <= 60_000:
+        raise ConfigError(f"lane_timeout_ms: {cfg.lane_timeout_ms} is out of range 10..60000")
+    if cfg.max_file_bytes < 1024:
+        raise ConfigError("max_file_bytes: must be at least 1024")
+    workspaces = []
+    for ws in cfg.workspaces:
+        p = Path(ws).expanduser()
+        if not p.is_absolute():
+            p = p.resolve()
+        workspaces.append(str(p.resolve()))
+    cfg = replace(cfg, workspaces=tuple(dict.fromkeys(workspaces)), data_dir=cfg.data_dir.expanduser().resolve())
+    if bool(cfg.tls_cert) != bool(cfg.tls_key):
+        raise ConfigError("tls_cert and tls_key must be given together")
+    for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        p = getattr(cfg, name)
+        if p is not None and not p.is_file():
+            raise ConfigError(f"{name}: file {p} does not exist")
+    if cfg.tls_client_ca and not cfg.tls_cert:
+        raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+    if cfg.auth == "off" and not cfg.is_loopback:
+        raise ConfigError(
+            f"auth=off is only allowed on a loopback address; {cfg.listen} is reachable from other hosts"
+        )
+    if cfg.embedder == "openai" and not cfg.embedder_url:
+        raise ConfigError("embedder=openai needs embedder_url")
+    return cfg
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build a validated Config from a TOML file, the environment and CLI overrides."""
+    env = os.environ if env is None else env
+    names = {f.name for f in fields(Config)}
+    values: dict[str, Any] = {}
+    if path is None and env.get("KNOWLEDGE_CONFIG"):
+        path = Path(env["KNOWLEDGE_CONFIG"])
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+        table = raw.get("server", raw)
+        for key, value in table.items():
+            if isinstance(value, dict):
+                continue
+            if key not in names:
+                raise ConfigError(f"config file {path}: unknown setting {key!r}")
+            values[key] = _coerce(key, value, f"config file {path}")
+    for name in names:
+        env_name = ENV_PREFIX + name.upper()
+        if env_name in env and env[env_name] != "":
+            values[name] = _coerce(name, env[env_name], f"environment {env_name}")
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in names:
+            raise ConfigError(f"unknown setting {key!r}")
+        values[key] = _coerce(key, value, "command line")
+    return _validate(Config(**values))

@@ -1,0 +1,64 @@
+"""Domain errors raised by the application layer.
+
+The transport turns each into a gRPC status with ``google.rpc.Status`` details
+(``ErrorInfo`` with the reason code and domain ``knowledge.v1``). Messages are
+short, written for the caller, and never contain query text or internals.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+DOMAIN = "knowledge.v1"
+
+
+class KnowledgeError(Exception):
+    """Base class: a whole-request failure with a gRPC code and a reason code."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: str = "KNOWLEDGE_INTERNAL"
+
+    def __init__(self, message: str, *, metadata: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata = dict(metadata or {})
+
+
+class InvalidRequest(KnowledgeError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "KNOWLEDGE_INVALID_REQUEST"
+
+
+class NotFound(KnowledgeError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "KNOWLEDGE_NOT_FOUND"
+
+
+class Unauthenticated(KnowledgeError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "KNOWLEDGE_UNAUTHENTICATED"
+
+
+class PermissionDenied(KnowledgeError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "KNOWLEDGE_PERMISSION_DENIED"
+
+
+class Unimplemented(KnowledgeError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+    reason = "KNOWLEDGE_UNIMPLEMENTED"
+
+
+class Unavailable(KnowledgeError):
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "KNOWLEDGE_SOURCE_UNAVAILABLE"
+
+
+class FailedPrecondition(KnowledgeError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "KNOWLEDGE_INDEX_NOT_READY"
+
+
+class InternalError(KnowledgeError):
+    code = grpc.StatusCode.INTERNAL
+    reason = "KNOWLEDGE_INTERNAL"

@@ -1,0 +1,120 @@
+"""Assembles a running service from a Config: licence watcher, token store, lanes.
+
+Kept apart from ``server.py`` so tests can build the same app a real ``serve`` uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from knowledge_licensing import KeyRingError, LicenceStatus, LicenceWatcher, load_keyring
+from knowledge_server._gen.knowledge.v1 import index_service_pb2
+from knowledge_server.app import KnowledgeApp, LicenceView
+from knowledge_server.auth import TokenStore
+from knowledge_server.auth_model import Principal
+from knowledge_server.config import Config, ConfigError
+from knowledge_server.logs import get_logger
+from knowledge_server.transport.interceptors import EditionState
+
+log = get_logger("knowledge.runtime")
+
+
+class WatchedLicence(LicenceView):
+    """Edition state backed by the licence file; re-read on SIGHUP and when it changes.
+
+    Anything but a valid licence means Community; the reason is in GetStatus and in
+    one log line (the licence blob itself is never logged)."""
+
+    def __init__(self, config: Config) -> None:
+        try:
+            keyring = load_keyring(config.effective_keys_dir)
+        except KeyRingError as exc:
+            raise ConfigError(f"licence_keys_dir: {exc}") from None
+        self.watcher = LicenceWatcher(config.effective_licence_file, keyring)
+        self._log(self.watcher.status, "licence.loaded")
+
+    @staticmethod
+    def _log(status: LicenceStatus, event: str) -> None:
+        lic = status.licence
+        log.info(
+            event,
+            licence_state=status.state.value,
+            edition=status.effective_edition,
+            reason=status.reason,
+            licence_id=lic.licence_id if lic else None,
+        )
+
+    def edition(self) -> EditionState:
+        st = self.watcher.status
+        return EditionState(st.effective_edition, frozenset(st.effective_features), st.state.value)
+
+    def status(self) -> index_service_pb2.EditionStatus:
+        st = self.watcher.status
+        out = index_service_pb2.EditionStatus(
+            edition=st.effective_edition,
+            licence_state=st.state.value,
+            reason=st.reason,
+            features=sorted(st.effective_features),
+        )
+        if st.licence is not None:
+            out.licensee = st.licence.licensee
+            out.licence_id = st.licence.licence_id
+            out.expires_at.FromDatetime(st.licence.expires_at)
+        return out
+
+    def poll(self) -> None:
+        change = self.watcher.check()
+        if change is not None:
+            self._log(change[1], "licence.changed")
+
+    def reload(self) -> None:
+        old, new = self.watcher.reload()
+        if old.state is not new.state or old.licence != new.licence:
+            self._log(new, "licence.changed")
+        else:
+            self._log(new, "licence.reloaded")
+
+    async def watch(self, interval: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.poll()
+            except Exception as exc:  # noqa: BLE001 - the watcher never takes the server down
+                log.error("licence.poll_failed", error_type=type(exc).__name__)
+
+
+def build_authenticator(config: Config) -> Callable[[str], Principal | None] | None:
+    """The token check when authentication is required, else None (local principal)."""
+    if not config.auth_required:
+        return None
+    store = TokenStore(config.tokens_file)
+    if not store.list():
+        raise ConfigError(
+            f"listening on {config.listen} requires authentication, but {config.tokens_file} holds no tokens; "
+            "create one with `knowledge token create --id NAME --org ORG --role agent --workspace PATH`"
+        )
+    return store.authenticate
+
+
+def build_app(config: Config) -> KnowledgeApp:
+    licence = WatchedLicence(config)
+    app = KnowledgeApp(config, licence=licence)
+    app.reload = licence.reload  # type: ignore[attr-defined]
+    return app
+
+
+async def start_background(app: KnowledgeApp) -> None:
+    """Background work of a serving process: licence polling and first-run bootstrap."""
+    tasks = []
+    licence = app.licence
+    if isinstance(licence, WatchedLicence):
+        tasks.append(asyncio.create_task(licence.watch()))
+    bootstrap = getattr(app, "bootstrap", None)
+    if bootstrap is not None and app.config.bootstrap:
+        tasks.append(asyncio.create_task(bootstrap()))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()

@@ -1,0 +1,298 @@
+"""The search coordinator: one question, separate lanes of evidence.
+
+Lanes run concurrently, each under its own timeout; a lane that times out or fails
+is degraded with a reason code while the others still answer. Items are ranked
+within their lane by RRF with the routing weights (never across lanes: a session's
+BM25 and a chunk's hybrid score are not comparable), deduplicated by id within the
+lane, diversified, limited, and finally fitted into the token budget.
+
+Token counting (docs/search.md): the response text is its JSON form with proto
+field names; tokens = ceil(UTF-8 bytes / 4). Over budget, snippets go first, then
+whole items from the end of the global order; errors are never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from google.protobuf import json_format, timestamp_pb2
+
+from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
+from knowledge_server.search.lanes import Lane, LaneQuery, LaneResult, degraded
+from knowledge_server.search.routing import route
+from knowledge_server.search.validate import SCHEMA, ValidSearch
+
+RRF_K = 60
+TOP_K = 30
+LANE_PRIORITY = {"episodes": 0, "code": 1, "skills": 2}
+MAX_EPISODES_PER_ACTOR = 3
+MAX_CODE_PER_PATH = 5
+
+
+def count_tokens(text: str) -> int:
+    """Tokens as counted for budgets: ceil(UTF-8 bytes / 4)."""
+    return math.ceil(len(text.encode("utf-8")) / 4)
+
+
+def response_json(resp: search_pb2.SearchResponse) -> str:
+    return json.dumps(
+        json_format.MessageToDict(resp, preserving_proto_field_name=True),
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+
+
+@dataclass
+class ActorHints:
+    """What the derived layer (L3) knows, used to aggregate actors. Optional."""
+
+    # episode id -> actor id (for diversity and aggregation)
+    episode_actor: dict[str, str] = field(default_factory=dict)
+
+
+ActorBuilder = Callable[[search_pb2.SearchResponse, ValidSearch], Sequence[search_pb2.Actor]]
+
+
+class Coordinator:
+    def __init__(
+        self,
+        lanes: dict[str, Lane],
+        *,
+        timeout_ms: int = 250,
+        actor_builder: ActorBuilder | None = None,
+        episode_actor: Callable[[search_pb2.EpisodeItem], str] | None = None,
+    ) -> None:
+        self.lanes = lanes
+        self.timeout_ms = timeout_ms
+        self.actor_builder = actor_builder
+        self.episode_actor = episode_actor or (lambda item: item.session_id)
+
+    async def _run_lane(self, name: str, q: LaneQuery) -> tuple[LaneResult, float]:
+        lane = self.lanes.get(name)
+        started = time.perf_counter()
+        if lane is None:
+            return degraded(name, "KNOWLEDGE_INDEX_NOT_READY", f"the {name} lane is not configured"), 0.0
+        try:
+            result = await asyncio.wait_for(lane.search(q), timeout=self.timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            result = degraded(name, "KNOWLEDGE_SOURCE_UNAVAILABLE", f"no answer within {self.timeout_ms} ms (timeout)")
+        except Exception as exc:  # noqa: BLE001 - a failing lane degrades, the others answer
+            code = getattr(exc, "reason", "KNOWLEDGE_SOURCE_UNAVAILABLE")
+            if not isinstance(code, str) or not code.isupper():
+                code = "KNOWLEDGE_SOURCE_UNAVAILABLE"
+            result = degraded(name, code, f"the {name} source failed ({type(exc).__name__})")
+        return result, (time.perf_counter() - started) * 1000
+
+    async def search(self, v: ValidSearch, workspaces: tuple[str, ...] | None) -> search_pb2.SearchResponse:
+        started = time.perf_counter()
+        r = route(v.query, v.mode, v.include)
+        q = LaneQuery(
+            query=v.query,
+            workspaces=workspaces,
+            top_k=TOP_K,
+            snippet_chars=v.snippet_chars,
+            with_text=v.provenance == "strict",
+            session_ids=v.session_ids,
+            actor_ids=v.actor_ids,
+            skills=v.skills,
+            paths=v.paths,
+            since=v.since,
+            until=v.until,
+            outcome=v.outcome,
+        )
+        # episodes and code are always present (invariant 1); skills only when asked.
+        lane_names = [n for n in ("episodes", "code", "skills") if n in v.include or n in ("episodes", "code")]
+        queried = [n for n in lane_names if n in v.include]
+        results = await asyncio.gather(*(self._run_lane(n, q) for n in queried))
+        by_name = dict(zip(queried, results))
+
+        resp = search_pb2.SearchResponse(schema=SCHEMA, request_id=v.request_id, query=v.query)
+        resp.routing.intent = r.intent
+        resp.routing.lanes.extend(r.lanes)
+        resp.routing.confidence = r.confidence
+        resp.routing.confidence_level = r.level
+        resp.routing.reason = r.reason
+        for lane, w in r.weights.items():
+            resp.routing.weights[lane] = w
+        resp.fusion.strategy = "rrf"
+        resp.fusion.k = RRF_K
+        resp.fusion.dedup = "by id"
+        for lane, w in r.weights.items():
+            resp.fusion.weights[lane] = w
+
+        trace = search_pb2.Trace()
+        healthy = 0
+        for name in lane_names:
+            if name in by_name:
+                result, ms = by_name[name]
+            else:
+                result = degraded(name, "KNOWLEDGE_LANE_DEGRADED", f"lane {name} not requested (include)")
+                ms = 0.0
+                result.warnings.clear()
+            lane_msg = result.lane
+            weight = r.weights.get(name, 0.0)
+            n_before = len(lane_msg.items)
+            self._fuse_lane(name, lane_msg, weight, v.limit)
+            if name == "episodes":
+                resp.lanes.episodes.CopyFrom(lane_msg)
+                resp.lanes.episodes.observed_at.GetCurrentTime()
+            elif name == "code":
+                resp.lanes.code.CopyFrom(lane_msg)
+            else:
+                resp.lanes.skills.CopyFrom(lane_msg)
+            resp.warnings.extend(result.warnings)
+            resp.errors.extend(result.errors)
+            if name in by_name and not lane_msg.degraded:
+                healthy += 1
+            elif name in by_name and lane_msg.degraded and not any(w.code == "KNOWLEDGE_LANE_DEGRADED" for w in result.warnings):
+                resp.warnings.append(
+                    errors_pb2.Notice(code="KNOWLEDGE_LANE_DEGRADED", lane=name, message=f"the {name} lane is degraded")
+                )
+            if name in by_name:
+                trace.lanes.append(
+                    search_pb2.LaneTrace(lane=name, ms=round(ms, 2), items=n_before, degraded=lane_msg.degraded, cache_hit=result.cache_hit)
+                )
+
+        core = [n for n in ("episodes", "code") if n in by_name]
+        core_down = all(getattr(resp.lanes, n).degraded for n in core) if core else True
+        resp.found = healthy > 0 and not (core_down and not _has_items(resp))
+        if not resp.found:
+            # No source answered: no items, an explicit code (invariant 8).
+            for n in ("episodes", "code", "skills"):
+                del getattr(resp.lanes, n).items[:]
+            resp.errors.append(errors_pb2.Notice(code="KNOWLEDGE_NO_SOURCE", message="no lane could answer"))
+
+        if self.actor_builder is not None and resp.found:
+            resp.actors.extend(self.actor_builder(resp, v))
+
+        resp.limits.requested = v.limit
+        resp.limits.budget.max_tokens = v.max_tokens
+        if v.trace:
+            trace.total_ms = round((time.perf_counter() - started) * 1000, 2)
+            resp.trace.CopyFrom(trace)
+        _fit_budget(resp, v.max_tokens)
+        resp.limits.returned = _count_items(resp)
+        return resp
+
+    def _fuse_lane(self, name: str, lane_msg: search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane, weight: float, limit: int) -> None:
+        """RRF within one lane, dedup by id, diversity, stable order, limit."""
+        seen: set[str] = set()
+        kept = []
+        per_key: dict[str, int] = defaultdict(int)
+        rank = 0
+        for item in list(lane_msg.items):
+            key_id = item.id if name != "skills" else item.name
+            if key_id in seen:
+                continue
+            seen.add(key_id)
+            rank += 1
+            item.score = round(weight / (RRF_K + rank), 6) if weight else round(1.0 / (RRF_K + rank), 6)
+            if name == "code":
+                group = f"{item.workspace}\x00{item.path}"
+                if per_key[group] >= MAX_CODE_PER_PATH:
+                    continue
+                per_key[group] += 1
+            elif name == "episodes":
+                group = self.episode_actor(item)
+                if per_key[group] >= MAX_EPISODES_PER_ACTOR:
+                    continue
+                per_key[group] += 1
+            kept.append(item)
+        kept.sort(key=lambda it: _order_key(name, it))
+        kept = kept[:limit]
+        copies = [type(it)() for it in kept]
+        for dst, src in zip(copies, kept):
+            dst.CopyFrom(src)
+        del lane_msg.items[:]
+        lane_msg.items.extend(copies)
+
+
+def _time_key(item: object) -> float:
+    t = getattr(item, "time", None)
+    if isinstance(t, timestamp_pb2.Timestamp):
+        return -(t.seconds + t.nanos / 1e9)
+    return 0.0
+
+
+def _item_id(name: str, item: object) -> str:
+    return str(getattr(item, "name" if name == "skills" else "id"))
+
+
+def _order_key(name: str, item: object) -> tuple[float, int, float, str]:
+    """(score desc, lane_priority, time desc, id asc) - seed 000 §4.1.10."""
+    return (-float(getattr(item, "score")), LANE_PRIORITY[name], _time_key(item), _item_id(name, item))
+
+
+def _has_items(resp: search_pb2.SearchResponse) -> bool:
+    return any(len(getattr(resp.lanes, n).items) for n in ("episodes", "code", "skills"))
+
+
+def _count_items(resp: search_pb2.SearchResponse) -> int:
+    return sum(len(getattr(resp.lanes, n).items) for n in ("episodes", "code", "skills"))
+
+
+def _global_order(resp: search_pb2.SearchResponse) -> list[tuple[str, object]]:
+    entries: list[tuple[str, object]] = []
+    for name in ("episodes", "code", "skills"):
+        for item in getattr(resp.lanes, name).items:
+            entries.append((name, item))
+    entries.sort(key=lambda e: _order_key(e[0], e[1]))
+    return entries
+
+
+def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
+    """Enforce max_tokens on the response text: snippets first, then items from the end."""
+    used = count_tokens(response_json(resp))
+    resp.limits.budget.used_tokens = used
+    if used <= max_tokens:
+        return
+    resp.limits.truncated = True
+    resp.warnings.append(
+        errors_pb2.Notice(code="KNOWLEDGE_BUDGET_EXCEEDED", message=f"response trimmed to fit {max_tokens} tokens")
+    )
+    order = _global_order(resp)
+    # Phase 1: snippets, lowest-ranked first.
+    for name, item in reversed(order):
+        if getattr(item, "snippet", ""):
+            item.snippet = ""  # type: ignore[attr-defined]
+            resp.limits.dropped.append(search_pb2.Dropped(lane=name, id=_item_id(name, item), what="snippet"))
+            if count_tokens(response_json(resp)) <= max_tokens:
+                resp.limits.budget.used_tokens = count_tokens(response_json(resp))
+                return
+    # Phase 2: whole items from the end; evidence pointing at them goes too.
+    for name, item in reversed(_global_order(resp)):
+        item_id = _item_id(name, item)
+        lane = getattr(resp.lanes, name)
+        for i, candidate in enumerate(lane.items):
+            if _item_id(name, candidate) == item_id:
+                del lane.items[i]
+                break
+        resp.limits.dropped.append(search_pb2.Dropped(lane=name, id=item_id, what="item"))
+        _prune_evidence(resp, name, item_id)
+        if count_tokens(response_json(resp)) <= max_tokens:
+            break
+    resp.limits.budget.used_tokens = count_tokens(response_json(resp))
+
+
+def _prune_evidence(resp: search_pb2.SearchResponse, lane: str, item_id: str) -> None:
+    keep = []
+    for actor in resp.actors:
+        remaining = [e for e in actor.evidence if not (e.lane == lane and e.id == item_id)]
+        if remaining:
+            del actor.evidence[:]
+            actor.evidence.extend(remaining)
+            keep.append(actor)
+        else:
+            resp.limits.dropped.append(search_pb2.Dropped(lane="actors", id=actor.actor_id, what="item"))
+    if len(keep) != len(resp.actors):
+        kept = [search_pb2.Actor() for _ in keep]
+        for dst, src in zip(kept, keep):
+            dst.CopyFrom(src)
+        del resp.actors[:]
+        resp.actors.extend(kept)

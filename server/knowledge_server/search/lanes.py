@@ -1,0 +1,78 @@
+"""The lane interface. Our own lanes implement it, and so can an external backend
+(a remote session service, another code index): the coordinator only sees this.
+
+A lane returns its own protobuf lane message (EpisodesLane, CodeLane or SkillsLane)
+with items ranked best first; the coordinator fuses, limits and budgets them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, Union
+
+from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
+
+LaneMessage = Union[search_pb2.EpisodesLane, search_pb2.CodeLane, search_pb2.SkillsLane]
+
+
+@dataclass(frozen=True)
+class LaneQuery:
+    """What a lane is asked. ``workspaces`` is already the caller's effective scope:
+    None = unrestricted, () = nothing visible. Lanes enforce it in their queries."""
+
+    query: str
+    workspaces: tuple[str, ...] | None
+    top_k: int = 30
+    snippet_chars: int = 240
+    with_text: bool = True
+    session_ids: tuple[str, ...] = ()
+    actor_ids: tuple[str, ...] = ()
+    skills: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+    outcome: str = "any"
+
+
+@dataclass
+class LaneResult:
+    lane: LaneMessage
+    warnings: list[errors_pb2.Notice] = field(default_factory=list)
+    errors: list[errors_pb2.Notice] = field(default_factory=list)
+    cache_hit: bool = False
+    # Lane-specific extras for the coordinator (e.g. episode -> actor ids).
+    extras: dict[str, object] = field(default_factory=dict)
+
+
+class Lane(Protocol):
+    name: str
+
+    async def search(self, q: LaneQuery) -> LaneResult: ...
+
+
+def empty_lane(name: str) -> LaneMessage:
+    if name == "episodes":
+        return search_pb2.EpisodesLane(source="knowledge.episodes", counts=search_pb2.EpisodeCounts())
+    if name == "code":
+        return search_pb2.CodeLane(source="knowledge.code", capability="degraded", freshness=search_pb2.Freshness())
+    return search_pb2.SkillsLane(source="knowledge.skills+derived")
+
+
+def degraded(name: str, code: str, reason: str) -> LaneResult:
+    lane = empty_lane(name)
+    lane.degraded = True
+    lane.degradation_reason = f"{code}: {reason}"
+    notice = errors_pb2.Notice(code=code, lane=name, message=reason)
+    return LaneResult(lane=lane, warnings=[notice])
+
+
+class NotReadyLane:
+    """A lane whose index does not exist yet: empty, degraded, and says why."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self._reason = reason
+
+    async def search(self, q: LaneQuery) -> LaneResult:
+        return degraded(self.name, "KNOWLEDGE_INDEX_NOT_READY", self._reason)

@@ -1,0 +1,137 @@
+"""Server factory and the serve loop.
+
+``create_server(config)`` builds a started-but-not-serving ``grpc.aio`` server with
+health checking, reflection and the interceptors, bound to ``config.listen`` (port 0
+picks a free port), and returns ``(server, port, app)``. Tests use it on
+``127.0.0.1:0``. ``serve(config)`` runs until SIGTERM/SIGINT, then shuts down
+gracefully: health goes NOT_SERVING, in-flight calls get ``grace_seconds`` to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from knowledge_server._gen.knowledge.v1 import (
+    docgraph_pb2,
+    docgraph_pb2_grpc,
+    index_service_pb2,
+    index_service_pb2_grpc,
+    knowledge_service_pb2,
+    knowledge_service_pb2_grpc,
+)
+from knowledge_server.app import KnowledgeApp
+from knowledge_server.auth_model import Principal
+from knowledge_server.config import Config, ConfigError, parse_listen
+from knowledge_server.logs import get_logger
+from knowledge_server.transport.interceptors import AuthInterceptor, ContextInterceptor, EditionInterceptor
+from knowledge_server.transport.servicers import DocGraphServicer, IndexServicer, KnowledgeServicer
+
+log = get_logger("knowledge.server")
+
+SERVICE_NAMES = (
+    knowledge_service_pb2.DESCRIPTOR.services_by_name["KnowledgeService"].full_name,
+    docgraph_pb2.DESCRIPTOR.services_by_name["DocGraphService"].full_name,
+    index_service_pb2.DESCRIPTOR.services_by_name["IndexService"].full_name,
+)
+
+
+def _credentials(config: Config) -> grpc.ServerCredentials | None:
+    if not config.tls_cert or not config.tls_key:
+        return None
+    key = config.tls_key.read_bytes()
+    cert = config.tls_cert.read_bytes()
+    root = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
+    return grpc.ssl_server_credentials(((key, cert),), root_certificates=root, require_client_auth=root is not None)
+
+
+async def create_server(
+    config: Config,
+    app: KnowledgeApp | None = None,
+    *,
+    authenticate: Callable[[str], Principal | None] | None = None,
+) -> tuple[grpc.aio.Server, int, KnowledgeApp]:
+    app = app or KnowledgeApp(config)
+    if config.auth_required and authenticate is None:
+        raise ConfigError(
+            f"listening on {config.listen} needs authentication, but no token store is configured; "
+            "create a token with `knowledge token create` or listen on 127.0.0.1"
+        )
+    interceptors = [
+        ContextInterceptor(),
+        AuthInterceptor(authenticate if config.auth_required else None),
+        EditionInterceptor(app.licence.edition),
+    ]
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 8 * 1024 * 1024)],
+    )
+    knowledge_service_pb2_grpc.add_KnowledgeServiceServicer_to_server(KnowledgeServicer(app), server)
+    docgraph_pb2_grpc.add_DocGraphServiceServicer_to_server(DocGraphServicer(app), server)
+    index_service_pb2_grpc.add_IndexServiceServicer_to_server(IndexServicer(app), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    host, port = parse_listen(config.listen)
+    creds = _credentials(config)
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    if bound == 0:
+        raise ConfigError(f"listen: could not bind {address}")
+    app.health = health_servicer  # type: ignore[attr-defined]
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound, app
+
+
+async def shutdown(server: grpc.aio.Server, app: KnowledgeApp, grace: float) -> None:
+    health_servicer = getattr(app, "health", None)
+    if health_servicer is not None:
+        await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace)
+    closer = getattr(app, "close", None)
+    if closer is not None:
+        result = closer()
+        if asyncio.iscoroutine(result):
+            await result
+
+
+async def serve(
+    config: Config,
+    *,
+    app: KnowledgeApp | None = None,
+    authenticate: Callable[[str], Principal | None] | None = None,
+    out: TextIO = sys.stdout,
+    on_started: Callable[[KnowledgeApp], object] | None = None,
+) -> None:
+    server, port, app = await create_server(config, app, authenticate=authenticate)
+    await server.start()
+    host = parse_listen(config.listen)[0]
+    log.info("server.started", port=port, tls=bool(config.tls_cert), auth=config.auth_required, edition=app.licence.edition().edition)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    reload_hook = getattr(app, "reload", None)
+    if reload_hook is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload_hook)
+    # Printed only once the server accepts calls and signals are handled.
+    print(f"listening on {host}:{port}", file=out, flush=True)
+    background = None
+    if on_started is not None:
+        result = on_started(app)
+        if asyncio.iscoroutine(result):
+            background = asyncio.create_task(result)
+    await stop.wait()
+    log.info("server.stopping", grace_seconds=config.grace_seconds)
+    if background is not None:
+        background.cancel()
+    await shutdown(server, app, config.grace_seconds)
+    log.info("server.stopped")

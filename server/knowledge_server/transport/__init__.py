@@ -1,0 +1,1 @@
+"""gRPC transport: servicers, interceptors, server factory."""

@@ -1,0 +1,58 @@
+"""Method policies read from the proto's ``(knowledge.v1.policy)`` option.
+
+The table is built from the compiled descriptors, so the proto stays the single
+source of truth for the edition gate, the role check and the docs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from knowledge_server._gen.knowledge.v1 import (
+    docgraph_pb2,
+    index_service_pb2,
+    knowledge_service_pb2,
+    options_pb2,
+)
+
+FILES = (knowledge_service_pb2, docgraph_pb2, index_service_pb2)
+
+EDITION_NAMES = {
+    options_pb2.EDITION_UNSPECIFIED: "community",
+    options_pb2.EDITION_COMMUNITY: "community",
+    options_pb2.EDITION_PRO: "pro",
+    options_pb2.EDITION_ENTERPRISE: "enterprise",
+}
+
+READ = "read"
+MANAGE = "manage"
+
+
+@dataclass(frozen=True)
+class Policy:
+    feature: str = ""
+    edition: int = options_pb2.EDITION_COMMUNITY
+    right: str = READ
+
+
+def _load() -> dict[str, Policy]:
+    table: dict[str, Policy] = {}
+    for module in FILES:
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                opt = method.GetOptions().Extensions[options_pb2.policy]
+                right = MANAGE if opt.right == options_pb2.RIGHT_MANAGE else READ
+                table[f"/{service.full_name}/{method.name}"] = Policy(opt.feature, opt.edition, right)
+    return table
+
+
+POLICIES: dict[str, Policy] = _load()
+
+
+def service_methods() -> dict[str, list[str]]:
+    """Service full name -> method names, for the surface-parity checks."""
+    out: dict[str, list[str]] = {}
+    for module in FILES:
+        for service in module.DESCRIPTOR.services_by_name.values():
+            out[service.full_name] = [m.name for m in service.methods]
+    return out

@@ -1,0 +1,49 @@
+"""Configuration: precedence, validation with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from knowledge_server.config import ConfigError, load_config
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "k.toml"
+    cfg_file.write_text('[server]\nlisten = "127.0.0.1:7001"\nlane_timeout_ms = 300\n')
+    env = {"KNOWLEDGE_LANE_TIMEOUT_MS": "400", "KNOWLEDGE_DATA_DIR": str(tmp_path / "d")}
+    cfg = load_config(cfg_file, env=env, overrides={"listen": "127.0.0.1:0"})
+    assert cfg.listen == "127.0.0.1:0"
+    assert cfg.lane_timeout_ms == 400
+    assert cfg.data_dir == (tmp_path / "d").resolve()
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"KNOWLEDGE_LANE_TIMEOUT_MS": "abc"}, "KNOWLEDGE_LANE_TIMEOUT_MS"),
+        ({"KNOWLEDGE_LANE_TIMEOUT_MS": "5"}, "lane_timeout_ms"),
+        ({"KNOWLEDGE_LISTEN": "nowhere"}, "listen"),
+        ({"KNOWLEDGE_AUTH": "maybe"}, "auth"),
+        ({"KNOWLEDGE_TLS_CERT": "/nonexistent.pem", "KNOWLEDGE_TLS_KEY": "/nonexistent.key"}, "tls_cert"),
+        ({"KNOWLEDGE_AUTH": "off", "KNOWLEDGE_LISTEN": "0.0.0.0:5000"}, "loopback"),
+    ],
+)
+def test_invalid_values_name_the_setting(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env=env)
+    assert needle in str(info.value)
+
+
+def test_unknown_key_in_file_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "k.toml"
+    f.write_text("lane_timeout = 3\n")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_config(f, env={})
+
+
+def test_non_loopback_requires_auth() -> None:
+    cfg = load_config(env={}, overrides={"listen": "0.0.0.0:0"})
+    assert cfg.auth_required
+    assert not load_config(env={}, overrides={"listen": "127.0.0.1:0"}).auth_required

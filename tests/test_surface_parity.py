@@ -1,0 +1,65 @@
+"""Single surface (seed 003 §1): every RPC appears in the SDK, the CLI and the docs."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from knowledge_sdk import AsyncKnowledgeClient, KnowledgeClient
+from knowledge_sdk.client import RPC_METHODS
+from knowledge_server.cli import iter_commands
+from knowledge_server.transport.policy import service_methods
+from tests.conftest import REPO_ROOT
+
+# RPC -> CLI command path.
+CLI_COMMANDS = {
+    "knowledge.v1.KnowledgeService/Search": "search",
+    "knowledge.v1.KnowledgeService/Dispatch": "dispatch",
+    "knowledge.v1.KnowledgeService/GetEpisode": "get-episode",
+    "knowledge.v1.KnowledgeService/GetChunk": "get-chunk",
+    "knowledge.v1.DocGraphService/Themes": "docgraph themes",
+    "knowledge.v1.DocGraphService/EntityNeighbors": "docgraph neighbors",
+    "knowledge.v1.DocGraphService/DocRelations": "docgraph relations",
+    "knowledge.v1.DocGraphService/GlobalOverview": "docgraph overview",
+    "knowledge.v1.DocGraphService/SearchLevels": "docgraph search-levels",
+    "knowledge.v1.IndexService/IndexWorkspace": "index",
+    "knowledge.v1.IndexService/IngestSessions": "ingest",
+    "knowledge.v1.IndexService/RebuildDerived": "rebuild",
+    "knowledge.v1.IndexService/BuildDocGraph": "docgraph build",
+    "knowledge.v1.IndexService/GetStatus": "status",
+}
+
+
+def _rpcs() -> set[str]:
+    return {f"{svc}/{m}" for svc, methods in service_methods().items() for m in methods}
+
+
+def test_every_rpc_has_an_sdk_method_sync_and_async() -> None:
+    assert set(RPC_METHODS) == _rpcs()
+    for rpc, name in RPC_METHODS.items():
+        assert callable(getattr(KnowledgeClient, name, None)), rpc
+        assert callable(getattr(AsyncKnowledgeClient, name, None)), rpc
+    public = {n for n, _ in inspect.getmembers(KnowledgeClient, inspect.isfunction) if not n.startswith("_")}
+    assert public - {"close"} == set(RPC_METHODS.values())
+
+
+def test_every_rpc_has_a_cli_command() -> None:
+    assert set(CLI_COMMANDS) == _rpcs()
+    commands = set(iter_commands())
+    for rpc, cmd in CLI_COMMANDS.items():
+        assert cmd in commands, rpc
+
+
+def test_readme_operation_table_lists_every_rpc() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    for rpc, cmd in CLI_COMMANDS.items():
+        short = rpc.removeprefix("knowledge.v1.")
+        assert f"`{short}`" in readme, short
+        assert f"`{RPC_METHODS[rpc]}`" in readme
+        assert f"knowledge {cmd}" in readme
+
+
+def test_every_cli_command_is_documented() -> None:
+    doc = (REPO_ROOT / "docs" / "cli.md").read_text()
+    documented = set(re.findall(r"^## `knowledge ([a-z\- ]+)`", doc, re.M))
+    assert set(iter_commands()) <= documented, set(iter_commands()) - documented
