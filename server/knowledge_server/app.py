@@ -6,8 +6,10 @@ about gRPC except the protobuf messages it takes and returns.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from knowledge_server._gen.knowledge.v1 import (
 from knowledge_server.auth_model import Principal
 from knowledge_server.config import Config
 from knowledge_server.errors import InvalidRequest, Unimplemented
+from knowledge_server.lanes.common import run_with_progress
 from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import Lane, NotReadyLane
 from knowledge_server.search.validate import validate_search
@@ -88,7 +91,12 @@ class KnowledgeApp:
         raise Unimplemented("Dispatch is declared in knowledge.v1 but not built in this server yet")
 
     async def get_episode(self, req: knowledge_service_pb2.GetEpisodeRequest) -> knowledge_service_pb2.GetEpisodeResponse:
-        raise Unimplemented("GetEpisode needs the episodes lane, which is not built in this server yet")
+        lane = self.lanes.get("episodes")
+        getter = getattr(lane, "get_episode_sync", None)
+        if getter is None:
+            raise Unimplemented("GetEpisode needs the built-in episodes lane")
+        scope = effective_workspaces(current_call().principal, ())
+        return await asyncio.to_thread(getter, req.id, req.neighbours, scope)
 
     async def get_chunk(self, req: knowledge_service_pb2.GetChunkRequest) -> knowledge_service_pb2.GetChunkResponse:
         raise Unimplemented("GetChunk needs the code lane, which is not built in this server yet")
@@ -98,9 +106,31 @@ class KnowledgeApp:
         raise Unimplemented(f"{op} (document graph) is declared in knowledge.v1 but not built in this server yet")
 
     # -- IndexService ------------------------------------------------------------------
-    async def index_stream(self, op: str, req: object) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
+    async def index_stream(self, op: str, req: Any) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
+        if op == "ingest_sessions":
+            lane = self.lanes.get("episodes")
+            ingest = getattr(lane, "ingest_sync", None)
+            if ingest is None:
+                raise Unimplemented("IngestSessions needs the built-in episodes lane")
+            paths = [normalise_workspace(p) for p in req.paths]
+            for p in paths:
+                if not os.path.exists(p):
+                    raise InvalidRequest(f"paths: {p} does not exist on the server", metadata={"field": "paths"})
+            async for event in run_with_progress(lambda progress: ingest(paths or None, progress)):
+                yield event
+            await self.after_ingest()
+            return
         raise Unimplemented(f"{op} is declared in knowledge.v1 but not built in this server yet")
-        yield  # pragma: no cover
+
+    async def after_ingest(self) -> None:
+        """Hook: the derived layer is rebuilt incrementally after each ingestion."""
+
+    async def bootstrap(self) -> None:
+        """First-run work in the background: ingest logs (or the bundled sample)."""
+        lane = self.lanes.get("episodes")
+        if getattr(lane, "ingest_sync", None) is not None:
+            async for _ in self.index_stream("ingest_sessions", index_service_pb2.IngestSessionsRequest()):
+                pass
 
     async def status(self, req: index_service_pb2.GetStatusRequest) -> index_service_pb2.GetStatusResponse:
         principal = current_call().principal
@@ -120,6 +150,12 @@ class KnowledgeApp:
             else:
                 resp.lanes.append(index_service_pb2.LaneStatus(lane=name, degraded=True, capability="degraded", reason="not built"))
         return resp
+
+    def close(self) -> None:
+        for lane in self.lanes.values():
+            closer = getattr(lane, "close", None)
+            if closer is not None:
+                closer()
 
     def data_path(self, name: str) -> Path:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)

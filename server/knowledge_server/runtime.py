@@ -14,7 +14,9 @@ from knowledge_server.app import KnowledgeApp, LicenceView
 from knowledge_server.auth import TokenStore
 from knowledge_server.auth_model import Principal
 from knowledge_server.config import Config, ConfigError
+from knowledge_server.lanes.episodes import EpisodesLane
 from knowledge_server.logs import get_logger
+from knowledge_server.search.lanes import Lane, NotReadyLane
 from knowledge_server.transport.interceptors import EditionState
 
 log = get_logger("knowledge.runtime")
@@ -99,7 +101,13 @@ def build_authenticator(config: Config) -> Callable[[str], Principal | None] | N
 
 def build_app(config: Config) -> KnowledgeApp:
     licence = WatchedLicence(config)
-    app = KnowledgeApp(config, licence=licence)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    lanes: dict[str, Lane] = {
+        "episodes": EpisodesLane(config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces),
+        "code": NotReadyLane("code", "no workspace has been indexed yet"),
+        "skills": NotReadyLane("skills", "the skill catalog has not been built yet"),
+    }
+    app = KnowledgeApp(config, licence=licence, lanes=lanes)
     app.reload = licence.reload  # type: ignore[attr-defined]
     return app
 

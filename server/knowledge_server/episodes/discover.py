@@ -1,0 +1,82 @@
+"""Find session logs: the harnesses' standard locations plus explicit files or folders."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+from .importers import detect_format
+
+__all__ = ["default_roots", "discover"]
+
+_EXTS = (".jsonl", ".ndjson", ".md", ".json")
+_SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv"}
+
+
+def default_roots(home: str | None = None) -> list[str]:
+    """Standard log folders that exist on this machine."""
+    home = home or os.path.expanduser("~")
+    data_home = os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
+    codex_home = os.environ.get("CODEX_HOME") or os.path.join(home, ".codex")
+    claude_home = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(home, ".claude")
+    roots = [
+        os.path.join(claude_home, "projects"),
+        os.path.join(codex_home, "sessions"),
+        os.path.join(codex_home, "archived_sessions"),
+        os.path.join(data_home, "opencode", "storage"),
+    ]
+    return [r for r in roots if os.path.isdir(r)]
+
+
+def _walk(root: str) -> Iterable[str]:
+    # OpenCode storage: only session files are units; message/part files belong to them.
+    if os.path.isdir(os.path.join(root, "session")) and os.path.isdir(
+        os.path.join(root, "message")
+    ):
+        for dp, dn, fn in os.walk(os.path.join(root, "session")):
+            dn.sort()
+            for f in sorted(fn):
+                if f.startswith("ses_") and f.endswith(".json"):
+                    yield os.path.join(dp, f)
+        return
+    for dp, dn, fn in os.walk(root):
+        dn[:] = sorted(
+            d
+            for d in dn
+            if d not in _SKIP_DIRS
+            and not (d in ("message", "part") and os.path.isdir(os.path.join(dp, "session")))
+        )
+        if os.path.isdir(os.path.join(dp, "session")) and os.path.isdir(
+            os.path.join(dp, "message")
+        ):
+            yield from _walk(dp)
+            dn[:] = []
+            continue
+        for f in sorted(fn):
+            if f.endswith(_EXTS) and not f.endswith(".meta.json"):
+                yield os.path.join(dp, f)
+
+
+def discover(paths: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """Return ``(absolute path, format)`` for every recognised log under ``paths``.
+
+    ``None`` scans :func:`default_roots`. A file is taken as given (its format detected by
+    content); a folder is walked.
+    """
+    roots = (
+        default_roots()
+        if paths is None
+        else [os.path.abspath(os.path.expanduser(p)) for p in paths]
+    )
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for root in roots:
+        files = [root] if os.path.isfile(root) else list(_walk(root)) if os.path.isdir(root) else []
+        for f in files:
+            if f in seen:
+                continue
+            seen.add(f)
+            fmt = detect_format(f)
+            if fmt:
+                out.append((f, fmt))
+    return out

@@ -1,0 +1,120 @@
+"""Format detection and dispatch to the per-harness importers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from . import aider, claude_code, codex, generic, opencode
+from .base import ImportResult
+
+__all__ = [
+    "INCREMENTAL_FORMATS",
+    "ImportResult",
+    "detect_format",
+    "import_full",
+    "import_incremental",
+]
+
+# JSONL formats are read incrementally (byte offset + line number); the others are
+# re-imported whole when their fingerprint changes.
+INCREMENTAL_FORMATS = frozenset({"claude-code", "codex", "generic"})
+
+_AIDER_HEADER = re.compile(r"(?m)^# aider chat started at \d{4}-\d\d-\d\d")
+_CODEX_TYPES = {
+    "session_meta",
+    "response_item",
+    "event_msg",
+    "turn_context",
+    "compacted",
+    "world_state",
+}
+_CLAUDE_TYPES = {
+    "user",
+    "assistant",
+    "summary",
+    "system",
+    "attachment",
+    "progress",
+    "file-history-snapshot",
+    "queue-operation",
+    "last-prompt",
+    "permission-mode",
+}
+
+
+def detect_format(path: str) -> str | None:
+    """Guess the format of one file from its layout and content; None = not a session log."""
+    name = os.path.basename(path)
+    parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
+    if name.endswith(".json"):
+        if len(parts) >= 3 and parts[-3] == "session" and name.startswith("ses_"):
+            return "opencode"
+        return None
+    if name.endswith(".md"):
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(1 << 20).decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        if _AIDER_HEADER.search(head):
+            return "aider"
+        return None
+    if not name.endswith((".jsonl", ".ndjson")):
+        return None
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(256 * 1024)
+    except OSError:
+        return None
+    votes = {"codex": 0, "claude-code": 0, "generic": 0}
+    seen = 0
+    for raw in head.split(b"\n")[:200]:
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        seen += 1
+        t = obj.get("type")
+        if (
+            t in _CODEX_TYPES
+            and isinstance(obj.get("payload"), dict)
+            or "id" in obj
+            and "instructions" in obj
+            and "type" not in obj
+        ):
+            votes["codex"] += 3
+        elif "record_type" in obj:
+            votes["codex"] += 1
+        elif "sessionId" in obj or "parentUuid" in obj or "isSidechain" in obj or "leafUuid" in obj:
+            votes["claude-code"] += 3
+        elif t in _CLAUDE_TYPES and isinstance(obj.get("message"), dict):
+            votes["claude-code"] += 2
+        elif "session_id" in obj and "text" in obj:
+            votes["generic"] += 3
+        elif "text" in obj and ("role" in obj or "event_type" in obj):
+            votes["generic"] += 1
+        if seen >= 50:
+            break
+    best = max(votes, key=lambda k: votes[k])
+    if votes[best] == 0:
+        return "generic" if seen else None
+    return best
+
+
+def import_full(fmt: str, path: str) -> ImportResult:
+    if fmt == "aider":
+        return aider.import_file(path)
+    if fmt == "opencode":
+        return opencode.import_file(path)
+    return import_incremental(fmt, path, 0, 0, False, None)
+
+
+def import_incremental(
+    fmt: str, path: str, offset: int, line: int, pending_newline: bool, ctx: dict | None
+) -> ImportResult:
+    mod = {"claude-code": claude_code, "codex": codex, "generic": generic}[fmt]
+    return mod.import_file(path, offset=offset, line=line, pending_newline=pending_newline, ctx=ctx)

@@ -1,0 +1,215 @@
+"""Shared importer machinery: the result type, line reading, time parsing, text helpers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ...redact import redact
+from ..model import Event, Problem, SessionMeta
+
+MAX_TEXT = 20_000  # characters kept per event; tool outputs can be megabytes
+
+
+@dataclass(slots=True)
+class ImportResult:
+    events: list[Event] = field(default_factory=list)
+    sessions: dict[str, SessionMeta] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    end_offset: int = 0
+    end_line: int = 0
+    # True when the last consumed line had no trailing newline (see read_jsonl).
+    pending_newline: bool = False
+    ctx: dict[str, Any] = field(default_factory=dict)
+    lines_read: int = 0
+
+
+def parse_time(value: Any) -> datetime | None:
+    """ISO-8601 string or epoch seconds/milliseconds -> aware UTC datetime (None if unusable)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        if isinstance(value, (int, float)):
+            v = float(value)
+            if v > 1e11:  # milliseconds
+                v /= 1000.0
+            return datetime.fromtimestamp(v, tz=UTC)
+        if isinstance(value, str):
+            s = value.strip()
+            if not s or not s[0].isdigit():
+                return None
+            if s.endswith("Z"):
+                s = s[:-1] + "+00:00"
+            dt = datetime.fromisoformat(s)
+            if dt.tzinfo is None:
+                dt = dt.replace(tzinfo=UTC)
+            return dt.astimezone(UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+    return None
+
+
+def clean_text(text: str) -> str:
+    """Cap and redact a text before it can reach the store."""
+    if len(text) > MAX_TEXT:
+        text = text[:MAX_TEXT]
+    return redact(text)
+
+
+def clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in meta.items():
+        if v is None:
+            continue
+        if isinstance(v, str):
+            out[k] = redact(v[:500])
+        elif isinstance(v, (int, float, bool)):
+            out[k] = v
+        else:
+            out[k] = redact(json.dumps(v, ensure_ascii=False)[:500])
+    return out
+
+
+def compact_json(value: Any, limit: int = 4000) -> str:
+    if isinstance(value, str):
+        return value[:limit]
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:limit]
+    except (TypeError, ValueError):
+        return str(value)[:limit]
+
+
+def flatten_text(value: Any, limit: int = MAX_TEXT) -> str:
+    """Collect human-readable strings from nested content blocks / outputs."""
+    parts: list[str] = []
+    size = 0
+
+    def walk(v: Any) -> None:
+        nonlocal size
+        if size > limit:
+            return
+        if isinstance(v, str):
+            parts.append(v)
+            size += len(v)
+        elif isinstance(v, dict):
+            for key in (
+                "text",
+                "content",
+                "output",
+                "stdout",
+                "stderr",
+                "message",
+                "result",
+                "summary",
+            ):
+                if key in v:
+                    walk(v[key])
+        elif isinstance(v, list):
+            for item in v:
+                walk(item)
+
+    walk(value)
+    return "\n".join(p for p in parts if p)[:limit]
+
+
+LineHandler = Callable[[dict[str, Any], int, dict[str, Any], ImportResult, str], None]
+
+
+def read_jsonl(
+    path: str,
+    handler: LineHandler,
+    *,
+    offset: int = 0,
+    line: int = 0,
+    pending_newline: bool = False,
+    ctx: dict[str, Any] | None = None,
+) -> ImportResult:
+    """Feed every complete JSON line after ``offset`` to ``handler``.
+
+    ``line`` is the number of physical lines already consumed, so line numbers (and the
+    ``seq`` derived from them) do not depend on where reading started. A final line
+    without a newline is consumed only when it already parses as JSON (a writer that is
+    mid-line almost never leaves valid JSON behind); ``pending_newline`` then tells the
+    next read to swallow the newline that completes it without counting a new line.
+    """
+    res = ImportResult(ctx=dict(ctx or {}), end_offset=offset, end_line=line)
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    pos = 0
+    if pending_newline:
+        if data.startswith(b"\r\n"):
+            pos = 2
+        elif data.startswith(b"\n"):
+            pos = 1
+    n = line
+    end = len(data)
+    while pos < end:
+        nl = data.find(b"\n", pos)
+        complete = nl != -1
+        raw = data[pos : nl if complete else end]
+        stripped = raw.strip()
+        if not complete:
+            if not stripped:
+                break
+            try:
+                obj = json.loads(stripped)
+            except ValueError:
+                # Partial line: not consumed until the writer finishes it (reported, so a
+                # file that really ends in garbage is visible).
+                res.problems.append(
+                    Problem("malformed", path, n + 1, "incomplete last line (not consumed)")
+                )
+                break
+            n += 1
+            res.lines_read += 1
+            _dispatch(obj, n, handler, res, path)
+            pos = end
+            res.pending_newline = True
+            break
+        n += 1
+        pos = nl + 1
+        if not stripped:
+            continue
+        res.lines_read += 1
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            res.problems.append(Problem("malformed", path, n, "invalid JSON"))
+            continue
+        _dispatch(obj, n, handler, res, path)
+    res.end_offset = offset + pos
+    res.end_line = n
+    return res
+
+
+def _dispatch(obj: Any, n: int, handler: LineHandler, res: ImportResult, path: str) -> None:
+    if not isinstance(obj, dict):
+        res.problems.append(Problem("malformed", path, n, f"not an object ({type(obj).__name__})"))
+        return
+    try:
+        handler(obj, n, res.ctx, res, path)
+    except Exception as exc:  # noqa: BLE001 - one odd record must never stop a file
+        res.problems.append(
+            Problem("malformed", path, n, f"unusable record ({type(exc).__name__})")
+        )
+
+
+def add_session(res: ImportResult, meta: SessionMeta) -> SessionMeta:
+    """Register (or fetch) the session entry for this import chunk."""
+    cur = res.sessions.get(meta.session_id)
+    if cur is None:
+        res.sessions[meta.session_id] = meta
+        return meta
+    return cur
+
+
+def ensure_session(res: ImportResult, session_id: str, harness: str, path: str) -> SessionMeta:
+    cur = res.sessions.get(session_id)
+    if cur is None:
+        cur = SessionMeta(session_id=session_id, harness=harness, source_path=path)
+        res.sessions[session_id] = cur
+    return cur

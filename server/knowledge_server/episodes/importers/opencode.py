@@ -1,0 +1,251 @@
+"""OpenCode file storage (``~/.local/share/opencode/storage``).
+
+Layout: ``session/<projectID>/ses_*.json``, ``message/<sessionID>/msg_*.json``,
+``part/<messageID>/*.json``. The unit of ingestion is one session file; its change
+fingerprint covers the session, message and part files, and a change re-imports the
+whole session. Messages are ordered by ``time.created`` then id, parts by file name;
+``seq`` = message ordinal * 1000 + part ordinal * 2 (+1 for a tool's result), which is
+stable as long as OpenCode only appends messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..model import SEQ_STRIDE, Event, Problem, SessionMeta
+from .base import ImportResult, clean_meta, clean_text, compact_json, flatten_text, parse_time
+
+HARNESS = "opencode"
+
+
+def storage_root(session_file: str) -> str:
+    # <root>/session/<project>/ses_x.json
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(session_file))))
+
+
+def _load(path: str, res: ImportResult) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            obj = json.load(fh)
+    except (OSError, ValueError):
+        res.problems.append(Problem("malformed", path, 1, "invalid JSON"))
+        return None
+    if not isinstance(obj, dict):
+        res.problems.append(Problem("malformed", path, 1, "not an object"))
+        return None
+    return obj
+
+
+def _json_files(folder: str) -> list[str]:
+    try:
+        return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json"))
+    except OSError:
+        return []
+
+
+def related_files(session_file: str, session_id: str | None = None) -> list[str]:
+    """Every file whose change should re-import this session."""
+    root = storage_root(session_file)
+    if session_id is None:
+        session_id = os.path.basename(session_file)[:-5].removeprefix("ses_")
+        try:
+            with open(session_file, encoding="utf-8") as fh:
+                session_id = json.load(fh).get("id") or session_id
+        except (OSError, ValueError, AttributeError):
+            pass
+    files = [session_file]
+    msgs = _json_files(os.path.join(root, "message", str(session_id)))
+    files.extend(msgs)
+    for m in msgs:
+        mid = os.path.basename(m)[:-5]
+        try:
+            with open(m, encoding="utf-8") as fh:
+                mid = json.load(fh).get("id") or mid
+        except (OSError, ValueError, AttributeError):
+            pass
+        files.extend(_json_files(os.path.join(root, "part", str(mid))))
+    return files
+
+
+def fingerprint(session_file: str) -> tuple[int, float]:
+    size, mtime = 0, 0.0
+    for f in related_files(session_file):
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        size += st.st_size
+        mtime = max(mtime, st.st_mtime)
+    return size, mtime
+
+
+def import_file(path: str) -> ImportResult:
+    res = ImportResult()
+    ses = _load(path, res)
+    if ses is None:
+        return res
+    sid = str(ses.get("id") or os.path.basename(path)[:-5])
+    t = ses.get("time") if isinstance(ses.get("time"), dict) else {}
+    meta = SessionMeta(
+        session_id=sid,
+        harness=HARNESS,
+        source_path=path,
+        cwd=ses.get("directory") if isinstance(ses.get("directory"), str) else None,
+        created_at=parse_time(t.get("created")),
+        title=clean_text(str(ses.get("title"))[:200]) if ses.get("title") else None,
+        parent_session_id=ses.get("parentID") if isinstance(ses.get("parentID"), str) else None,
+    )
+    if meta.parent_session_id:
+        meta.is_sidechain = True
+    res.sessions[sid] = meta
+    root = storage_root(path)
+    messages = []
+    for mf in _json_files(os.path.join(root, "message", sid)):
+        m = _load(mf, res)
+        if m is not None:
+            mt = m.get("time") if isinstance(m.get("time"), dict) else {}
+            created = mt.get("created") if isinstance(mt.get("created"), (int, float)) else 0
+            messages.append((created, str(m.get("id") or os.path.basename(mf)), m, mf))
+    messages.sort(key=lambda x: (x[0], x[1]))
+    for mi, (_, mid, m, mf) in enumerate(messages, start=1):
+        role = str(m.get("role") or "")
+        model = m.get("modelID")
+        if not isinstance(model, str) and isinstance(m.get("model"), dict):
+            model = m["model"].get("modelID")
+        if isinstance(model, str) and model:
+            meta.model = model
+        if isinstance(m.get("agent"), str) and role == "user" and not meta.agent_preset:
+            meta.agent_preset = m["agent"]
+        mtime = (
+            parse_time((m.get("time") or {}).get("created"))
+            if isinstance(m.get("time"), dict)
+            else None
+        )
+        base = mi * SEQ_STRIDE
+        parts = []
+        for pf in _json_files(os.path.join(root, "part", mid)):
+            p = _load(pf, res)
+            if p is not None:
+                parts.append(p)
+        any_text = False
+        for pi, p in enumerate(parts):
+            ptype = p.get("type")
+            ptime = (
+                parse_time((p.get("time") or {}).get("start"))
+                if isinstance(p.get("time"), dict)
+                else None
+            )
+            ptime = ptime or mtime
+            seq = base + pi * 2
+            if ptype == "text":
+                text = str(p.get("text") or "")
+                if text.strip():
+                    any_text = True
+                    etype = "user/message" if role == "user" else "assistant/message"
+                    res.events.append(
+                        Event(
+                            sid,
+                            seq,
+                            etype,
+                            clean_text(text),
+                            ptime,
+                            meta=clean_meta({"synthetic": p.get("synthetic")}),
+                        )
+                    )
+            elif ptype == "reasoning":
+                text = str(p.get("text") or "")
+                if text.strip():
+                    res.events.append(Event(sid, seq, "reasoning", clean_text(text), ptime))
+            elif ptype == "tool":
+                tool = str(p.get("tool") or "tool")
+                st = p.get("state") if isinstance(p.get("state"), dict) else {}
+                res.events.append(
+                    Event(
+                        sid,
+                        seq,
+                        f"tool_use/{tool}",
+                        clean_text(f"{tool} {compact_json(st.get('input'))}"),
+                        ptime,
+                        tool_name=tool,
+                        meta=clean_meta({"call_id": p.get("callID")}),
+                    )
+                )
+                md = st.get("metadata") if isinstance(st.get("metadata"), dict) else {}
+                exit_code = md.get("exit")
+                err = st.get("status") == "error" or (isinstance(exit_code, int) and exit_code != 0)
+                out = flatten_text(st.get("output")) or flatten_text(st.get("error"))
+                if out or err:
+                    res.events.append(
+                        Event(
+                            sid,
+                            seq + 1,
+                            "tool_result",
+                            clean_text(out),
+                            ptime,
+                            is_error=err,
+                            tool_name=tool,
+                            meta=clean_meta({"exit_code": exit_code}),
+                        )
+                    )
+            elif ptype == "patch":
+                files = p.get("files") if isinstance(p.get("files"), list) else []
+                res.events.append(
+                    Event(
+                        sid,
+                        seq,
+                        "system",
+                        clean_text("patch " + " ".join(map(str, files))),
+                        ptime,
+                        meta={"kind": "patch"},
+                    )
+                )
+            elif ptype in (
+                "file",
+                "step-start",
+                "step-finish",
+                "compaction",
+                "snapshot",
+                "agent",
+                "subtask",
+            ):
+                continue
+            else:
+                res.problems.append(
+                    Problem(
+                        "unknown",
+                        os.path.join(root, "part", mid),
+                        pi + 1,
+                        f"part type {str(ptype)[:40]}",
+                    )
+                )
+        if not any_text and role == "user":
+            summ = m.get("summary") if isinstance(m.get("summary"), dict) else {}
+            body = summ.get("body") or summ.get("title")
+            if isinstance(body, str) and body.strip():
+                res.events.append(
+                    Event(sid, base + SEQ_STRIDE - 2, "user/message", clean_text(body), mtime)
+                )
+        err = m.get("error")
+        if isinstance(err, dict):
+            text = f"{err.get('name') or 'error'}: {flatten_text(err.get('data'))}"
+            res.events.append(
+                Event(
+                    sid,
+                    base + SEQ_STRIDE - 1,
+                    "system",
+                    clean_text(text),
+                    mtime,
+                    is_error=True,
+                    signal="failure",
+                    meta={"kind": "message_error"},
+                )
+            )
+        elif role == "assistant" and m.get("finish") in ("stop", "end_turn"):
+            pass
+    try:
+        res.end_offset = os.path.getsize(path)
+    except OSError:
+        pass
+    return res

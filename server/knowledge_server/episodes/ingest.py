@@ -1,0 +1,174 @@
+"""Ingestion: discover logs, import what changed, keep per-file state; plus a polling watcher."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+
+from .discover import default_roots, discover
+from .importers import INCREMENTAL_FORMATS, import_full, import_incremental
+from .importers import opencode as _opencode
+from .model import IngestReport
+from .store import EpisodeStore
+
+__all__ = ["ingest", "ingest_file", "ingest_sample_if_empty", "sample_path", "watch"]
+
+HEAD_BYTES = 4096
+ProgressCallback = Callable[[int, int, str], None]
+
+
+def sample_path() -> str:
+    """The example session shipped with the package (generic JSONL)."""
+    return os.path.join(os.path.dirname(__file__), "sample", "sample_session.jsonl")
+
+
+def _head(path: str, n: int) -> tuple[int, str]:
+    with open(path, "rb") as fh:
+        data = fh.read(n)
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def ingest_file(
+    store: EpisodeStore, path: str, fmt: str, report: IngestReport | None = None
+) -> IngestReport:
+    """Import one file (or OpenCode session) if it changed since the last run."""
+    report = report or IngestReport()
+    report.files_seen += 1
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        report.errors.append(f"{path}: {type(exc).__name__}")
+        return report
+    prev = store.source_state(path)
+    if fmt == "opencode":
+        size, mtime = _opencode.fingerprint(path)
+    else:
+        size, mtime = st.st_size, st.st_mtime
+    inode = st.st_ino
+    if (
+        prev
+        and prev["format"] == fmt
+        and prev["size"] == size
+        and prev["mtime"] == mtime
+        and prev["inode"] == inode
+    ):
+        return report
+    append = False
+    if (
+        fmt in INCREMENTAL_FORMATS
+        and prev
+        and prev["format"] == fmt
+        and prev["inode"] == inode
+        and size >= prev["offset"]
+        and prev["head_len"] <= size
+    ):
+        # Same file grown (or touched): its already-consumed head must be unchanged.
+        append = _head(path, prev["head_len"])[1] == prev["head_hash"]
+    try:
+        if append:
+            res = import_incremental(
+                fmt, path, prev["offset"], prev["line"], bool(prev["pending_newline"]), prev["ctx"]
+            )
+        else:
+            res = import_full(fmt, path)
+    except OSError as exc:
+        report.errors.append(f"{path}: {type(exc).__name__}")
+        return report
+    head_len, head_hash = _head(path, HEAD_BYTES) if fmt != "opencode" else (0, "")
+    state = {
+        "size": size,
+        "mtime": mtime,
+        "inode": inode,
+        "offset": res.end_offset,
+        "line": res.end_line,
+        "pending_newline": res.pending_newline,
+        "head_len": head_len,
+        "head_hash": head_hash,
+        "ctx": res.ctx,
+        "sessions_prev": prev["sessions"] if (prev and append) else [],
+    }
+    added, dup, touched = store.apply_file(
+        path, fmt, reset=not append, events=res.events, sessions=res.sessions, state=state
+    )
+    report.files_changed += 1
+    if not append and prev:
+        report.files_reimported += 1
+    report.events_added += added
+    report.events_duplicate += dup
+    report.sessions_touched += len(touched)
+    report.per_file_events[path] = report.per_file_events.get(path, 0) + added
+    for p in res.problems:
+        (report.malformed if p.kind == "malformed" else report.unknown).append(p.location)
+    return report
+
+
+def ingest(
+    store: EpisodeStore,
+    paths: Sequence[str] | None = None,
+    progress_callback: ProgressCallback | None = None,
+) -> IngestReport:
+    """Import every recognised log under ``paths`` (None = the standard locations).
+
+    Idempotent and incremental: unchanged files are skipped, grown JSONL files are read
+    from the stored byte offset, truncated or rotated files are re-imported from scratch.
+    """
+    report = IngestReport()
+    files = discover(paths)
+    total = len(files)
+    for i, (path, fmt) in enumerate(files):
+        if progress_callback:
+            progress_callback(i, total, path)
+        try:
+            ingest_file(store, path, fmt, report)
+        except Exception as exc:  # noqa: BLE001 - one broken file must not stop the run
+            report.errors.append(f"{path}: {type(exc).__name__}")
+    if progress_callback:
+        progress_callback(total, total, "")
+    _forget_deleted(store, paths, report)
+    report.sessions = store.counts()["sessions"]
+    report.index_rev = store.index_rev()
+    return report
+
+
+def _forget_deleted(store: EpisodeStore, paths: Sequence[str] | None, report: IngestReport) -> None:
+    """Drop the events of files that were indexed from the scanned roots and no longer exist."""
+    roots = (
+        default_roots()
+        if paths is None
+        else [os.path.abspath(os.path.expanduser(p)) for p in paths]
+    )
+    for src in store.source_paths():
+        if os.path.exists(src):
+            continue
+        if any(src == r or src.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
+            report.events_removed += store.forget_source(src)
+            report.files_changed += 1
+
+
+def ingest_sample_if_empty(store: EpisodeStore) -> IngestReport | None:
+    """On a first run with no logs at all, index the shipped example so search has content."""
+    if store.counts()["sessions"]:
+        return None
+    return ingest(store, [sample_path()])
+
+
+def watch(
+    store: EpisodeStore,
+    paths: Sequence[str] | None,
+    interval: float,
+    stop_event: threading.Event,
+    callback: Callable[[IngestReport], None] | None = None,
+) -> None:
+    """Poll ``paths`` every ``interval`` seconds until ``stop_event`` is set.
+
+    ``callback`` receives each report that changed something (the first pass always).
+    """
+    first = True
+    while not stop_event.is_set():
+        report = ingest(store, paths)
+        if callback and (first or report.files_changed):
+            callback(report)
+        first = False
+        stop_event.wait(interval)

@@ -1,0 +1,772 @@
+"""The episodes lane database (``episodes.sqlite``): sessions, events, FTS5 index, file state.
+
+Writers hold one connection; readers may open the same file read-only at the same time
+(WAL journal). Every file's import is applied in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time as _time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, Self
+
+import apsw
+
+from .model import (
+    EpisodeHit,
+    Event,
+    EventDetail,
+    EventMeta,
+    SessionInfo,
+    SessionMeta,
+    parse_event_id,
+)
+from .model import event_id as make_event_id
+from .text import aux_terms, query_terms
+
+__all__ = ["DB_FILE", "EpisodeStore", "InvalidQuery"]
+
+DB_FILE = "episodes.sqlite"
+LIVE_MINUTES = 10
+MAX_QUERY_CHARS = 2000
+# A term matching more documents than this is "frequent": see _plan_query.
+FREQUENT_MIN_DOCS = 5000
+FREQUENT_FRACTION = 0.05
+RECENT_CAP = 800
+RECENT_MAX_TERMS = 3
+# Session filters that leave at most this many events are answered by restricting the
+# FTS scan to those sessions' rowid ranges instead of ranking every match.
+RESTRICTIVE_EVENTS = 30000
+MAX_RANGES = 48
+
+
+class InvalidQuery(ValueError):
+    """The query cannot be searched (empty after tokenisation, too long, bad filter)."""
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+  session_id TEXT PRIMARY KEY,
+  harness TEXT NOT NULL,
+  cwd TEXT,
+  created_at REAL,
+  last_event_at REAL,
+  model TEXT,
+  agent_preset TEXT,
+  title TEXT,
+  parent_session_id TEXT,
+  agent_id TEXT,
+  is_sidechain INTEGER NOT NULL DEFAULT 0,
+  subagent_type TEXT,
+  spawn_depth INTEGER,
+  forked_from_id TEXT,
+  outcome TEXT NOT NULL DEFAULT 'unknown',
+  persisted INTEGER NOT NULL DEFAULT 1,
+  source_path TEXT,
+  source_mtime REAL,
+  event_count INTEGER NOT NULL DEFAULT 0,
+  min_event_id INTEGER,
+  max_event_id INTEGER
+);
+CREATE INDEX IF NOT EXISTS sessions_cwd ON sessions(cwd);
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY,
+  session_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  event_type TEXT NOT NULL,
+  time REAL,
+  text TEXT NOT NULL,
+  aux TEXT NOT NULL,
+  is_error INTEGER NOT NULL DEFAULT 0,
+  tool_name TEXT,
+  meta TEXT,
+  signal TEXT,
+  source_path TEXT NOT NULL,
+  UNIQUE(session_id, seq)
+);
+CREATE INDEX IF NOT EXISTS events_source ON events(source_path);
+CREATE INDEX IF NOT EXISTS events_time ON events(time);
+CREATE VIRTUAL TABLE IF NOT EXISTS events_fts USING fts5(
+  text, aux, content='events', content_rowid='id',
+  tokenize='unicode61 remove_diacritics 2'
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS events_vocab USING fts5vocab(events_fts, 'row');
+CREATE TRIGGER IF NOT EXISTS events_ai AFTER INSERT ON events BEGIN
+  INSERT INTO events_fts(rowid, text, aux) VALUES (new.id, new.text, new.aux);
+END;
+CREATE TRIGGER IF NOT EXISTS events_ad AFTER DELETE ON events BEGIN
+  INSERT INTO events_fts(events_fts, rowid, text, aux) VALUES ('delete', old.id, old.text, old.aux);
+END;
+CREATE TABLE IF NOT EXISTS sources (
+  path TEXT PRIMARY KEY,
+  format TEXT NOT NULL,
+  size INTEGER NOT NULL,
+  mtime REAL NOT NULL,
+  inode INTEGER,
+  offset INTEGER NOT NULL,
+  line INTEGER NOT NULL,
+  pending_newline INTEGER NOT NULL DEFAULT 0,
+  head_len INTEGER NOT NULL,
+  head_hash TEXT NOT NULL,
+  ctx TEXT,
+  sessions TEXT
+);
+CREATE TABLE IF NOT EXISTS lane_meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+_SESSION_COLS = (
+    "session_id, harness, cwd, created_at, model, agent_preset, title, outcome, persisted, parent_session_id, "
+    "agent_id, is_sidechain, subagent_type, spawn_depth, forked_from_id, source_path, event_count, "
+    "last_event_at, source_mtime"
+)
+
+
+def _ts(dt: datetime | None) -> float | None:
+    return dt.timestamp() if dt is not None else None
+
+
+def _dt(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, tz=UTC) if value is not None else None
+
+
+def _aware(dt: datetime) -> float:
+    # Naive datetimes are taken as UTC (every stored time is UTC).
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+def _like_escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _norm_root(root: str) -> str:
+    root = os.path.normpath(root)
+    return root if root != "/" else ""
+
+
+class EpisodeStore:
+    """Open (and create) ``episodes.sqlite``. ``read_only=True`` never writes."""
+
+    def __init__(
+        self, path: str, *, read_only: bool = False, live_minutes: int = LIVE_MINUTES
+    ) -> None:
+        if os.path.isdir(path):
+            path = os.path.join(path, DB_FILE)
+        self.path = path
+        self.read_only = read_only
+        self.live_minutes = live_minutes
+        if read_only:
+            self.conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.conn = apsw.Connection(path)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            with self.conn:
+                self.conn.execute(_SCHEMA)
+        self.conn.setbusytimeout(5000)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ file state
+    def source_state(self, path: str) -> dict[str, Any] | None:
+        row = self.conn.execute(
+            "SELECT format, size, mtime, inode, offset, line, pending_newline, head_len, head_hash, ctx, sessions "
+            "FROM sources WHERE path = ?",
+            (path,),
+        ).fetchone()
+        if row is None:
+            return None
+        keys = (
+            "format",
+            "size",
+            "mtime",
+            "inode",
+            "offset",
+            "line",
+            "pending_newline",
+            "head_len",
+            "head_hash",
+            "ctx",
+            "sessions",
+        )
+        st = dict(zip(keys, row))
+        st["ctx"] = json.loads(st["ctx"]) if st["ctx"] else {}
+        st["sessions"] = json.loads(st["sessions"]) if st["sessions"] else []
+        return st
+
+    def apply_file(
+        self,
+        path: str,
+        fmt: str,
+        *,
+        reset: bool,
+        events: Sequence[Event],
+        sessions: dict[str, SessionMeta],
+        state: dict[str, Any],
+    ) -> tuple[int, int, list[str]]:
+        """Write one file's import in a single transaction.
+
+        ``reset`` deletes the events previously imported from ``path`` first (truncation,
+        rotation or a whole-file format). Returns (added, duplicates, touched session ids).
+        """
+        added = dup = 0
+        with self.conn:
+            cur = self.conn.cursor()
+            old_sessions: list[str] = []
+            if reset:
+                prev = self.source_state(path)
+                old_sessions = prev["sessions"] if prev else []
+                cur.execute("DELETE FROM events WHERE source_path = ?", (path,))
+            for meta in sessions.values():
+                self._merge_session(cur, meta, state.get("mtime"))
+            for ev in events:
+                cur.execute(
+                    "INSERT INTO events(session_id, seq, event_type, time, text, aux, is_error, tool_name, meta, "
+                    "signal, source_path) VALUES (?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(session_id, seq) DO NOTHING",
+                    (
+                        ev.session_id,
+                        ev.seq,
+                        ev.event_type,
+                        _ts(ev.time),
+                        ev.text,
+                        aux_terms(ev.text),
+                        int(ev.is_error),
+                        ev.tool_name,
+                        json.dumps(ev.meta, ensure_ascii=False) if ev.meta else None,
+                        ev.signal,
+                        path,
+                    ),
+                )
+                if self.conn.changes():
+                    added += 1
+                else:
+                    dup += 1
+            touched = sorted(set(sessions) | {e.session_id for e in events} | set(old_sessions))
+            for sid in touched:
+                self._refresh_session(cur, sid)
+            all_sessions = sorted(
+                set(state.get("sessions_prev") or [])
+                | set(sessions)
+                | {e.session_id for e in events}
+            )
+            cur.execute(
+                "INSERT INTO sources(path, format, size, mtime, inode, offset, line, pending_newline, head_len, "
+                "head_hash, ctx, sessions) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(path) DO UPDATE SET "
+                "format=excluded.format, size=excluded.size, mtime=excluded.mtime, inode=excluded.inode, "
+                "offset=excluded.offset, line=excluded.line, pending_newline=excluded.pending_newline, "
+                "head_len=excluded.head_len, head_hash=excluded.head_hash, ctx=excluded.ctx, sessions=excluded.sessions",
+                (
+                    path,
+                    fmt,
+                    state["size"],
+                    state["mtime"],
+                    state.get("inode"),
+                    state["offset"],
+                    state["line"],
+                    int(state.get("pending_newline", False)),
+                    state["head_len"],
+                    state["head_hash"],
+                    json.dumps(state.get("ctx") or {}, ensure_ascii=False),
+                    json.dumps(all_sessions),
+                ),
+            )
+            if added or reset or sessions:
+                self._bump_rev(cur)
+        return added, dup, touched
+
+    def _merge_session(self, cur: apsw.Cursor, m: SessionMeta, mtime: float | None) -> None:
+        # First writer wins for identity fields (cwd, created_at keeps the minimum); later
+        # chunks may fill gaps and update the model (the most recent one is the current).
+        cur.execute(
+            "INSERT INTO sessions(session_id, harness, cwd, created_at, model, agent_preset, title, "
+            "parent_session_id, agent_id, is_sidechain, subagent_type, spawn_depth, forked_from_id, persisted, "
+            "source_path, source_mtime) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+            "ON CONFLICT(session_id) DO UPDATE SET "
+            "cwd = COALESCE(sessions.cwd, excluded.cwd), "
+            "created_at = MIN(COALESCE(sessions.created_at, excluded.created_at), "
+            "COALESCE(excluded.created_at, sessions.created_at)), "
+            "model = COALESCE(excluded.model, sessions.model), "
+            "agent_preset = COALESCE(excluded.agent_preset, sessions.agent_preset), "
+            "title = COALESCE(excluded.title, sessions.title), "
+            "parent_session_id = COALESCE(sessions.parent_session_id, excluded.parent_session_id), "
+            "agent_id = COALESCE(sessions.agent_id, excluded.agent_id), "
+            "is_sidechain = MAX(sessions.is_sidechain, excluded.is_sidechain), "
+            "subagent_type = COALESCE(excluded.subagent_type, sessions.subagent_type), "
+            "spawn_depth = COALESCE(excluded.spawn_depth, sessions.spawn_depth), "
+            "forked_from_id = COALESCE(sessions.forked_from_id, excluded.forked_from_id), "
+            "source_path = COALESCE(sessions.source_path, excluded.source_path), "
+            "source_mtime = MAX(COALESCE(sessions.source_mtime, 0), COALESCE(excluded.source_mtime, 0))",
+            (
+                m.session_id,
+                m.harness,
+                m.cwd,
+                _ts(m.created_at),
+                m.model,
+                m.agent_preset,
+                m.title,
+                m.parent_session_id,
+                m.agent_id,
+                int(m.is_sidechain),
+                m.subagent_type,
+                m.spawn_depth,
+                m.forked_from_id,
+                int(m.persisted),
+                m.source_path,
+                mtime,
+            ),
+        )
+
+    def _refresh_session(self, cur: apsw.Cursor, sid: str) -> None:
+        """Recompute counts and the outcome (rule documented in docs/episodes.md)."""
+        count, last, lo, hi = cur.execute(
+            "SELECT COUNT(*), MAX(time), MIN(id), MAX(id) FROM events WHERE session_id = ?", (sid,)
+        ).fetchone()
+        row = cur.execute(
+            "SELECT signal FROM events WHERE session_id = ? AND signal IS NOT NULL ORDER BY seq DESC LIMIT 1",
+            (sid,),
+        ).fetchone()
+        if row:
+            outcome = row[0]
+        else:
+            tail = cur.execute(
+                "SELECT event_type, is_error FROM events WHERE session_id = ? AND event_type NOT IN "
+                "('system', 'summary', 'reasoning') ORDER BY seq DESC LIMIT 1",
+                (sid,),
+            ).fetchone()
+            if tail is None:
+                outcome = "unknown"
+            elif tail[1]:
+                outcome = "failure"
+            elif tail[0] == "assistant/message":
+                outcome = "success"
+            else:
+                outcome = "unknown"
+        cur.execute(
+            "UPDATE sessions SET event_count = ?, last_event_at = ?, outcome = ?, min_event_id = ?, "
+            "max_event_id = ? WHERE session_id = ?",
+            (count, last, outcome, lo, hi, sid),
+        )
+
+    def _bump_rev(self, cur: apsw.Cursor) -> None:
+        row = cur.execute("SELECT value FROM lane_meta WHERE key = 'rev_counter'").fetchone()
+        counter = int(row[0]) + 1 if row else 1
+        now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        cur.execute(
+            "INSERT OR REPLACE INTO lane_meta(key, value) VALUES ('rev_counter', ?)",
+            (str(counter),),
+        )
+        cur.execute(
+            "INSERT OR REPLACE INTO lane_meta(key, value) VALUES ('index_rev', ?)",
+            (f"episodes:{now}:{counter}",),
+        )
+
+    def index_rev(self) -> str:
+        row = self.conn.execute("SELECT value FROM lane_meta WHERE key = 'index_rev'").fetchone()
+        return row[0] if row else "episodes:empty:0"
+
+    def source_paths(self) -> list[str]:
+        return [r[0] for r in self.conn.execute("SELECT path FROM sources ORDER BY path")]
+
+    def forget_source(self, path: str) -> int:
+        """Remove a file's events (e.g. it was deleted). Returns how many were removed."""
+        with self.conn:
+            cur = self.conn.cursor()
+            st = self.source_state(path)
+            cur.execute("DELETE FROM events WHERE source_path = ?", (path,))
+            n = self.conn.changes()
+            cur.execute("DELETE FROM sources WHERE path = ?", (path,))
+            for sid in (st or {}).get("sessions", []):
+                self._refresh_session(cur, sid)
+            if n:
+                self._bump_rev(cur)
+        return n
+
+    # ------------------------------------------------------------------ reading
+    def _session_from_row(self, r: Sequence[Any], now: float) -> SessionInfo:
+        mtime = r[18]
+        live = (not bool(r[8])) or (mtime is not None and now - mtime < self.live_minutes * 60)
+        return SessionInfo(
+            session_id=r[0],
+            harness=r[1],
+            cwd=r[2],
+            created_at=_dt(r[3]),
+            model=r[4],
+            agent_preset=r[5],
+            title=r[6],
+            outcome=r[7],
+            persisted=bool(r[8]),
+            live=live,
+            parent_session_id=r[9],
+            agent_id=r[10],
+            is_sidechain=bool(r[11]),
+            subagent_type=r[12],
+            spawn_depth=r[13],
+            forked_from_id=r[14],
+            source_path=r[15],
+            event_count=r[16] or 0,
+            last_event_at=_dt(r[17]),
+        )
+
+    def _filters(
+        self,
+        workspaces: Sequence[str] | None,
+        session_ids: Sequence[str] | None,
+        since: datetime | None,
+        until: datetime | None,
+        outcome: str,
+        s_alias: str = "s",
+        e_alias: str | None = "e",
+    ) -> tuple[list[str], list[Any]] | None:
+        """SQL conditions for the filters; None means "matches nothing"."""
+        conds: list[str] = []
+        args: list[Any] = []
+        if workspaces is not None:
+            roots = [_norm_root(w) for w in workspaces if w]
+            if not roots:
+                return None
+            ors = []
+            for r in roots:
+                if r:
+                    ors.append(f"({s_alias}.cwd = ? OR {s_alias}.cwd LIKE ? ESCAPE '\\')")
+                    args.extend([r, _like_escape(r) + "/%"])
+                else:
+                    ors.append(f"{s_alias}.cwd LIKE '/%'")
+            conds.append("(" + " OR ".join(ors) + ")")
+        if session_ids is not None:
+            ids = list(session_ids)
+            if not ids:
+                return None
+            conds.append(f"{s_alias}.session_id IN ({','.join('?' * len(ids))})")
+            args.extend(ids)
+        if outcome not in ("any", "", None):
+            if outcome not in ("success", "failure", "unknown"):
+                raise InvalidQuery("outcome must be success, failure, unknown or any")
+            conds.append(f"{s_alias}.outcome = ?")
+            args.append(outcome)
+        if e_alias:
+            if since is not None:
+                conds.append(f"{e_alias}.time >= ?")
+                args.append(_aware(since))
+            if until is not None:
+                conds.append(f"{e_alias}.time <= ?")
+                args.append(_aware(until))
+        return conds, args
+
+    def _doc_count(self) -> int:
+        row = self.conn.execute("SELECT MAX(id) FROM events").fetchone()
+        return int(row[0] or 0)
+
+    def _plan_query(self, query: str) -> tuple[str, bool, list[str]]:
+        """Build the FTS5 expression. Returns (match, recent_only, snippet needles).
+
+        Stop-words are dropped when other words remain. A term present in more than
+        max(FREQUENT_MIN_DOCS, 5%) of the events is dropped too when a rarer term exists;
+        a query made only of such terms is answered from the RECENT_CAP most recent matches
+        (FTS5 can walk a term's rowids backwards without scoring every match).
+        """
+        if "\x00" in query:
+            query = query.replace("\x00", " ")
+        if len(query) > MAX_QUERY_CHARS:
+            raise InvalidQuery(f"query longer than {MAX_QUERY_CHARS} characters")
+        terms = query_terms(query)
+        if not terms:
+            raise InvalidQuery("query has no searchable words")
+        content = [t for t in terms if not t.stop] or terms
+        n_docs = self._doc_count()
+        limit = max(FREQUENT_MIN_DOCS, int(n_docs * FREQUENT_FRACTION))
+        recent_only = False
+        if n_docs > limit:
+            dfs = {}
+            for t in content:
+                row = self.conn.execute(
+                    "SELECT doc FROM events_vocab WHERE term = ?", (t.term,)
+                ).fetchone()
+                dfs[t.key()] = row[0] if row else 0
+            rare = [t for t in content if dfs[t.key()] <= limit]
+            if rare:
+                content = rare
+            else:
+                recent_only = True
+                content = sorted(content, key=lambda t: dfs[t.key()])[:RECENT_MAX_TERMS]
+        match = " OR ".join(t.fts() for t in content[:64])
+        return match, recent_only, [t.needle for t in terms]
+
+    def search(
+        self,
+        query: str,
+        *,
+        k: int = 10,
+        workspaces: Sequence[str] | None = None,
+        session_ids: Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        outcome: str = "any",
+        snippet_chars: int = 240,
+    ) -> list[EpisodeHit]:
+        """BM25 search over event text; literal query, filters applied in SQL."""
+        if not isinstance(query, str):
+            raise InvalidQuery("query must be a string")
+        k = max(1, min(int(k), 500))
+        flt = self._filters(workspaces, session_ids, since, until, outcome)
+        if flt is None:
+            return []
+        conds, fargs = flt
+        match, recent_only, needles = self._plan_query(query)
+        where = (" WHERE " + " AND ".join(conds)) if conds else ""
+        cols = (
+            "e.session_id, e.seq, e.event_type, e.time, e.text, e.tool_name, e.is_error, f.score, "
+            + ", ".join("s." + c.strip() for c in _SESSION_COLS.split(","))
+        )
+        # Rank and cut to k on narrow rows first; only the k winners' texts are read.
+        order = (
+            " ORDER BY m.score ASC, e.time DESC, e.session_id ASC, e.seq ASC LIMIT ?) "
+            f"SELECT {cols} FROM f JOIN events e ON e.id = f.id JOIN sessions s ON s.session_id = e.session_id "
+            "ORDER BY f.score ASC, f.t DESC, f.sid ASC, f.seq ASC"
+        )
+        narrow = "e.id AS id, m.score AS score, e.time AS t, e.session_id AS sid, e.seq AS seq"
+        inner_order = "ORDER BY rowid DESC" if recent_only else "ORDER BY rank"
+        score_expr = "bm25(events_fts)" if recent_only else "rank"
+        filtered = bool(conds)
+        cand = RECENT_CAP if recent_only else (max(k * 20, 200) if filtered else k)
+        ranges = None
+        if workspaces is not None or session_ids is not None:
+            ranges = self._restrictive_ranges(workspaces, session_ids, outcome)
+            if ranges == []:
+                return []
+        if ranges:
+            # Restrictive filter: scan only the allowed sessions' rowid ranges (FTS5 seeks
+            # its doclists by rowid), then apply the exact filters to those matches.
+            parts = " UNION ALL ".join(
+                f"SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
+                f"WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ?"
+                for _ in ranges
+            )
+            rargs: list[Any] = []
+            for lo, hi in ranges:
+                rargs.extend([match, lo, hi])
+            sql = (
+                f"WITH m AS ({parts}), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
+                f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
+            )
+            try:
+                rows = self.conn.execute(sql, [*rargs, *fargs, k]).fetchall()
+            except apsw.SQLError as exc:
+                raise InvalidQuery("query could not be parsed") from exc
+            return self._hits(rows, needles, snippet_chars)
+        sql = (
+            f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts WHERE events_fts MATCH ? "
+            f"{inner_order} LIMIT ?), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
+            f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
+        )
+        try:
+            rows = self.conn.execute(sql, [match, cand, *fargs, k]).fetchall()
+            if filtered and len(rows) < k:
+                # Two-phase: the top candidates were filtered away; rank every match that
+                # passes the filters (costlier, only for restrictive filters).
+                full = (
+                    f"WITH m AS MATERIALIZED (SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
+                    f"WHERE events_fts MATCH ?), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
+                    f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
+                )
+                n_cand = self.conn.execute(
+                    "SELECT COUNT(*) FROM (SELECT 1 FROM events_fts WHERE events_fts MATCH ? LIMIT ?)",
+                    (match, cand + 1),
+                ).fetchone()[0]
+                if n_cand > cand:
+                    rows = self.conn.execute(full, [match, *fargs, k]).fetchall()
+        except apsw.SQLError as exc:  # should not happen: every term is quoted
+            raise InvalidQuery("query could not be parsed") from exc
+        return self._hits(rows, needles, snippet_chars)
+
+    def _restrictive_ranges(
+        self, workspaces: Sequence[str] | None, session_ids: Sequence[str] | None, outcome: str
+    ) -> list[tuple[int, int]] | None:
+        """Rowid ranges covering the sessions allowed by the session-level filters.
+
+        None = the filters are not restrictive enough to be worth it; [] = nothing allowed.
+        """
+        flt = self._filters(workspaces, session_ids, None, None, outcome, e_alias=None)
+        if flt is None:
+            return []
+        conds, args = flt
+        where = " WHERE " + " AND ".join(conds)
+        total = self.conn.execute(
+            f"SELECT COALESCE(SUM(s.event_count), 0) FROM sessions s{where}", args
+        ).fetchone()[0]
+        if total == 0:
+            return []
+        if total > RESTRICTIVE_EVENTS:
+            return None
+        rows = self.conn.execute(
+            f"SELECT s.min_event_id, s.max_event_id FROM sessions s{where} AND s.event_count > 0 ORDER BY 1",
+            args,
+        ).fetchall()
+        ranges: list[list[int]] = []
+        for lo, hi in rows:
+            if ranges and lo <= ranges[-1][1] + 1:
+                ranges[-1][1] = max(ranges[-1][1], hi)
+            else:
+                ranges.append([lo, hi])
+        while len(ranges) > MAX_RANGES:
+            # Merge the two neighbours with the smallest gap; extra rows are filtered out later.
+            gaps = [(ranges[i + 1][0] - ranges[i][1], i) for i in range(len(ranges) - 1)]
+            _, i = min(gaps)
+            ranges[i][1] = ranges[i + 1][1]
+            del ranges[i + 1]
+        return [(lo, hi) for lo, hi in ranges]
+
+    def _hits(self, rows: list[Any], needles: list[str], snippet_chars: int) -> list[EpisodeHit]:
+        now = _time.time()
+        hits: list[EpisodeHit] = []
+        for i, r in enumerate(rows, start=1):
+            sess = self._session_from_row(r[8:], now)
+            sess.source_path = None  # hits are session + seq + snippet, never a file path
+            hits.append(
+                EpisodeHit(
+                    id=make_event_id(r[0], r[1]),
+                    session_id=r[0],
+                    seq=r[1],
+                    event_type=r[2],
+                    time=_dt(r[3]),
+                    snippet=make_snippet(r[4], needles, snippet_chars),
+                    score=round(-float(r[7]), 6),
+                    rank=i,
+                    why=[f"fts: match in {r[2]}"],
+                    session=sess,
+                    tool_name=r[5],
+                    is_error=bool(r[6]),
+                )
+            )
+        return hits
+
+    def get_event(self, event_id: str, neighbours: int = 0) -> EventDetail | None:
+        try:
+            sid, seq = parse_event_id(event_id)
+        except ValueError as exc:
+            raise InvalidQuery(str(exc)) from exc
+        row = self.conn.execute(
+            "SELECT session_id, seq, event_type, time, text, is_error, tool_name, meta FROM events "
+            "WHERE session_id = ? AND seq = ?",
+            (sid, seq),
+        ).fetchone()
+        if row is None:
+            return None
+        detail = self._detail(row)
+        srow = self.conn.execute(
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE session_id = ?", (sid,)
+        ).fetchone()
+        if srow:
+            detail.session = self._session_from_row(srow, _time.time())
+        n = max(0, min(int(neighbours), 50))
+        if n:
+            q = (
+                "SELECT session_id, seq, event_type, time, text, is_error, tool_name, meta FROM events "
+                "WHERE session_id = ? AND seq {op} ? ORDER BY seq {dir} LIMIT ?"
+            )
+            before = self.conn.execute(q.format(op="<", dir="DESC"), (sid, seq, n)).fetchall()
+            after = self.conn.execute(q.format(op=">", dir="ASC"), (sid, seq, n)).fetchall()
+            detail.before = [self._detail(r) for r in reversed(before)]
+            detail.after = [self._detail(r) for r in after]
+        return detail
+
+    @staticmethod
+    def _detail(r: Sequence[Any]) -> EventDetail:
+        return EventDetail(
+            id=make_event_id(r[0], r[1]),
+            session_id=r[0],
+            seq=r[1],
+            event_type=r[2],
+            time=_dt(r[3]),
+            text=r[4],
+            is_error=bool(r[5]),
+            tool_name=r[6],
+            meta=json.loads(r[7]) if r[7] else {},
+        )
+
+    def counts(self, workspaces: Sequence[str] | None = None) -> dict[str, int]:
+        """sessions, indexed_docs (events) and live sessions, restricted to ``workspaces``."""
+        flt = self._filters(workspaces, None, None, None, "any", e_alias=None)
+        if flt is None:
+            return {"sessions": 0, "indexed_docs": 0, "live_sessions": 0}
+        conds, args = flt
+        where = (" WHERE " + " AND ".join(conds)) if conds else ""
+        cutoff = _time.time() - self.live_minutes * 60
+        row = self.conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(s.event_count), 0), "
+            "COALESCE(SUM(CASE WHEN s.persisted = 0 OR s.source_mtime >= ? THEN 1 ELSE 0 END), 0) "
+            f"FROM sessions s{where}",
+            [cutoff, *args],
+        ).fetchone()
+        return {"sessions": row[0], "indexed_docs": row[1], "live_sessions": row[2]}
+
+    def sessions(self, workspaces: Sequence[str] | None = None) -> list[SessionInfo]:
+        flt = self._filters(workspaces, None, None, None, "any", e_alias=None)
+        if flt is None:
+            return []
+        conds, args = flt
+        where = (" WHERE " + " AND ".join(conds)) if conds else ""
+        now = _time.time()
+        cols = ", ".join("s." + c.strip() for c in _SESSION_COLS.split(","))
+        rows = self.conn.execute(
+            f"SELECT {cols} FROM sessions s{where} ORDER BY s.created_at, s.session_id", args
+        ).fetchall()
+        return [self._session_from_row(r, now) for r in rows]
+
+    def iter_events_meta(self, session_ids: Sequence[str] | None = None) -> Iterator[EventMeta]:
+        """Every event without its text, in (session_id, seq) order."""
+        sql = "SELECT session_id, seq, event_type, tool_name, meta, is_error, time FROM events"
+        args: list[Any] = []
+        if session_ids is not None:
+            ids = list(session_ids)
+            if not ids:
+                return
+            sql += f" WHERE session_id IN ({','.join('?' * len(ids))})"
+            args = ids
+        sql += " ORDER BY session_id, seq"
+        for r in self.conn.execute(sql, args):
+            yield EventMeta(
+                id=make_event_id(r[0], r[1]),
+                session_id=r[0],
+                seq=r[1],
+                event_type=r[2],
+                tool_name=r[3],
+                meta=json.loads(r[4]) if r[4] else {},
+                is_error=bool(r[5]),
+                time=_dt(r[6]),
+            )
+
+
+def make_snippet(text: str, needles: Sequence[str], width: int) -> str:
+    """A window of ``width`` characters around the first occurrence of any query needle."""
+    width = max(20, int(width))
+    if len(text) <= width:
+        return text
+    low = text.lower()
+    best = -1
+    for nd in needles:
+        if not nd:
+            continue
+        i = low.find(nd.lower())
+        if i != -1 and (best == -1 or i < best):
+            best = i
+    if best == -1:
+        return text[: width - 1] + "…"
+    start = max(0, best - width // 3)
+    end = min(len(text), start + width)
+    start = max(0, end - width)
+    out = text[start:end]
+    if start > 0:
+        out = "…" + out[1:]
+    if end < len(text):
+        out = out[:-1] + "…"
+    return out

@@ -1,0 +1,1 @@
+"""Adapters that put the lane stores behind the coordinator's Lane interface."""

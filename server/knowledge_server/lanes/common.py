@@ -1,0 +1,103 @@
+"""Helpers shared by lane adapters: reader pools, thread -> async progress streams."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Generic, TypeVar
+
+from google.protobuf import timestamp_pb2
+
+from knowledge_server._gen.knowledge.v1 import index_service_pb2
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Pool(Generic[T]):
+    """A small pool of read-only store connections, so searches run in parallel threads."""
+
+    def __init__(self, factory: Callable[[], T], size: int = 4) -> None:
+        self._factory = factory
+        self._free: queue.SimpleQueue[T] = queue.SimpleQueue()
+        self._size = size
+        self._made = 0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def get(self) -> Iterator[T]:
+        try:
+            item = self._free.get_nowait()
+        except queue.Empty:
+            with self._lock:
+                make = self._made < self._size
+                if make:
+                    self._made += 1
+            item = self._factory() if make else self._free.get()
+        try:
+            yield item
+        finally:
+            self._free.put(item)
+
+    def close_all(self, closer: Callable[[T], None]) -> None:
+        while True:
+            try:
+                closer(self._free.get_nowait())
+            except queue.Empty:
+                break
+
+
+def ts(value: datetime | float | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    out = timestamp_pb2.Timestamp()
+    if isinstance(value, (int, float)):
+        out.FromDatetime(datetime.fromtimestamp(float(value), tz=timezone.utc))
+    else:
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        out.FromDatetime(value)
+    return out
+
+
+ProgressFn = Callable[[str, int, int, str], None]
+
+
+async def run_with_progress(
+    work: Callable[[ProgressFn], index_service_pb2.OperationSummary],
+    min_interval: float = 0.1,
+) -> AsyncIterator[index_service_pb2.Progress | index_service_pb2.OperationSummary]:
+    """Run blocking ``work`` in a thread; yield its progress (throttled), then its summary.
+
+    A failure inside ``work`` propagates to the caller (the transport maps it to a status)."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[object] = asyncio.Queue()
+    last = [0.0]
+    done = object()
+
+    def progress(phase: str, done_n: int, total: int, current: str) -> None:
+        now = time.monotonic()
+        if done_n < total and now - last[0] < min_interval:
+            return
+        last[0] = now
+        msg = index_service_pb2.Progress(phase=phase, done=done_n, total=total, current=current)
+        loop.call_soon_threadsafe(events.put_nowait, msg)
+
+    async def runner() -> index_service_pb2.OperationSummary:
+        try:
+            return await asyncio.to_thread(work, progress)
+        finally:
+            loop.call_soon_threadsafe(events.put_nowait, done)
+
+    task = asyncio.create_task(runner())
+    while True:
+        item = await events.get()
+        if item is done:
+            break
+        yield item  # type: ignore[misc]
+    yield await task

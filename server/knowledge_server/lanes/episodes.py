@@ -1,0 +1,199 @@
+"""The episodes lane (L1) behind the Lane interface, plus ingestion and GetEpisode."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2, knowledge_service_pb2, search_pb2
+from knowledge_server.episodes.ingest import ingest, ingest_sample_if_empty
+from knowledge_server.episodes.model import EventDetail, SessionInfo
+from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
+from knowledge_server.errors import InvalidRequest, NotFound
+from knowledge_server.lanes.common import Pool, ProgressFn, ts
+from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
+
+SOURCE = "knowledge.episodes"
+
+
+def workspace_of(cwd: str | None, roots: Sequence[str]) -> str:
+    """The deepest configured root containing ``cwd`` (DESIGN §5), else the cwd itself."""
+    if not cwd:
+        return ""
+    best = ""
+    for root in roots:
+        if (cwd == root or cwd.startswith(root.rstrip("/") + "/")) and len(root) > len(best):
+            best = root
+    return best or cwd
+
+
+def _under(path: str | None, roots: Sequence[str] | None) -> bool:
+    if roots is None:
+        return True
+    if not path:
+        return False
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+class EpisodesLane:
+    name = "episodes"
+
+    def __init__(self, data_dir: Path, *, session_paths: Sequence[str] = (), workspaces: Sequence[str] = ()) -> None:
+        self.path = str(data_dir / DB_FILE)
+        self.session_paths = tuple(session_paths)
+        self.workspaces = tuple(workspaces)
+        self._writer = EpisodeStore(self.path)
+        self._write_lock = threading.Lock()
+        self._readers: Pool[EpisodeStore] = Pool(lambda: EpisodeStore(self.path, read_only=True), size=4)
+        self.last_error: str = ""
+
+    def close(self) -> None:
+        self._readers.close_all(lambda s: s.close())
+        self._writer.close()
+
+    # -- search ------------------------------------------------------------------------
+    def _session_pb(self, s: SessionInfo) -> search_pb2.SessionInfo:
+        out = search_pb2.SessionInfo(
+            cwd=s.cwd or "",
+            agent_preset=s.agent_preset or s.model or "",
+            live=s.live,
+            persisted=s.persisted,
+            harness=s.harness,
+            model=s.model or "",
+            outcome=s.outcome,
+            parent_session_id=s.parent_session_id or "",
+            agent_id=s.agent_id or "",
+            workspace=workspace_of(s.cwd, self.workspaces),
+        )
+        created = ts(s.created_at)
+        if created is not None:
+            out.created_at.CopyFrom(created)
+        return out
+
+    def _search_sync(self, q: LaneQuery) -> LaneResult:
+        lane = search_pb2.EpisodesLane(source=SOURCE)
+        with self._readers.get() as store:
+            counts = store.counts(q.workspaces)
+            lane.index_rev = store.index_rev()
+            lane.counts.sessions = counts["sessions"]
+            lane.counts.indexed_docs = counts["indexed_docs"]
+            lane.counts.live = counts.get("live_sessions", 0)
+            if store.counts(None)["sessions"] == 0:
+                return degraded(self.name, "KNOWLEDGE_INDEX_NOT_READY", "no session logs have been ingested yet")
+            if q.workspaces == ():
+                return LaneResult(lane=lane)
+            try:
+                hits = store.search(
+                    q.query,
+                    k=q.top_k,
+                    workspaces=q.workspaces,
+                    session_ids=q.session_ids or None,
+                    since=q.since,
+                    until=q.until,
+                    outcome=q.outcome,
+                    snippet_chars=q.snippet_chars,
+                )
+            except InvalidQuery:
+                notice = errors_pb2.Notice(code="KNOWLEDGE_INVALID_REQUEST", lane=self.name, message="the query has no searchable words for this lane")
+                return LaneResult(lane=lane, warnings=[notice])
+        for h in hits:
+            item = lane.items.add(
+                id=h.id,
+                session_id=h.session_id,
+                seq=h.seq,
+                event_type=h.event_type,
+                surface="current" if h.session.live else "persisted",
+                snippet=h.snippet if q.with_text else "",
+                why=list(h.why),
+                score=h.score,
+            )
+            t = ts(h.time)
+            if t is not None:
+                item.time.CopyFrom(t)
+            item.session.CopyFrom(self._session_pb(h.session))
+        return LaneResult(lane=lane)
+
+    async def search(self, q: LaneQuery) -> LaneResult:
+        return await asyncio.to_thread(self._search_sync, q)
+
+    # -- GetEpisode ---------------------------------------------------------------------
+    def _episode_pb(self, d: EventDetail, session: SessionInfo | None) -> knowledge_service_pb2.Episode:
+        out = knowledge_service_pb2.Episode(
+            id=d.id, session_id=d.session_id, seq=d.seq, event_type=d.event_type, text=d.text,
+            tool_name=d.tool_name or "", is_error=d.is_error,
+        )
+        t = ts(d.time)
+        if t is not None:
+            out.time.CopyFrom(t)
+        if session is not None:
+            out.session.CopyFrom(self._session_pb(session))
+        return out
+
+    def get_episode_sync(self, episode_id: str, neighbours: int, workspaces: tuple[str, ...] | None) -> knowledge_service_pb2.GetEpisodeResponse:
+        if not 0 <= neighbours <= 20:
+            raise InvalidRequest("neighbours: must be within 0..20", metadata={"field": "neighbours"})
+        with self._readers.get() as store:
+            try:
+                detail = store.get_event(episode_id, neighbours)
+            except InvalidQuery:
+                raise InvalidRequest("id: expected ep:<session_id>:<seq>", metadata={"field": "id"}) from None
+            rev = store.index_rev()
+        # Not found and not visible look the same: no hint that another workspace has it.
+        if detail is None or not _under(detail.session.cwd if detail.session else None, workspaces):
+            raise NotFound("no such episode")
+        resp = knowledge_service_pb2.GetEpisodeResponse(index_rev=rev)
+        resp.episode.CopyFrom(self._episode_pb(detail, detail.session))
+        resp.before.extend(self._episode_pb(d, None) for d in detail.before)
+        resp.after.extend(self._episode_pb(d, None) for d in detail.after)
+        return resp
+
+    # -- ingestion ------------------------------------------------------------------------
+    def ingest_sync(self, paths: Sequence[str] | None, progress: ProgressFn) -> index_service_pb2.OperationSummary:
+        started = time.perf_counter()
+        with self._write_lock:
+            report = ingest(self._writer, list(paths) if paths else (list(self.session_paths) or None),
+                            lambda d, t, p: progress("ingest", d, t, os.path.basename(p)))
+            sample = None
+            if not paths and not self.session_paths:
+                sample = ingest_sample_if_empty(self._writer)
+                if sample is not None:
+                    report.merge(sample)
+        summary = index_service_pb2.OperationSummary(
+            index_rev=report.index_rev or self._writer.index_rev(),
+            changed=bool(report.events_added or report.events_removed or report.files_reimported),
+            ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+        for key in ("files_seen", "files_changed", "files_reimported", "events_added", "events_duplicate", "events_removed", "sessions"):
+            summary.counters[key] = int(getattr(report, key))
+        summary.counters["malformed"] = len(report.malformed)
+        summary.counters["unknown"] = len(report.unknown)
+        summary.counters["sample_ingested"] = int(sample is not None)
+        for loc in report.malformed[:200]:
+            summary.problems.add(code="MALFORMED_RECORD", message=loc)
+        for loc in report.unknown[:200]:
+            summary.problems.add(code="UNKNOWN_RECORD", message=loc)
+        for err in report.errors[:50]:
+            summary.problems.add(code="FILE_FAILED", message=err)
+        if report.errors:
+            self.last_error = report.errors[-1]
+        return summary
+
+    def status(self, workspaces: tuple[str, ...] | None) -> index_service_pb2.LaneStatus:
+        with self._readers.get() as store:
+            counts = store.counts(workspaces)
+            total = store.counts(None)["sessions"]
+            rev = store.index_rev()
+        st = index_service_pb2.LaneStatus(lane=self.name, index_rev=rev if total else "", capability="full" if total else "degraded")
+        st.counts["sessions"] = counts["sessions"]
+        st.counts["events"] = counts["indexed_docs"]
+        st.counts["live"] = counts.get("live_sessions", 0)
+        if not total:
+            st.degraded = True
+            st.reason = "no session logs have been ingested yet"
+        if self.last_error:
+            st.last_error.CopyFrom(errors_pb2.Notice(code="FILE_FAILED", lane=self.name, message=self.last_error))
+        return st

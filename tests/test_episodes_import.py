@@ -1,0 +1,254 @@
+"""Importers: every real session file imports, formats are detected, identities are right."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from knowledge_server.episodes.discover import discover
+from knowledge_server.episodes.importers import (
+    aider,
+    claude_code,
+    codex,
+    detect_format,
+    generic,
+    import_full,
+    opencode,
+)
+from knowledge_server.episodes.model import SEQ_STRIDE
+
+# Minimum events expected per real file (relative to data/sessions); chosen well below
+# the actual counts so importer refinements do not break the test, but far above zero.
+EXPECTED_MIN = {
+    "agent-sessions/codex_050_legacy.jsonl": 2,
+    "agent-sessions/codex_053_rate_limit.jsonl": 1,
+    "agent-sessions/stage0/agents/claude/small.jsonl": 20,
+    "agent-sessions/stage0/agents/claude/subagent/0a1b2c3d-4e5f-4061-8071-2a3b4c5d6e7f.jsonl": 3,
+    "agent-sessions/stage0/agents/claude/subagent/0a1b2c3d-4e5f-4061-8071-2a3b4c5d6e7f/subagents/"
+    "agent-a0ad4f44468bdf20d.jsonl": 3,
+    "agent-sessions/stage0/agents/codex/large.jsonl": 10,
+    "agent-sessions/stage0/agents/codex/schema_drift.jsonl": 3,
+    "agent-sessions/stage0/agents/codex/small.jsonl": 40,
+    "agent-sessions/stage0/agents/opencode/storage_v2/session/proj_test/ses_s_stage0_large.json": 6,
+    "agent-sessions/stage0/agents/opencode/storage_v2/session/proj_test/ses_s_stage0_small.json": 3,
+    "agentsview/claude/valid_session.jsonl": 4,
+    "agentsview/codex/function_calls.jsonl": 3,
+    "agentsview/codex/standard_session.jsonl": 2,
+    "aider/chat-history.md": 150,
+    "claude-code-log/edge_cases.jsonl": 8,
+    "claude-code-log/representative_messages.jsonl": 8,
+    "claude-code-log/session_b.jsonl": 2,
+    "claude-code-log/todowrite_examples.jsonl": 8,
+    "claude-code-transcripts/sample_session.jsonl": 6,
+    "claude-code-viewer/1af7fc5e-8455-4414-9ccd-011d40f70b2a.jsonl": 20,
+    "claude-code-viewer/5c0375b4-57a5-4f26-b12d-d022ee4e51b7.jsonl": 40,
+    "claude-code-viewer/agent-test-hash-123.jsonl": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def sessions_dir(shared_data: Path) -> Path:
+    d = shared_data / "sessions"
+    if not d.is_dir():
+        pytest.skip("no sessions folder in the shared data")
+    return d
+
+
+def test_every_real_file_imports(sessions_dir: Path) -> None:
+    found = {os.path.relpath(p, sessions_dir): fmt for p, fmt in discover([str(sessions_dir)])}
+    # Every session log is discovered; SOURCES.md and LICENSE files are not.
+    assert set(EXPECTED_MIN) <= set(found), set(EXPECTED_MIN) - set(found)
+    assert "SOURCES.md" not in found
+    for rel, fmt in found.items():
+        res = import_full(fmt, str(sessions_dir / rel))
+        assert len(res.events) >= EXPECTED_MIN.get(rel, 1), rel
+        assert res.sessions, rel
+        for ev in res.events:
+            assert ev.session_id in res.sessions, rel
+            assert isinstance(ev.seq, int) and ev.event_type and isinstance(ev.text, str)
+            assert ev.time is None or ev.time.tzinfo is not None
+        keys = [(e.session_id, e.seq) for e in res.events]
+        assert len(keys) == len(set(keys)), f"duplicate seq in {rel}"
+
+
+def test_detect_formats(sessions_dir: Path) -> None:
+    assert (
+        detect_format(
+            str(sessions_dir / "claude-code-viewer/1af7fc5e-8455-4414-9ccd-011d40f70b2a.jsonl")
+        )
+        == "claude-code"
+    )
+    assert (
+        detect_format(str(sessions_dir / "agent-sessions/stage0/agents/codex/small.jsonl"))
+        == "codex"
+    )
+    assert (
+        detect_format(str(sessions_dir / "agent-sessions/stage0/agents/codex/schema_drift.jsonl"))
+        == "codex"
+    )
+    assert detect_format(str(sessions_dir / "aider/chat-history.md")) == "aider"
+    assert detect_format(str(sessions_dir / "SOURCES.md")) is None
+
+
+def test_malformed_lines_reported_and_neighbours_kept(sessions_dir: Path) -> None:
+    path = str(sessions_dir / "claude-code-log/edge_cases.jsonl")
+    res = claude_code.import_file(path)
+    bad = {p.line for p in res.problems}
+    # Lines 13-16 are a bare string, an unknown object, a number and a list.
+    assert {13, 14, 15, 16} <= bad
+    assert all(p.location.startswith(path + ":") for p in res.problems)
+    good_lines = {e.seq // SEQ_STRIDE for e in res.events}
+    assert 12 in good_lines and 17 in good_lines  # records around the garbage survive
+
+
+def test_claude_v1_inline_sidechain_and_command(sessions_dir: Path) -> None:
+    res = claude_code.import_file(
+        str(sessions_dir / "claude-code-viewer/5c0375b4-57a5-4f26-b12d-d022ee4e51b7.jsonl")
+    )
+    assert list(res.sessions) == ["5c0375b4-57a5-4f26-b12d-d022ee4e51b7"]
+    side = [e for e in res.events if e.meta.get("is_sidechain")]
+    assert len(side) >= 15
+    assert any(e.meta.get("slash_command") == "orchestrator" for e in res.events)
+    tasks = [e for e in res.events if e.event_type == "tool_use/Task"]
+    assert tasks and all(e.meta.get("subagent_type") == "general-purpose" for e in tasks)
+    assert sum(e.is_error for e in res.events if e.event_type == "tool_result") == 3
+    # Tool results know which tool produced them.
+    assert any(e.tool_name == "Bash" for e in res.events if e.event_type == "tool_result")
+    s = res.sessions["5c0375b4-57a5-4f26-b12d-d022ee4e51b7"]
+    assert s.cwd and s.model and s.created_at
+
+
+def test_claude_v2_subagent_file_is_child_session(sessions_dir: Path) -> None:
+    base = sessions_dir / "agent-sessions/stage0/agents/claude/subagent"
+    parent_id = "0a1b2c3d-4e5f-4061-8071-2a3b4c5d6e7f"
+    res = claude_code.import_file(str(base / parent_id / "subagents/agent-a0ad4f44468bdf20d.jsonl"))
+    ((sid, meta),) = res.sessions.items()
+    assert sid == f"{parent_id}/agent-a0ad4f44468bdf20d"
+    assert meta.parent_session_id == parent_id and meta.agent_id == "a0ad4f44468bdf20d"
+    assert meta.is_sidechain and meta.subagent_type == "general-purpose" and meta.spawn_depth == 1
+    # The viewer's agent-*.jsonl sits next to its parent: parent comes from sessionId.
+    res2 = claude_code.import_file(
+        str(sessions_dir / "claude-code-viewer/agent-test-hash-123.jsonl")
+    )
+    (meta2,) = res2.sessions.values()
+    assert meta2.parent_session_id == "5c0375b4-57a5-4f26-b12d-d022ee4e51b7"
+    assert meta2.agent_id == "test-hash-123"
+
+
+def test_codex_enveloped_and_legacy(sessions_dir: Path) -> None:
+    res = codex.import_file(str(sessions_dir / "agent-sessions/stage0/agents/codex/small.jsonl"))
+    assert list(res.sessions) == ["019fc8be-3658-7ca3-9e29-000000000000"]
+    s = res.sessions["019fc8be-3658-7ca3-9e29-000000000000"]
+    assert s.cwd == "/tmp/repo" and s.model
+    types = {e.event_type for e in res.events}
+    assert {"user/message", "assistant/message", "tool_result", "tool_use/shell"} <= types
+    assert any(e.signal == "failure" for e in res.events) and any(
+        e.signal == "success" for e in res.events
+    )
+    # user_message and the response_item message with the same text are one event.
+    assert (
+        sum(1 for e in res.events if e.event_type == "user/message" and e.text == "List the files")
+        == 1
+    )
+    large = codex.import_file(str(sessions_dir / "agent-sessions/stage0/agents/codex/large.jsonl"))
+    assert next(iter(large.sessions.values())).model == "gpt-5.2"
+    drift = codex.import_file(
+        str(sessions_dir / "agent-sessions/stage0/agents/codex/schema_drift.jsonl")
+    )
+    assert any(e.event_type == "tool_use/translate" for e in drift.events)
+    assert any("hola" in e.text for e in drift.events)
+    rl = codex.import_file(str(sessions_dir / "agent-sessions/codex_053_rate_limit.jsonl"))
+    assert any(e.is_error and "Rate limit" in e.text for e in rl.events)
+
+
+def test_opencode_storage(sessions_dir: Path) -> None:
+    f = (
+        sessions_dir
+        / "agent-sessions/stage0/agents/opencode/storage_v2/session/proj_test/ses_s_stage0_large.json"
+    )
+    res = opencode.import_file(str(f))
+    s = res.sessions["s_stage0_large"]
+    assert s.cwd == "/tmp/large" and s.model == "gpt-4o-mini" and s.title == "OpenCode Large"
+    assert any(e.event_type == "tool_use/bash" for e in res.events)
+    assert any(e.event_type == "tool_result" and e.is_error for e in res.events)
+    assert any(e.signal == "failure" for e in res.events)  # MessageAbortedError
+    seqs = [e.seq for e in res.events]
+    assert seqs == sorted(seqs)
+
+
+def test_aider_sessions(sessions_dir: Path) -> None:
+    res = aider.import_file(str(sessions_dir / "aider/chat-history.md"))
+    started = [s for s in res.sessions if not s.endswith("-preamble")]
+    assert len(started) >= 10
+    assert all(
+        s.harness == "aider" and s.created_at
+        for s in res.sessions.values()
+        if not s.session_id.endswith("preamble")
+    )
+    types = {e.event_type for e in res.events}
+    assert {"user/message", "assistant/message", "system"} <= types
+    again = aider.import_file(str(sessions_dir / "aider/chat-history.md"))
+    assert [(e.session_id, e.seq) for e in again.events] == [
+        (e.session_id, e.seq) for e in res.events
+    ]
+
+
+def test_generic_jsonl_and_redaction(tmp_path: Path) -> None:
+    p = tmp_path / "mylog.jsonl"
+    lines = [
+        {
+            "session_id": "g1",
+            "time": "2026-01-01T00:00:00Z",
+            "role": "user",
+            "text": "deploy please",
+            "cwd": "/srv/app",
+            "harness": "my-agent",
+            "model": "m1",
+        },
+        {
+            "session_id": "g1",
+            "role": "assistant",
+            "text": "using key AKIAABCDEFGHIJKLMNOP and password=hunter2hunter2",
+        },
+        {
+            "session_id": "g1",
+            "event_type": "tool_use/Skill",
+            "text": "skill",
+            "meta": {"skill": "deploy"},
+            "tool_name": "Skill",
+            "outcome": "success",
+        },
+    ]
+    p.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n", encoding="utf-8")
+    assert detect_format(str(p)) == "generic"
+    res = generic.import_file(str(p))
+    assert [e.event_type for e in res.events] == [
+        "user/message",
+        "assistant/message",
+        "tool_use/Skill",
+    ]
+    assert "AKIA" not in res.events[1].text and "hunter2" not in res.events[1].text
+    assert "[REDACTED:" in res.events[1].text
+    assert res.events[2].meta == {"skill": "deploy"} and res.events[2].signal == "success"
+    s = res.sessions["g1"]
+    assert s.harness == "my-agent" and s.cwd == "/srv/app" and s.model == "m1"
+    assert [p_.line for p_ in res.problems] == [4]
+
+
+def test_seq_is_stable_when_reading_from_an_offset(sessions_dir: Path, tmp_path: Path) -> None:
+    src = sessions_dir / "claude-code-viewer/1af7fc5e-8455-4414-9ccd-011d40f70b2a.jsonl"
+    data = src.read_bytes()
+    cut = data.index(b"\n", len(data) // 2) + 1
+    p = tmp_path / src.name
+    p.write_bytes(data[:cut])
+    first = claude_code.import_file(str(p))
+    p.write_bytes(data)
+    rest = claude_code.import_file(
+        str(p), offset=first.end_offset, line=first.end_line, ctx=first.ctx
+    )
+    whole = claude_code.import_file(str(p))
+    assert [(e.seq, e.text) for e in first.events + rest.events] == [
+        (e.seq, e.text) for e in whole.events
+    ]

@@ -1,0 +1,240 @@
+"""Search: literal queries, multilingual matching, filters in SQL, determinism."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from knowledge_server.episodes import EpisodeStore, InvalidQuery, ingest
+
+EVENTS = [
+    # session, seq, time, cwd, role, text, outcome-signal
+    (
+        "ru1",
+        1,
+        "2026-02-01T10:00:00Z",
+        "/srv/shop",
+        "user",
+        "База MySQL недоступна с утра, посмотри пожалуйста",
+        None,
+    ),
+    (
+        "ru1",
+        2,
+        "2026-02-01T10:05:00Z",
+        "/srv/shop",
+        "assistant",
+        "Я чинил доступ к базе: пользователь app потерял GRANT, вернул права и перезапустил пул",
+        "success",
+    ),
+    (
+        "zh1",
+        1,
+        "2026-02-02T09:00:00Z",
+        "/srv/crm",
+        "user",
+        "会员退款多久到账？客户在问退款进度",
+        None,
+    ),
+    (
+        "zh1",
+        2,
+        "2026-02-02T09:01:00Z",
+        "/srv/crm",
+        "assistant",
+        "退款多久到账取决于支付渠道：原路退回一般三到五个工作日",
+        "failure",
+    ),
+    (
+        "en1",
+        1,
+        "2026-02-03T08:00:00Z",
+        "/srv/shop_v2",
+        "user",
+        "The checkout test fails with a timeout",
+        None,
+    ),
+    (
+        "en1",
+        2,
+        "2026-02-03T08:10:00Z",
+        "/srv/shop_v2",
+        "assistant",
+        "Fixed the flaky checkout test by mocking the clock",
+        "success",
+    ),
+    (
+        "en2",
+        1,
+        "2026-02-04T08:00:00Z",
+        "/srv/shopXv2/sub",
+        "user",
+        "checkout pipeline rewritten for speed",
+        None,
+    ),
+    (
+        "sp1",
+        1,
+        "2026-02-05T08:00:00Z",
+        "/srv/other",
+        "user",
+        'weird "quoted" NEAR(a b) col:thing -minus ^caret *star',
+        None,
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("search")
+    p = d / "fixture.jsonl"
+    with open(p, "w", encoding="utf-8") as fh:
+        for sid, seq, t, cwd, role, text, outcome in EVENTS:
+            obj = {"session_id": sid, "seq": seq, "time": t, "cwd": cwd, "role": role, "text": text}
+            if outcome:
+                obj["outcome"] = outcome
+            fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    s = EpisodeStore(str(d / "db"))
+    ingest(s, [str(p)])
+    yield s
+    s.close()
+
+
+def test_russian_question_finds_inflected_word(store: EpisodeStore) -> None:
+    hits = store.search("кто чинил доступ к MySQL")
+    assert hits and hits[0].id in ("ep:ru1:2", "ep:ru1:1")
+    assert "ep:ru1:2" in [h.id for h in hits]
+    assert any("чинил" in h.snippet for h in hits)
+    # Inflection: "чинили" and "доступа" still reach the same event.
+    assert "ep:ru1:2" in [h.id for h in store.search("чинили доступа")]
+
+
+def test_chinese_question_matches_bigrams(store: EpisodeStore) -> None:
+    hits = store.search("会员退款多久到账？")
+    assert {h.id for h in hits[:2]} == {"ep:zh1:1", "ep:zh1:2"}
+    assert any("退款多久到账" in h.snippet for h in hits)
+    assert store.search("退款")[0].session_id == "zh1"
+
+
+def test_english_or_semantics_and_stop_words(store: EpisodeStore) -> None:
+    hits = store.search("who fixed the checkout test?")
+    assert hits[0].id == "ep:en1:2"  # matches fixed + checkout + test
+    assert hits[0].why == ["fts: match in assistant/message"]
+    assert hits[0].score > hits[-1].score or len(hits) == 1
+    assert [h.rank for h in hits] == list(range(1, len(hits) + 1))
+    # A query of only stop-words still searches them rather than failing.
+    assert store.search("the") is not None
+
+
+def test_syntax_characters_are_literal(store: EpisodeStore) -> None:
+    for q in [
+        '"quoted"',
+        "NEAR(a b)",
+        "col:thing",
+        "-minus",
+        "^caret",
+        "*star",
+        'a" OR "b',
+        "(((",
+        "\x00weird",
+    ]:
+        try:
+            store.search(q)  # never an FTS error
+        except InvalidQuery:
+            pass
+    assert store.search('"quoted" NEAR')[0].session_id == "sp1"
+    with pytest.raises(InvalidQuery):
+        store.search("?!:()")
+    with pytest.raises(InvalidQuery):
+        store.search("")
+
+
+def test_workspace_filter_in_sql_with_like_escaping(store: EpisodeStore) -> None:
+    assert {h.session_id for h in store.search("checkout", workspaces=["/srv/shop_v2"])} == {"en1"}
+    # "_" must not act as a LIKE wildcard: /srv/shopXv2/sub is not under /srv/shop_v2.
+    assert {h.session_id for h in store.search("checkout", workspaces=["/srv/shopXv2"])} == {"en2"}
+    assert store.search("checkout", workspaces=[]) == []
+    assert {h.session_id for h in store.search("checkout", workspaces=None)} == {"en1", "en2"}
+    assert (
+        store.search("checkout", workspaces=["/srv/shop"]) == []
+    )  # prefix of a name is not a parent
+
+
+def test_other_filters(store: EpisodeStore) -> None:
+    assert {h.session_id for h in store.search("checkout", session_ids=["en2"])} == {"en2"}
+    assert store.search("checkout", session_ids=[]) == []
+    since = datetime(2026, 2, 3, 8, 5, tzinfo=UTC)
+    assert [
+        h.id
+        for h in store.search("checkout", since=since, until=datetime(2026, 2, 3, 9, tzinfo=UTC))
+    ] == ["ep:en1:2"]
+    assert {h.session_id for h in store.search("checkout", outcome="success")} == {"en1"}
+    assert {h.session_id for h in store.search("退款", outcome="failure")} == {"zh1"}
+    with pytest.raises(InvalidQuery):
+        store.search("checkout", outcome="maybe")
+
+
+def test_hit_shape_snippet_and_determinism(store: EpisodeStore) -> None:
+    a = store.search("checkout", k=5, snippet_chars=20)
+    b = store.search("checkout", k=5, snippet_chars=20)
+    assert [(h.id, h.score) for h in a] == [(h.id, h.score) for h in b]
+    for h in a:
+        assert h.id == f"ep:{h.session_id}:{h.seq}"
+        assert len(h.snippet) <= 20 and "checkout" in h.snippet.lower()
+        assert h.session.cwd and h.session.harness == "generic"
+        assert h.time is not None and h.time.tzinfo is not None
+    assert len(store.search("checkout", k=1)) == 1
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.text(max_size=60))
+def test_arbitrary_queries_only_raise_invalid_query(store: EpisodeStore, q: str) -> None:
+    try:
+        store.search(q, k=3)
+    except InvalidQuery:
+        pass
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                '"',
+                "*",
+                "NEAR",
+                "-",
+                ":",
+                "(",
+                ")",
+                "^",
+                "\x00",
+                "AND",
+                "OR",
+                "NOT",
+                "text",
+                "aux",
+                "{",
+                "}",
+                "+",
+                "чинил",
+                "退款",
+                "checkout",
+                " ",
+            ]
+        ),
+        max_size=12,
+    )
+)
+def test_operator_soup_queries(store: EpisodeStore, parts: list[str]) -> None:
+    try:
+        store.search("".join(parts), k=3)
+    except InvalidQuery:
+        pass
