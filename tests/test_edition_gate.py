@@ -1,0 +1,229 @@
+"""The edition gate over a real server: licence state x gated/ungated x unary/streaming x SDK/raw grpc,
+and licence changes taking effect without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from knowledge_licensing import generate_keypair, issue_licence
+from knowledge_sdk import AsyncKnowledgeClient, EditionRefused, RPCError
+from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
+from tests.conftest import REPO_ROOT, start_server
+
+NOW = datetime.now(UTC)
+
+
+def _vendor(tmp_path: Path) -> tuple[Path, Path]:
+    private, public = generate_keypair("vendor-1", tmp_path / "vendor")
+    ring = tmp_path / "data" / "licence-keys"
+    ring.mkdir(parents=True)
+    (ring / public.name).write_bytes(public.read_bytes())
+    return private, ring
+
+
+def _licence(private: Path, *, edition: str = "enterprise", nb: timedelta = timedelta(days=-1), exp: timedelta = timedelta(days=30)) -> bytes:
+    return issue_licence(private, licence_id="lic-1", licensee="Example", edition=edition,
+                         features=["doc-graph"] if edition != "community" else [],
+                         not_before=NOW + nb, expires_at=NOW + exp)
+
+
+def _tamper_payload(blob: bytes) -> bytes:
+    doc = json.loads(blob)
+    raw = bytearray(base64.urlsafe_b64decode(doc["payload"] + "=" * (-len(doc["payload"]) % 4)))
+    raw[len(raw) // 2] ^= 0x01
+    doc["payload"] = base64.urlsafe_b64encode(bytes(raw)).decode().rstrip("=")
+    return json.dumps(doc).encode()
+
+
+def _states(private: Path, other_private: Path) -> dict[str, bytes | None]:
+    return {
+        "missing": None,
+        "valid": _licence(private),
+        "expired": _licence(private, exp=timedelta(seconds=-1)),
+        "not_yet_valid": _licence(private, nb=timedelta(minutes=1)),
+        "bad_signature": _tamper_payload(_licence(private)),
+        "unknown_key": _licence(other_private),
+        "malformed": b"\x00not a licence{",
+        "valid_community": _licence(private, edition="community"),
+    }
+
+
+GATED_UNARY = "/knowledge.v1.DocGraphService/Themes"
+GATED_STREAM = "/knowledge.v1.IndexService/BuildDocGraph"
+UNGATED_UNARY = "/knowledge.v1.IndexService/GetStatus"
+UNGATED_STREAM = "/knowledge.v1.IndexService/IngestSessions"
+
+
+async def _raw_call(address: str, method: str) -> grpc.StatusCode:
+    async with grpc.aio.insecure_channel(address) as ch:
+        if method == GATED_UNARY:
+            call = ch.unary_unary(method, request_serializer=docgraph_pb2.ThemesRequest.SerializeToString, response_deserializer=docgraph_pb2.ThemesResponse.FromString)
+            req = docgraph_pb2.ThemesRequest()
+        elif method == UNGATED_UNARY:
+            call = ch.unary_unary(method, request_serializer=index_service_pb2.GetStatusRequest.SerializeToString, response_deserializer=index_service_pb2.GetStatusResponse.FromString)
+            req = index_service_pb2.GetStatusRequest()
+        else:
+            req_cls = index_service_pb2.BuildDocGraphRequest if method == GATED_STREAM else index_service_pb2.IngestSessionsRequest
+            resp_cls = index_service_pb2.BuildDocGraphResponse if method == GATED_STREAM else index_service_pb2.IngestSessionsResponse
+            stream = ch.unary_stream(method, request_serializer=req_cls.SerializeToString, response_deserializer=resp_cls.FromString)
+            try:
+                async for _ in stream(req_cls(paths=[str(REPO_ROOT / "tests" / "fixtures" / "seed")]) if method == UNGATED_STREAM else req_cls(estimate=True)):
+                    pass
+                return grpc.StatusCode.OK
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    _check_refusal_detail(exc)
+                return exc.code()
+        try:
+            await call(req)
+            return grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                _check_refusal_detail(exc)
+            return exc.code()
+
+
+def _check_refusal_detail(exc: grpc.aio.AioRpcError) -> None:
+    raw = dict(exc.trailing_metadata() or ()).get("grpc-status-details-bin")
+    st = status_pb2.Status.FromString(raw)
+    info, refusal = error_details_pb2.ErrorInfo(), errors_pb2.EditionRefusal()
+    assert st.details[0].Unpack(info) and info.reason == "KNOWLEDGE_EDITION_REQUIRED" and info.domain == "knowledge.v1"
+    assert st.details[1].Unpack(refusal) and refusal.feature == "doc-graph" and refusal.required_edition == "enterprise"
+
+
+async def _sdk_call(address: str, method: str) -> str:
+    async with AsyncKnowledgeClient(address) as kc:
+        try:
+            if method == GATED_UNARY:
+                await kc.themes()
+            elif method == UNGATED_UNARY:
+                await kc.get_status()
+            elif method == GATED_STREAM:
+                async for _ in kc.build_doc_graph():
+                    pass
+            else:
+                async for _ in kc.ingest_sessions([str(REPO_ROOT / "tests" / "fixtures" / "seed")]):
+                    pass
+        except EditionRefused as exc:
+            assert exc.required_edition == "enterprise" and exc.feature == "doc-graph"
+            return f"refused:{exc.licence_state}"
+        except RPCError as exc:
+            return exc.code.name
+    return "OK"
+
+
+async def test_gate_matrix(tmp_path: Path) -> None:
+    """Every licence state x gated/ungated x unary/streaming x SDK/raw: only a valid
+    enterprise licence opens doc-graph; ungated RPCs are never refused by the gate."""
+    private, _ = _vendor(tmp_path)
+    other, _ = generate_keypair("stranger", tmp_path / "other")
+    licence_file = tmp_path / "data" / "licence.json"
+    rs = await start_server(tmp_path)
+    try:
+        for state, blob in _states(private, other).items():
+            if blob is None:
+                licence_file.unlink(missing_ok=True)
+            else:
+                licence_file.write_bytes(blob)
+            rs.app.licence.reload()
+            expected_state = "valid" if state == "valid_community" else state
+            st = rs.app.licence.status()
+            assert st.licence_state == expected_state, state
+            opened = state == "valid"
+            for method in (GATED_UNARY, GATED_STREAM, UNGATED_UNARY, UNGATED_STREAM):
+                gated = method in (GATED_UNARY, GATED_STREAM)
+                raw = await _raw_call(rs.address, method)
+                via_sdk = await _sdk_call(rs.address, method)
+                if gated and not opened:
+                    assert raw == grpc.StatusCode.PERMISSION_DENIED, (state, method)
+                    assert via_sdk == f"refused:{expected_state}", (state, method)
+                else:
+                    assert raw != grpc.StatusCode.PERMISSION_DENIED, (state, method)
+                    assert not via_sdk.startswith("refused"), (state, method)
+    finally:
+        await rs.server.stop(0)
+
+
+async def test_licence_file_change_upgrades_and_expiry_downgrades_without_restart(tmp_path: Path) -> None:
+    """A running server goes Community -> Enterprise when the file appears, and back when it expires."""
+    from knowledge_server.runtime import start_background
+
+    private, _ = _vendor(tmp_path)
+    rs = await start_server(tmp_path)
+    watcher = asyncio.create_task(start_background(rs.app))
+    try:
+        assert await _sdk_call(rs.address, GATED_UNARY) == "refused:missing"
+        (tmp_path / "data" / "licence.json").write_bytes(_licence(private, exp=timedelta(seconds=4)))
+        for _ in range(50):
+            await asyncio.sleep(0.2)
+            if not (await _sdk_call(rs.address, GATED_UNARY)).startswith("refused"):
+                break
+        assert not (await _sdk_call(rs.address, GATED_UNARY)).startswith("refused")
+        for _ in range(60):
+            await asyncio.sleep(0.2)
+            if (await _sdk_call(rs.address, GATED_UNARY)) == "refused:expired":
+                break
+        assert await _sdk_call(rs.address, GATED_UNARY) == "refused:expired"
+    finally:
+        watcher.cancel()
+        await rs.server.stop(0)
+
+
+def test_sighup_reloads_the_licence_of_a_serving_process(tmp_path: Path) -> None:
+    private, _ = _vendor(tmp_path)
+    env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"), KNOWLEDGE_LOG_FORMAT="json")
+    env.pop("KNOWLEDGE_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "knowledge_server.cli", "serve", "--listen", "127.0.0.1:0", "--no-bootstrap"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().strip().rsplit(":", 1)[1])
+
+        def status() -> dict:
+            out = subprocess.run([sys.executable, "-m", "knowledge_server.cli", "--address", f"127.0.0.1:{port}", "status", "--json"],
+                                 env=env, capture_output=True, text=True, timeout=60)
+            return json.loads(out.stdout)["edition"]
+
+        assert status()["edition"] == "community"
+        (tmp_path / "data" / "licence.json").write_bytes(_licence(private))
+        proc.send_signal(signal.SIGHUP)
+        edition = {}
+        for _ in range(30):
+            edition = status()
+            if edition["edition"] == "enterprise":
+                break
+        assert edition["edition"] == "enterprise" and edition["licence_state"] == "valid"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    log = proc.stderr.read() if proc.stderr else ""
+    assert "licence.changed" in log or "licence.reloaded" in log
+    # The licence blob itself never appears in the logs.
+    assert json.loads(_licence(private))["signature"] not in log
+
+
+def test_startup_log_names_the_licence_state(tmp_path: Path) -> None:
+    env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"), KNOWLEDGE_LOG_FORMAT="json")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "licence.json").write_bytes(b"garbage")
+    proc = subprocess.Popen([sys.executable, "-m", "knowledge_server.cli", "serve", "--listen", "127.0.0.1:0", "--no-bootstrap"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("listening on")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)
+    lines = [json.loads(ln) for ln in (proc.stderr.read() if proc.stderr else "").splitlines() if ln.startswith("{")]
+    loaded = [ln for ln in lines if ln.get("event") == "licence.loaded"]
+    assert len(loaded) == 1 and loaded[0]["licence_state"] == "malformed" and loaded[0]["edition"] == "community"
