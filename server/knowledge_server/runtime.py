@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import datetime
 
 from knowledge_licensing import KeyRingError, LicenceStatus, LicenceWatcher, load_keyring
 from knowledge_server._gen.knowledge.v1 import index_service_pb2
@@ -28,12 +29,12 @@ class WatchedLicence(LicenceView):
     Anything but a valid licence means Community; the reason is in GetStatus and in
     one log line (the licence blob itself is never logged)."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, clock: Callable[[], datetime] | None = None) -> None:
         try:
             keyring = load_keyring(config.effective_keys_dir)
         except KeyRingError as exc:
             raise ConfigError(f"licence_keys_dir: {exc}") from None
-        self.watcher = LicenceWatcher(config.effective_licence_file, keyring)
+        self.watcher = LicenceWatcher(config.effective_licence_file, keyring, clock=clock)
         self._log(self.watcher.status, "licence.loaded")
 
     @staticmethod
@@ -99,8 +100,9 @@ def build_authenticator(config: Config) -> Callable[[str], Principal | None] | N
     return store.authenticate
 
 
-def build_app(config: Config) -> KnowledgeApp:
-    licence = WatchedLicence(config)
+def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) -> KnowledgeApp:
+    """The app a real `serve` runs; ``clock`` lets tests move licence time."""
+    licence = WatchedLicence(config, clock)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     lanes: dict[str, Lane] = {
         "episodes": EpisodesLane(config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces),
