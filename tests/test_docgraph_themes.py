@@ -1,0 +1,161 @@
+"""Document graph themes: stable ids, real members, summaries only with citations."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from knowledge_server.docgraph.build import BuildSettings, DocGraphBuilder
+from knowledge_server.docgraph.fake_llm import FakeLLMServer
+from knowledge_server.docgraph.llm import LLMClient, LLMSettings
+from knowledge_server.docgraph.model import DocChunk
+from knowledge_server.docgraph.ops import DocGraphOps
+from knowledge_server.docgraph.sample import load_markdown_chunks, write_sample_corpus
+from knowledge_server.docgraph.store import DocGraphStore
+from knowledge_server.docgraph.themes import ThemeEntity, ThemeSettings, build_themes
+
+
+@pytest.fixture()
+def corpus(tmp_path: Path) -> list[DocChunk]:
+    write_sample_corpus(tmp_path / "docs")
+    return load_markdown_chunks(tmp_path / "docs")
+
+
+def _client(url: str) -> LLMClient:
+    return LLMClient(LLMSettings(base_url=url, model="fake-model", backoff_seconds=0.0))
+
+
+def _built(
+    tmp_path: Path, corpus: list[DocChunk], mode: str = "ok", bs: BuildSettings | None = None
+) -> DocGraphStore:
+    store = DocGraphStore(tmp_path / "data")
+    with FakeLLMServer(mode=mode) as fake:
+        DocGraphBuilder(store, _client(fake.url), bs).build(corpus)
+    return store
+
+
+def test_theme_id_recomputes_from_members(tmp_path, corpus):
+    """Catches: unstable theme ids (order-dependent sort, ids not derived from the members)."""
+    store = _built(tmp_path, corpus)
+    rev = store.current_rev()["rev_id"]
+    themes = store.rows(
+        "SELECT theme_id, seed_entity_id, size, title FROM theme WHERE rev_id=?", (rev,)
+    )
+    assert themes
+    for theme_id, seed, size, title in themes:
+        members = store.rows(
+            "SELECT e.entity_id, e.mentions, e.norm_name FROM theme_member tm JOIN entity e ON "
+            "e.rev_id=tm.rev_id AND e.entity_id=tm.entity_id WHERE tm.rev_id=? AND tm.theme_id=?",
+            (rev, theme_id),
+        )
+        ids = sorted(m[0] for m in members)
+        assert len(ids) == size >= 2  # a theme without members is not a theme
+        recomputed = hashlib.sha1((seed + "|" + ",".join(ids)).encode()).hexdigest()
+        assert recomputed == theme_id
+        best = min(members, key=lambda m: (-m[1], m[2], m[0]))
+        assert best[0] == seed and title == best[2]
+
+
+def _graph(
+    draw_edges: list[tuple[int, int, int]],
+) -> tuple[dict[str, ThemeEntity], dict[str, set[str]]]:
+    entities: dict[str, ThemeEntity] = {}
+    chunks: dict[str, set[str]] = {}
+    for n, (a, b, c) in enumerate(draw_edges):
+        ids = {f"e{a}", f"e{b}", f"e{c}"}
+        chunks[f"c{n}"] = ids
+        for e in ids:
+            count = sum(1 for cs in chunks.values() if e in cs)
+            entities[e] = ThemeEntity(e, f"name {int(e[1:]) % 5}", "concept", count)
+    return entities, chunks
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    edges=st.lists(
+        st.tuples(st.integers(0, 25), st.integers(0, 25), st.integers(0, 25)), max_size=60
+    ),
+    max_size=st.integers(2, 6),
+    seed=st.integers(0, 1000),
+)
+def test_themes_do_not_depend_on_input_order(edges, max_size, seed):
+    """Catches: clustering that depends on dict/insertion order or on a random source."""
+    entities, chunks = _graph(edges)
+    cfg = ThemeSettings(min_weight=1, max_size=max_size)
+    first = build_themes(entities, chunks, cfg)
+    keys = list(chunks)
+    random.Random(seed).shuffle(keys)
+    ents = list(entities.items())
+    random.Random(seed + 1).shuffle(ents)
+    second = build_themes(dict(ents), {k: set(chunks[k]) for k in keys}, cfg)
+    assert [(t.theme_id, t.members) for t in first] == [(t.theme_id, t.members) for t in second]
+    seen: set[str] = set()
+    for t in first:
+        ids = {e for e, _ in t.members}
+        assert 2 <= t.size <= max_size and not (ids & seen)  # disjoint, bounded, non-trivial
+        seen |= ids
+
+
+def test_weak_edges_are_dropped():
+    """Catches: a min-weight threshold that is ignored (every single co-mention a theme)."""
+    entities = {e: ThemeEntity(e, e, "concept", 1) for e in ("a", "b", "c")}
+    chunks = {"c1": {"a", "b"}, "c2": {"a", "b"}, "c3": {"b", "c"}}
+    themes = build_themes(entities, chunks, ThemeSettings(min_weight=2))
+    assert [sorted(e for e, _ in t.members) for t in themes] == [["a", "b"]]
+
+
+def test_summary_without_citations_is_neither_stored_nor_returned(tmp_path, corpus):
+    """Catches: storing or returning a theme summary that cites nothing."""
+    store = _built(tmp_path, corpus, mode="no_citations")
+    assert store.rows("SELECT count(*) FROM theme_summary")[0][0] == 0
+    stats = store.current_rev()["stats"]
+    assert stats["counters"]["summary_rejected"] == stats["themes"] > 0
+    answer = DocGraphOps(store).themes()
+    assert answer["themes"] and all(t["summary"] is None for t in answer["themes"])
+
+
+def test_summaries_cite_offered_chunks_with_addresses(tmp_path, corpus):
+    """Catches: a summary citing chunks it was not given, or citations without an address."""
+    store = _built(tmp_path, corpus)
+    known = {
+        r[0]: r[1:]
+        for r in store.rows("SELECT chunk_id, path, start_line, end_line FROM doc_chunk")
+    }
+    rows = store.rows("SELECT text, citations_json FROM theme_summary")
+    assert rows
+    for text, cites_json in rows:
+        cites = json.loads(cites_json)
+        assert text and cites
+        for c in cites:
+            assert known[c["chunk_id"]] == (c["path"], c["start_line"], c["end_line"])
+    for theme in DocGraphOps(store).themes()["themes"]:
+        assert theme["summary"] and theme["citations"]
+
+
+def test_themes_without_llm_have_no_summary_but_are_collected(tmp_path, corpus):
+    """Catches: themes hidden (or summaries invented) when no LLM is configured."""
+    store = DocGraphStore(tmp_path / "data")
+    cfg = BuildSettings(themes=ThemeSettings(min_weight=1))
+    DocGraphBuilder(store, None, cfg).build(corpus)
+    answer = DocGraphOps(store).themes()
+    assert answer["collected"] is True and answer["found"] is True
+    assert answer["capability"] == "degraded" and "LLM not configured" in answer["reason"]
+    for theme in answer["themes"]:
+        assert theme["summary"] is None and theme["top_entities"] and theme["citations"]
+
+
+def test_rebuild_keeps_theme_ids(tmp_path, corpus):
+    """Catches: theme ids that change between revisions built from the same input."""
+    store = _built(tmp_path, corpus)
+    with FakeLLMServer() as fake:
+        DocGraphBuilder(store, _client(fake.url)).build(list(reversed(corpus)), force=True)
+    ids = [
+        sorted(r[0] for r in store.rows("SELECT theme_id FROM theme WHERE rev_id=?", (rev,)))
+        for rev in (1, 2)
+    ]
+    assert ids[0] == ids[1] and ids[0]
