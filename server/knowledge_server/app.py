@@ -77,7 +77,13 @@ class KnowledgeApp:
             "code": NotReadyLane("code", "no workspace has been indexed yet"),
             "skills": NotReadyLane("skills", "the skill catalog has not been built yet"),
         }
-        self.coordinator = Coordinator(self.lanes, timeout_ms=config.lane_timeout_ms)
+        skills = self.lanes.get("skills")
+        self.coordinator = Coordinator(
+            self.lanes,
+            timeout_ms=config.lane_timeout_ms,
+            actor_builder=getattr(skills, "build_actors", None),
+            episode_actors=getattr(skills, "episode_actors", None),
+        )
 
     # -- KnowledgeService -------------------------------------------------------------
     async def search(self, req: search_pb2.SearchRequest) -> search_pb2.SearchResponse:
@@ -120,10 +126,22 @@ class KnowledgeApp:
                 yield event
             await self.after_ingest()
             return
+        if op == "rebuild_derived":
+            lane = self.lanes.get("skills")
+            episodes = self.lanes.get("episodes")
+            rebuild = getattr(lane, "rebuild_sync", None)
+            episodes_path = getattr(episodes, "path", None)
+            if rebuild is None or episodes_path is None:
+                raise Unimplemented("RebuildDerived needs the built-in skills and episodes lanes")
+            async for event in run_with_progress(lambda progress: rebuild(episodes_path, req.full, progress)):
+                yield event
+            return
         raise Unimplemented(f"{op} is declared in knowledge.v1 but not built in this server yet")
 
     async def after_ingest(self) -> None:
-        """Hook: the derived layer is rebuilt incrementally after each ingestion."""
+        """The derived layer is rebuilt incrementally after each ingestion."""
+        async for _ in self.index_stream("rebuild_derived", index_service_pb2.RebuildDerivedRequest()):
+            pass
 
     async def bootstrap(self) -> None:
         """First-run work in the background: ingest logs (or the bundled sample)."""

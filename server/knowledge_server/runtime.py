@@ -15,6 +15,7 @@ from knowledge_server.app import KnowledgeApp, LicenceView
 from knowledge_server.auth import TokenStore
 from knowledge_server.auth_model import Principal
 from knowledge_server.config import Config, ConfigError
+from knowledge_server.lanes.derived import DerivedLane
 from knowledge_server.lanes.episodes import EpisodesLane
 from knowledge_server.logs import get_logger
 from knowledge_server.search.lanes import Lane, NotReadyLane
@@ -107,7 +108,7 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
     lanes: dict[str, Lane] = {
         "episodes": EpisodesLane(config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces),
         "code": NotReadyLane("code", "no workspace has been indexed yet"),
-        "skills": NotReadyLane("skills", "the skill catalog has not been built yet"),
+        "skills": DerivedLane(config.data_dir, skill_roots=config.skill_roots, workspaces=config.workspaces),
     }
     app = KnowledgeApp(config, licence=licence, lanes=lanes)
     app.reload = licence.reload  # type: ignore[attr-defined]

@@ -66,12 +66,13 @@ class Coordinator:
         *,
         timeout_ms: int = 250,
         actor_builder: ActorBuilder | None = None,
-        episode_actor: Callable[[search_pb2.EpisodeItem], str] | None = None,
+        episode_actors: Callable[[Sequence[str]], dict[str, str]] | None = None,
     ) -> None:
         self.lanes = lanes
         self.timeout_ms = timeout_ms
         self.actor_builder = actor_builder
-        self.episode_actor = episode_actor or (lambda item: item.session_id)
+        # episode ids -> actor ids (for the per-actor diversity cap); default: the session.
+        self.episode_actors = episode_actors
 
     async def _run_lane(self, name: str, q: LaneQuery) -> tuple[LaneResult, float]:
         lane = self.lanes.get(name)
@@ -138,7 +139,13 @@ class Coordinator:
             lane_msg = result.lane
             weight = r.weights.get(name, 0.0)
             n_before = len(lane_msg.items)
-            self._fuse_lane(name, lane_msg, weight, v.limit)
+            groups: dict[str, str] = {}
+            if name == "episodes" and lane_msg.items:
+                ids = [it.id for it in lane_msg.items]
+                if self.episode_actors is not None:
+                    groups = await asyncio.to_thread(self.episode_actors, ids)
+                groups = {it.id: groups.get(it.id) or it.session_id for it in lane_msg.items}
+            self._fuse_lane(name, lane_msg, weight, v.limit, groups)
             if name == "episodes":
                 resp.lanes.episodes.CopyFrom(lane_msg)
                 resp.lanes.episodes.observed_at.GetCurrentTime()
@@ -169,7 +176,7 @@ class Coordinator:
             resp.errors.append(errors_pb2.Notice(code="KNOWLEDGE_NO_SOURCE", message="no lane could answer"))
 
         if self.actor_builder is not None and resp.found:
-            resp.actors.extend(self.actor_builder(resp, v))
+            resp.actors.extend(await asyncio.to_thread(self.actor_builder, resp, v))
 
         resp.limits.requested = v.limit
         resp.limits.budget.max_tokens = v.max_tokens
@@ -180,7 +187,7 @@ class Coordinator:
         resp.limits.returned = _count_items(resp)
         return resp
 
-    def _fuse_lane(self, name: str, lane_msg: search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane, weight: float, limit: int) -> None:
+    def _fuse_lane(self, name: str, lane_msg: search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane, weight: float, limit: int, groups: dict[str, str]) -> None:
         """RRF within one lane, dedup by id, diversity, stable order, limit."""
         seen: set[str] = set()
         kept = []
@@ -199,7 +206,7 @@ class Coordinator:
                     continue
                 per_key[group] += 1
             elif name == "episodes":
-                group = self.episode_actor(item)
+                group = groups.get(item.id, item.session_id)
                 if per_key[group] >= MAX_EPISODES_PER_ACTOR:
                     continue
                 per_key[group] += 1

@@ -1,0 +1,205 @@
+"""Skill catalog: ``SKILL.md`` files with a YAML front matter (``name``, ``description``,
+optional ``when_to_use`` / ``whenToUse``) found recursively under a list of root folders.
+
+Loading is tolerant: a file whose front matter is missing or malformed is reported as a
+:class:`CatalogProblem` (path + reason) and skipped; it never stops the catalog.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..redact import redact
+
+SKILL_FILE = "SKILL.md"
+# A skill folder is small; a huge SKILL.md is more likely an accident than a skill.
+MAX_SKILL_BYTES = 1_000_000
+# Folders never worth descending into while looking for skills.
+_SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv", "venv"}
+
+
+@dataclass(slots=True, frozen=True)
+class Skill:
+    name: str
+    path: str
+    description: str
+    when_to_use: str | None
+    content_hash: str
+
+
+@dataclass(slots=True, frozen=True)
+class CatalogProblem:
+    path: str
+    reason: str
+
+
+@dataclass(slots=True)
+class Catalog:
+    skills: list[Skill] = field(default_factory=list)
+    problems: list[CatalogProblem] = field(default_factory=list)
+
+    def by_name(self) -> dict[str, Skill]:
+        return {s.name: s for s in self.skills}
+
+    def fingerprint(self) -> str:
+        """Changes whenever a skill file is added, removed or edited."""
+        h = hashlib.sha256()
+        for s in sorted(self.skills, key=lambda s: (s.name, s.path)):
+            h.update(f"{s.name}\0{s.path}\0{s.content_hash}\n".encode())
+        return "sha256:" + h.hexdigest()
+
+
+def default_roots(workspaces: Sequence[str] = ()) -> list[str]:
+    """``~/.claude/skills`` (honouring ``CLAUDE_CONFIG_DIR``) plus ``<workspace>/.claude/skills``."""
+    base = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
+    roots = [os.path.join(base, "skills")]
+    roots.extend(os.path.join(w, ".claude", "skills") for w in workspaces)
+    return roots
+
+
+def content_hash(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _front_matter(text: str) -> tuple[dict[str, object] | None, str]:
+    """The parsed front matter, or ``None`` and the reason it cannot be used."""
+    text = text.removeprefix("\ufeff")
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None, "no front matter (the file must start with '---')"
+    for i in range(1, len(lines)):
+        if lines[i].strip() in ("---", "..."):
+            block = "\n".join(lines[1:i])
+            break
+    else:
+        return None, "front matter is not closed by '---'"
+    try:
+        data = yaml.safe_load(block)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 2}" if mark is not None else ""
+        return None, f"front matter is not valid YAML{where}"
+    if not isinstance(data, dict):
+        return None, "front matter is not a mapping"
+    return data, ""
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        value = "\n".join(str(v) for v in value)
+    out = str(value).strip()
+    return out or None
+
+
+def load_skill(path: str | os.PathLike[str]) -> Skill | CatalogProblem:
+    p = str(path)
+    try:
+        size = os.path.getsize(p)
+        if size > MAX_SKILL_BYTES:
+            return CatalogProblem(p, f"file too large ({size} bytes)")
+        with open(p, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        return CatalogProblem(p, f"unreadable ({type(exc).__name__})")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return CatalogProblem(p, "not UTF-8")
+    fm, reason = _front_matter(text)
+    if fm is None:
+        return CatalogProblem(p, reason)
+    name = _text(fm.get("name"))
+    if not name:
+        return CatalogProblem(p, "front matter has no 'name'")
+    if any(c.isspace() for c in name) or len(name) > 200:
+        return CatalogProblem(p, "'name' must be one short word-like token")
+    description = _text(fm.get("description"))
+    if not description:
+        return CatalogProblem(p, "front matter has no 'description'")
+    when = _text(fm.get("when_to_use", fm.get("whenToUse")))
+    return Skill(
+        name=name,
+        path=os.path.abspath(p),
+        description=redact(description),
+        when_to_use=redact(when) if when else None,
+        content_hash=content_hash(data),
+    )
+
+
+def _walk(root: str) -> Iterable[str]:
+    if os.path.isfile(root):
+        if os.path.basename(root) == SKILL_FILE:
+            yield root
+        return
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        if SKILL_FILE in filenames:
+            yield os.path.join(dirpath, SKILL_FILE)
+
+
+def load_catalog(roots: Sequence[str | os.PathLike[str]] | None = None) -> Catalog:
+    """Every ``SKILL.md`` under ``roots`` (missing roots are simply empty).
+
+    When two files declare the same name the first root (then the first path in sorted
+    order) wins and the other is reported, so a user's own skill shadows a workspace copy
+    deterministically.
+    """
+    cat = Catalog()
+    seen: dict[str, str] = {}
+    visited: set[str] = set()
+    for root in roots if roots is not None else default_roots():
+        r = os.path.abspath(os.path.expanduser(str(root)))
+        if not os.path.exists(r):
+            continue
+        for path in _walk(r):
+            real = os.path.realpath(path)
+            if real in visited:
+                continue
+            visited.add(real)
+            got = load_skill(path)
+            if isinstance(got, CatalogProblem):
+                cat.problems.append(got)
+            elif got.name in seen:
+                cat.problems.append(
+                    CatalogProblem(
+                        got.path, f"duplicate skill name {got.name!r} (kept {seen[got.name]})"
+                    )
+                )
+            else:
+                seen[got.name] = got.path
+                cat.skills.append(got)
+    cat.skills.sort(key=lambda s: s.name)
+    return cat
+
+
+def skill_name_from_path(path: str, catalog: dict[str, Skill]) -> str | None:
+    """The skill a ``.../SKILL.md`` path refers to: catalog path match, else folder name."""
+    if not path or os.path.basename(path.replace("\\", "/")) != SKILL_FILE:
+        return None
+    norm = os.path.normpath(path)
+    for s in catalog.values():
+        if os.path.normpath(s.path) == norm:
+            return s.name
+    folder = Path(path.replace("\\", "/")).parent.name
+    return folder or None
+
+
+__all__ = [
+    "SKILL_FILE",
+    "Catalog",
+    "CatalogProblem",
+    "Skill",
+    "content_hash",
+    "default_roots",
+    "load_catalog",
+    "load_skill",
+    "skill_name_from_path",
+]

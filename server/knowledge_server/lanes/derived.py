@@ -1,0 +1,208 @@
+"""The skills lane and actor aggregation (L3) behind the coordinator, plus RebuildDerived.
+
+Actors are aggregated from the episodes and skills items of one response: every
+actor's evidence points at ids present in that response (KC-7). Score per seed 000
+§7.5: max + 0.3 * mean(top 3) of its evidence scores.
+
+``dispatch.available`` is the truth about this machine (KD-4): a hand-off can only be
+received where the actor's harness is installed (its CLI is on PATH) and the outbox
+is writable; the reason names what was checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2, search_pb2
+from knowledge_server.derived.build import rebuild
+from knowledge_server.derived.lane import InvalidQuery, search_skills
+from knowledge_server.derived.skills import default_roots, load_catalog
+from knowledge_server.derived.store import DerivedStore
+from knowledge_server.episodes.store import EpisodeStore
+from knowledge_server.lanes.common import Pool, ProgressFn
+from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
+from knowledge_server.search.validate import ValidSearch
+
+SOURCE = "knowledge.skills+derived"
+DB_FILE = "derived.sqlite"
+
+# Harness -> the command that can receive a hand-off on this machine.
+HARNESS_COMMANDS = {"claude-code": "claude", "codex": "codex", "opencode": "opencode", "aider": "aider"}
+MODE_BY_KIND = {
+    "root_session": "spawn_replica",
+    "subagent": "spawn_replica",
+    "team_member": "team_task",
+    "autoclaw_agent": "external_handoff",
+}
+
+
+def dispatch_info(kind: str, harness: str, outbox: Path) -> search_pb2.DispatchInfo:
+    """How an actor could receive a task here, and whether it really can (checked now)."""
+    mode = MODE_BY_KIND.get(kind, "none")
+    if mode == "none":
+        return search_pb2.DispatchInfo(mode="none", available=False, reason="recommendation only")
+    if mode == "external_handoff":
+        ok = _writable(outbox)
+        return search_pb2.DispatchInfo(mode=mode, available=ok, reason="package to the outbox" if ok else f"outbox {outbox} is not writable")
+    command = HARNESS_COMMANDS.get(harness)
+    if command is None:
+        return search_pb2.DispatchInfo(mode=mode, available=False, reason=f"no known launcher for harness {harness!r} here")
+    if shutil.which(command) is None:
+        return search_pb2.DispatchInfo(mode=mode, available=False, reason=f"{command!r} is not installed on this machine (not on PATH)")
+    if not _writable(outbox):
+        return search_pb2.DispatchInfo(mode=mode, available=False, reason=f"outbox {outbox} is not writable")
+    return search_pb2.DispatchInfo(mode=mode, available=True, reason=f"{command!r} found on PATH; package goes to the outbox for the lead to run")
+
+
+def _writable(path: Path) -> bool:
+    probe = path if path.exists() else path.parent
+    return probe.exists() and os.access(probe, os.W_OK)
+
+
+class DerivedLane:
+    """The skills lane (search over the SKILL.md catalog with use counts) and the actor index."""
+
+    name = "skills"
+
+    def __init__(self, data_dir: Path, *, skill_roots: Sequence[str] = (), workspaces: Sequence[str] = ()) -> None:
+        self.data_dir = data_dir
+        self.path = str(data_dir / DB_FILE)
+        self.outbox = data_dir / "outbox"
+        self.roots = list(skill_roots) or [str(p) for p in default_roots(workspaces)]
+        self._writer = DerivedStore(self.path)
+        self._write_lock = threading.Lock()
+        self._readers: Pool[DerivedStore] = Pool(lambda: DerivedStore(self.path, read_only=True), size=4)
+        self.last_error = ""
+
+    def close(self) -> None:
+        self._readers.close_all(lambda s: s.close())
+        self._writer.close()
+
+    # -- skills lane ---------------------------------------------------------------------
+    def _search_sync(self, q: LaneQuery) -> LaneResult:
+        with self._readers.get() as store:
+            if not store.is_built():
+                return degraded(self.name, "KNOWLEDGE_INDEX_NOT_READY", "the derived layer (skills, actors) has not been built yet")
+            lane = search_pb2.SkillsLane(source=SOURCE, index_rev=store.index_rev())
+            if q.workspaces == ():
+                return LaneResult(lane=lane)
+            try:
+                hits = search_skills(store, q.query, limit=q.top_k, skills=list(q.skills) or None,
+                                     actor_ids=list(q.actor_ids) or None, workspaces=q.workspaces)
+            except InvalidQuery:
+                return LaneResult(lane=lane, warnings=[errors_pb2.Notice(code="KNOWLEDGE_INVALID_REQUEST", lane=self.name, message="the query has no searchable words for this lane")])
+        for h in hits:
+            item = lane.items.add(name=h.name, path=h.path, description=h.description, when_to_use=h.when_to_use or "",
+                                  content_hash=h.content_hash, uses=h.uses, score=h.score, why=list(h.why))
+            for actor_id, episode_id in h.used_by:
+                item.used_by.add(actor_id=actor_id, episode_id=episode_id)
+        return LaneResult(lane=lane)
+
+    async def search(self, q: LaneQuery) -> LaneResult:
+        return await asyncio.to_thread(self._search_sync, q)
+
+    # -- actors ---------------------------------------------------------------------------
+    def episode_actors(self, episode_ids: Sequence[str]) -> dict[str, str]:
+        with self._readers.get() as store:
+            if not store.is_built():
+                return {}
+            return store.episode_actors(list(episode_ids))
+
+    def build_actors(self, resp: search_pb2.SearchResponse, v: ValidSearch) -> list[search_pb2.Actor]:
+        """Aggregate actors from this response's items (evidence = ids in the response only)."""
+        ep_items = list(resp.lanes.episodes.items)
+        skill_items = list(resp.lanes.skills.items)
+        if not ep_items and not skill_items:
+            return []
+        evidence: dict[str, list[tuple[str, str, float]]] = defaultdict(list)
+        with self._readers.get() as store:
+            if not store.is_built():
+                return []
+            mapping = store.episode_actors([it.id for it in ep_items])
+            for it in ep_items:
+                actor_id = mapping.get(it.id)
+                if actor_id:
+                    evidence[actor_id].append(("episodes", it.id, it.score))
+            for sk in skill_items:
+                for use in sk.used_by:
+                    evidence[use.actor_id].append(("skills", sk.name, sk.score))
+            wanted = set(v.actor_ids)
+            actors: list[search_pb2.Actor] = []
+            for actor_id, ev in evidence.items():
+                if wanted and actor_id not in wanted:
+                    continue
+                info = store.actor(actor_id)
+                if info is None:
+                    continue
+                seen: set[tuple[str, str]] = set()
+                unique = []
+                for lane, item_id, score in ev:
+                    if (lane, item_id) not in seen:
+                        seen.add((lane, item_id))
+                        unique.append((lane, item_id, score))
+                scores = sorted((s for _, _, s in unique), reverse=True)
+                top3 = scores[:3]
+                score = scores[0] + 0.3 * (sum(top3) / len(top3))
+                skills = store.skills_of_actor(actor_id)
+                n_ep = sum(1 for lane, _, _ in unique if lane == "episodes")
+                n_sk = sum(1 for lane, _, _ in unique if lane == "skills")
+                sessions = info.success + info.failure + info.unknown
+                why = []
+                if n_ep:
+                    why.append(f"{n_ep} matching episode{'s' if n_ep != 1 else ''}")
+                for name, uses in skills[:2]:
+                    why.append(f"skill {name} ({uses} use{'s' if uses != 1 else ''})")
+                if sessions:
+                    why.append(f"outcome: {info.success} success / {info.failure} failure of {sessions} sessions")
+                confidence = min(0.95, 0.4 + 0.1 * min(n_ep, 3) + 0.1 * (n_sk > 0) + (0.15 * info.success / sessions if sessions else 0.0))
+                actor = search_pb2.Actor(
+                    actor_id=actor_id, name=info.name, kind=info.kind, source=info.source or info.harness,
+                    confidence=round(confidence, 2), score=round(score, 6), why=why,
+                )
+                for lane, item_id, _ in unique:
+                    actor.evidence.add(lane=lane, id=item_id)
+                for name, uses in skills:
+                    actor.skills.add(name=name, uses=uses)
+                actor.dispatch.CopyFrom(dispatch_info(info.kind, info.harness, self.outbox))
+                actors.append(actor)
+        actors.sort(key=lambda a: (-a.score, a.actor_id))
+        return actors[: v.limit]
+
+    # -- rebuild ---------------------------------------------------------------------------
+    def rebuild_sync(self, episodes_path: str, full: bool, progress: ProgressFn) -> index_service_pb2.OperationSummary:
+        started = time.perf_counter()
+        with self._write_lock:
+            episodes = EpisodeStore(episodes_path, read_only=True)
+            try:
+                catalog = load_catalog(self.roots)
+                report = rebuild(episodes, self._writer, self.roots, full=full,
+                                 progress_callback=lambda d, t: progress("rebuild", d, t, ""), catalog=catalog)
+            finally:
+                episodes.close()
+        summary = index_service_pb2.OperationSummary(index_rev=report.index_rev, changed=report.changed,
+                                                     ms=round((time.perf_counter() - started) * 1000, 1))
+        for key in ("actors", "skills", "skill_uses", "sessions_processed"):
+            summary.counters[key] = int(getattr(report, key))
+        for problem in list(report.problems)[:100]:
+            summary.problems.add(code="SKILL_CATALOG", message=str(problem))
+        return summary
+
+    def status(self, workspaces: tuple[str, ...] | None) -> index_service_pb2.LaneStatus:
+        with self._readers.get() as store:
+            built = store.is_built()
+            st = index_service_pb2.LaneStatus(lane=self.name, index_rev=store.index_rev() if built else "",
+                                              capability="full" if built else "degraded")
+            if built:
+                for key, value in store.counts().items():
+                    st.counts[key] = int(value)
+        if not built:
+            st.degraded = True
+            st.reason = "the derived layer has not been built yet"
+        return st

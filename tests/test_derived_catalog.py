@@ -1,0 +1,81 @@
+"""Skill catalog loading: real SKILL.md files, tolerant parsing, hashes."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from knowledge_server.derived.skills import default_roots, load_catalog, load_skill
+
+FIXTURES = Path(__file__).parent / "fixtures" / "derived"
+
+
+def test_real_skills_load(shared_data: Path) -> None:
+    cat = load_catalog([str(shared_data / "skills")])
+    assert len(cat.skills) == 19
+    assert cat.problems == []
+    names = {s.name for s in cat.skills}
+    assert {"brainstorming", "systematic-debugging", "canvas-design", "mcp-builder"} <= names
+    for s in cat.skills:
+        assert s.description
+        data = Path(s.path).read_bytes()
+        assert s.content_hash == "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_fixture_catalog_reports_malformed_and_reads_when_to_use() -> None:
+    cat = load_catalog([str(FIXTURES / "skills")])
+    by = cat.by_name()
+    assert set(by) == {"brainstorming", "pdf-tools", "review-helper"}  # nested folder found
+    assert by["brainstorming"].when_to_use == "before any creative work or new feature"
+    assert by["pdf-tools"].when_to_use == "when the user hands over a PDF"  # whenToUse spelling
+    assert by["review-helper"].when_to_use is None
+    assert len(cat.problems) == 1
+    assert cat.problems[0].path.endswith("broken/SKILL.md")
+    assert "YAML" in cat.problems[0].reason
+
+
+def test_bad_files_are_problems_not_errors(tmp_path: Path) -> None:
+    cases = {
+        "nofm": "# just markdown\n",
+        "unclosed": "---\nname: x\ndescription: y\n",
+        "list": "---\n- a\n- b\n---\n",
+        "noname": "---\ndescription: y\n---\n",
+        "nodesc": "---\nname: z\n---\n",
+    }
+    for folder, text in cases.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "SKILL.md").write_text(text)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "SKILL.md").write_bytes(b"\xff\xfe\x00garbage")
+    cat = load_catalog([str(tmp_path), str(tmp_path / "missing-root")])
+    assert cat.skills == []
+    assert len(cat.problems) == len(cases) + 1
+    assert all(p.reason for p in cat.problems)
+
+
+def test_duplicate_names_first_root_wins(tmp_path: Path) -> None:
+    for root in ("a", "b"):
+        d = tmp_path / root / "s"
+        d.mkdir(parents=True)
+        (d / "SKILL.md").write_text(f"---\nname: same\ndescription: from {root}\n---\n")
+    cat = load_catalog([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert [s.description for s in cat.skills] == ["from a"]
+    assert "duplicate" in cat.problems[0].reason
+
+
+def test_fingerprint_changes_with_content(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    d.mkdir()
+    f = d / "SKILL.md"
+    f.write_text("---\nname: s\ndescription: one\n---\n")
+    fp1 = load_catalog([str(tmp_path)]).fingerprint()
+    assert load_catalog([str(tmp_path)]).fingerprint() == fp1
+    f.write_text("---\nname: s\ndescription: two\n---\n")
+    assert load_catalog([str(tmp_path)]).fingerprint() != fp1
+    assert not isinstance(load_skill(f), Exception)
+
+
+def test_default_roots(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(tmp_path / "cfg"))
+    roots = default_roots(["/w/one"])
+    assert roots == [str(tmp_path / "cfg" / "skills"), "/w/one/.claude/skills"]

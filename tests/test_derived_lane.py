@@ -1,0 +1,96 @@
+"""Skills lane search: ranking, filters, workspaces and query safety."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from knowledge_server.derived import DerivedStore, InvalidQuery, rebuild, search_skills
+from knowledge_server.episodes import EpisodeStore, ingest
+
+FIX = Path(__file__).parent / "fixtures" / "derived"
+ROOT1 = "actor:claude-code:root_session:sess-skill-1"
+ROOT2 = "actor:claude-code:root_session:sess-skill-2"
+SIDE = "actor:claude-code:subagent:sess-skill-1:ag1"
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    d = tmp_path_factory.mktemp("lane")
+    shutil.copytree(FIX / "logs", d / "logs")
+    eps = EpisodeStore(str(d))
+    ingest(eps, [str(d / "logs")])
+    store = DerivedStore(str(d))
+    rebuild(eps, store, [str(FIX / "skills")])
+    yield store
+    store.close()
+
+
+def test_exact_name_first_with_uses(ds) -> None:  # type: ignore[no-untyped-def]
+    hits = search_skills(ds, "brainstorming", limit=5)
+    assert hits[0].name == "brainstorming" and "exact skill name" in hits[0].why
+    h = hits[0]
+    assert h.uses == 4 and h.content_hash.startswith("sha256:") and h.when_to_use
+    assert h.used_by[0] == (ROOT2, "ep:sess-skill-2:3000")
+    assert {a for a, _ in h.used_by} == {ROOT1, ROOT2, SIDE}
+
+
+def test_description_match_and_name_words(ds) -> None:  # type: ignore[no-untyped-def]
+    assert search_skills(ds, "merge PDF documents", limit=3)[0].name == "pdf-tools"
+    assert search_skills(ds, "code review", limit=3)[0].name == "review-helper"
+    assert search_skills(ds, "review helper", limit=3)[0].name == "review-helper"
+    assert search_skills(ds, "nothing-matches-this-xyzzy", limit=3) == []
+
+
+def test_filters_and_workspaces(ds) -> None:  # type: ignore[no-untyped-def]
+    hits = search_skills(ds, "brainstorming", limit=5, workspaces=["/home/dev/proj-alpha"])
+    assert hits[0].uses == 2 and {a for a, _ in hits[0].used_by} == {ROOT1, SIDE}
+    assert search_skills(ds, "brainstorming", limit=5, workspaces=[])[0].uses == 0
+    assert search_skills(ds, "brainstorming", limit=5, workspaces=["/home/dev/proj"])[0].uses == 0
+    assert (
+        search_skills(ds, "pdf brainstorming", limit=5, skills=["pdf-tools"])[0].name == "pdf-tools"
+    )
+    assert search_skills(ds, "pdf", limit=5, skills=[]) == []
+    by_actor = search_skills(ds, "pdf brainstorming review", limit=5, actor_ids=[ROOT2])
+    assert [h.name for h in by_actor] == ["brainstorming"] and by_actor[0].uses == 2
+    assert search_skills(ds, "pdf", limit=5, actor_ids=[]) == []
+    assert search_skills(ds, "pdf", limit=0) == []
+
+
+@pytest.mark.parametrize("bad", ["", "   ", '"*():-^', "\x00", "x" * 2001])
+def test_invalid_queries(ds, bad: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidQuery):
+        search_skills(ds, bad, limit=5)
+
+
+@pytest.mark.parametrize(
+    "q", ['brainstorming"', "NEAR(pdf tools)", "pdf*", "name:pdf", "pdf AND OR NOT", "^review"]
+)
+def test_fts_syntax_is_literal(ds, q: str) -> None:  # type: ignore[no-untyped-def]
+    search_skills(ds, q, limit=5)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.text(max_size=80))
+def test_arbitrary_text_never_raises_other_errors(ds, q: str) -> None:  # type: ignore[no-untyped-def]
+    try:
+        hits = search_skills(ds, q, limit=5, workspaces=["/home/dev/proj-alpha"])
+    except InvalidQuery:
+        return
+    assert len(hits) <= 5
+
+
+def test_real_skills_search(shared_data: Path, tmp_path: Path) -> None:
+    eps = EpisodeStore(str(tmp_path))
+    store = DerivedStore(str(tmp_path))
+    rebuild(eps, store, [str(shared_data / "skills")])
+    assert (
+        search_skills(store, "debugging a failing test", limit=3)[0].name == "systematic-debugging"
+    )
+    assert search_skills(store, "slack gif", limit=3)[0].name == "slack-gif-creator"
+    assert search_skills(store, "git worktrees", limit=3)[0].name == "using-git-worktrees"
