@@ -63,3 +63,16 @@ def test_every_cli_command_is_documented() -> None:
     doc = (REPO_ROOT / "docs" / "cli.md").read_text()
     documented = set(re.findall(r"^## `knowledge ([a-z\- ]+)`", doc, re.M))
     assert set(iter_commands()) <= documented, set(iter_commands()) - documented
+
+
+def test_every_rpc_has_an_mcp_tool_or_a_reasoned_exclusion() -> None:
+    from knowledge_server.mcp_bridge import EXCLUDED_RPCS, TOOLS
+
+    tool_rpcs = {t.rpc if hasattr(t, "rpc") else t["rpc"] for t in (TOOLS.values() if isinstance(TOOLS, dict) else TOOLS)}
+    excluded = set(EXCLUDED_RPCS)
+    norm = lambda r: r.lstrip("/").removeprefix("knowledge.v1.")  # noqa: E731
+    rpcs = {norm(r) for r in _rpcs()}
+    assert {norm(r) for r in tool_rpcs} | {norm(r) for r in excluded} == rpcs
+    assert not {norm(r) for r in tool_rpcs} & {norm(r) for r in excluded}
+    for rpc in excluded:
+        assert EXCLUDED_RPCS[rpc], rpc  # a reason is given

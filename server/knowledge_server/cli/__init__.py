@@ -399,7 +399,9 @@ def _register_groups() -> None:
     from knowledge_licensing.cli import license_group
     from knowledge_server.auth import tokens_group
     from knowledge_server.cli.docgraph import docgraph
+    from knowledge_server.mcp_bridge import mcp_command
 
+    main.add_command(mcp_command, "mcp")
     main.add_command(license_group, "license")
     main.add_command(tokens_group, "token")
     main.add_command(docgraph, "docgraph")
