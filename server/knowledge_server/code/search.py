@@ -1,0 +1,357 @@
+"""Lexical (FTS5 BM25), vector (sqlite-vec KNN) and hybrid (RRF) retrieval."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import apsw
+import numpy as np
+
+from .embed import Embedder
+from .model import ChunkRecord, CodeHit, CodeSearchResult, Freshness, IndexOptions
+from .store import is_binary, scalar, vec_table_for
+from .tokenize import fts_quote, query_terms, token_set
+from .walker import walk_workspace
+
+__all__ = ["RRF_K", "check_freshness", "get_chunk", "search"]
+
+RRF_K = 60
+# Reciprocal-rank fusion weights: score = sum(weight / (RRF_K + rank)) over the lanes.
+LEX_WEIGHT = 1.0
+VEC_WEIGHT = 0.5
+# A term found in more than this share of chunks does not select candidates (it
+# still scores them): selecting with it would make FTS5 score most of the table.
+_FREQUENT_SHARE = 0.05
+_MAX_TERMS = 12
+# Below this many chunks every query is fast anyway: keep all terms.
+_PRUNE_FROM = 5000
+_MAX_K = 4096  # sqlite-vec's upper bound for k
+
+_COLS = (
+    "c.id, c.chunk_id, c.workspace, c.path, c.start_line, c.end_line, c.source_kind,"
+    " c.symbol, c.language, c.text, r.rev"
+)
+
+
+def _scope_sql(
+    workspaces: Sequence[str] | None, prefixes: Sequence[str] | None
+) -> tuple[str, list[Any]]:
+    """Joins/filters restricting chunks to current revisions of the chosen workspaces."""
+    params: list[Any] = []
+    sql = (
+        " JOIN rev_file rf ON rf.file_id = c.file_id"
+        " JOIN workspaces w ON w.current_rev_id = rf.rev_id"
+        " JOIN revisions r ON r.id = rf.rev_id"
+    )
+    where = []
+    if workspaces is not None:
+        where.append("w.root IN (SELECT value FROM json_each(?))")
+        params.append(_json_list(workspaces))
+    if prefixes:
+        ors = []
+        for p in prefixes:
+            ors.append("substr(c.path, 1, ?) = ?")
+            params += [len(p), p]
+        where.append("(" + " OR ".join(ors) + ")")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql, params
+
+
+def _json_list(items: Sequence[str]) -> str:
+    import json
+
+    return json.dumps(list(items))
+
+
+def _split_terms(conn: apsw.Connection, terms: list[str]) -> tuple[list[str], list[str]]:
+    """(terms present in the index, the rarer ones that select candidates)."""
+    df = {t: 0 for t in terms}
+    if terms:
+        for term, doc in conn.execute(
+            "SELECT term, doc FROM chunks_fts_vocab WHERE term IN (SELECT value FROM json_each(?))",
+            (_json_list(terms),),
+        ):
+            df[term] = int(doc)
+    present = sorted((t for t in terms if df[t] > 0), key=lambda t: df[t])[:_MAX_TERMS]
+    if len(present) <= 1:
+        return present, present
+    total = int(scalar(conn, "SELECT max(rowid) FROM chunks") or 1)
+    if total < _PRUNE_FROM:
+        return present, present
+    rare = [t for t in present if df[t] <= total * _FREQUENT_SHARE]
+    return present, rare or present[:1]
+
+
+def _lexical(
+    conn: apsw.Connection, terms: list[str], rare: list[str], scope: tuple[str, list[Any]], n: int
+) -> list[tuple[Any, ...]]:
+    """BM25 over all ``terms``; when frequent terms were set aside, the rare ones pick
+    the candidates first and the full query only scores those (FTS5 cost grows with
+    the number of matching rows, and a frequent term matches most of the table)."""
+    if not terms:
+        return []
+    expr = " OR ".join(fts_quote(t) for t in terms)
+    pick = " OR ".join(fts_quote(t) for t in rare)
+    fetch = max(n * 3, 100)
+    while True:
+        if rare == terms:
+            match = expr
+        else:
+            # Logically just `pick`, but the frequent terms join the expression so they
+            # still count in BM25; FTS5 evaluates the AND by seeking their posting lists
+            # to the candidates instead of scanning them.
+            match = f"({pick}) AND ({expr})"
+        lex = (
+            "WITH lex AS MATERIALIZED (SELECT rowid, rank FROM chunks_fts"
+            " WHERE chunks_fts MATCH ? ORDER BY rank LIMIT ?)"
+        )
+        params: list[Any] = [match, fetch]
+        rows = conn.execute(
+            f"{lex} SELECT {_COLS}, lex.rank FROM lex JOIN chunks c ON c.id = lex.rowid{scope[0]}"
+            " ORDER BY lex.rank, c.path, c.start_line LIMIT ?",
+            [*params, *scope[1], n],
+        ).fetchall()
+        # Few survivors of a saturated candidate list: other workspaces/old revisions
+        # crowded it out, so ask FTS for more rather than return a short list.
+        if len(rows) >= n or fetch >= 50_000:
+            return rows
+        got = scalar(
+            conn,
+            "SELECT count(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT ?)",
+            (pick, fetch),
+        )
+        if got < fetch:
+            return rows
+        fetch *= 8
+
+
+def _vector(
+    conn: apsw.Connection,
+    vtbl: str,
+    dim: int,
+    qvec: np.ndarray,
+    scope: tuple[str, list[Any]],
+    n: int,
+) -> list[tuple[Any, ...]]:
+    """KNN in sqlite-vec, then (binary tables) exact cosine rescoring of the candidates.
+
+    Rows end with the cosine distance (1 - similarity)."""
+    q = np.ascontiguousarray(qvec, dtype=np.float32)
+    binary = is_binary(dim)
+    arg = "vec_quantize_binary(?)" if binary else "?"
+    # Binary distances are coarse: fetch a few times more candidates than needed.
+    k = min(max(n * (2 if binary else 1), 60), _MAX_K)
+    while True:
+        rows = conn.execute(
+            f"WITH knn AS MATERIALIZED (SELECT rowid, distance FROM {vtbl}"
+            f" WHERE embedding MATCH {arg} AND k = ?)"
+            f" SELECT {_COLS}, knn.distance, f.v FROM knn JOIN chunks c ON c.id = knn.rowid"
+            f" JOIN {vtbl}_f f ON f.id = c.id{scope[0]}"
+            " ORDER BY knn.distance, c.path, c.start_line",
+            [q.tobytes(), k, *scope[1]],
+        ).fetchall()
+        enough = len(rows) >= n or k >= _MAX_K
+        # Vectors of other workspaces/old revisions took the places: widen the search,
+        # unless the table holds fewer vectors than we asked for.
+        if enough or int(scalar(conn, f"SELECT count(*) FROM {vtbl}_f")) <= k:
+            break
+        k = min(k * 4, _MAX_K)
+    if not rows:
+        return []
+    m = np.frombuffer(b"".join(r[12] for r in rows), dtype=np.float32).reshape(len(rows), -1)
+    sims = m @ q
+    order = sorted(range(len(rows)), key=lambda i: (-float(sims[i]), rows[i][3], rows[i][4]))[:n]
+    return [rows[i][:11] + (1.0 - float(sims[i]),) for i in order]
+
+
+def _snippet(text: str, terms: list[str], chars: int) -> str:
+    if len(text) <= chars:
+        return text
+    low = text.lower()
+    pos = min((p for p in (low.find(t) for t in terms) if p >= 0), default=0)
+    start = max(0, min(pos - chars // 3, len(text) - chars))
+    return text[start : start + chars]
+
+
+def _scope_state(
+    conn: apsw.Connection, workspaces: Sequence[str] | None, embedder: Embedder | None
+) -> tuple[str, str, str | None, dict[str, str]]:
+    """(index_rev label, capability, degradation reason, {root: rev}) for the scope."""
+    sql = (
+        "SELECT w.root, r.rev, r.embedder, r.vec_missing, r.chunks FROM workspaces w"
+        " JOIN revisions r ON r.id = w.current_rev_id"
+    )
+    params: list[Any] = []
+    if workspaces is not None:
+        sql += " WHERE w.root IN (SELECT value FROM json_each(?))"
+        params.append(_json_list(workspaces))
+    rows = conn.execute(sql + " ORDER BY w.root", params).fetchall()
+    revs = {r[0]: r[1] for r in rows}
+    label = rows[0][1] if len(rows) == 1 else ";".join(f"{r[0]}={r[1]}" for r in rows)
+    if embedder is None:
+        return label, "degraded", "no embedder configured; lexical only", revs
+    reasons = []
+    missing = sum(int(r[3]) for r in rows if r[2] == embedder.identity)
+    total = sum(int(r[4]) for r in rows)
+    if any(r[2] != embedder.identity for r in rows):
+        reasons.append("index built with another embedder; lexical only")
+    elif missing:
+        reasons.append(
+            f"vectors not ready: {total - missing}/{total} chunks embedded; lexical only"
+        )
+    vtbl = vec_table_for(conn, embedder.identity, embedder.dim, create=False)
+    if vtbl is None and not reasons:
+        reasons.append("no vectors stored; lexical only")
+    if reasons:
+        return label, "degraded", "; ".join(reasons), revs
+    return label, "full", None, revs
+
+
+def search(
+    conn: apsw.Connection,
+    query: str,
+    *,
+    embedder: Embedder | None,
+    workspaces: Sequence[str] | None = None,
+    path_prefixes: Sequence[str] | None = None,
+    limit: int = 10,
+    mode: str = "hybrid",
+    snippet_chars: int = 300,
+    freshness: dict[str, Freshness] | None = None,
+) -> CodeSearchResult:
+    label, capability, reason, _ = _scope_state(conn, workspaces, embedder)
+    if workspaces is not None and not workspaces:
+        return CodeSearchResult(label, capability, reason or "", freshness or {}, [])
+    scope = _scope_sql(workspaces, path_prefixes)
+    terms = query_terms(query)
+    pool = max(limit, 30)
+    lex_rows: list[tuple[Any, ...]] = []
+    vec_rows: list[tuple[Any, ...]] = []
+    kept, rare = _split_terms(conn, terms)
+    if mode in ("hybrid", "lexical"):
+        lex_rows = _lexical(conn, kept, rare, scope, pool if mode == "hybrid" else limit)
+    use_vec = mode in ("hybrid", "vector") and capability == "full" and embedder is not None
+    if use_vec and query.strip():
+        assert embedder is not None
+        vtbl = vec_table_for(conn, embedder.identity, embedder.dim, create=False)
+        if vtbl is not None:
+            qv = embedder.embed_query([query])[0]
+            # A query without any embeddable feature has no direction: no vector hits.
+            if float(np.linalg.norm(qv)) > 0:
+                vec_rows = _vector(
+                    conn, vtbl, embedder.dim, qv, scope, pool if mode == "hybrid" else limit
+                )
+
+    by_id: dict[int, tuple[Any, ...]] = {}
+    score: dict[int, float] = {}
+    lex_of: set[int] = set()
+    cos_of: dict[int, float] = {}
+    hybrid = mode == "hybrid"
+    for rank, row in enumerate(lex_rows):
+        cid = row[0]
+        by_id[cid] = row
+        lex_of.add(cid)
+        score[cid] = LEX_WEIGHT / (RRF_K + rank + 1) if hybrid else -float(row[11])
+    for rank, row in enumerate(vec_rows):
+        cid = row[0]
+        by_id.setdefault(cid, row)
+        cos_of[cid] = 1.0 - float(row[11])
+        score[cid] = score.get(cid, 0.0) + (
+            VEC_WEIGHT / (RRF_K + rank + 1) if hybrid else cos_of[cid]
+        )
+    order = sorted(by_id, key=lambda i: (-round(score[i], 12), by_id[i][3], by_id[i][4]))[:limit]
+    snippet_terms = kept or terms
+    hits = []
+    for i in order:
+        r = by_id[i]
+        # Explanations only for the hits returned: tokenising every candidate costs more
+        # than the query itself.
+        why = []
+        if i in lex_of:
+            matched = token_set(r[9] + " " + r[3] + " " + r[7])
+            why.append("lex: " + " ".join(t for t in terms if t in matched))
+        if i in cos_of:
+            why.append(f"vec: {cos_of[i]:.2f}")
+        hits.append(
+            CodeHit(
+                id="chunk:" + r[1],
+                chunk_id=r[1],
+                workspace=r[2],
+                path=r[3],
+                start_line=r[4],
+                end_line=r[5],
+                source_kind=r[6],
+                symbol=r[7],
+                language=r[8],
+                score=round(score[i], 6),
+                why=why,
+                snippet=_snippet(r[9], snippet_terms, snippet_chars),
+                index_rev=r[10],
+            )
+        )
+    return CodeSearchResult(label, capability, reason or "", freshness or {}, hits)
+
+
+def get_chunk(conn: apsw.Connection, chunk_id: str) -> ChunkRecord | None:
+    """A chunk by id, preferring its copy in a current revision."""
+    row = conn.execute(
+        "SELECT c.chunk_id, c.workspace, c.path, c.start_line, c.end_line, c.source_kind, c.symbol,"
+        " c.language, c.content_hash, c.text, coalesce(("
+        "  SELECT r.rev FROM rev_file rf JOIN revisions r ON r.id = rf.rev_id"
+        "  WHERE rf.file_id = c.file_id ORDER BY (r.id = (SELECT current_rev_id FROM workspaces"
+        "  WHERE root = c.workspace)) DESC, r.id DESC LIMIT 1), '') AS rev"
+        " FROM chunks c WHERE c.chunk_id = ? ORDER BY rev = '' , c.id DESC LIMIT 1",
+        (chunk_id,),
+    ).fetchone()
+    return None if row is None else ChunkRecord(*row)
+
+
+_fresh_cache: dict[tuple[str, str], tuple[float, Freshness]] = {}
+
+
+def check_freshness(
+    conn: apsw.Connection,
+    root: str,
+    *,
+    db_key: str = "",
+    options: IndexOptions | None = None,
+    ttl_s: float = 2.0,
+) -> Freshness:
+    """Compare file count and newest mtime of the workspace with the current revision.
+
+    Walks with ``stat`` only (no hashing); cached for ``ttl_s`` per workspace."""
+    now = time.monotonic()
+    key = (db_key, root)
+    hit = _fresh_cache.get(key)
+    if hit is not None and now - hit[0] < ttl_s:
+        return hit[1]
+    row = conn.execute(
+        "SELECT r.rev, r.walk_count, r.walk_max_mtime_ns FROM workspaces w JOIN revisions r"
+        " ON r.id = w.current_rev_id WHERE w.root = ?",
+        (root,),
+    ).fetchone()
+    if row is None:
+        fr = Freshness(stale=True, verified_by="mtime", index_rev="", detail="not indexed")
+    else:
+        o = options or IndexOptions()
+        walk = walk_workspace(
+            root,
+            max_file_bytes=o.max_file_bytes,
+            skip_secret_files=o.skip_secret_files,
+            extra_ignore=o.extra_ignore,
+        )
+        count, newest = len(walk.files), walk.max_mtime_ns
+        stale = count != row[1] or newest != row[2]
+        detail = (
+            ""
+            if not stale
+            else f"files {row[1]} -> {count}"
+            if count != row[1]
+            else ("a file changed after indexing")
+        )
+        fr = Freshness(stale=stale, verified_by="mtime", index_rev=row[0], detail=detail)
+    _fresh_cache[key] = (now, fr)
+    return fr

@@ -1,0 +1,164 @@
+"""SQLite layout of the code lane (``code.sqlite``).
+
+Content is keyed by file version (workspace, path, file hash, chunker); a revision
+is only a list of file versions (``rev_file``) plus a row in ``revisions``.
+Readers follow ``workspaces.current_rev_id``, which the indexer flips in its last
+transaction, so a crashed run leaves nothing but unreferenced rows behind (the next
+run reuses them, GC removes the rest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import apsw
+
+__all__ = ["SCHEMA_VERSION", "open_store", "vec_table_for"]
+
+SCHEMA_VERSION = "1"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS workspaces(
+  root TEXT PRIMARY KEY,
+  current_rev_id INTEGER
+);
+CREATE TABLE IF NOT EXISTS revisions(
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  rev TEXT NOT NULL UNIQUE,
+  workspace TEXT NOT NULL,
+  fingerprint TEXT NOT NULL,
+  chunker TEXT NOT NULL,
+  embedder TEXT NOT NULL,
+  created_ns INTEGER NOT NULL,
+  files INTEGER NOT NULL,
+  chunks INTEGER NOT NULL,
+  walk_count INTEGER NOT NULL,
+  walk_max_mtime_ns INTEGER NOT NULL,
+  vec_missing INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS revisions_ws ON revisions(workspace, id);
+CREATE TABLE IF NOT EXISTS file_versions(
+  id INTEGER PRIMARY KEY,
+  workspace TEXT NOT NULL,
+  path TEXT NOT NULL,
+  file_hash TEXT NOT NULL,
+  chunker TEXT NOT NULL,
+  language TEXT NOT NULL,
+  method TEXT NOT NULL,
+  size INTEGER NOT NULL,
+  mtime_ns INTEGER NOT NULL,
+  n_chunks INTEGER NOT NULL,
+  UNIQUE(workspace, path, file_hash, chunker)
+);
+CREATE TABLE IF NOT EXISTS rev_file(
+  rev_id INTEGER NOT NULL,
+  file_id INTEGER NOT NULL,
+  PRIMARY KEY(rev_id, file_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS rev_file_file ON rev_file(file_id, rev_id);
+CREATE TABLE IF NOT EXISTS chunks(
+  id INTEGER PRIMARY KEY,
+  chunk_id TEXT NOT NULL,
+  file_id INTEGER NOT NULL,
+  workspace TEXT NOT NULL,
+  path TEXT NOT NULL,
+  start_line INTEGER NOT NULL,
+  end_line INTEGER NOT NULL,
+  source_kind TEXT NOT NULL,
+  symbol TEXT NOT NULL,
+  language TEXT NOT NULL,
+  content_hash TEXT NOT NULL,
+  text TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
+CREATE INDEX IF NOT EXISTS chunks_cid ON chunks(chunk_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
+  tokens, meta, content='', contentless_delete=1, tokenize='unicode61 remove_diacritics 2'
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts_vocab USING fts5vocab(chunks_fts, 'row');
+CREATE TABLE IF NOT EXISTS drift(
+  id INTEGER PRIMARY KEY,
+  workspace TEXT NOT NULL,
+  rev TEXT NOT NULL,
+  previous_fingerprint TEXT NOT NULL,
+  new_fingerprint TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  created_ns INTEGER NOT NULL
+);
+-- Files the last run could not index (binary, undecodable) with the stat it saw, so an
+-- unchanged one is not read again on every run.
+CREATE TABLE IF NOT EXISTS skipped_files(
+  workspace TEXT NOT NULL, path TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+  reason TEXT NOT NULL, PRIMARY KEY(workspace, path)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS embedders(identity TEXT PRIMARY KEY, dim INTEGER NOT NULL,
+  tbl TEXT NOT NULL);
+-- A file version whose chunks all have vectors in vec table `tbl` (written in the
+-- same transaction as the vectors, so an interrupted fill never half-counts a file).
+CREATE TABLE IF NOT EXISTS file_vec(
+  file_id INTEGER NOT NULL, tbl TEXT NOT NULL, PRIMARY KEY(file_id, tbl)
+) WITHOUT ROWID;
+"""
+
+
+def open_store(path: str) -> apsw.Connection:
+    """Open (creating if needed) the code store with sqlite-vec loaded."""
+    import sqlite_vec
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    conn = apsw.Connection(path)
+    conn.enable_load_extension(True)
+    conn.load_extension(sqlite_vec.loadable_path())
+    conn.enable_load_extension(False)
+    conn.setbusytimeout(10_000)
+    cur = conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    # NORMAL in WAL mode still never corrupts on a process kill; it only risks the
+    # last transactions on power loss, which a re-index repairs.
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=OFF")
+    with conn:
+        cur.execute(_SCHEMA)
+        cur.execute(
+            "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (SCHEMA_VERSION,)
+        )
+        # bm25 weights: identifier tokens of the body 1.0, path + symbol name 3.0.
+        cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('rank', 'bm25(1.0, 3.0)')")
+    return conn
+
+
+def vec_table_for(conn: apsw.Connection, identity: str, dim: int, *, create: bool) -> str | None:
+    """Tables holding the vectors of one embedder (one pair per identity).
+
+    ``<tbl>`` is a sqlite-vec ``vec0`` table searched with KNN. When ``dim`` is a
+    multiple of 8 it holds binary-quantised vectors (``bit[dim]``, hamming distance:
+    a scan 6-7x cheaper than float32), and ``<tbl>_f`` keeps the float32 vectors that
+    rescore the KNN candidates exactly. Otherwise ``<tbl>`` holds float32 vectors with
+    cosine distance and no rescoring is needed."""
+    row = conn.execute("SELECT tbl, dim FROM embedders WHERE identity = ?", (identity,)).fetchone()
+    if row is not None:
+        return str(row[0])
+    if not create:
+        return None
+    tbl = "vec_" + hashlib.sha1(identity.encode()).hexdigest()[:12]
+    column = f"bit[{int(dim)}]" if is_binary(dim) else f"float[{int(dim)}] distance_metric=cosine"
+    with conn:
+        conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {tbl} USING vec0(embedding {column})")
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {tbl}_f(id INTEGER PRIMARY KEY, v BLOB NOT NULL)")
+        conn.execute(
+            "INSERT OR IGNORE INTO embedders(identity, dim, tbl) VALUES(?, ?, ?)",
+            (identity, dim, tbl),
+        )
+    return tbl
+
+
+def is_binary(dim: int) -> bool:
+    return dim % 8 == 0
+
+
+def scalar(conn: apsw.Connection, sql: str, params: Any = ()) -> Any:
+    row = conn.execute(sql, params).fetchone()
+    return None if row is None else row[0]

@@ -1,0 +1,174 @@
+"""Workspace walker: which files of a workspace the code lane may read.
+
+Honours ``.gitignore`` files at every level and ``.git/info/exclude``, never enters
+``.git``, and refuses secret files by name before opening them. Binary and
+undecodable files are detected when read (:func:`read_text`), oversized ones from
+``stat`` alone, so the walk itself never reads file contents.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import stat
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pathspec
+
+from knowledge_server.redact import SECRET_FILE_PATTERNS
+
+__all__ = ["WalkResult", "WalkedFile", "is_secret_name", "read_text", "walk_workspace"]
+
+_SNIFF_BYTES = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class WalkedFile:
+    path: str  # relative POSIX path
+    abspath: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(slots=True)
+class WalkResult:
+    root: str
+    files: list[WalkedFile] = field(default_factory=list)
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def max_mtime_ns(self) -> int:
+        return max((f.mtime_ns for f in self.files), default=0)
+
+
+# One compiled alternation instead of a fnmatch call per pattern per file.
+_SECRET_RE = re.compile("|".join(fnmatch.translate(p.lower()) for p in SECRET_FILE_PATTERNS))
+
+
+def is_secret_name(name: str) -> bool:
+    return _SECRET_RE.match(name.lower()) is not None
+
+
+class _Spec:
+    """A gitignore spec plus one combined regex that rules out most paths at once
+    (checking each pattern separately dominated the walk)."""
+
+    __slots__ = ("any_re", "spec")
+
+    def __init__(self, spec: pathspec.GitIgnoreSpec) -> None:
+        self.spec = spec
+        parts = [
+            "(?:" + p.regex.pattern.replace("(?P<ps_d>", "(") + ")"
+            for p in spec.patterns
+            if getattr(p, "regex", None) is not None and p.include is not None
+        ]
+        self.any_re = re.compile("|".join(parts)) if parts else None
+
+
+def _load_spec(path: str) -> _Spec | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    return _Spec(pathspec.GitIgnoreSpec.from_lines(lines)) if lines else None
+
+
+def _ignored(specs: list[tuple[str, _Spec]], rel: str, is_dir: bool) -> bool:
+    # The deepest .gitignore with an opinion wins, as in git (a nested "!x" re-includes).
+    for base, sp in reversed(specs):
+        sub = rel[len(base) + 1 :] if base else rel
+        if is_dir:
+            sub += "/"
+        if sp.any_re is None or sp.any_re.match(sub) is None:
+            continue
+        res = sp.spec.check_file(sub)
+        if res.include is not None:
+            return bool(res.include)
+    return False
+
+
+def walk_workspace(
+    root: str,
+    *,
+    max_file_bytes: int = 1024 * 1024,
+    skip_secret_files: bool = True,
+    extra_ignore: tuple[str, ...] = (),
+) -> WalkResult:
+    """All candidate files under ``root`` in sorted order, plus skip counts by reason."""
+    root = os.path.abspath(root)
+    result = WalkResult(root=root)
+    specs: list[tuple[str, _Spec]] = []
+    if extra_ignore:
+        specs.append(("", _Spec(pathspec.GitIgnoreSpec.from_lines(list(extra_ignore)))))
+    exclude = _load_spec(os.path.join(root, ".git", "info", "exclude"))
+    if exclude is not None:
+        specs.append(("", exclude))
+
+    def visit(dir_abs: str, dir_rel: str) -> None:
+        pushed = False
+        gi = _load_spec(os.path.join(dir_abs, ".gitignore"))
+        if gi is not None:
+            specs.append((dir_rel, gi))
+            pushed = True
+        try:
+            entries = sorted(os.scandir(dir_abs), key=lambda e: e.name)
+        except OSError:
+            result.skipped["unreadable"] += 1
+            entries = []
+        for entry in entries:
+            name = entry.name
+            rel = f"{dir_rel}/{name}" if dir_rel else name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                result.skipped["unreadable"] += 1
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                # Links may leave the workspace or loop; the target is indexed where it lives.
+                result.skipped["symlink"] += 1
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if name == ".git":
+                    continue
+                if _ignored(specs, rel, True):
+                    result.skipped["gitignored"] += 1
+                    continue
+                visit(entry.path, rel)
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if _ignored(specs, rel, False):
+                result.skipped["gitignored"] += 1
+                continue
+            if skip_secret_files and is_secret_name(name):
+                result.skipped["secret"] += 1
+                continue
+            if st.st_size > max_file_bytes:
+                result.skipped["oversized"] += 1
+                continue
+            result.files.append(WalkedFile(rel, entry.path, st.st_size, st.st_mtime_ns))
+        if pushed:
+            specs.pop()
+
+    visit(root, "")
+    return result
+
+
+def read_text(abspath: str) -> tuple[str | None, bytes, str]:
+    """(text, raw bytes, skip reason). ``text`` is None for binary/undecodable files."""
+    try:
+        with open(abspath, "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None, b"", "unreadable"
+    if b"\x00" in raw[:_SNIFF_BYTES]:
+        return None, raw, "binary"
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None, raw, "encoding"
+    return text, raw, ""

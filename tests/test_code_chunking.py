@@ -1,0 +1,174 @@
+"""Chunker: symbols per language, class splitting, markdown sections, windows, fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+from knowledge_server.code import chunking
+from knowledge_server.code.chunking import chunk_file
+from knowledge_server.code.model import IndexOptions
+
+WS = "/ws"
+
+SOURCES: dict[str, tuple[str, set[str]]] = {
+    "m.py": (
+        "import os\n\n@dec\ndef top(a):\n    return a\n\nclass K:\n    def m(self):\n        pass\n",
+        {"top", "K"},
+    ),
+    "m.js": (
+        (
+            "function greet(n) {\n  return n;\n}\nclass Box {\n  get() { return 1; }\n}\n"
+            "const add = (a, b) => a + b;\n"
+        ),
+        {"greet", "Box", "add"},
+    ),
+    "m.ts": (
+        (
+            "interface User { name: string }\nexport function getUserName(u: User): string {\n"
+            "  return u.name;\n}\n"
+        ),
+        {"User", "getUserName"},
+    ),
+    "m.tsx": (
+        "export const App = () => <div>hi</div>;\nfunction Card() { return <p/>; }\n",
+        {"App", "Card"},
+    ),
+    "m.go": (
+        (
+            "package main\n\ntype Server struct { port int }\n\nfunc (s *Server) Start() error {\n"
+            "\treturn nil\n}\n"
+        ),
+        {"Server", "Server.Start"},
+    ),
+    "m.rs": (
+        (
+            "struct Point { x: i32 }\nimpl Point {\n    fn norm(&self) -> i32 { self.x }\n}\n"
+            "mod inner { pub fn helper() {} }\n"
+        ),
+        {"Point", "inner.helper"},
+    ),
+    "M.java": ("package p;\npublic class A {\n  public int getX() { return 1; }\n}\n", {"A"}),
+    "m.c": ("#include <stdio.h>\nstatic int add(int a, int b) { return a + b; }\n", {"add"}),
+    "m.cpp": (
+        "namespace geo {\nclass Shape {\n public:\n  double area() const { return 0; }\n};\n}\n",
+        {"geo.Shape"},
+    ),
+    "m.cs": (
+        "namespace App {\n  public class Service {\n    public void Run() { }\n  }\n}\n",
+        {"App.Service"},
+    ),
+    "m.rb": ("class Invoice\n  def total\n    1\n  end\nend\n", {"Invoice"}),
+    "m.php": (
+        (
+            "<?php\nfunction helper() { return 1; }\nclass Controller {\n"
+            "  public function index() { return 2; }\n}\n"
+        ),
+        {"helper", "Controller"},
+    ),
+}
+
+
+@pytest.mark.parametrize("path", sorted(SOURCES))
+def test_symbols_per_language(path: str) -> None:
+    src, expected = SOURCES[path]
+    chunks, language, method = chunk_file(WS, path, src)
+    assert method == "symbols", (language, method)
+    symbols = {c.symbol for c in chunks if c.source_kind == "symbol"}
+    assert expected <= symbols
+    for c in chunks:
+        assert 1 <= c.start_line <= c.end_line <= src.count("\n")
+        lines = src.split("\n")[c.start_line - 1 : c.end_line]
+        assert c.text == "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("path", "methods"),
+    [
+        ("m.py", {"K.m"}),
+        ("m.js", {"Box.get"}),
+        ("M.java", {"A.getX"}),
+        ("m.cpp", {"geo.Shape.area"}),
+        ("m.cs", {"App.Service.Run"}),
+        ("m.rb", {"Invoice.total"}),
+        ("m.php", {"Controller.index"}),
+        ("m.rs", {"Point.norm"}),
+    ],
+)
+def test_large_class_splits_into_methods_and_header(path: str, methods: set[str]) -> None:
+    src, _ = SOURCES[path]
+    chunks, _, _ = chunk_file(WS, path, src, IndexOptions(max_symbol_lines=1))
+    symbols = {c.symbol for c in chunks}
+    assert methods <= symbols
+    parent = next(iter(methods)).rsplit(".", 1)[0]
+    header = [c for c in chunks if c.symbol == parent and c.source_kind == "symbol"]
+    assert header, "a split class keeps a header chunk"
+
+
+def test_python_big_class_by_line_budget() -> None:
+    body = "".join(f"    def m{i}(self):\n        return {i}\n\n" for i in range(80))
+    src = "class Big:\n    x = 1\n\n" + body
+    chunks, _, _ = chunk_file(WS, "big.py", src)
+    kinds = {(c.symbol, c.start_line) for c in chunks}
+    assert ("Big", 1) in kinds
+    assert ("Big.m0", 4) in kinds and ("Big.m79", 4 + 79 * 3) in kinds
+
+
+def test_module_level_code_becomes_windows() -> None:
+    src = "import os\nX = 1\n\ndef f():\n    pass\n\nprint(X)\n"
+    chunks, _, _ = chunk_file(WS, "m.py", src)
+    spans = [(c.start_line, c.end_line, c.source_kind) for c in chunks]
+    assert spans == [(1, 2, "window"), (4, 5, "symbol"), (7, 7, "window")]
+
+
+def test_markdown_sections_and_big_section_windows() -> None:
+    src = "intro\n# Title\ntext\n## Install\npip install x\n```\n# not a heading\n```\n"
+    chunks, language, method = chunk_file(WS, "README.md", src)
+    assert (language, method) == ("markdown", "sections")
+    assert [(c.symbol, c.start_line, c.end_line) for c in chunks] == [
+        ("", 1, 1),
+        ("Title", 2, 3),
+        ("Title > Install", 4, 8),
+    ]
+    big = "# Big\n" + "line\n" * 300
+    chunks, _, _ = chunk_file(WS, "b.md", big)
+    assert len(chunks) > 1 and all(c.source_kind == "section" and c.symbol == "Big" for c in chunks)
+
+
+def test_text_windows_with_overlap() -> None:
+    src = "".join(f"line {i}\n" for i in range(1, 131))
+    chunks, _, method = chunk_file(WS, "notes.txt", src)
+    assert method == "windows"
+    assert [(c.start_line, c.end_line) for c in chunks] == [(1, 60), (51, 110), (101, 130)]
+
+
+def test_missing_grammar_falls_back_to_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunking, "_parser", lambda language: None)
+    chunks, _, method = chunk_file(WS, "m.go", SOURCES["m.go"][0])
+    assert method == "fallback:no-grammar"
+    assert chunks and all(c.source_kind == "window" for c in chunks)
+
+
+def test_parse_failure_falls_back_to_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Broken:
+        def parse(self, data: bytes) -> None:
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(chunking, "_parser", lambda language: Broken())
+    chunks, _, method = chunk_file(WS, "m.py", SOURCES["m.py"][0])
+    assert method == "fallback:parse-error"
+    assert all(c.source_kind == "window" for c in chunks)
+
+
+def test_chunk_ids_are_deterministic_and_text_redacted() -> None:
+    src = 'def f():\n    api_key = "Zq9vLmX2pR7tK4wB"\n    return api_key\n'
+    a, _, _ = chunk_file(WS, "s.py", src)
+    b, _, _ = chunk_file(WS, "s.py", src)
+    assert [c.chunk_id for c in a] == [c.chunk_id for c in b]
+    assert "Zq9vLmX2pR7tK4wB" not in a[0].text and "[REDACTED:" in a[0].text
+    other, _, _ = chunk_file("/other", "s.py", src)
+    assert other[0].chunk_id != a[0].chunk_id
+
+
+def test_form_feed_does_not_shift_line_numbers() -> None:
+    src = "x = 1\n\x0c\ndef f():\n    pass\n"
+    chunks, _, _ = chunk_file(WS, "ff.py", src)
+    assert any(c.symbol == "f" and c.start_line == 3 for c in chunks)

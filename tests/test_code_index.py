@@ -1,0 +1,264 @@
+"""Indexing, revisions, drift, freshness and retrieval of the code lane."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from knowledge_server.code import CodeIndex, HashingEmbedder, IndexOptions
+from knowledge_server.code import search as search_mod
+
+CANARY = "sk-proj-Q7c4nAryV4lu3XyZ0123456789abcd"
+
+
+def _write(root: Path, rel: str, data: str) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(data)
+
+
+@pytest.fixture()
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    _write(
+        root,
+        "users/service.py",
+        "class UserService:\n"
+        "    def getUserName(self, uid):\n"
+        "        return self.db.lookup(uid)\n\n"
+        "def parse_config_file(path):\n"
+        "    return open(path).read()\n",
+    )
+    _write(root, "web/handlers.js", "function get_user_name(req) {\n  return req.user.name;\n}\n")
+    _write(root, "docs/guide.md", "# Guide\nHow to rotate the session cookie.\n")
+    _write(root, "settings.py", f'OPENAI_API_KEY = "{CANARY}"\nTIMEOUT = 5\n')
+    _write(root, ".env", f"OPENAI_API_KEY={CANARY}\n")
+    return root
+
+
+@pytest.fixture()
+def index(tmp_path: Path) -> CodeIndex:
+    search_mod._fresh_cache.clear()
+    ix = CodeIndex(str(tmp_path / "data" / "code.sqlite"))
+    yield ix
+    ix.close()
+
+
+def test_index_report_and_identifier_tokens(index: CodeIndex, ws: Path) -> None:
+    rep = index.index_workspace(str(ws))
+    assert rep.index_rev.startswith("rev-") and len(rep.fingerprint) == 64
+    assert rep.files_seen == 4 and rep.files_indexed == 4
+    assert rep.files_skipped == {"secret": 1}
+    assert rep.vectors_missing == 0
+    res = index.search("user name", mode="lexical")
+    found = {(h.path, h.symbol) for h in res.hits}
+    assert ("users/service.py", "UserService") in found
+    assert ("web/handlers.js", "get_user_name") in found
+    hit = res.hits[0]
+    assert hit.id == "chunk:" + hit.chunk_id and hit.index_rev == rep.index_rev
+    assert hit.provenance == "stated" and hit.workspace == str(ws)
+    assert any(w.startswith("lex: ") and "user" in w and "name" in w for w in hit.why)
+    # The camelCase identifier finds both spellings (compound token "getusername").
+    top2 = {h.path for h in index.search("getUserName", mode="lexical").hits[:2]}
+    assert top2 == {"users/service.py", "web/handlers.js"}
+
+
+def test_results_order_snippet_and_get_chunk(index: CodeIndex, ws: Path) -> None:
+    index.index_workspace(str(ws))
+    res = index.search("parse config file", snippet_chars=20)
+    assert res.capability == "full" and res.degradation_reason == ""
+    top = res.hits[0]
+    assert (top.path, top.symbol, top.start_line, top.end_line) == (
+        "users/service.py",
+        "parse_config_file",
+        5,
+        6,
+    )
+    assert len(top.snippet) <= 20
+    keys = [(-h.score, h.path, h.start_line) for h in res.hits]
+    assert keys == sorted(keys)
+    assert {w.split(":")[0] for w in top.why} == {"lex", "vec"}
+    rec = index.get_chunk(top.id)
+    assert rec is not None and rec.text.startswith("def parse_config_file")
+    assert rec.index_rev == res.index_rev
+    assert index.get_chunk("nope") is None
+
+
+def test_secret_canary_never_findable(index: CodeIndex, ws: Path) -> None:
+    index.index_workspace(str(ws))
+    for query in (
+        CANARY,
+        "Q7c4nAryV4lu3XyZ0123456789abcd",
+        "REDACTED openai-key",
+        "[REDACTED:openai-key]",
+        "OPENAI_API_KEY",
+    ):
+        for mode in ("lexical", "vector", "hybrid"):
+            res = index.search(query, mode=mode, limit=50)
+            for h in res.hits:
+                assert "Q7c4nAryV4lu3XyZ" not in h.snippet
+                rec = index.get_chunk(h.chunk_id)
+                assert rec is not None and "Q7c4nAryV4lu3XyZ" not in rec.text
+    assert index.search(CANARY, mode="lexical").hits == []
+    settings = [
+        h for h in index.search("OPENAI_API_KEY", mode="lexical").hits if h.path == "settings.py"
+    ]
+    assert settings and "[REDACTED:" in index.get_chunk(settings[0].chunk_id).text  # type: ignore[union-attr]
+
+
+def test_incremental_reuse_drift_and_unchanged(index: CodeIndex, ws: Path) -> None:
+    r1 = index.index_workspace(str(ws))
+    r2 = index.index_workspace(str(ws))
+    assert r2.unchanged and r2.index_rev == r1.index_rev and r2.files_reused == 4
+    assert r2.files_indexed == 0 and not r2.drift_written
+    _write(ws, "web/handlers.js", "function rotate_token(req) {\n  return 1;\n}\n")
+    _write(ws, "new.py", "def added_later():\n    pass\n")
+    os.remove(ws / "docs" / "guide.md")
+    r3 = index.index_workspace(str(ws))
+    assert r3.index_rev > r1.index_rev and r3.files_indexed == 2 and r3.files_reused == 2
+    assert r3.drift_written and r3.vectors_embedded == r3.chunks_new
+    drift = index.drift(str(ws))
+    assert len(drift) == 1 and drift[0]["rev"] == r3.index_rev
+    assert drift[0]["previous_fingerprint"] == r1.fingerprint
+    assert "added=1 changed=1 removed=1" in str(drift[0]["reason"])
+    assert index.search("get_user_name", mode="lexical").hits[0].path != "web/handlers.js"
+    # A touched file with the same content is reused by hash, not re-chunked.
+    p = ws / "new.py"
+    os.utime(p, ns=(time.time_ns(), time.time_ns() + 5_000_000_000))
+    r4 = index.index_workspace(str(ws))
+    assert r4.unchanged and r4.files_indexed == 0 and r4.files_reused == 4
+
+
+def test_embedder_change_is_drift(index: CodeIndex, ws: Path) -> None:
+    index.index_workspace(str(ws))
+    rep = index.index_workspace(str(ws), embedder=HashingEmbedder(dim=128))
+    assert rep.drift_written and rep.files_indexed == 0
+    assert "embedder hashing-v2-256 -> hashing-v2-128" in str(index.drift(str(ws))[-1]["reason"])
+    # The index's own embedder no longer matches the revision: lexical only, and it says why.
+    res = index.search("user name")
+    assert res.capability == "degraded" and "another embedder" in res.degradation_reason
+
+
+def test_readers_see_previous_revision_until_commit(
+    index: CodeIndex, ws: Path, tmp_path: Path
+) -> None:
+    r1 = index.index_workspace(str(ws))
+    _write(ws, "users/service.py", "def brand_new_function():\n    pass\n")
+    seen: list[tuple[str, int]] = []
+    reader = CodeIndex(index.db_path)
+
+    def progress(done: int, total: int, path: str) -> None:
+        if done == total:
+            res = reader.search("brand new function", mode="lexical", check_fresh=False)
+            seen.append((res.index_rev, sum(h.symbol == "brand_new_function" for h in res.hits)))
+
+    r2 = index.index_workspace(
+        str(ws), progress_callback=progress, options=IndexOptions(batch_files=1)
+    )
+    assert seen == [(r1.index_rev, 0)]
+    after = reader.search("brand new function", mode="lexical", check_fresh=False)
+    assert after.index_rev == r2.index_rev and after.hits[0].symbol == "brand_new_function"
+    reader.close()
+
+
+def test_vectors_filled_later_degraded_then_full(index: CodeIndex, ws: Path) -> None:
+    rep = index.index_workspace(str(ws), options=IndexOptions(fill_vectors=False))
+    assert rep.vectors_missing == rep.chunks > 0
+    res = index.search("user name")
+    assert res.capability == "degraded"
+    assert res.degradation_reason == (
+        f"vectors not ready: 0/{rep.chunks} chunks embedded; lexical only"
+    )
+    assert res.hits and all(w.startswith("lex:") for h in res.hits for w in h.why)
+    assert index.fill_vectors(str(ws)) == rep.chunks
+    res = index.search("user name")
+    assert res.capability == "full"
+    assert any(w.startswith("vec: ") for h in res.hits for w in h.why)
+
+
+def test_rrf_fuses_both_lists(index: CodeIndex, ws: Path) -> None:
+    index.index_workspace(str(ws))
+    # The hybrid pool is 30 per lane; this corpus has fewer chunks, so each lane is complete.
+    lex = index.search("user name", mode="lexical", limit=50).hits
+    vec = index.search("user name", mode="vector", limit=50).hits
+    hyb = index.search("user name", mode="hybrid", limit=50).hits
+    lrank = {h.chunk_id: i for i, h in enumerate(lex)}
+    vrank = {h.chunk_id: i for i, h in enumerate(vec)}
+    for h in hyb:
+        expect = sum(
+            w / (search_mod.RRF_K + r[h.chunk_id] + 1)
+            for r, w in ((lrank, search_mod.LEX_WEIGHT), (vrank, search_mod.VEC_WEIGHT))
+            if h.chunk_id in r
+        )
+        assert h.score == pytest.approx(expect, abs=1e-6)
+        assert len(h.why) == (h.chunk_id in lrank) + (h.chunk_id in vrank)
+    for h in vec:
+        (why,) = h.why
+        assert why.startswith("vec: ") and -1.0 <= float(why[5:]) <= 1.0
+
+
+def test_workspace_and_path_filters(index: CodeIndex, ws: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    _write(other, "lib/user_name.py", "def user_name_helper():\n    pass\n")
+    index.index_workspace(str(ws))
+    index.index_workspace(str(other))
+    both = {h.workspace for h in index.search("user name", limit=50).hits}
+    assert both == {str(ws), str(other)}
+    only = index.search("user name", workspaces=[str(other)], limit=50)
+    assert {h.workspace for h in only.hits} == {str(other)}
+    assert index.search("user name", workspaces=[]).hits == []
+    pref = index.search("user name", path_prefixes=["web/"], limit=50).hits
+    assert pref and {h.path for h in pref} == {"web/handlers.js"}
+    assert ";" in index.search("user name").index_rev  # two workspaces, two revisions
+
+
+def test_freshness_stale_after_touch(index: CodeIndex, ws: Path) -> None:
+    index.index_workspace(str(ws))
+    fr = index.check_freshness(str(ws))
+    assert not fr.stale and fr.verified_by == "mtime"
+    p = ws / "users" / "service.py"
+    os.utime(p, ns=(time.time_ns(), time.time_ns() + 10_000_000_000))
+    search_mod._fresh_cache.clear()  # skip the 2 s cache instead of sleeping
+    fr = index.check_freshness(str(ws))
+    assert fr.stale and fr.verified_by == "mtime"
+    assert index.search("user").freshness[str(ws)].stale
+    index.index_workspace(str(ws))
+    search_mod._fresh_cache.clear()
+    assert not index.check_freshness(str(ws)).stale
+
+
+def test_gc_keeps_recent_revisions(index: CodeIndex, ws: Path) -> None:
+    revs = []
+    for i in range(4):
+        _write(ws, "gen.py", f"def version_{i}():\n    pass\n")
+        revs.append(index.index_workspace(str(ws)).index_rev)
+    kept = [r[0] for r in index.conn.execute("SELECT rev FROM revisions ORDER BY id")]
+    assert kept == revs[-2:]
+    n = index.conn.execute("SELECT count(*) FROM file_versions WHERE path='gen.py'").fetchone()[0]
+    assert n == 2
+
+
+def test_skipped_content_files_not_reread(index: CodeIndex, ws: Path) -> None:
+    (ws / "blob.bin").write_bytes(b"\x00\x01binary")
+    assert index.index_workspace(str(ws)).files_skipped == {"secret": 1, "binary": 1}
+    again = index.index_workspace(str(ws))
+    assert again.unchanged and again.files_skipped == {"secret": 1, "binary": 1}
+    (ws / "blob.bin").write_text("now text: def became_text(): pass\n")
+    rep = index.index_workspace(str(ws))
+    assert rep.files_skipped == {"secret": 1} and rep.files_indexed == 1
+
+
+def test_process_pool_gives_the_same_index(tmp_path: Path) -> None:
+    root = tmp_path / "many"
+    for i in range(70):
+        _write(root, f"pkg/m{i:02d}.py", f"def function_{i}(x):\n    return x * {i}\n")
+    ids = []
+    for workers in (1, 2):
+        with CodeIndex(str(tmp_path / f"w{workers}.sqlite")) as ix:
+            rep = ix.index_workspace(str(root), options=IndexOptions(workers=workers))
+            assert rep.files_indexed == 70
+            rows = ix.conn.execute("SELECT chunk_id FROM chunks ORDER BY chunk_id").fetchall()
+            ids.append((rep.fingerprint, [r[0] for r in rows]))
+    assert ids[0] == ids[1]

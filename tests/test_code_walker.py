@@ -1,0 +1,71 @@
+"""Walker: nested .gitignore, .git/info/exclude, secrets, binaries, size limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from knowledge_server.code.walker import read_text, walk_workspace
+
+
+def _write(root: Path, rel: str, data: str | bytes) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, bytes):
+        p.write_bytes(data)
+    else:
+        p.write_text(data)
+
+
+def test_gitignore_nested_and_exclude(tmp_path: Path) -> None:
+    _write(tmp_path, ".gitignore", "*.log\nbuild/\n")
+    _write(tmp_path, "a.py", "x")
+    _write(tmp_path, "debug.log", "x")
+    _write(tmp_path, "build/out.py", "x")
+    _write(tmp_path, "pkg/.gitignore", "generated_*.py\n!keep.log\n")
+    _write(tmp_path, "pkg/generated_a.py", "x")
+    _write(tmp_path, "pkg/keep.log", "x")
+    _write(tmp_path, "pkg/mod.py", "x")
+    _write(tmp_path, "other/generated_b.py", "x")  # the nested rule is local to pkg/
+    _write(tmp_path, ".git/HEAD", "ref")
+    _write(tmp_path, ".git/info/exclude", "local_only.py\n")
+    _write(tmp_path, "local_only.py", "x")
+    res = walk_workspace(str(tmp_path))
+    paths = {f.path for f in res.files}
+    assert paths == {
+        ".gitignore",
+        "a.py",
+        "pkg/.gitignore",
+        "pkg/keep.log",
+        "pkg/mod.py",
+        "other/generated_b.py",
+    }
+    assert res.skipped["gitignored"] == 4
+
+
+def test_secret_files_skipped_by_default(tmp_path: Path) -> None:
+    for name in (".env", ".env.local", "server.pem", "id_rsa", "credentials.json", "app.key"):
+        _write(tmp_path, f"cfg/{name}", "SECRET=1")
+    _write(tmp_path, "cfg/settings.py", "DEBUG = True")
+    res = walk_workspace(str(tmp_path))
+    assert [f.path for f in res.files] == ["cfg/settings.py"]
+    assert res.skipped["secret"] == 6
+    res = walk_workspace(str(tmp_path), skip_secret_files=False)
+    assert len(res.files) == 7
+
+
+def test_oversized_binary_and_encoding(tmp_path: Path) -> None:
+    _write(tmp_path, "big.txt", "x" * 2000)
+    _write(tmp_path, "small.txt", "ok")
+    _write(tmp_path, "blob.bin", b"\x00\x01\x02abc")
+    _write(tmp_path, "latin.txt", "caf\xe9".encode("latin-1"))
+    res = walk_workspace(str(tmp_path), max_file_bytes=1000)
+    assert res.skipped["oversized"] == 1
+    reasons = {f.path: read_text(f.abspath)[2] for f in res.files}
+    assert reasons == {"blob.bin": "binary", "latin.txt": "encoding", "small.txt": ""}
+
+
+def test_extra_ignore_patterns(tmp_path: Path) -> None:
+    _write(tmp_path, "site-packages/x.py", "x")
+    _write(tmp_path, "a.py", "x")
+    res = walk_workspace(str(tmp_path), extra_ignore=("site-packages/",))
+    assert [f.path for f in res.files] == ["a.py"]
