@@ -1,0 +1,369 @@
+"""The integration folders pass their checker, and the checker catches seeded defects.
+
+The smokes themselves need a running service and are run by
+``python integrations/check.py --run-smokes``; here the smoke machinery is
+exercised against a stand-in MCP server so the client side is tested on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+INTEGRATIONS = REPO_ROOT / "integrations"
+sys.path.insert(0, str(INTEGRATIONS))
+
+import check
+import smoke_common
+
+
+def _failures(results: list[check.Result]) -> dict[str, str]:
+    return {r.name: r.detail for r in results if not r.ok}
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A private copy of integrations/ to break."""
+    root = tmp_path / "integrations"
+    shutil.copytree(INTEGRATIONS, root, ignore=shutil.ignore_patterns("__pycache__"))
+    assert _failures(check.run_checks(root)) == {}
+    return root
+
+
+def _edit_json(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    data = json.loads(path.read_text(encoding="utf-8"))
+    edit(data)
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
+# ----------------------------------------------------------------------- the real tree
+
+
+def test_every_check_passes_on_the_repository() -> None:
+    results = check.run_checks(INTEGRATIONS)
+    assert _failures(results) == {}
+    assert len(results) > 12
+
+
+def test_every_product_of_the_plan_is_present() -> None:
+    slugs = {p["slug"] for p in json.loads((INTEGRATIONS / "index.json").read_text())["products"]}
+    assert slugs == {
+        "claude-code",
+        "codex-cli",
+        "opencode",
+        "cursor",
+        "cline",
+        "openclaw",
+        "hermes-agent",
+        "pi",
+        "deepseek-harness",
+        "autoclaw",
+        "manus",
+        "python-sdk",
+    }
+
+
+def test_cli_exits_zero_and_prints_one_line_per_check() -> None:
+    done = subprocess.run(
+        [sys.executable, str(INTEGRATIONS / "check.py")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert all(line.startswith(("ok   ", "FAIL ")) for line in lines[:-1])
+    assert lines[-1].endswith("0 failed")
+
+
+# --------------------------------------------------------------------- seeded defects
+
+
+def test_catches_a_secret_value_in_a_template(tree: Path) -> None:
+    fake = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+    _edit_json(
+        tree / "cursor" / "mcp.json",
+        lambda d: d["mcpServers"]["knowledge"]["env"].__setitem__("KNOWLEDGE_TOKEN", fake),
+    )
+    failed = _failures(check.run_checks(tree))
+    assert "cursor/template" in failed
+    assert "cursor/secrets" in failed
+
+
+@pytest.mark.parametrize(
+    ("value", "why"), [("hunter2hunter2", "looks like a secret"), ("s3cr3", "literal value")]
+)
+def test_catches_a_literal_token_of_no_known_shape(tree: Path, value: str, why: str) -> None:
+    # Long literals are caught by the value detector; short ones by the key-name form check.
+    path = tree / "codex-cli" / "config.toml"
+    path.write_text(
+        path.read_text(encoding="utf-8")
+        + f'\n[mcp_servers.knowledge.env]\nKNOWLEDGE_TOKEN = "{value}"\n',
+        encoding="utf-8",
+    )
+    failed = _failures(check.run_checks(tree))
+    assert why in failed["codex-cli/template"]
+
+
+def test_placeholders_are_not_secrets(tree: Path) -> None:
+    for value in ("${KNOWLEDGE_TOKEN}", "${KNOWLEDGE_TOKEN:-}", "$KNOWLEDGE_TOKEN", "<token>"):
+        _edit_json(
+            tree / "cursor" / "mcp.json",
+            lambda d, v=value: d["mcpServers"]["knowledge"]["env"].__setitem__(
+                "KNOWLEDGE_TOKEN", v
+            ),
+        )
+        assert _failures(check.run_checks(tree)) == {}, value
+
+
+def test_catches_a_missing_boundaries_section(tree: Path) -> None:
+    readme = tree / "opencode" / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    readme.write_text(text[: text.index("## Boundaries")], encoding="utf-8")
+    failed = _failures(check.run_checks(tree))
+    assert "Boundaries" in failed["opencode/readme"]
+
+
+def test_catches_an_empty_boundaries_section(tree: Path) -> None:
+    readme = tree / "cline" / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    readme.write_text(text[: text.index("## Boundaries")] + "## Boundaries\n\n", encoding="utf-8")
+    assert "empty" in _failures(check.run_checks(tree))["cline/readme"]
+
+
+def test_catches_an_l2_claim_without_a_smoke(tree: Path) -> None:
+    def claim(data: dict) -> None:  # type: ignore[type-arg]
+        for entry in data["products"]:
+            if entry["slug"] == "cursor":
+                entry["levels"] = ["L1", "L2", "L3", "L4"]
+
+    _edit_json(tree / "index.json", claim)
+    failed = _failures(check.run_checks(tree))
+    assert "L2 claimed without an automatic smoke" in failed["cursor/levels"]
+    assert "map" in failed  # the levels table no longer agrees either
+
+
+def test_catches_an_l2_claim_without_a_verified_client(tree: Path) -> None:
+    def claim(data: dict) -> None:  # type: ignore[type-arg]
+        for entry in data["products"]:
+            if entry["slug"] == "openclaw":
+                entry["levels"] = ["L1", "L2", "L3", "L4"]
+
+    _edit_json(tree / "index.json", claim)
+    assert "verified client version" in _failures(check.run_checks(tree))["openclaw/levels"]
+
+
+def test_catches_a_malformed_toml_template(tree: Path) -> None:
+    path = tree / "codex-cli" / "config.toml"
+    path.write_text(
+        path.read_text(encoding="utf-8").replace('args = ["mcp"]', 'args = ["mcp"'),
+        encoding="utf-8",
+    )
+    assert "does not parse as toml" in _failures(check.run_checks(tree))["codex-cli/template"]
+
+
+def test_catches_malformed_yaml_and_json_templates(tree: Path) -> None:
+    (tree / "hermes-agent" / "config.yaml").write_text(
+        "mcp_servers:\n  knowledge: [unclosed\n", encoding="utf-8"
+    )
+    (tree / "opencode" / "opencode.json").write_text('{"mcp": {', encoding="utf-8")
+    failed = _failures(check.run_checks(tree))
+    assert "does not parse as yaml" in failed["hermes-agent/template"]
+    assert "does not parse as json" in failed["opencode/template"]
+
+
+def test_catches_a_template_that_does_not_launch_the_bridge(tree: Path) -> None:
+    _edit_json(
+        tree / "claude-code" / ".mcp.json",
+        lambda d: d["mcpServers"]["knowledge"].__setitem__("args", ["serve"]),
+    )
+    assert "expected to start with mcp" in _failures(check.run_checks(tree))["claude-code/template"]
+
+
+def test_catches_a_folder_without_an_entry_and_an_entry_without_a_folder(tree: Path) -> None:
+    (tree / "windsurf").mkdir()
+    shutil.rmtree(tree / "pi")
+    detail = _failures(check.run_checks(tree))["folders"]
+    assert "no index entry for folder windsurf" in detail
+    assert "no folder for pi" in detail
+
+
+def test_catches_an_automatic_smoke_without_main(tree: Path) -> None:
+    (tree / "openclaw" / "smoke.py").write_text(
+        "#!/usr/bin/env python3\nprint('hi')\n", encoding="utf-8"
+    )
+    assert "main()" in _failures(check.run_checks(tree))["openclaw/smoke"]
+
+
+def test_catches_a_checklist_product_with_a_smoke_mismatch(tree: Path) -> None:
+    (tree / "cursor" / "checklist.md").unlink()
+    assert "checklist.md is missing" in _failures(check.run_checks(tree))["cursor/smoke"]
+
+
+def test_cli_exits_nonzero_on_a_defect(tree: Path) -> None:
+    (tree / "manus" / "README.md").write_text(
+        "# Manus\n\n## Connect\n\nnothing\n", encoding="utf-8"
+    )
+    done = subprocess.run(
+        [sys.executable, str(INTEGRATIONS / "check.py"), "--root", str(tree)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "FAIL manus/readme" in done.stdout
+
+
+# ------------------------------------------------------------------ smoke machinery
+
+
+def test_expansion_follows_each_client() -> None:
+    env = {"KNOWLEDGE_ADDRESS": "10.0.0.2:7000"}
+    assert smoke_common.expand_vars("${KNOWLEDGE_ADDRESS:-x}", "shell", env) == "10.0.0.2:7000"
+    assert smoke_common.expand_vars("${KNOWLEDGE_TOKEN:-}", "shell", env) == ""
+    assert smoke_common.expand_vars("${KNOWLEDGE_TOKEN}", "shell", env) == "${KNOWLEDGE_TOKEN}"
+    assert smoke_common.expand_vars("${env:KNOWLEDGE_ADDRESS}", "cursor", env) == "10.0.0.2:7000"
+    assert smoke_common.expand_vars("{env:KNOWLEDGE_TOKEN}", "opencode", env) == ""
+    assert smoke_common.expand_vars("${KNOWLEDGE_ADDRESS}", "none", env) == "${KNOWLEDGE_ADDRESS}"
+
+
+def test_codex_template_forwards_only_named_variables() -> None:
+    entry = smoke_common.product("codex-cli")
+    data = smoke_common.load_template(INTEGRATIONS / "codex-cli" / entry["config_file"], "toml")
+    launch = smoke_common.launch_from_template(data, entry["shape"])
+    env = smoke_common.child_environment(
+        launch, {"KNOWLEDGE_ADDRESS": "a:1", "KNOWLEDGE_TOKEN": "t", "HOME": "/x"}
+    )
+    assert env == {"KNOWLEDGE_ADDRESS": "a:1", "KNOWLEDGE_TOKEN": "t"}
+
+
+def test_path_line_pattern() -> None:
+    text = (
+        'see uploader.py:4, src/a/b.ts:10-12 and /abs/c.go:7, not 127.0.0.1:50151 or "http://h:80"'
+    )
+    assert smoke_common.find_path_lines(text) == ["uploader.py:4", "src/a/b.ts:10", "/abs/c.go:7"]
+
+
+_STAND_IN = textwrap.dedent(
+    """
+    import sys
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("knowledge")
+    ANSWER = sys.argv[1]
+
+    @server.tool()
+    def knowledge_search(query: str) -> str:
+        return ANSWER
+
+    server.run("stdio")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("answer", "ok"),
+    [
+        ('{"index_rev": "r7", "hits": [{"address": "uploader.py:4"}]}', True),
+        ('{"index_rev": "r7", "hits": []}', False),
+        ('{"hits": [{"address": "uploader.py:4"}]}', False),
+    ],
+)
+def test_search_over_mcp_demands_an_address_and_a_revision(
+    tmp_path: Path, answer: str, ok: bool
+) -> None:
+    script = tmp_path / "stand_in.py"
+    script.write_text(_STAND_IN, encoding="utf-8")
+    launch = smoke_common.Launch(command=sys.executable, args=(str(script), answer))
+    text = smoke_common.bridge_search(launch, "127.0.0.1:1", None, tmp_path)
+    if ok:
+        assert smoke_common.assert_evidence(text) == ["uploader.py:4"]
+    else:
+        with pytest.raises(smoke_common.SmokeFailure):
+            smoke_common.assert_evidence(text)
+
+
+# A stand-in for the `knowledge` command: `serve` prints the listening line and
+# waits, `index` succeeds, `mcp` is an MCP server that answers with a fixed text
+# once the service address reached it. It lets the smokes run end to end, through
+# each template's environment rules, without the real service.
+_FAKE_KNOWLEDGE = textwrap.dedent(
+    """
+    import os, sys, time
+    ANSWER = __ANSWER__
+    verb = next((a for a in sys.argv[1:] if a in ("serve", "index", "mcp")), "")
+    if verb == "serve":
+        print("listening on 127.0.0.1:45999", flush=True)
+        time.sleep(600)
+    elif verb == "index":
+        sys.exit(0)
+    elif verb == "mcp":
+        from mcp.server.mcpserver import MCPServer
+        server = MCPServer("knowledge")
+
+        @server.tool()
+        def knowledge_search(query: str) -> str:
+            # The address must have reached the bridge through the template's env rules.
+            if os.environ.get("KNOWLEDGE_ADDRESS") != "127.0.0.1:45999":
+                raise RuntimeError("bridge got KNOWLEDGE_ADDRESS=%r" % os.environ.get("KNOWLEDGE_ADDRESS"))
+            return ANSWER
+
+        server.run("stdio")
+    sys.exit(2)
+    """
+)
+
+MCP_SMOKES = ["claude-code", "codex-cli", "opencode", "openclaw", "hermes-agent", "pi"]
+
+
+def _fake_knowledge(tmp_path: Path, answer: str) -> Path:
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    exe = bindir / "knowledge"
+    exe.write_text(
+        f"#!{sys.executable}\n" + _FAKE_KNOWLEDGE.replace("__ANSWER__", repr(answer)),
+        encoding="utf-8",
+    )
+    exe.chmod(0o755)
+    return bindir
+
+
+def _run_smoke(slug: str, tmp_path: Path, answer: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    bindir = _fake_knowledge(tmp_path, answer)
+    env = {**os.environ, "KNOWLEDGE_SMOKE_PATH": str(bindir), "KNOWLEDGE_SMOKE_SKIP_CLIENT": "1"}
+    return subprocess.run(
+        [sys.executable, str(INTEGRATIONS / slug / "smoke.py")],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slug", MCP_SMOKES)
+def test_smoke_passes_end_to_end_against_a_stand_in(slug: str, tmp_path: Path) -> None:
+    done = _run_smoke(slug, tmp_path, '{"index_rev": "r1", "hits": [{"address": "uploader.py:4"}]}')
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "uploader.py:4" in done.stdout.splitlines()
+    assert f"OK {slug}" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slug", ["claude-code", "hermes-agent"])
+def test_smoke_fails_without_an_index_rev(slug: str, tmp_path: Path) -> None:
+    done = _run_smoke(slug, tmp_path, '{"hits": [{"address": "uploader.py:4"}]}')
+    assert done.returncode == 1
+    assert "no index_rev" in done.stdout
