@@ -63,3 +63,55 @@ async def running_server(tmp_path: Path):  # type: ignore[no-untyped-def]
     rs = await start_server(tmp_path)
     yield rs
     await rs.server.stop(0)
+
+
+class ServerThread:
+    """The real server on its own event loop in a background thread, for sync tests
+    that share one indexed server (module-scoped fixtures)."""
+
+    def __init__(self, tmp_path: Path, **overrides) -> None:  # type: ignore[no-untyped-def]
+        import asyncio
+        import threading
+
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self.error: BaseException | None = None
+        self.rs: RunningServer | None = None
+
+        async def main() -> None:
+            try:
+                self.rs = await start_server(tmp_path, **overrides)
+                self._stop = asyncio.Event()
+            except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+                self.error = exc
+                self._ready.set()
+                return
+            self._ready.set()
+            await self._stop.wait()
+            await self.rs.server.stop(0)
+            close = getattr(self.rs.app, "close", None)
+            if close:
+                close()
+
+        self._thread = threading.Thread(target=lambda: self._loop.run_until_complete(main()), daemon=True)
+        self._thread.start()
+        self._ready.wait(60)
+        if self.error:
+            raise self.error
+        assert self.rs is not None
+
+    @property
+    def address(self) -> str:
+        assert self.rs is not None
+        return self.rs.address
+
+    @property
+    def app(self):  # type: ignore[no-untyped-def]
+        assert self.rs is not None
+        return self.rs.app
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)

@@ -23,7 +23,8 @@ from knowledge_server._gen.knowledge.v1 import (
 )
 from knowledge_server.auth_model import Principal
 from knowledge_server.config import Config
-from knowledge_server.errors import InvalidRequest, Unimplemented
+from knowledge_server.errors import InvalidRequest, PermissionDenied, Unimplemented
+from knowledge_server.logs import get_logger
 from knowledge_server.lanes.common import run_with_progress
 from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import Lane, NotReadyLane
@@ -92,9 +93,11 @@ class KnowledgeApp:
         return await self.coordinator.search(valid, scope)
 
     async def dispatch(self, req: dispatch_pb2.DispatchRequest) -> dispatch_pb2.DispatchResponse:
-        if req.schema != "knowledge.dispatch/v1":
-            raise InvalidRequest("schema: must be exactly 'knowledge.dispatch/v1'", metadata={"field": "schema"})
-        raise Unimplemented("Dispatch is declared in knowledge.v1 but not built in this server yet")
+        from knowledge_server.dispatch import run_dispatch, validate_dispatch
+
+        valid = validate_dispatch(req)
+        scope = effective_workspaces(current_call().principal, valid.workspaces)
+        return await run_dispatch(self, valid, scope)
 
     async def get_episode(self, req: knowledge_service_pb2.GetEpisodeRequest) -> knowledge_service_pb2.GetEpisodeResponse:
         lane = self.lanes.get("episodes")
@@ -105,14 +108,37 @@ class KnowledgeApp:
         return await asyncio.to_thread(getter, req.id, req.neighbours, scope)
 
     async def get_chunk(self, req: knowledge_service_pb2.GetChunkRequest) -> knowledge_service_pb2.GetChunkResponse:
-        raise Unimplemented("GetChunk needs the code lane, which is not built in this server yet")
+        lane = self.lanes.get("code")
+        getter = getattr(lane, "get_chunk_sync", None)
+        if getter is None:
+            raise Unimplemented("GetChunk needs the built-in code lane")
+        scope = effective_workspaces(current_call().principal, ())
+        return await asyncio.to_thread(getter, req.id, scope)
 
     # -- DocGraphService ---------------------------------------------------------------
     async def docgraph(self, op: str, req: object) -> object:
-        raise Unimplemented(f"{op} (document graph) is declared in knowledge.v1 but not built in this server yet")
+        from knowledge_server.lanes.common import in_thread
+
+        lane = getattr(self, "docgraph_lane", None)
+        op_sync = getattr(lane, "op_sync", None)
+        if op_sync is None:
+            raise Unimplemented(f"{op} (document graph) needs the built-in docgraph lane")
+        scope = effective_workspaces(current_call().principal, ())
+        return await in_thread(op_sync, op, req, scope)
 
     # -- IndexService ------------------------------------------------------------------
     async def index_stream(self, op: str, req: Any) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
+        if op == "build_doc_graph":
+            build = getattr(getattr(self, "docgraph_lane", None), "build_sync", None)
+            if build is None:
+                raise Unimplemented("BuildDocGraph needs the built-in docgraph lane")
+            root = normalise_workspace(req.root) if req.root else None
+            scope = effective_workspaces(current_call().principal, ())
+            async for event in run_with_progress(lambda progress: build(
+                root, req.estimate, req.max_chunks, req.budget_seconds, req.structural_only, progress, scope,
+            )):
+                yield event
+            return
         if op == "ingest_sessions":
             lane = self.lanes.get("episodes")
             ingest = getattr(lane, "ingest_sync", None)
@@ -125,6 +151,20 @@ class KnowledgeApp:
             async for event in run_with_progress(lambda progress: ingest(paths or None, progress)):
                 yield event
             await self.after_ingest()
+            return
+        if op == "index_workspace":
+            lane = self.lanes.get("code")
+            index = getattr(lane, "index_sync", None)
+            if index is None:
+                raise Unimplemented("IndexWorkspace needs the built-in code lane")
+            if not req.root:
+                raise InvalidRequest("root: an absolute workspace path is required", metadata={"field": "root"})
+            root = normalise_workspace(req.root)
+            scope = effective_workspaces(current_call().principal, ())
+            if scope is not None and not any(root == a or root.startswith(a.rstrip("/") + "/") for a in scope):
+                raise PermissionDenied("root: outside the workspaces this principal may manage")
+            async for event in run_with_progress(lambda progress: index(root, req.full, progress)):
+                yield event
             return
         if op == "rebuild_derived":
             lane = self.lanes.get("skills")
@@ -144,11 +184,25 @@ class KnowledgeApp:
             pass
 
     async def bootstrap(self) -> None:
-        """First-run work in the background: ingest logs (or the bundled sample)."""
-        lane = self.lanes.get("episodes")
-        if getattr(lane, "ingest_sync", None) is not None:
-            async for _ in self.index_stream("ingest_sessions", index_service_pb2.IngestSessionsRequest()):
-                pass
+        """Start-up work in the background: ingest logs (or the bundled sample), rebuild
+        the derived layer, index the workspaces. Lanes answer KNOWLEDGE_INDEX_NOT_READY
+        until their part is done; a failure is logged and kept for GetStatus."""
+        log = get_logger("knowledge.bootstrap")
+        if getattr(self.lanes.get("episodes"), "ingest_sync", None) is not None:
+            try:
+                async for event in self.index_stream("ingest_sessions", index_service_pb2.IngestSessionsRequest()):
+                    if isinstance(event, index_service_pb2.OperationSummary):
+                        log.info("bootstrap.ingested", events_added=event.counters["events_added"], sessions=event.counters["sessions"], index_rev=event.index_rev)
+            except Exception as exc:  # noqa: BLE001 - the server keeps serving the other lanes
+                log.error("bootstrap.ingest_failed", error_type=type(exc).__name__)
+        if getattr(self.lanes.get("code"), "index_sync", None) is not None:
+            for root in self.config.workspaces:
+                try:
+                    async for event in self.index_stream("index_workspace", index_service_pb2.IndexWorkspaceRequest(root=root)):
+                        if isinstance(event, index_service_pb2.OperationSummary):
+                            log.info("bootstrap.indexed", workspace=root, chunks=event.counters["chunks"], index_rev=event.index_rev, ms=event.ms)
+                except Exception as exc:  # noqa: BLE001
+                    log.error("bootstrap.index_failed", workspace=root, error_type=type(exc).__name__)
 
     async def status(self, req: index_service_pb2.GetStatusRequest) -> index_service_pb2.GetStatusResponse:
         principal = current_call().principal
@@ -167,10 +221,12 @@ class KnowledgeApp:
                 resp.lanes.append(status(scope))
             else:
                 resp.lanes.append(index_service_pb2.LaneStatus(lane=name, degraded=True, capability="degraded", reason="not built"))
+        if getattr(self, "docgraph_lane", None) is not None:
+            resp.lanes.append(self.docgraph_lane.status(scope))
         return resp
 
     def close(self) -> None:
-        for lane in self.lanes.values():
+        for lane in [*self.lanes.values(), getattr(self, "docgraph_lane", None)]:
             closer = getattr(lane, "close", None)
             if closer is not None:
                 closer()

@@ -62,6 +62,7 @@ class Config:
     embedder_url: str = ""
     embedder_model: str = ""
     embedder_key_env: str = ""
+    embedder_dim: int = 0
     llm_url: str = ""
     llm_model: str = ""
     llm_key_env: str = ""
@@ -120,7 +121,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 _PATH_FIELDS = {"data_dir", "licence_file", "licence_keys_dir", "tls_cert", "tls_key", "tls_client_ca", "llm_key_file"}
 _TUPLE_FIELDS = {"workspaces", "session_paths", "skill_roots"}
-_INT_FIELDS = {"lane_timeout_ms", "max_file_bytes"}
+_INT_FIELDS = {"lane_timeout_ms", "max_file_bytes", "embedder_dim"}
 _FLOAT_FIELDS = {"grace_seconds"}
 _BOOL_FIELDS = {"bootstrap"}
 _CHOICES = {
@@ -194,8 +195,8 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError(
             f"auth=off is only allowed on a loopback address; {cfg.listen} is reachable from other hosts"
         )
-    if cfg.embedder == "openai" and not cfg.embedder_url:
-        raise ConfigError("embedder=openai needs embedder_url")
+    if cfg.embedder == "openai" and not (cfg.embedder_url and cfg.embedder_model and cfg.embedder_dim > 0):
+        raise ConfigError("embedder=openai needs embedder_url, embedder_model and embedder_dim")
     return cfg
 
 

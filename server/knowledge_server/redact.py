@@ -69,7 +69,7 @@ _RULES: tuple[_Rule, ...] = (
         "assignment",
         re.compile(
             r"(?i)(\b[A-Z0-9_.\-]*(?:api[_\-]?key|apikey|secret|passwd|password|pwd|token|"
-            r"access[_\-]?key|private[_\-]?key|client[_\-]?secret|auth)[A-Z0-9_\-]*[\"']?"
+            r"access[_\-]?key|private[_\-]?key|client[_\-]?secret|auth(?!or))[A-Z0-9_\-]*[\"']?"
             r"\s*(?::=|=|:)\s*[\"']?)([^\s\"',;}{)]{6,})"
         ),
         group=2,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 
 from knowledge_licensing import KeyRingError, LicenceStatus, LicenceWatcher, load_keyring
 from knowledge_server._gen.knowledge.v1 import index_service_pb2
@@ -15,10 +16,13 @@ from knowledge_server.app import KnowledgeApp, LicenceView
 from knowledge_server.auth import TokenStore
 from knowledge_server.auth_model import Principal
 from knowledge_server.config import Config, ConfigError
+from knowledge_server.code.embed import E5Embedder, Embedder, HashingEmbedder, OpenAIEmbedder
+from knowledge_server.code.model import IndexOptions
+from knowledge_server.lanes.code import CodeLane
 from knowledge_server.lanes.derived import DerivedLane
 from knowledge_server.lanes.episodes import EpisodesLane
 from knowledge_server.logs import get_logger
-from knowledge_server.search.lanes import Lane, NotReadyLane
+from knowledge_server.search.lanes import Lane
 from knowledge_server.transport.interceptors import EditionState
 
 log = get_logger("knowledge.runtime")
@@ -88,6 +92,28 @@ class WatchedLicence(LicenceView):
                 log.error("licence.poll_failed", error_type=type(exc).__name__)
 
 
+def make_embedder(config: Config) -> Embedder:
+    """The embedder named in the config; its identity is part of the code revision fingerprint."""
+    if config.embedder == "openai":
+        return OpenAIEmbedder(config.embedder_url, config.embedder_model, config.embedder_dim,
+                              api_key_env=config.embedder_key_env or None)
+    if config.embedder == "e5":
+        try:
+            return E5Embedder()
+        except ImportError:
+            raise ConfigError("embedder=e5 needs the optional extra: pip install 'knowledge-service[e5]'") from None
+    return HashingEmbedder()
+
+
+def own_source_tree() -> str:
+    """The service's own source tree: the default workspace, so a first search has real hits."""
+    package = Path(__file__).resolve().parent
+    checkout = package.parents[1]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "proto").is_dir():
+        return str(checkout)
+    return str(package)
+
+
 def build_authenticator(config: Config) -> Callable[[str], Principal | None] | None:
     """The token check when authentication is required, else None (local principal)."""
     if not config.auth_required:
@@ -107,11 +133,15 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
     config.data_dir.mkdir(parents=True, exist_ok=True)
     lanes: dict[str, Lane] = {
         "episodes": EpisodesLane(config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces),
-        "code": NotReadyLane("code", "no workspace has been indexed yet"),
+        "code": CodeLane(config.data_dir, embedder=make_embedder(config), options=IndexOptions(workers=1, max_file_bytes=config.max_file_bytes)),
         "skills": DerivedLane(config.data_dir, skill_roots=config.skill_roots, workspaces=config.workspaces),
     }
     app = KnowledgeApp(config, licence=licence, lanes=lanes)
     app.reload = licence.reload  # type: ignore[attr-defined]
+    from knowledge_server.lanes.docgraph import DocGraphLane, llm_settings_from_config
+
+    # Kept apart from ``lanes``: the search coordinator must not query the document graph.
+    app.docgraph_lane = DocGraphLane(config.data_dir, llm_settings_from_config(config))  # type: ignore[attr-defined]
     return app
 
 

@@ -8,6 +8,7 @@ progress go to stderr. Client commands talk to a running service (the address
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -91,7 +93,7 @@ def serve(ctx: click.Context, listen: str | None, config_file: Path | None, work
     """
     from knowledge_server.config import ConfigError, load_config
     from knowledge_server.logs import configure_logging
-    from knowledge_server.runtime import build_app, build_authenticator, start_background
+    from knowledge_server.runtime import build_app, build_authenticator, own_source_tree, start_background
     from knowledge_server.server import serve as run_server
 
     overrides: dict[str, Any] = {
@@ -109,6 +111,8 @@ def serve(ctx: click.Context, listen: str | None, config_file: Path | None, work
         fail(f"configuration: {exc}", 2)
         return
     configure_logging(cfg.log_format, cfg.log_level)
+    if not cfg.workspaces:
+        cfg = dataclasses.replace(cfg, workspaces=(own_source_tree(),))
     try:
         app = build_app(cfg)
         authenticate = build_authenticator(cfg)
@@ -136,52 +140,58 @@ def serve(ctx: click.Context, listen: str | None, config_file: Path | None, work
         clear_address(cfg.data_dir)
 
 
+def _one_line(text: str, width: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _lanes_table(resp: Any) -> None:
+    """Human rendering: one block per lane, one line per item with its address."""
+    width = max(60, min(out_console.width, 160))
     r = resp.routing
-    out_console.print(f"[bold]intent[/] {r.intent} ({r.confidence_level}, {r.confidence:.2f}) - {r.reason}")
+    out_console.print(f"[bold]intent[/] {r.intent} ({r.confidence_level}) - {r.reason}", highlight=False)
+
+    def header(name: str, lane: Any, extra: str = "") -> None:
+        state = f"[yellow]degraded[/]: {lane.degradation_reason}" if lane.degraded else "ok"
+        out_console.print(f"\n[bold]{name}[/]  rev={lane.index_rev or '-'}  {extra}{state}", highlight=False)
+
     ep = resp.lanes.episodes
-    state = f"degraded: {ep.degradation_reason}" if ep.degraded else "ok"
-    t = Table(title=f"episodes  rev={ep.index_rev or '-'}  {state}", show_lines=False, expand=False)
-    for col in ("id", "type", "time", "snippet"):
-        t.add_column(col, overflow="fold")
+    counts = f"{ep.counts.sessions} sessions, {ep.counts.indexed_docs} events  " if ep.counts else ""
+    header("episodes", ep, counts)
     for it in ep.items:
-        when = it.time.isoformat(timespec="seconds") if it.time else ""
-        t.add_row(it.id, it.event_type, when, (it.snippet or "").replace("\n", " ")[:120])
-    out_console.print(t)
+        when = it.time.strftime("%Y-%m-%d %H:%M") if it.time else ""
+        out_console.print(f"  [cyan]{it.id}[/]  {it.event_type}  {when}", highlight=False)
+        if it.snippet:
+            out_console.print("    " + _one_line(it.snippet, width - 4), markup=False, highlight=False)
     code = resp.lanes.code
-    state = f"degraded: {code.degradation_reason}" if code.degraded else f"capability={code.capability}"
-    if code.freshness and code.freshness.stale:
-        state += "  [yellow]STALE[/]"
-    t = Table(title=f"code  rev={code.index_rev or '-'}  {state}")
-    for col in ("path:line", "symbol", "why", "snippet"):
-        t.add_column(col, overflow="fold")
+    fresh = "[yellow]STALE[/]  " if code.freshness and code.freshness.stale else ""
+    header("code", code, f"capability={code.capability}  {fresh}")
     for it in code.items:
-        t.add_row(f"{it.path}:{it.start_line}-{it.end_line}", it.symbol, ", ".join(it.why), (it.snippet or "").replace("\n", " ")[:100])
-    out_console.print(t)
+        sym = f"  {it.symbol}" if it.symbol else ""
+        why = escape("[" + ", ".join(it.why) + "]")
+        out_console.print(f"  [cyan]{escape(it.path)}:{it.start_line}-{it.end_line}[/]{escape(sym)}  {why}", highlight=False)
+        if it.snippet:
+            out_console.print("    " + _one_line(it.snippet, width - 4), markup=False, highlight=False)
     sk = resp.lanes.skills
     if sk is not None and (sk.items or sk.degraded or sk.index_rev):
-        state = f"degraded: {sk.degradation_reason}" if sk.degraded else "ok"
-        t = Table(title=f"skills  rev={sk.index_rev or '-'}  {state}")
-        for col in ("name", "uses", "description"):
-            t.add_column(col, overflow="fold")
+        header("skills", sk)
         for it in sk.items:
-            t.add_row(it.name, str(it.uses), it.description[:100])
-        out_console.print(t)
+            out_console.print(f"  [cyan]{it.name}[/]  uses={it.uses}  {_one_line(it.description, width - 30)}", highlight=False)
     if resp.actors:
-        t = Table(title="actors")
-        for col in ("actor", "kind", "score", "evidence", "dispatch"):
-            t.add_column(col, overflow="fold")
+        out_console.print("\n[bold]actors[/]")
         for a in resp.actors:
-            t.add_row(a.actor_id, a.kind, f"{a.score:.4f}", str(len(a.evidence)),
-                      f"{a.dispatch.mode} ({'available' if a.dispatch.available else 'not available'})" if a.dispatch else "")
-        out_console.print(t)
+            d = a.dispatch
+            avail = f"{d.mode}, {'available' if d.available else 'not available'}" if d else "none"
+            out_console.print(f"  [cyan]{a.actor_id}[/]  {a.kind}  score={a.score:.4f}  evidence={len(a.evidence)}  ({avail})", highlight=False)
+            if a.why:
+                out_console.print("    " + "; ".join(a.why), highlight=False)
     for w in resp.warnings:
-        err_console.print(f"[yellow]warning[/] {w.code} {w.lane}: {w.message}")
+        err_console.print(f"[yellow]warning[/] {w.code} {w.lane}: {w.message}", highlight=False)
     for e in resp.errors:
-        err_console.print(f"[red]error[/] {e.code} {e.lane}: {e.message}")
+        err_console.print(f"[red]error[/] {e.code} {e.lane}: {e.message}", highlight=False)
     lim = resp.limits
-    out_console.print(f"returned {lim.returned} items, {lim.budget.used_tokens}/{lim.budget.max_tokens} tokens"
-                      + (" (truncated)" if lim.truncated else "") + f", found={resp.found}")
+    out_console.print(f"\n{lim.returned} items, {lim.budget.used_tokens}/{lim.budget.max_tokens} tokens"
+                      + (" (truncated)" if lim.truncated else "") + ("" if resp.found else ", found=false"), highlight=False)
 
 
 @main.command()
@@ -370,38 +380,50 @@ def dispatch(ctx: click.Context, task: str, acceptance: tuple[str, ...], constra
         emit_json(resp)
         return
     t = resp.target
+
+    def say(text: str) -> None:  # data from sessions and code: never rendered as markup
+        out_console.print(text, markup=False, highlight=False)
+
     if t is None or not t.actor_id:
-        out_console.print("no actor fits this task")
+        say("no actor fits this task")
     else:
         d = t.dispatch
-        out_console.print(f"[bold]{t.name}[/] ({t.actor_id}, {t.kind}) via {d.mode if d else 'none'}"
-                          f" - {'available' if d and d.available else 'not available'}{': ' + d.reason if d and d.reason else ''}")
+        say(f"{t.name} ({t.actor_id}, {t.kind}) via {d.mode if d else 'none'}"
+            f" - {'available' if d and d.available else 'not available'}{': ' + d.reason if d and d.reason else ''}")
         for why in t.why:
-            out_console.print(f"  why: {why}")
+            say(f"  why: {why}")
     cp = resp.context_pack
     if cp is not None:
         for ep in cp.prior_episodes:
-            out_console.print(f"  episode {ep.id}: {ep.snippet[:100]}")
+            say(f"  episode {ep.id}: {ep.snippet[:100]}")
         for ref in cp.code_refs:
-            out_console.print(f"  code {ref.path}:{ref.start_line}-{ref.end_line}")
+            say(f"  code {ref.path}:{ref.start_line}-{ref.end_line}")
         for sk in cp.skills:
-            out_console.print(f"  skill {sk.name} ({sk.uses} uses)")
+            say(f"  skill {sk.name} ({sk.uses} uses)")
         for risk in cp.risks:
-            out_console.print(f"  risk: {risk}")
+            say(f"  risk: {risk}")
+    for w in resp.warnings:
+        err_console.print(f"warning: {w.code}{' (' + w.lane + ')' if w.lane else ''}: {w.message}", markup=False, highlight=False)
+    h = resp.handoff
+    if h is not None and h.schema:
+        calls = ", ".join(c.tool for c in h.tool_calls) or "none (package only)"
+        say(f"hand-off {h.schema}: tool calls {calls}; execution {h.execution} (requires {h.requires})")
     if resp.assignment is not None and resp.assignment.assignment_id:
         a = resp.assignment
-        out_console.print(f"recorded {a.assignment_id} ({a.status}, {'new' if a.created else 'already recorded'}) -> {a.outbox_path}")
+        say(f"recorded {a.assignment_id} ({a.status}, {'new' if a.created else 'already recorded'}) -> {a.outbox_path}")
     else:
-        out_console.print(f"mode: {resp.mode} (nothing written; --commit records the plan)")
+        say(f"mode: {resp.mode} (nothing written; --commit records the plan)")
 
 
 def _register_groups() -> None:
     from knowledge_licensing.cli import license_group
     from knowledge_server.auth import tokens_group
     from knowledge_server.cli.docgraph import docgraph
+    from knowledge_server.cli.outbox import outbox
     from knowledge_server.mcp_bridge import mcp_command
 
     main.add_command(mcp_command, "mcp")
+    main.add_command(outbox, "outbox")
     main.add_command(license_group, "license")
     main.add_command(tokens_group, "token")
     main.add_command(docgraph, "docgraph")

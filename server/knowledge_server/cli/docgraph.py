@@ -104,11 +104,14 @@ def overview(ctx: click.Context, limit: int, as_json: bool) -> None:
     if as_json:
         return emit_json(resp)
     _envelope(resp)
-    click.echo(f"documents={resp.documents} entities={resp.entities} relations={resp.relations} themes={resp.themes}")
+    click.echo(f"documents={resp.documents} chunks={resp.chunks} entities={resp.entities} relations={resp.relations} "
+               f"themes={resp.themes} summaries={resp.summaries}")
     if resp.degraded:
         click.echo(f"degraded: {resp.degradation_reason}")
     for t in resp.top_themes:
-        click.echo(f"  {t.title} (size {t.size})")
+        click.echo(f"  theme {t.title} (size {t.size})  {_addr(t.address)}")
+    for e in resp.top_entities:
+        click.echo(f"  entity {e.name} [{e.kind}] mentions={e.mentions}  {_addr(e.addresses[0]) if e.addresses else '-'}")
 
 
 @docgraph.command("search-levels")
@@ -127,7 +130,8 @@ def search_levels(ctx: click.Context, query: str, limit: int, as_json: bool) -> 
     click.echo(f"high: {', '.join(resp.high_level)} | low: {', '.join(resp.low_level)}"
                + (f"  (degraded: {resp.degradation_reason})" if resp.degraded else ""))
     for h in resp.items:
-        click.echo(f"  {_addr(h.address)} [{h.match_kind}] {h.score:.3f}")
+        ents = ", ".join(e.name for e in h.matched_entities[:5])
+        click.echo(f"  {_addr(h.address)} [{h.match_kind}] {h.score:.3f}  {ents}")
 
 
 @docgraph.command()

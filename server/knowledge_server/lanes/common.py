@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import queue
 import threading
 import time
@@ -66,6 +68,16 @@ def ts(value: datetime | float | None) -> timestamp_pb2.Timestamp | None:
 
 
 ProgressFn = Callable[[str, int, int, str], None]
+
+# Lane queries run here, not in asyncio's small default pool: a lane that overruns its
+# timeout keeps its thread until SQLite returns, and must not delay the other lanes.
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="lane")
+
+
+async def in_thread(fn: Callable[..., R], *args: object) -> R:
+    """Run blocking lane work in the lane thread pool."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_EXECUTOR, functools.partial(fn, *args))
 
 
 async def run_with_progress(

@@ -26,7 +26,7 @@ from knowledge_server.derived.lane import InvalidQuery, search_skills
 from knowledge_server.derived.skills import default_roots, load_catalog
 from knowledge_server.derived.store import DerivedStore
 from knowledge_server.episodes.store import EpisodeStore
-from knowledge_server.lanes.common import Pool, ProgressFn
+from knowledge_server.lanes.common import Pool, ProgressFn, in_thread
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.search.validate import ValidSearch
 
@@ -105,8 +105,12 @@ class DerivedLane:
                 item.used_by.add(actor_id=actor_id, episode_id=episode_id)
         return LaneResult(lane=lane)
 
+    def revision(self) -> str:
+        with self._readers.get() as store:
+            return store.index_rev() if store.is_built() else ""
+
     async def search(self, q: LaneQuery) -> LaneResult:
-        return await asyncio.to_thread(self._search_sync, q)
+        return await in_thread(self._search_sync, q)
 
     # -- actors ---------------------------------------------------------------------------
     def episode_actors(self, episode_ids: Sequence[str]) -> dict[str, str]:

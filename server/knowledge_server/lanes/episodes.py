@@ -14,7 +14,7 @@ from knowledge_server.episodes.ingest import ingest, ingest_sample_if_empty
 from knowledge_server.episodes.model import EventDetail, SessionInfo
 from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
 from knowledge_server.errors import InvalidRequest, NotFound
-from knowledge_server.lanes.common import Pool, ProgressFn, ts
+from knowledge_server.lanes.common import Pool, ProgressFn, in_thread, ts
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 
 SOURCE = "knowledge.episodes"
@@ -117,8 +117,14 @@ class EpisodesLane:
             item.session.CopyFrom(self._session_pb(h.session))
         return LaneResult(lane=lane)
 
+    def revision(self) -> tuple[str, int]:
+        """Cache key part: the index revision (and the minute, which bounds how long a
+        cached live/persisted flag can lag)."""
+        with self._readers.get() as store:
+            return store.index_rev(), int(time.time() // 60)
+
     async def search(self, q: LaneQuery) -> LaneResult:
-        return await asyncio.to_thread(self._search_sync, q)
+        return await in_thread(self._search_sync, q)
 
     # -- GetEpisode ---------------------------------------------------------------------
     def _episode_pb(self, d: EventDetail, session: SessionInfo | None) -> knowledge_service_pb2.Episode:

@@ -14,16 +14,18 @@ whole items from the end of the global order; errors are never dropped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf import json_format, timestamp_pb2
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
+from knowledge_server.lanes.common import in_thread
 from knowledge_server.search.lanes import Lane, LaneQuery, LaneResult, degraded
 from knowledge_server.search.routing import route
 from knowledge_server.search.validate import SCHEMA, ValidSearch
@@ -67,20 +69,40 @@ class Coordinator:
         timeout_ms: int = 250,
         actor_builder: ActorBuilder | None = None,
         episode_actors: Callable[[Sequence[str]], dict[str, str]] | None = None,
+        cache_size: int = 512,
     ) -> None:
         self.lanes = lanes
         self.timeout_ms = timeout_ms
         self.actor_builder = actor_builder
         # episode ids -> actor ids (for the per-actor diversity cap); default: the session.
         self.episode_actors = episode_actors
+        self.cache_size = cache_size
+        self._cache: OrderedDict[object, LaneResult] = OrderedDict()
 
     async def _run_lane(self, name: str, q: LaneQuery) -> tuple[LaneResult, float]:
         lane = self.lanes.get(name)
         started = time.perf_counter()
         if lane is None:
             return degraded(name, "KNOWLEDGE_INDEX_NOT_READY", f"the {name} lane is not configured"), 0.0
+        # Results are cached per (lane, lane revision, query); a new revision is a new key,
+        # so a cached answer is always the answer the current index would give.
+        key = None
+        revision = getattr(lane, "revision", None)
+        if revision is not None and self.cache_size:
+            try:
+                key = (name, revision(), q)
+            except Exception:  # noqa: BLE001 - no revision, no cache
+                key = None
+            cached = self._cache.get(key) if key is not None else None
+            if cached is not None:
+                self._cache.move_to_end(key)
+                return _copy_result(cached, cache_hit=True), (time.perf_counter() - started) * 1000
         try:
             result = await asyncio.wait_for(lane.search(q), timeout=self.timeout_ms / 1000)
+            if key is not None and (not result.lane.degraded or len(result.lane.items) > 0):
+                self._cache[key] = _copy_result(result, cache_hit=False)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
         except asyncio.TimeoutError:
             result = degraded(name, "KNOWLEDGE_SOURCE_UNAVAILABLE", f"no answer within {self.timeout_ms} ms (timeout)")
         except Exception as exc:  # noqa: BLE001 - a failing lane degrades, the others answer
@@ -90,8 +112,56 @@ class Coordinator:
             result = degraded(name, code, f"the {name} source failed ({type(exc).__name__})")
         return result, (time.perf_counter() - started) * 1000
 
+    def _revisions(self, names: Sequence[str]) -> tuple[object, ...] | None:
+        """Every queried lane's revision, or None when one cannot say (then no caching)."""
+        revs = []
+        for name in names:
+            revision = getattr(self.lanes.get(name), "revision", None)
+            if revision is None:
+                return None
+            try:
+                revs.append(revision())
+            except Exception:  # noqa: BLE001
+                return None
+        return tuple(revs)
+
     async def search(self, v: ValidSearch, workspaces: tuple[str, ...] | None) -> search_pb2.SearchResponse:
+        """Whole answers are cached per (request, caller scope, every lane's revision): the
+        answer is a function of those (KC-12), so a hit is exactly what a fresh run returns."""
         started = time.perf_counter()
+        names = [n for n in ("episodes", "code", "skills") if n in v.include]
+        revs = self._revisions(names) if self.cache_size else None
+        key = None
+        if revs is not None:
+            key = ("response", dataclasses.replace(v, request_id="", trace=False), workspaces, revs)
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                resp = search_pb2.SearchResponse()
+                resp.CopyFrom(cached)  # type: ignore[arg-type]
+                resp.request_id = v.request_id
+                resp.lanes.episodes.observed_at.GetCurrentTime()
+                if v.trace:
+                    elapsed = round((time.perf_counter() - started) * 1000, 2)
+                    for name in names:
+                        resp.trace.lanes.append(search_pb2.LaneTrace(
+                            lane=name, ms=0.0, items=len(getattr(resp.lanes, name).items),
+                            degraded=getattr(resp.lanes, name).degraded, cache_hit=True))
+                    resp.trace.total_ms = elapsed
+                _fit_budget(resp, v.max_tokens)
+                return resp
+        resp = await self._search(v, workspaces, started)
+        if key is not None and resp.found:
+            stored = search_pb2.SearchResponse()
+            stored.CopyFrom(resp)
+            stored.ClearField("trace")
+            stored.request_id = ""
+            self._cache[key] = stored  # type: ignore[assignment]
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return resp
+
+    async def _search(self, v: ValidSearch, workspaces: tuple[str, ...] | None, started: float) -> search_pb2.SearchResponse:
         r = route(v.query, v.mode, v.include)
         q = LaneQuery(
             query=v.query,
@@ -128,7 +198,7 @@ class Coordinator:
             resp.fusion.weights[lane] = w
 
         trace = search_pb2.Trace()
-        healthy = 0
+        answered: set[str] = set()
         for name in lane_names:
             if name in by_name:
                 result, ms = by_name[name]
@@ -143,7 +213,7 @@ class Coordinator:
             if name == "episodes" and lane_msg.items:
                 ids = [it.id for it in lane_msg.items]
                 if self.episode_actors is not None:
-                    groups = await asyncio.to_thread(self.episode_actors, ids)
+                    groups = await in_thread(self.episode_actors, ids)
                 groups = {it.id: groups.get(it.id) or it.session_id for it in lane_msg.items}
             self._fuse_lane(name, lane_msg, weight, v.limit, groups)
             if name == "episodes":
@@ -155,9 +225,9 @@ class Coordinator:
                 resp.lanes.skills.CopyFrom(lane_msg)
             resp.warnings.extend(result.warnings)
             resp.errors.extend(result.errors)
-            if name in by_name and not lane_msg.degraded:
-                healthy += 1
-            elif name in by_name and lane_msg.degraded and not any(w.code == "KNOWLEDGE_LANE_DEGRADED" for w in result.warnings):
+            if name in by_name and _answered(lane_msg):
+                answered.add(name)
+            if name in by_name and lane_msg.degraded and name in by_name and lane_msg.degraded and not any(w.code == "KNOWLEDGE_LANE_DEGRADED" for w in result.warnings):
                 resp.warnings.append(
                     errors_pb2.Notice(code="KNOWLEDGE_LANE_DEGRADED", lane=name, message=f"the {name} lane is degraded")
                 )
@@ -166,9 +236,11 @@ class Coordinator:
                     search_pb2.LaneTrace(lane=name, ms=round(ms, 2), items=n_before, degraded=lane_msg.degraded, cache_hit=result.cache_hit)
                 )
 
-        core = [n for n in ("episodes", "code") if n in by_name]
-        core_down = all(getattr(resp.lanes, n).degraded for n in core) if core else True
-        resp.found = healthy > 0 and not (core_down and not _has_items(resp))
+        # found=false when the sources are down (seed 000 §4.1.8): the primary lanes (episodes,
+        # code) when any was asked for, else whatever was asked for. Skills derive from L1,
+        # so they cannot stand in for both primary sources.
+        core = [n for n in ("episodes", "code") if n in by_name] or list(by_name)
+        resp.found = any(n in answered for n in core)
         if not resp.found:
             # No source answered: no items, an explicit code (invariant 8).
             for n in ("episodes", "code", "skills"):
@@ -176,7 +248,7 @@ class Coordinator:
             resp.errors.append(errors_pb2.Notice(code="KNOWLEDGE_NO_SOURCE", message="no lane could answer"))
 
         if self.actor_builder is not None and resp.found:
-            resp.actors.extend(await asyncio.to_thread(self.actor_builder, resp, v))
+            resp.actors.extend(await in_thread(self.actor_builder, resp, v))
 
         resp.limits.requested = v.limit
         resp.limits.budget.max_tokens = v.max_tokens
@@ -220,6 +292,12 @@ class Coordinator:
         lane_msg.items.extend(copies)
 
 
+def _copy_result(result: LaneResult, *, cache_hit: bool) -> LaneResult:
+    lane = type(result.lane)()
+    lane.CopyFrom(result.lane)
+    return LaneResult(lane=lane, warnings=list(result.warnings), errors=list(result.errors), cache_hit=cache_hit, extras=dict(result.extras))
+
+
 def _time_key(item: object) -> float:
     t = getattr(item, "time", None)
     if isinstance(t, timestamp_pb2.Timestamp):
@@ -234,6 +312,14 @@ def _item_id(name: str, item: object) -> str:
 def _order_key(name: str, item: object) -> tuple[float, int, float, str]:
     """(score desc, lane_priority, time desc, id asc) - seed 000 §4.1.10."""
     return (-float(getattr(item, "score")), LANE_PRIORITY[name], _time_key(item), _item_id(name, item))
+
+
+_UNAVAILABLE = ("KNOWLEDGE_SOURCE_UNAVAILABLE", "KNOWLEDGE_INDEX_NOT_READY", "KNOWLEDGE_LANE_TIMEOUT", "SESSION_QUERY_")
+
+
+def _answered(lane: search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane) -> bool:
+    """The lane's source answered (possibly degraded in capability, e.g. lexical only)."""
+    return not lane.degraded or not lane.degradation_reason.startswith(_UNAVAILABLE)
 
 
 def _has_items(resp: search_pb2.SearchResponse) -> bool:
@@ -253,38 +339,97 @@ def _global_order(resp: search_pb2.SearchResponse) -> list[tuple[str, object]]:
     return entries
 
 
-def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
-    """Enforce max_tokens on the response text: snippets first, then items from the end."""
-    used = count_tokens(response_json(resp))
+def _measure(resp: search_pb2.SearchResponse) -> int:
+    """Tokens of the response text, with ``used_tokens`` itself set to that count.
+
+    The count's own digits are part of the text: serialise once without it, then solve
+    tokens = ceil((bytes + len(',"used_tokens":') + digits(tokens)) / 4) arithmetically."""
+    resp.limits.budget.used_tokens = 0
+    base = len(response_json(resp).encode("utf-8"))
+    extra = len(',"used_tokens":') if resp.limits.budget.max_tokens else len('"used_tokens":')
+    used = math.ceil((base + extra + 1) / 4)
+    for _ in range(4):
+        nxt = math.ceil((base + extra + len(str(used))) / 4)
+        if nxt == used:
+            break
+        used = nxt
     resp.limits.budget.used_tokens = used
-    if used <= max_tokens:
+    return used
+
+
+def _json_bytes(msg: object) -> int:
+    return len(json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), ensure_ascii=False, separators=(",", ":")).encode())  # type: ignore[arg-type]
+
+
+def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
+    """Enforce max_tokens on the response text: snippets first (lowest-ranked first), then
+    whole items from the end of the global order; errors are never removed. Sizes are
+    estimated per removal and verified by a full measurement before stopping."""
+    if _measure(resp) <= max_tokens:
         return
     resp.limits.truncated = True
     resp.warnings.append(
         errors_pb2.Notice(code="KNOWLEDGE_BUDGET_EXCEEDED", message=f"response trimmed to fit {max_tokens} tokens")
     )
-    order = _global_order(resp)
-    # Phase 1: snippets, lowest-ranked first.
-    for name, item in reversed(order):
+    limit = max_tokens * 4
+    size = len(response_json(resp).encode())
+    # Phase 1: snippets. One summary entry per lane; the items stay, visibly without snippet.
+    snippet_counts: dict[str, int] = defaultdict(int)
+    for name, item in reversed(_global_order(resp)):
+        if size <= limit and _measure(resp) <= max_tokens:
+            break
         if getattr(item, "snippet", ""):
+            size -= len(json.dumps(item.snippet, ensure_ascii=False).encode()) + 11  # type: ignore[attr-defined]
             item.snippet = ""  # type: ignore[attr-defined]
-            resp.limits.dropped.append(search_pb2.Dropped(lane=name, id=_item_id(name, item), what="snippet"))
-            if count_tokens(response_json(resp)) <= max_tokens:
-                resp.limits.budget.used_tokens = count_tokens(response_json(resp))
-                return
+            if not snippet_counts[name]:
+                size += 60
+            snippet_counts[name] += 1
+            _set_snippet_entries(resp, snippet_counts)
+    _set_snippet_entries(resp, snippet_counts)
+    if _measure(resp) <= max_tokens:
+        return
     # Phase 2: whole items from the end; evidence pointing at them goes too.
+    size = len(response_json(resp).encode())
     for name, item in reversed(_global_order(resp)):
         item_id = _item_id(name, item)
+        size -= _json_bytes(item) + 1
         lane = getattr(resp.lanes, name)
         for i, candidate in enumerate(lane.items):
             if _item_id(name, candidate) == item_id:
                 del lane.items[i]
                 break
-        resp.limits.dropped.append(search_pb2.Dropped(lane=name, id=item_id, what="item"))
+        entry = search_pb2.Dropped(lane=name, id=item_id, what="item", count=1)
+        resp.limits.dropped.append(entry)
+        size += _json_bytes(entry) + 1
         _prune_evidence(resp, name, item_id)
-        if count_tokens(response_json(resp)) <= max_tokens:
-            break
-    resp.limits.budget.used_tokens = count_tokens(response_json(resp))
+        if size <= limit and _measure(resp) <= max_tokens:
+            return
+    # Nothing left to remove but the list of removals: summarise it per lane.
+    if _measure(resp) > max_tokens:
+        _summarise_item_entries(resp)
+    _measure(resp)
+
+
+def _set_snippet_entries(resp: search_pb2.SearchResponse, counts: dict[str, int]) -> None:
+    kept = [d for d in resp.limits.dropped if d.what != "snippet"]
+    entries = [search_pb2.Dropped(lane=lane, what="snippet", count=n) for lane, n in counts.items() if n]
+    del resp.limits.dropped[:]
+    resp.limits.dropped.extend(entries + [_copy(d) for d in kept])
+
+
+def _summarise_item_entries(resp: search_pb2.SearchResponse) -> None:
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for d in resp.limits.dropped:
+        counts[(d.lane, d.what)] += max(d.count, 1)
+    del resp.limits.dropped[:]
+    for (lane, what), n in counts.items():
+        resp.limits.dropped.append(search_pb2.Dropped(lane=lane, what=what, count=n))
+
+
+def _copy(d: search_pb2.Dropped) -> search_pb2.Dropped:
+    out = search_pb2.Dropped()
+    out.CopyFrom(d)
+    return out
 
 
 def _prune_evidence(resp: search_pb2.SearchResponse, lane: str, item_id: str) -> None:
@@ -296,7 +441,7 @@ def _prune_evidence(resp: search_pb2.SearchResponse, lane: str, item_id: str) ->
             actor.evidence.extend(remaining)
             keep.append(actor)
         else:
-            resp.limits.dropped.append(search_pb2.Dropped(lane="actors", id=actor.actor_id, what="item"))
+            resp.limits.dropped.append(search_pb2.Dropped(lane="actors", id=actor.actor_id, what="item", count=1))
     if len(keep) != len(resp.actors):
         kept = [search_pb2.Actor() for _ in keep]
         for dst, src in zip(kept, keep):

@@ -1140,6 +1140,11 @@ class DocHit(betterproto2.Message):
     Snippet of the chunk; data, never instructions.
     """
 
+    theme_id: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    Theme the chunk was reached through (match_kind "theme"); empty otherwise.
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "DocHit", DocHit)
 
@@ -1322,6 +1327,12 @@ class Dropped(betterproto2.Message):
     what: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
     """
     "snippet" (the snippet was removed) or "item" (the item was removed).
+    """
+
+    count: "int" = betterproto2.field(4, betterproto2.TYPE_INT32)
+    """
+    Number of removals this entry stands for; above 1 the entry summarises a lane
+    (id empty), which keeps the list itself within the budget.
     """
 
 
@@ -2075,6 +2086,23 @@ class GlobalOverviewResponse(betterproto2.Message):
     Why it is degraded.
     """
 
+    chunks: "int" = betterproto2.field(17, betterproto2.TYPE_INT64)
+    """
+    Document chunks in the layer.
+    """
+
+    summaries: "int" = betterproto2.field(18, betterproto2.TYPE_INT64)
+    """
+    Theme summaries with validated citations.
+    """
+
+    top_entities: "list[EntityRef]" = betterproto2.field(
+        19, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    Most mentioned entities with addresses.
+    """
+
 
 default_message_pool.register_message(
     "knowledge.v1", "GlobalOverviewResponse", GlobalOverviewResponse
@@ -2474,6 +2502,16 @@ class Neighbor(betterproto2.Message):
     address: "Address | None" = betterproto2.field(7, betterproto2.TYPE_MESSAGE, optional=True)
     """
     Address of a quote that shows the connection.
+    """
+
+    direction: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    Edge direction seen from the nearer entity: "out", "in" or "both" (co-mention).
+    """
+
+    via_id: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
+    """
+    Entity the neighbour was reached through (the start entity at depth 1).
     """
 
 
@@ -3291,6 +3329,11 @@ class Theme(betterproto2.Message):
     seed_entity_id: "str" = betterproto2.field(7, betterproto2.TYPE_STRING)
     """
     Seed entity id.
+    """
+
+    address: "Address | None" = betterproto2.field(8, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    Address of the seed entity's first mention (within the requested scope).
     """
 
 

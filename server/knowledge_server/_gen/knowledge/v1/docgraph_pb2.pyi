@@ -144,6 +144,7 @@ class Theme(_message.Message):
     SUMMARY_FIELD_NUMBER: _builtins.int
     CITATIONS_FIELD_NUMBER: _builtins.int
     SEED_ENTITY_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
     theme_id: _builtins.str
     """sha1(seed_entity_id + "|" + sorted member ids)."""
     title: _builtins.str
@@ -162,6 +163,10 @@ class Theme(_message.Message):
     def citations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Address]:
         """Addresses the summary rests on."""
 
+    @_builtins.property
+    def address(self) -> Global___Address:
+        """Address of the seed entity's first mention (within the requested scope)."""
+
     def __init__(
         self,
         *,
@@ -172,10 +177,11 @@ class Theme(_message.Message):
         summary: _builtins.str | None = ...,
         citations: _abc.Iterable[Global___Address] | None = ...,
         seed_entity_id: _builtins.str = ...,
+        address: Global___Address | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_summary", b"_summary", "summary", b"summary"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_summary", b"_summary", "address", b"address", "summary", b"summary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_summary", b"_summary", "citations", b"citations", "seed_entity_id", b"seed_entity_id", "size", b"size", "summary", b"summary", "theme_id", b"theme_id", "title", b"title", "top_entities", b"top_entities"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_summary", b"_summary", "address", b"address", "citations", b"citations", "seed_entity_id", b"seed_entity_id", "size", b"size", "summary", b"summary", "theme_id", b"theme_id", "title", b"title", "top_entities", b"top_entities"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__summary: _TypeAlias = _typing.Literal["summary"]  # noqa: Y015
     _WhichOneofArgType__summary: _TypeAlias = _typing.Literal["_summary", b"_summary"]  # noqa: Y015
@@ -320,6 +326,8 @@ class Neighbor(_message.Message):
     DEPTH_FIELD_NUMBER: _builtins.int
     RELATION_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
+    DIRECTION_FIELD_NUMBER: _builtins.int
+    VIA_ID_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Neighbour entity (or theme) id."""
     name: _builtins.str
@@ -332,6 +340,10 @@ class Neighbor(_message.Message):
     """Hops from the start entity."""
     relation: _builtins.str
     """Relation kind on the connecting edge, e.g. "requires", or "co_mention"."""
+    direction: _builtins.str
+    """Edge direction seen from the nearer entity: "out", "in" or "both" (co-mention)."""
+    via_id: _builtins.str
+    """Entity the neighbour was reached through (the start entity at depth 1)."""
     @_builtins.property
     def address(self) -> Global___Address:
         """Address of a quote that shows the connection."""
@@ -346,10 +358,12 @@ class Neighbor(_message.Message):
         depth: _builtins.int = ...,
         relation: _builtins.str = ...,
         address: Global___Address | None = ...,
+        direction: _builtins.str = ...,
+        via_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["address", b"address"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "depth", b"depth", "id", b"id", "kind", b"kind", "name", b"name", "relation", b"relation", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "depth", b"depth", "direction", b"direction", "id", b"id", "kind", b"kind", "name", b"name", "relation", b"relation", "via_id", b"via_id", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -606,6 +620,9 @@ class GlobalOverviewResponse(_message.Message):
     TOP_THEMES_FIELD_NUMBER: _builtins.int
     DEGRADED_FIELD_NUMBER: _builtins.int
     DEGRADATION_REASON_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    SUMMARIES_FIELD_NUMBER: _builtins.int
+    TOP_ENTITIES_FIELD_NUMBER: _builtins.int
     op: _builtins.str
     """"global_overview"."""
     index_rev: _builtins.str
@@ -632,6 +649,10 @@ class GlobalOverviewResponse(_message.Message):
     """The layer is incomplete (e.g. built without an LLM)."""
     degradation_reason: _builtins.str
     """Why it is degraded."""
+    chunks: _builtins.int
+    """Document chunks in the layer."""
+    summaries: _builtins.int
+    """Theme summaries with validated citations."""
     @_builtins.property
     def error(self) -> _errors_pb2.Notice:
         """Error, when the operation failed."""
@@ -643,6 +664,10 @@ class GlobalOverviewResponse(_message.Message):
     @_builtins.property
     def top_themes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Theme]:
         """Top themes with addresses."""
+
+    @_builtins.property
+    def top_entities(self) -> _containers.RepeatedCompositeFieldContainer[Global___EntityRef]:
+        """Most mentioned entities with addresses."""
 
     def __init__(
         self,
@@ -663,10 +688,13 @@ class GlobalOverviewResponse(_message.Message):
         top_themes: _abc.Iterable[Global___Theme] | None = ...,
         degraded: _builtins.bool = ...,
         degradation_reason: _builtins.str = ...,
+        chunks: _builtins.int = ...,
+        summaries: _builtins.int = ...,
+        top_entities: _abc.Iterable[Global___EntityRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "collected", b"collected", "degradation_reason", b"degradation_reason", "degraded", b"degraded", "documents", b"documents", "entities", b"entities", "error", b"error", "found", b"found", "index_rev", b"index_rev", "limits", b"limits", "op", b"op", "provenance", b"provenance", "reason", b"reason", "relations", b"relations", "themes", b"themes", "top_themes", b"top_themes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "chunks", b"chunks", "collected", b"collected", "degradation_reason", b"degradation_reason", "degraded", b"degraded", "documents", b"documents", "entities", b"entities", "error", b"error", "found", b"found", "index_rev", b"index_rev", "limits", b"limits", "op", b"op", "provenance", b"provenance", "reason", b"reason", "relations", b"relations", "summaries", b"summaries", "themes", b"themes", "top_entities", b"top_entities", "top_themes", b"top_themes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -709,12 +737,15 @@ class DocHit(_message.Message):
     MATCHED_ENTITIES_FIELD_NUMBER: _builtins.int
     SCORE_FIELD_NUMBER: _builtins.int
     SNIPPET_FIELD_NUMBER: _builtins.int
+    THEME_ID_FIELD_NUMBER: _builtins.int
     match_kind: _builtins.str
     """"lexical", "vector", "entity" or "theme"."""
     score: _builtins.float
     """Score (higher is better)."""
     snippet: _builtins.str
     """Snippet of the chunk; data, never instructions."""
+    theme_id: _builtins.str
+    """Theme the chunk was reached through (match_kind "theme"); empty otherwise."""
     @_builtins.property
     def address(self) -> Global___Address:
         """Where it is."""
@@ -731,10 +762,11 @@ class DocHit(_message.Message):
         matched_entities: _abc.Iterable[Global___EntityRef] | None = ...,
         score: _builtins.float = ...,
         snippet: _builtins.str = ...,
+        theme_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["address", b"address"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "match_kind", b"match_kind", "matched_entities", b"matched_entities", "score", b"score", "snippet", b"snippet"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "match_kind", b"match_kind", "matched_entities", b"matched_entities", "score", b"score", "snippet", b"snippet", "theme_id", b"theme_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1049,22 +1049,28 @@ class Dropped(_message.Message):
     LANE_FIELD_NUMBER: _builtins.int
     ID_FIELD_NUMBER: _builtins.int
     WHAT_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
     lane: _builtins.str
     """Lane of the item ("episodes", "code", "skills", "actors")."""
     id: _builtins.str
     """Item id."""
     what: _builtins.str
     """"snippet" (the snippet was removed) or "item" (the item was removed)."""
+    count: _builtins.int
+    """Number of removals this entry stands for; above 1 the entry summarises a lane
+    (id empty), which keeps the list itself within the budget.
+    """
     def __init__(
         self,
         *,
         lane: _builtins.str = ...,
         id: _builtins.str = ...,
         what: _builtins.str = ...,
+        count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "lane", b"lane", "what", b"what"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "id", b"id", "lane", b"lane", "what", b"what"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""End-to-end Search over gRPC at scale: >=10k code chunks, >=100k episode events, the real skills.
+
+Builds a data directory (the Python standard library as the code workspace; the real session
+logs replayed under new session ids up to --events; the real SKILL.md catalog), starts
+`knowledge serve` as a separate process on a free loopback port, and measures:
+
+* one client, sequential: P50 / P95 / P99 latency;
+* 16 concurrent clients (asyncio, one channel each): throughput and P95.
+
+Usage: python bench/bench_search.py [--events 100000] [--requests 400] [--data DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+QUERIES = [
+    "who fixed the failing test",
+    "where is the json decoder defined",
+    "кто чинил доступ к MySQL",
+    "会员退款多久到账？",
+    "rate limit exceeded error",
+    "how to parse email headers",
+    "test driven development skill",
+    "which agent ran git commit",
+    "http client connection timeout",
+    "where is the config loaded",
+    "subprocess pipe deadlock",
+    "file not found error",
+    "the",
+    "asyncio event loop policy",
+    "who changed the sqlite schema",
+    "orchestrator slash command",
+]
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+def build(data: Path, events: int, shared: Path) -> None:
+    from bench_episodes import build_corpus
+
+    from knowledge_server.code.index import CodeIndex
+    from knowledge_server.code.model import IndexOptions
+    from knowledge_server.derived.build import rebuild
+    from knowledge_server.derived.store import DerivedStore
+    from knowledge_server.episodes.store import EpisodeStore
+
+    data.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    store = build_corpus(shared / "sessions", data.parent, events)  # writes data.parent/"corpus"
+    store.close()
+    print(f"episodes corpus built in {time.perf_counter() - t0:.1f}s")
+    stdlib = sysconfig.get_paths()["stdlib"]
+    t0 = time.perf_counter()
+    with CodeIndex(str(data / "code.sqlite"), options=IndexOptions(extra_ignore=("site-packages/",))) as idx:
+        rep = idx.index_workspace(stdlib)
+    print(f"code: {rep.files_indexed} files, {rep.chunks} chunks indexed in {time.perf_counter() - t0:.1f}s (rev {rep.index_rev})")
+    t0 = time.perf_counter()
+    ep = EpisodeStore(str(data), read_only=True)
+    ds = DerivedStore(str(data))
+    r = rebuild(ep, ds, [str(shared / "skills")])
+    ep.close()
+    ds.close()
+    print(f"derived: {r.actors} actors, {r.skills} skills in {time.perf_counter() - t0:.1f}s")
+
+
+async def run_clients(address: str, clients: int, requests: int, unique: bool = False) -> tuple[list[float], float]:
+    from knowledge_sdk import AsyncKnowledgeClient
+
+    latencies: list[float] = []
+    counter = iter(range(requests))
+
+    async def worker(n: int) -> None:
+        async with AsyncKnowledgeClient(address, timeout=30) as kc:
+            await kc.search("warm up", include=["episodes", "code", "skills"])
+            for i in counter:
+                q = QUERIES[(i + n) % len(QUERIES)]
+                if unique:
+                    # A distinct rare word per request: every search misses the caches.
+                    q = f"{q} zq{i}x{n}"
+                t = time.perf_counter()
+                await kc.search(q)
+                latencies.append((time.perf_counter() - t) * 1000)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(n) for n in range(clients)))
+    return latencies, time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--data", type=Path, help="reuse/keep this data directory")
+    ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
+    args = ap.parse_args()
+    base = args.data or Path(tempfile.mkdtemp(prefix="kn-bench-search-"))
+    data = base / "corpus"
+    if not (data / "code.sqlite").exists():
+        build(data, args.events, args.shared)
+    env = dict(os.environ, KNOWLEDGE_LOG_LEVEL="warning", KNOWLEDGE_LOG_FORMAT="json")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "knowledge_server.cli", "--data-dir", str(data), "serve", "--listen", "127.0.0.1:0",
+         "--no-bootstrap", "--workspace", sysconfig.get_paths()["stdlib"]],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().split()[-1]
+        from knowledge_sdk import KnowledgeClient
+
+        with KnowledgeClient(address) as kc:
+            st = kc.get_status()
+            counts = {lane.lane: dict(lane.counts) for lane in st.lanes}
+            print(f"server {address}: episodes={counts.get('episodes')} code={counts.get('code')} skills={counts.get('skills', {}).get('skills')}")
+            r = kc.search("who fixed the failing test", trace=True)
+            print("lane timings of one search (ms):", {t.lane: t.ms for t in r.trace.lanes}, "total", r.trace.total_ms)
+        lat, wall = asyncio.run(run_clients(address, 1, args.requests, unique=True))
+        print(f"== 1 client, {len(lat)} unique searches (no cache hits): p50={statistics.median(lat):.1f} ms  "
+              f"p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms  ({len(lat) / wall:.0f} searches/s)")
+        lat, wall = asyncio.run(run_clients(address, 16, args.requests * 2, unique=True))
+        print(f"== 16 clients, {len(lat)} unique searches (no cache hits): throughput={len(lat) / wall:.0f} searches/s  "
+              f"p50={statistics.median(lat):.1f} ms  p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms")
+        lat, wall = asyncio.run(run_clients(address, 1, args.requests))
+        print(f"== 1 client, {len(lat)} searches over {len(QUERIES)} recurring questions: p50={statistics.median(lat):.1f} ms  p95={pct(lat, 95):.1f} ms  "
+              f"p99={pct(lat, 99):.1f} ms  ({len(lat) / wall:.0f} searches/s)")
+        lat, wall = asyncio.run(run_clients(address, 16, args.requests * 2))
+        print(f"== 16 clients, {len(lat)} searches over {len(QUERIES)} recurring questions: throughput={len(lat) / wall:.0f} searches/s  p50={statistics.median(lat):.1f} ms  "
+              f"p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print(f"data directory: {data} (targets: p95 <= 30 ms with one client; >= 200 searches/s with 16 clients)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,264 @@
+"""The document graph end to end over gRPC: index EIP documents with the code lane, build the
+layer (fake LLM server, no LLM, unreachable LLM) and call the five operations through the SDK."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from knowledge_licensing import generate_keypair, issue_licence
+from knowledge_sdk import AsyncKnowledgeClient, InvalidRequest
+from knowledge_sdk import types as v1
+from knowledge_server.docgraph.fake_llm import FakeLLMServer
+
+from tests.conftest import start_server
+
+EIPS = ("eip-1559.md", "eip-2718.md", "eip-2930.md", "eip-2929.md", "eip-4844.md")
+
+
+def enterprise_licence(tmp_path: Path) -> None:
+    """A valid Enterprise licence (doc-graph) and its public key in the server's data dir."""
+    now = datetime.now(UTC)
+    private, public = generate_keypair("vendor-1", tmp_path / "vendor")
+    ring = tmp_path / "data" / "licence-keys"
+    ring.mkdir(parents=True, exist_ok=True)
+    (ring / public.name).write_bytes(public.read_bytes())
+    blob = issue_licence(private, licence_id="lic-dg", licensee="Example", edition="enterprise",
+                         features=["doc-graph"], not_before=now - timedelta(days=1), expires_at=now + timedelta(days=30))
+    (tmp_path / "data" / "licence.json").write_bytes(blob)
+
+
+def eips_workspace(shared_data: Path, tmp_path: Path) -> Path:
+    ws = tmp_path / "eips"
+    ws.mkdir()
+    for name in EIPS:
+        shutil.copy(shared_data / "docs" / "eips" / name, ws / name)
+    return ws
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+async def _summary(stream: Any) -> v1.OperationSummary:
+    events = [ev async for ev in stream]
+    summaries = [ev.summary for ev in events if ev.summary is not None]
+    assert len(summaries) == 1
+    return summaries[0]
+
+
+async def _index_and_build(kc: AsyncKnowledgeClient, ws: Path, **build: Any) -> v1.OperationSummary:
+    await _summary(kc.index_workspace(str(ws)))
+    return await _summary(kc.build_doc_graph(v1.BuildDocGraphRequest(root=str(ws), **build)))
+
+
+def _addressed(addr: Any) -> None:
+    assert addr is not None and addr.path and addr.start_line >= 1 and addr.end_line >= addr.start_line, addr
+
+
+def _entity(e: Any) -> None:
+    assert e.addresses, e
+    for a in e.addresses:
+        _addressed(a)
+
+
+def _theme(t: Any) -> None:
+    _addressed(t.address)
+    assert t.citations
+    for c in t.citations:
+        _addressed(c)
+    for e in t.top_entities:
+        _entity(e)
+
+
+def _envelope(resp: Any, op: str) -> None:
+    assert resp.op == op and resp.provenance == "stated"
+    assert resp.index_rev.startswith("docgraph:")
+
+
+async def _server(tmp_path: Path, ws: Path, **llm: str):  # type: ignore[no-untyped-def]
+    enterprise_licence(tmp_path)
+    return await start_server(tmp_path, workspaces=[str(ws)], **llm)
+
+
+async def test_five_operations_with_fake_llm(shared_data: Path, tmp_path: Path) -> None:
+    ws = eips_workspace(shared_data, tmp_path)
+    with FakeLLMServer() as fake:
+        rs = await _server(tmp_path, ws, llm_url=fake.url, llm_model="fake")
+        try:
+            async with AsyncKnowledgeClient(rs.address) as kc:
+                await _summary(kc.index_workspace(str(ws)))
+                est = await _summary(kc.build_doc_graph(v1.BuildDocGraphRequest(root=str(ws), estimate=True)))
+                assert est.counters["chunks_to_process"] > 0 and est.counters["expected_calls"] > 0
+                assert fake.calls == 0  # an estimate spends nothing
+
+                first = await _summary(kc.build_doc_graph(v1.BuildDocGraphRequest(root=str(ws))))
+                assert first.changed and not first.stopped_by
+                for key in ("documents", "chunks", "entities", "relations", "themes", "llm_calls"):
+                    assert first.counters[key] > 0, key
+                assert first.counters["documents"] == len(EIPS)
+                assert first.index_rev.startswith("docgraph:")
+
+                th = await kc.themes(limit=5)
+                _envelope(th, "themes")
+                assert th.collected and th.found and th.capability == "full" and th.themes
+                for t in th.themes:
+                    _theme(t)
+                    assert t.address.workspace == str(ws)
+
+                nb = await kc.entity_neighbors("EIP-1559", depth=2)
+                _envelope(nb, "entity_neighbors")
+                assert nb.found and nb.neighbors
+                _entity(nb.entity)
+                for n in nb.neighbors:
+                    _addressed(n.address)
+                    assert n.relation and n.via_id
+                tn = await kc.entity_neighbors("EIP-1559", kind="theme")
+                for n in tn.neighbors:
+                    assert n.kind == "theme"
+                    _addressed(n.address)
+
+                rel = await kc.doc_relations(doc="eip-1559.md")
+                _envelope(rel, "doc_relations")
+                assert rel.found and rel.relations
+                for r in rel.relations:
+                    assert r.from_ == "eip-1559.md" and r.to and r.via_entities
+                    for c in r.citations:
+                        _addressed(c)
+                    for e in r.via_entities:
+                        _entity(e)
+                rel2 = await kc.doc_relations(entity="EIP-2718")
+                assert rel2.found and all(c.path for r in rel2.relations for c in r.citations)
+
+                ov = await kc.global_overview(limit=3)
+                _envelope(ov, "global_overview")
+                assert ov.found and ov.documents == len(EIPS) and ov.entities > 0 and ov.chunks > 0
+                assert not ov.degraded and ov.top_themes and ov.top_entities
+                for t in ov.top_themes:
+                    _theme(t)
+                for e in ov.top_entities:
+                    _entity(e)
+
+                sl = await kc.search_levels("How does EIP-1559 change the base fee?")
+                _envelope(sl, "search_levels")
+                assert sl.collected and not sl.degraded and sl.found and sl.items
+                for h in sl.items:
+                    _addressed(h.address)
+                    for e in h.matched_entities:
+                        _entity(e)
+                for t in sl.themes:
+                    _theme(t)
+
+                with pytest.raises(InvalidRequest) as err:
+                    await kc.entity_neighbors("EIP-1559", depth=4)
+                assert "depth" in str(err.value)
+                with pytest.raises(InvalidRequest) as err:
+                    await kc.themes(limit=1000)
+                assert "limit" in str(err.value)
+
+                status = await kc.get_status()
+                dg = [lane for lane in status.lanes if lane.lane == "docgraph"]
+                assert dg and dg[0].index_rev == first.index_rev and dg[0].counts["entities"] > 0
+
+                # A second build: same fingerprint, no LLM call, same revision.
+                calls = fake.calls
+                second = await _summary(kc.build_doc_graph(v1.BuildDocGraphRequest(root=str(ws))))
+                assert fake.calls == calls
+                assert second.counters["llm_calls"] == 0 and not second.changed
+                assert second.index_rev == first.index_rev
+        finally:
+            await rs.server.stop(0)
+
+
+async def test_no_llm_structural_build_and_degraded_search(shared_data: Path, tmp_path: Path) -> None:
+    ws = eips_workspace(shared_data, tmp_path)
+    rs = await _server(tmp_path, ws)
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            before = await kc.themes()
+            assert not before.collected and "DOCGRAPH_NOT_BUILT" in before.reason and not before.themes
+
+            summary = await _index_and_build(kc, ws, structural_only=True)
+            assert summary.counters["entities"] > 0 and summary.counters["llm_calls"] == 0
+
+            sl = await kc.search_levels("EIP-2718 typed transaction envelope")
+            assert sl.collected and sl.degraded and sl.degradation_reason and "LLM not configured" in sl.reason
+            assert sl.found and sl.items
+            for h in sl.items:
+                assert h.match_kind == "lexical"
+                _addressed(h.address)
+
+            nb = await kc.entity_neighbors("EIP-1559")
+            assert nb.collected and nb.capability == "degraded" and nb.reason
+            for n in nb.neighbors:
+                _addressed(n.address)
+            ov = await kc.global_overview()
+            assert ov.degraded and ov.degradation_reason
+    finally:
+        await rs.server.stop(0)
+
+
+async def test_unreachable_llm_is_not_collected_with_driver_code(shared_data: Path, tmp_path: Path) -> None:
+    ws = eips_workspace(shared_data, tmp_path)
+    rs = await _server(tmp_path, ws, llm_url=closed_port_url(), llm_model="fake")
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            summary = await _index_and_build(kc, ws)
+            assert summary.stopped_by == "llm_unavailable"
+            assert any("LLM_UNAVAILABLE" in p.message for p in summary.problems)
+            assert summary.counters["pending_chunks"] > 0
+
+            sl = await kc.search_levels("EIP-1559 base fee")
+            assert not sl.collected and "LLM_UNAVAILABLE" in sl.reason and not sl.items and not sl.found
+            for call in (kc.themes(), kc.entity_neighbors("EIP-1559"), kc.global_overview()):
+                resp = await call
+                # Structural facts may answer, but never as "full" and never without the cause.
+                assert "LLM_UNAVAILABLE" in resp.reason and resp.capability == "degraded"
+                if not resp.collected:
+                    assert not resp.found
+    finally:
+        await rs.server.stop(0)
+
+
+def test_operations_answer_only_from_workspaces_in_scope(shared_data: Path, tmp_path: Path) -> None:
+    """Two workspaces, one layer each: a caller scoped to one never sees the other's facts."""
+    from knowledge_server._gen.knowledge.v1 import docgraph_pb2
+    from knowledge_server.lanes.code import CodeLane
+    from knowledge_server.lanes.docgraph import DocGraphLane
+
+    data = tmp_path / "data"
+    data.mkdir()
+    roots = []
+    for name, files in (("a", EIPS[:2]), ("b", EIPS[2:])):
+        ws = tmp_path / name
+        ws.mkdir()
+        for f in files:
+            shutil.copy(shared_data / "docs" / "eips" / f, ws / f)
+        roots.append(str(ws))
+    code = CodeLane(data)
+    dg = DocGraphLane(data)
+    try:
+        for root in roots:
+            code.index_sync(root, False, lambda *a: None)
+        summary = dg.build_sync(None, False, 0, 0, True, lambda *a: None, scope=None)
+        assert summary.counters["workspaces"] == 2 and ";" in summary.index_rev
+        req = docgraph_pb2.GlobalOverviewRequest(limit=5)
+        for root, files in zip(roots, (EIPS[:2], EIPS[2:])):
+            resp = dg.op_sync("global_overview", req, (root,))
+            assert resp.collected and resp.documents == len(files)
+            paths = {a.path for e in resp.top_entities for a in e.addresses}
+            assert paths <= set(files)
+            assert {a.workspace for e in resp.top_entities for a in e.addresses} == {root}
+        hidden = dg.op_sync("themes", docgraph_pb2.ThemesRequest(), ())
+        assert not hidden.collected and not hidden.themes and "DOCGRAPH_NOT_BUILT" in hidden.reason
+        assert dg.status((roots[0],)).counts["workspaces"] == 1
+    finally:
+        dg.close()
+        code.close()
