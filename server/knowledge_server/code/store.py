@@ -125,8 +125,11 @@ def open_store(path: str) -> apsw.Connection:
         cur.execute(
             "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (SCHEMA_VERSION,)
         )
-        # bm25 weights: identifier tokens of the body 1.0, path + symbol name 3.0.
-        cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('rank', 'bm25(1.0, 3.0)')")
+        # bm25 weights: identifier tokens of the body 1.0, path + symbol name 3.0. Set once:
+        # rewriting the persistent config on every open would make readers write the file.
+        current = cur.execute("SELECT v FROM chunks_fts_config WHERE k = 'rank'").fetchone()
+        if current is None or current[0] != "bm25(1.0, 3.0)":
+            cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('rank', 'bm25(1.0, 3.0)')")
     return conn
 
 
