@@ -39,6 +39,10 @@ async def test_index_stream_search_chunk_and_stale_warning(tmp_path: Path) -> No
             assert chunk.path == top.path and chunk.start_line == top.start_line and len(chunk.text) >= len(top.snippet.strip("…"))
             md = await kc.search("scanner turns text into tokens", include=["code"])
             assert any(i.path == "notes.md" and i.source_kind == "section" for i in md.lanes.code.items)
+            # mode=docs: document chunks only, and the lane says it is plain retrieval (seed 003 §3.4).
+            docs = await kc.search("scanner tokens decoder errors", mode="docs", include=["code"])
+            assert docs.lanes.code.items and all(i.language == "markdown" for i in docs.lanes.code.items)
+            assert docs.lanes.code.degraded and "SearchLevels" in docs.lanes.code.degradation_reason and docs.found
             # The workspace changes after the revision: data still returned, with a warning.
             (ws / "json" / "decoder.py").write_text((ws / "json" / "decoder.py").read_text() + "\n# touched\n")
             rs.app.lanes["code"].refresh_freshness()

@@ -20,6 +20,7 @@ from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 SOURCE = "knowledge.code"
 DB_FILE = "code.sqlite"
 FRESHNESS_INTERVAL_S = 15.0
+DOC_LANGUAGES = frozenset({"markdown", "text", "txt", "rst", "adoc", "asciidoc", "org"})
 
 
 def _visible(workspace: str, scope: tuple[str, ...] | None) -> bool:
@@ -94,7 +95,8 @@ class CodeLane:
                 q.query,
                 workspaces=q.workspaces,
                 path_prefixes=list(q.paths) or None,
-                limit=q.top_k,
+                # Documents are a minority of chunks: look deeper, then keep documents only.
+                limit=q.top_k * 4 if q.docs_only else q.top_k,
                 mode="hybrid",
                 snippet_chars=q.snippet_chars,
                 check_fresh=False,
@@ -117,7 +119,16 @@ class CodeLane:
                 code="KNOWLEDGE_STALE_INDEX", lane=self.name,
                 message=f"{len(stale)} workspace(s) changed after their revision; results are from the indexed revision",
             ))
-        for h in result.hits:
+        hits = result.hits
+        if q.docs_only:
+            hits = [h for h in hits if h.language in DOC_LANGUAGES][: q.top_k]
+            # Seed 003 §3.4: without dual-level matching, mode=docs says it is plain retrieval.
+            lane.degraded = True
+            reason = ("KNOWLEDGE_LANE_DEGRADED: mode=docs answers from document chunks by lexical and vector match; "
+                      "entity and theme (dual-level) matching is the SearchLevels operation (doc-graph)")
+            lane.degradation_reason = f"{lane.degradation_reason}; {reason}" if lane.degradation_reason else reason
+            warnings.append(errors_pb2.Notice(code="KNOWLEDGE_LANE_DEGRADED", lane=self.name, message="mode=docs: no dual-level matching in Search; see SearchLevels"))
+        for h in hits:
             lane.items.add(
                 id=h.id, chunk_id=h.chunk_id, path=h.path, start_line=h.start_line, end_line=h.end_line,
                 source_kind=h.source_kind, provenance=h.provenance, score=h.score, why=list(h.why),

@@ -176,6 +176,7 @@ class Coordinator:
             since=v.since,
             until=v.until,
             outcome=v.outcome,
+            docs_only=v.mode in ("docs", "themes"),
         )
         # episodes and code are always present (invariant 1); skills only when asked.
         lane_names = [n for n in ("episodes", "code", "skills") if n in v.include or n in ("episodes", "code")]

@@ -33,6 +33,8 @@ class LaneQuery:
     since: datetime | None = None
     until: datetime | None = None
     outcome: str = "any"
+    # mode=docs|themes: the code lane answers from document chunks only (Markdown, text).
+    docs_only: bool = False
 
 
 @dataclass

@@ -74,6 +74,11 @@ def _matches(query: str) -> dict[str, list[str]]:
 
 
 def route(query: str, mode: str, include: tuple[str, ...]) -> Route:
+    if mode in ("docs", "themes"):
+        weights = {lane: w for lane, w in WEIGHTS["find_code"].items() if lane in include}
+        lanes = tuple(sorted(weights, key=lambda lane: -weights[lane]))
+        return Route("find_code", lanes, weights, 1.0, "high",
+                     f"mode={mode} set by the caller: documents of the code lane; dual-level entity/theme matching is SearchLevels")
     if mode in WEIGHTS:
         weights = {lane: w for lane, w in WEIGHTS[mode].items() if lane in include}
         lanes = tuple(sorted(weights, key=lambda lane: -weights[lane]))
