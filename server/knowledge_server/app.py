@@ -16,7 +16,6 @@ from pathlib import Path
 from knowledge_server import __version__
 from knowledge_server._gen.knowledge.v1 import (
     dispatch_pb2,
-    docgraph_pb2,
     index_service_pb2,
     knowledge_service_pb2,
     search_pb2,
@@ -30,14 +29,7 @@ from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import Lane, NotReadyLane
 from knowledge_server.search.validate import validate_search
 from knowledge_server.transport.interceptors import EditionState, current_call
-
-
-def normalise_workspace(path: str) -> str:
-    return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
-
-
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
+from knowledge_server.workspaces import in_scope, is_under, normalise_workspace
 
 
 def effective_workspaces(principal: Principal, requested: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -52,7 +44,7 @@ def effective_workspaces(principal: Principal, requested: tuple[str, ...]) -> tu
     allowed_n = tuple(normalise_workspace(a) for a in allowed)
     if not wanted:
         return allowed_n
-    return tuple(w for w in wanted if any(_under(w, a) for a in allowed_n))
+    return tuple(w for w in wanted if any(is_under(w, a) for a in allowed_n))
 
 
 class LicenceView:
@@ -161,7 +153,7 @@ class KnowledgeApp:
                 raise InvalidRequest("root: an absolute workspace path is required", metadata={"field": "root"})
             root = normalise_workspace(req.root)
             scope = effective_workspaces(current_call().principal, ())
-            if scope is not None and not any(root == a or root.startswith(a.rstrip("/") + "/") for a in scope):
+            if scope is not None and not in_scope(root, scope):
                 raise PermissionDenied("root: outside the workspaces this principal may manage")
             async for event in run_with_progress(lambda progress: index(root, req.full, progress)):
                 yield event

@@ -29,6 +29,7 @@ from typing import Any
 import click
 
 from knowledge_server.auth_model import ROLE_RIGHTS, Principal
+from knowledge_server.workspaces import normalise_workspace as _normalise
 
 __all__ = [
     "MANAGE",
@@ -85,7 +86,7 @@ def normalise_workspace(path: str | os.PathLike[str]) -> str:
     text = os.fspath(path)
     if not text or "\x00" in text:
         raise ValueError("workspace path must be a non-empty path")
-    return os.path.normpath(os.path.abspath(os.path.expanduser(text)))
+    return _normalise(text)
 
 
 def make_principal(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import re
 import threading
 import unicodedata
@@ -34,6 +33,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from knowledge_server.workspaces import in_scope
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_pb2
 from knowledge_server.derived.store import ActorInfo, DerivedStore
 from knowledge_server.dispatch import outbox
@@ -182,20 +182,6 @@ def named_skills(text: str, catalog: Sequence[str]) -> list[str]:
             found.append((m.start(), name))
     found.sort(key=lambda f: (f[0], -len(f[1]), f[1]))
     return [name for _, name in found]
-
-
-def in_scope(cwd: str | None, scope: tuple[str, ...] | None) -> bool:
-    """Same rule as the lanes: None = unrestricted; otherwise cwd equal to a root or under it."""
-    if scope is None:
-        return True
-    if not cwd:
-        return False
-    path = os.path.normpath(cwd)
-    for root in scope:
-        r = os.path.normpath(root)
-        if path == r or path.startswith(r.rstrip("/") + "/"):
-            return True
-    return False
 
 
 def shorten(text: str, limit: int = SNIPPET_CHARS) -> str:

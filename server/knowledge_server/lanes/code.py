@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from knowledge_server.code.search import check_freshness
 from knowledge_server.errors import InvalidRequest, NotFound
 from knowledge_server.lanes.common import Pool, ProgressFn, in_thread
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
+from knowledge_server.workspaces import is_under
 
 SOURCE = "knowledge.code"
 DB_FILE = "code.sqlite"
@@ -26,7 +26,8 @@ DOC_LANGUAGES = frozenset({"markdown", "text", "txt", "rst", "adoc", "asciidoc",
 def _visible(workspace: str, scope: tuple[str, ...] | None) -> bool:
     if scope is None:
         return True
-    return any(workspace == r or workspace.startswith(r.rstrip("/") + "/") or r.startswith(workspace.rstrip("/") + "/") for r in scope)
+    # A workspace is visible when it lies in the scope, or the scope narrows it to a sub-folder.
+    return any(is_under(workspace, r) or is_under(r, workspace) for r in scope)
 
 
 class CodeLane:

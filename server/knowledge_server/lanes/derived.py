@@ -11,7 +11,6 @@ is writable; the reason names what was checked.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import threading

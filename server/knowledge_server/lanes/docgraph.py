@@ -34,6 +34,7 @@ from knowledge_server.docgraph import (
 )
 from knowledge_server.errors import FailedPrecondition, InvalidRequest, PermissionDenied
 from knowledge_server.lanes.common import Pool, ProgressFn
+from knowledge_server.workspaces import is_under
 
 CODE_DB_FILE = "code.sqlite"
 PROVENANCE = "stated"
@@ -70,12 +71,8 @@ def llm_settings_from_config(config: Any) -> LLMSettings | None:
     )
 
 
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _in_scope(workspace: str, scope: tuple[str, ...] | None) -> bool:
-    return scope is None or any(_under(workspace, r) for r in scope)
+    return scope is None or any(is_under(workspace, r) for r in scope)
 
 
 def layer_rev(rev_id: int | None) -> str:
@@ -417,7 +414,7 @@ class DocGraphLane:
             if op == "themes" and kwargs["scope"].startswith("/"):
                 # An absolute scope picks its workspace and becomes a prefix inside it.
                 wanted = os.path.normpath(kwargs["scope"])
-                workspaces = [w for w in workspaces if _under(wanted, w)][-1:]
+                workspaces = [w for w in workspaces if is_under(wanted, w)][-1:]
                 if workspaces:
                     kwargs["scope"] = os.path.relpath(wanted, workspaces[0]) if wanted != workspaces[0] else ""
             if not workspaces:

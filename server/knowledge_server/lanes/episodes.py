@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
@@ -16,6 +15,7 @@ from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
 from knowledge_server.errors import InvalidRequest, NotFound
 from knowledge_server.lanes.common import Pool, ProgressFn, in_thread, ts
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
+from knowledge_server.workspaces import in_scope, is_under
 
 SOURCE = "knowledge.episodes"
 
@@ -26,17 +26,9 @@ def workspace_of(cwd: str | None, roots: Sequence[str]) -> str:
         return ""
     best = ""
     for root in roots:
-        if (cwd == root or cwd.startswith(root.rstrip("/") + "/")) and len(root) > len(best):
+        if is_under(cwd, root) and len(root) > len(best):
             best = root
     return best or cwd
-
-
-def _under(path: str | None, roots: Sequence[str] | None) -> bool:
-    if roots is None:
-        return True
-    if not path:
-        return False
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 class EpisodesLane:
@@ -149,7 +141,7 @@ class EpisodesLane:
                 raise InvalidRequest("id: expected ep:<session_id>:<seq>", metadata={"field": "id"}) from None
             rev = store.index_rev()
         # Not found and not visible look the same: no hint that another workspace has it.
-        if detail is None or not _under(detail.session.cwd if detail.session else None, workspaces):
+        if detail is None or not in_scope(detail.session.cwd if detail.session else None, workspaces):
             raise NotFound("no such episode")
         resp = knowledge_service_pb2.GetEpisodeResponse(index_rev=rev)
         resp.episode.CopyFrom(self._episode_pb(detail, detail.session))

@@ -1,0 +1,27 @@
+"""The one workspace rule (DESIGN §5): a path belongs to a root when it is the root or lies
+under it. Every lane, the scope computation and dispatch use these helpers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+
+def normalise_workspace(path: str) -> str:
+    """Absolute, normalised, ``~`` expanded (symlinks left alone)."""
+    return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
+
+
+def is_under(path: str, root: str) -> bool:
+    """``path`` is ``root`` or inside it (string rule on normalised paths)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def in_scope(path: str | None, scope: Sequence[str] | None) -> bool:
+    """None = unrestricted; otherwise ``path`` equals a scope root or lies under one."""
+    if scope is None:
+        return True
+    if not path:
+        return False
+    p = os.path.normpath(path)
+    return any(is_under(p, os.path.normpath(r)) for r in scope)
