@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import os
 import random
 import resource
@@ -68,20 +69,35 @@ def _cases(root: Path, n: int, seed: int = 7) -> list[Case]:
     return sorted(rnd.sample(found, min(n, len(found))), key=lambda c: (c.path, c.line))
 
 
-def _quality(ix: CodeIndex, cases: list[Case], mode: str) -> tuple[float, float, list[float]]:
-    recall = 0
+def _quality(
+    ix: CodeIndex, cases: list[Case], mode: str
+) -> tuple[float, float, list[float], list[bool]]:
+    """(Recall@10, MRR, latencies in ms, per-case hit@10)."""
+    found: list[bool] = []
     rr = 0.0
     lat: list[float] = []
     for c in cases:
         t = time.perf_counter()
         hits = ix.search(c.query, mode=mode, limit=10, check_fresh=False).hits
         lat.append((time.perf_counter() - t) * 1000)
+        ok = False
         for rank, h in enumerate(hits, 1):
             if h.path == c.path and h.start_line <= c.line <= h.end_line:
-                recall += 1
+                ok = True
                 rr += 1.0 / rank
                 break
-    return recall / len(cases), rr / len(cases), lat
+        found.append(ok)
+    return sum(found) / len(cases), rr / len(cases), lat, found
+
+
+def _sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test: how likely a split at least this uneven is by chance."""
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    k = min(wins, losses)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -97,7 +113,7 @@ def _rss_mb() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", type=int, default=400)
+    ap.add_argument("--cases", type=int, default=2000)
     ap.add_argument("--no-e5", action="store_true")
     ap.add_argument("--e5-cases", type=int, default=60)
     args = ap.parse_args()
@@ -174,15 +190,22 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
     )
     print(f"{'mode':<22}{'R@10':>7}{'MRR':>7}{'P50 ms':>9}{'P95 ms':>9}")
     results = {}
+    per_case = {}
     for mode in ("lexical", "vector", "hybrid"):
         ix.search(cases[0].query, mode=mode, check_fresh=False)  # warm caches
-        r, m, lat = _quality(ix, cases, mode)
+        r, m, lat, found = _quality(ix, cases, mode)
         results[mode] = r
+        per_case[mode] = found
         print(
             f"{mode + ' (hashing)':<22}{r:>7.3f}{m:>7.3f}{_pct(lat, 50):>9.2f}{_pct(lat, 95):>9.2f}"
         )
+    best = max(("lexical", "vector"), key=lambda k: results[k])
+    gained = sum(h and not b for h, b in zip(per_case["hybrid"], per_case[best]))
+    lost = sum(b and not h for h, b in zip(per_case["hybrid"], per_case[best]))
     print(
-        f"hybrid R@10 above the better single lane: {results['hybrid'] > max(results['lexical'], results['vector'])}"
+        f"hybrid R@10 above the better single lane ({best}): "
+        f"{results['hybrid'] > results[best]}   (paired: hybrid finds {gained} that {best}"
+        f" misses, misses {lost} that {best} finds; sign test p={_sign_test(gained, lost):.3g})"
     )
     print(f"latency target: hybrid P95 <= 15 ms at {one.chunks} chunks")
     ix.close()
@@ -212,7 +235,7 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
             # Lexical results do not depend on the embedder: show them once.
             modes = ("lexical", "vector", "hybrid") if name == "hashing" else ("vector", "hybrid")
             for mode in modes:
-                rr, m, lat = _quality(six, small_cases, mode)
+                rr, m, lat, _ = _quality(six, small_cases, mode)
                 print(
                     f"{mode + ' (' + name + ')':<22}{rr:>7.3f}{m:>7.3f}{_pct(lat, 50):>9.2f}"
                     f"{_pct(lat, 95):>9.2f}"

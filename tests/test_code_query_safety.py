@@ -6,7 +6,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from knowledge_server.code import CodeIndex
-from knowledge_server.code.tokenize import fts_quote, index_tokens, query_terms, split_identifier
+from knowledge_server.code.tokenize import (
+    fts_quote,
+    index_tokens,
+    matched_terms,
+    query_terms,
+    split_identifier,
+    token_set,
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +83,22 @@ def test_any_query_text_is_safe(index: CodeIndex, parts: list[str]) -> None:
 def test_operators_are_words(index: CodeIndex, query: str) -> None:
     res = index.search(query, mode="lexical", check_fresh=False)
     assert res.hits and res.hits[0].symbol == "near_star"
+
+
+_WORDS = st.sampled_from(
+    ["getUserName", "get_user_name", "HTTPServer", "parse2json", "test", "latest", "ΣΊΣΥΦΟΣ",
+     "straße", "İstanbul", "кто", "чинил", "会员", "user", "name", "x"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    words=st.lists(_WORDS | st.text(min_size=1, max_size=8), max_size=25),
+    query=st.lists(_WORDS | st.text(min_size=1, max_size=6), min_size=1, max_size=5),
+)
+def test_matched_terms_agrees_with_full_tokenisation(words: list[str], query: list[str]) -> None:
+    """The cheap `why` explanation names exactly the query terms that are tokens of the chunk."""
+    text = " ".join(words)
+    terms = query_terms(" ".join(query))
+    full = token_set(text)
+    assert matched_terms(text, terms) == [t for t in terms if t in full]

@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .tokenize import split_identifier
+from .tokenize import STOPWORDS, split_identifier
 
 __all__ = ["E5Embedder", "Embedder", "EmbeddingError", "HashingEmbedder", "OpenAIEmbedder"]
 
@@ -80,8 +80,15 @@ def _mixing_matrix(dim: int) -> np.ndarray | None:
 
 
 class HashingEmbedder:
-    """Feature hashing over sub-words (weight 1) and their trigrams (weight 0.5),
-    rotated by a fixed orthogonal matrix (see :func:`_mixing_matrix`)."""
+    """Feature hashing over sub-words (weight 1), their character trigrams (weight 0.5)
+    and pairs of adjacent words (weight 2), rotated by a fixed orthogonal matrix (see
+    :func:`_mixing_matrix`).
+
+    Sub-words and trigrams match morphology ("deletes" ~ "delete", "getUserName" ~
+    "user name"); the word pairs carry the word order that BM25 ignores, which is what
+    makes this lane add something to the lexical one in hybrid search."""
+
+    BIGRAM_WEIGHT = 2.0
 
     def __init__(self, dim: int = 256) -> None:
         self._dim = dim
@@ -90,7 +97,7 @@ class HashingEmbedder:
 
     @property
     def identity(self) -> str:
-        return f"hashing-v2-{self._dim}"
+        return f"hashing-v3-{self._dim}"
 
     @property
     def dim(self) -> int:
@@ -118,8 +125,16 @@ class HashingEmbedder:
         out = np.zeros((len(texts), self._dim), dtype=np.float32)
         for row, text in enumerate(texts):
             counts: Counter[str] = Counter()
+            pairs: Counter[str] = Counter()
+            prev = ""
             for word in _WORD.findall(text):
                 counts.update(split_identifier(word))
+                low = word.lower()
+                if low in STOPWORDS or low.isdigit():
+                    continue
+                if prev:
+                    pairs[prev + " " + low] += 1
+                prev = low
             if not counts:
                 continue
             idx_parts, val_parts = [], []
@@ -129,6 +144,15 @@ class HashingEmbedder:
                 idx, val = self._features(tok)
                 idx_parts.append(idx)
                 val_parts.append(val * (1.0 + math.log(n)))  # sublinear tf
+            if pairs:
+                slots, weights = [], []
+                for pair, n in pairs.items():
+                    h = zlib.crc32(("2:" + pair).encode("utf-8", "surrogatepass"))
+                    slots.append(h % self._dim)
+                    w = self.BIGRAM_WEIGHT * (1.0 + math.log(n))
+                    weights.append(w if (h >> 31) & 1 else -w)
+                idx_parts.append(np.asarray(slots, dtype=np.int64))
+                val_parts.append(np.asarray(weights, dtype=np.float32))
             if idx_parts:
                 np.add.at(out[row], np.concatenate(idx_parts), np.concatenate(val_parts))
         if self._mix is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -12,7 +13,7 @@ import numpy as np
 from .embed import Embedder
 from .model import ChunkRecord, CodeHit, CodeSearchResult, Freshness, IndexOptions
 from .store import is_binary, scalar, vec_table_for
-from .tokenize import fts_quote, query_terms, token_set
+from .tokenize import fts_quote, matched_terms, query_terms
 from .walker import walk_workspace
 
 __all__ = ["RRF_K", "check_freshness", "get_chunk", "search"]
@@ -60,9 +61,7 @@ def _scope_sql(
     return sql, params
 
 
-def _json_list(items: Sequence[str]) -> str:
-    import json
-
+def _json_list(items: Sequence[object]) -> str:
     return json.dumps(list(items))
 
 
@@ -167,6 +166,41 @@ def _vector(
     return [rows[i][:11] + (1.0 - float(sims[i]),) for i in order]
 
 
+def _rank_union(
+    conn: apsw.Connection,
+    vtbl: str,
+    qvec: np.ndarray,
+    vec_rows: list[tuple[Any, ...]],
+    lex_rows: list[tuple[Any, ...]],
+) -> list[tuple[Any, ...]]:
+    """The vector lane's ranking of every hybrid candidate: its own KNN hits plus the
+    lexical candidates it did not reach, all by exact cosine.
+
+    Without this, RRF can only add vector evidence to the few chunks both lanes found;
+    with it, the vector lane re-orders the lexical candidates by how closely they read
+    like the query (word order, morphology), which is what lifts a right chunk that BM25
+    ranked just below the cut."""
+    seen = {r[0] for r in vec_rows}
+    missing = [r for r in lex_rows if r[0] not in seen]
+    if not missing:
+        return vec_rows
+    blobs = dict(
+        conn.execute(
+            f"SELECT id, v FROM {vtbl}_f WHERE id IN (SELECT value FROM json_each(?))",
+            (_json_list([r[0] for r in missing]),),
+        ).fetchall()
+    )
+    q = np.ascontiguousarray(qvec, dtype=np.float32)
+    rows = list(vec_rows)
+    for r in missing:
+        blob = blobs.get(r[0])
+        if blob is not None:
+            sim = float(np.frombuffer(blob, dtype=np.float32) @ q)
+            rows.append(r[:11] + (1.0 - sim,))
+    rows.sort(key=lambda r: (round(float(r[11]), 9), r[3], r[4]))
+    return rows
+
+
 def _snippet(text: str, terms: list[str], chars: int) -> str:
     if len(text) <= chars:
         return text
@@ -244,6 +278,8 @@ def search(
                 vec_rows = _vector(
                     conn, vtbl, embedder.dim, qv, scope, pool if mode == "hybrid" else limit
                 )
+                if mode == "hybrid":
+                    vec_rows = _rank_union(conn, vtbl, qv, vec_rows, lex_rows)
 
     by_id: dict[int, tuple[Any, ...]] = {}
     score: dict[int, float] = {}
@@ -271,8 +307,8 @@ def search(
         # than the query itself.
         why = []
         if i in lex_of:
-            matched = token_set(r[9] + " " + r[3] + " " + r[7])
-            why.append("lex: " + " ".join(t for t in terms if t in matched))
+            matched = matched_terms(r[9] + " " + r[3] + " " + r[7], terms)
+            why.append("lex: " + " ".join(matched))
         if i in cos_of:
             why.append(f"vec: {cos_of[i]:.2f}")
         hits.append(

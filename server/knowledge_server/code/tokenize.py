@@ -84,6 +84,69 @@ def token_set(text: str) -> set[str]:
     return out
 
 
+def matched_terms(text: str, terms: list[str]) -> list[str]:
+    """The ``terms`` that are tokens of ``text``: the same answer as ``token_set``.
+
+    A token is a lower-cased part of a word, or all its parts joined (the word without
+    underscores), so only the words where an ASCII term occurs, or that spell it with
+    underscores, are split instead of the whole text. Terms whose case mapping may
+    change lengths are checked against the full token set."""
+    low = text.lower()
+    simple = len(low) == len(text)
+    flat = low.replace("_", "") if "_" in low else low
+    full: set[str] | None = None
+    out = []
+    for term in terms:
+        if term.isascii() and simple:
+            found = term in flat and (
+                _in_words_around(text, low, term) or _spelled_with_underscores(text, term)
+            )
+        else:
+            full = token_set(text) if full is None else full
+            found = term in full
+        if found:
+            out.append(term)
+    return out
+
+
+def _is_word_char(c: str) -> bool:
+    return c.isalnum() or c == "_"  # exactly the characters of regex \w
+
+
+def _in_words_around(text: str, low: str, term: str) -> bool:
+    """Whether ``term`` is a token of a word in which it occurs."""
+    pos = low.find(term)
+    n = len(text)
+    seen: set[str] = set()
+    while pos >= 0:
+        start, end = pos, pos + len(term)
+        while start > 0 and _is_word_char(text[start - 1]):
+            start -= 1
+        while end < n and _is_word_char(text[end]):
+            end += 1
+        word = text[start:end]
+        if word not in seen:
+            seen.add(word)
+            if term in split_identifier(word):
+                return True
+        pos = low.find(term, end)
+    return False
+
+
+@lru_cache(maxsize=4096)
+def _underscored(term: str) -> re.Pattern[str]:
+    # The whole word: the term's letters with underscores anywhere between or around.
+    letters = "_*".join(re.escape(c) for c in term)
+    return re.compile(r"(?<!\w)_*" + letters + r"_*(?!\w)", re.IGNORECASE)
+
+
+def _spelled_with_underscores(text: str, term: str) -> bool:
+    """Whether ``term`` is the joined form of a word written with underscores."""
+    if "_" not in text:
+        return False
+    return any(term in split_identifier(w) for w in _underscored(term).findall(text))
+
+
 def fts_quote(term: str) -> str:
     """A literal FTS5 string: operators, colons, stars and quotes lose their meaning."""
     return '"' + term.replace("\x00", "").replace('"', '""') + '"'
