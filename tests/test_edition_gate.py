@@ -22,7 +22,6 @@ from knowledge_sdk import AsyncKnowledgeClient, EditionRefused, RPCError
 from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
 from tests.conftest import REPO_ROOT, start_server
 
-NOW = datetime.now(UTC)
 
 
 def _vendor(tmp_path: Path) -> tuple[Path, Path]:
@@ -34,9 +33,12 @@ def _vendor(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _licence(private: Path, *, edition: str = "enterprise", nb: timedelta = timedelta(days=-1), exp: timedelta = timedelta(days=30)) -> bytes:
+    # Times relative to the moment of issue, not of import: a long test session must not
+    # turn "not yet valid" (one minute ahead) into valid.
+    now = datetime.now(UTC)
     return issue_licence(private, licence_id="lic-1", licensee="Example", edition=edition,
                          features=["doc-graph"] if edition != "community" else [],
-                         not_before=NOW + nb, expires_at=NOW + exp)
+                         not_before=now + nb, expires_at=now + exp)
 
 
 def _tamper_payload(blob: bytes) -> bytes:
