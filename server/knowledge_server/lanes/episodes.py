@@ -41,6 +41,9 @@ class EpisodesLane:
         self._writer = EpisodeStore(self.path)
         self._write_lock = threading.Lock()
         self._readers: Pool[EpisodeStore] = Pool(lambda: EpisodeStore(self.path, read_only=True), size=4)
+        # Lane counters per (index revision, minute, scope): they change only with either.
+        self._counts: dict[tuple[object, ...], dict[str, int]] = {}
+        self._counts_lock = threading.Lock()
         self.last_error: str = ""
 
     def close(self) -> None:
@@ -69,12 +72,12 @@ class EpisodesLane:
     def _search_sync(self, q: LaneQuery) -> LaneResult:
         lane = search_pb2.EpisodesLane(source=SOURCE)
         with self._readers.get() as store:
-            counts = store.counts(q.workspaces)
             lane.index_rev = store.index_rev()
+            counts = self._counts_of(store, lane.index_rev, q.workspaces)
             lane.counts.sessions = counts["sessions"]
             lane.counts.indexed_docs = counts["indexed_docs"]
             lane.counts.live = counts.get("live_sessions", 0)
-            if store.counts(None)["sessions"] == 0:
+            if self._counts_of(store, lane.index_rev, None)["sessions"] == 0:
                 return degraded(self.name, "KNOWLEDGE_INDEX_NOT_READY", "no session logs have been ingested yet")
             if q.workspaces == ():
                 return LaneResult(lane=lane)
@@ -108,6 +111,21 @@ class EpisodesLane:
                 item.time.CopyFrom(t)
             item.session.CopyFrom(self._session_pb(h.session))
         return LaneResult(lane=lane)
+
+    def _counts_of(self, store: EpisodeStore, rev: str, workspaces: Sequence[str] | None) -> dict[str, int]:
+        """``store.counts``, remembered for the revision and the current minute (the
+        live-session count moves with the clock, as the cache key does)."""
+        key = (rev, int(time.time() // 60), None if workspaces is None else tuple(workspaces))
+        with self._counts_lock:
+            hit = self._counts.get(key)
+        if hit is not None:
+            return hit
+        counts = store.counts(workspaces)
+        with self._counts_lock:
+            if len(self._counts) >= 256:
+                self._counts.clear()
+            self._counts[key] = counts
+        return counts
 
     def revision(self) -> tuple[str, int]:
         """Cache key part: the index revision (and the minute, which bounds how long a

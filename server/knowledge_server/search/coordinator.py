@@ -22,10 +22,11 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
 from knowledge_server.lanes.common import in_thread
+from knowledge_server.search.jsonsize import json_size, json_size_of_string, json_text
 from knowledge_server.search.lanes import Lane, LaneQuery, LaneResult, degraded
 from knowledge_server.search.routing import route
 from knowledge_server.search.validate import SCHEMA, ValidSearch
@@ -43,11 +44,8 @@ def count_tokens(text: str) -> int:
 
 
 def response_json(resp: search_pb2.SearchResponse) -> str:
-    return json.dumps(
-        json_format.MessageToDict(resp, preserving_proto_field_name=True),
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+    """The response text that budgets count (its size comes from :func:`json_size`)."""
+    return json_text(resp)
 
 
 @dataclass
@@ -256,8 +254,8 @@ class Coordinator:
         if v.trace:
             trace.total_ms = round((time.perf_counter() - started) * 1000, 2)
             resp.trace.CopyFrom(trace)
-        _fit_budget(resp, v.max_tokens)
         resp.limits.returned = _count_items(resp)
+        _fit_budget(resp, v.max_tokens)
         return resp
 
     def _fuse_lane(self, name: str, lane_msg: search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane, weight: float, limit: int, groups: dict[str, str]) -> None:
@@ -340,73 +338,96 @@ def _global_order(resp: search_pb2.SearchResponse) -> list[tuple[str, object]]:
     return entries
 
 
-def _measure(resp: search_pb2.SearchResponse) -> int:
-    """Tokens of the response text, with ``used_tokens`` itself set to that count.
-
-    The count's own digits are part of the text: serialise once without it, then solve
-    tokens = ceil((bytes + len(',"used_tokens":') + digits(tokens)) / 4) arithmetically."""
-    resp.limits.budget.used_tokens = 0
-    base = len(response_json(resp).encode("utf-8"))
+def _tokens_for(size: int, resp: search_pb2.SearchResponse) -> int:
+    """Tokens of a response whose text is ``size`` bytes without ``used_tokens``, once
+    ``used_tokens`` (whose own digits are part of the text) is set to that count:
+    tokens = ceil((size + len(',"used_tokens":') + digits(tokens)) / 4), solved exactly."""
     extra = len(',"used_tokens":') if resp.limits.budget.max_tokens else len('"used_tokens":')
-    used = math.ceil((base + extra + 1) / 4)
+    used = math.ceil((size + extra + 1) / 4)
     for _ in range(4):
-        nxt = math.ceil((base + extra + len(str(used))) / 4)
+        nxt = math.ceil((size + extra + len(str(used))) / 4)
         if nxt == used:
             break
         used = nxt
-    resp.limits.budget.used_tokens = used
     return used
 
 
-def _json_bytes(msg: object) -> int:
-    return len(json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True), ensure_ascii=False, separators=(",", ":")).encode())  # type: ignore[arg-type]
+def _measure(resp: search_pb2.SearchResponse) -> tuple[int, int]:
+    """(tokens, bytes without used_tokens) of the response text; sets ``used_tokens``."""
+    resp.limits.budget.used_tokens = 0
+    size = json_size(resp)
+    used = _tokens_for(size, resp)
+    resp.limits.budget.used_tokens = used
+    return used, size
+
+
+def _actors_size(resp: search_pb2.SearchResponse) -> int:
+    """Bytes of ``"actors":[...]`` and its separating comma (0 without actors)."""
+    if not resp.actors:
+        return 0
+    return sum(json_size(a) for a in resp.actors) + len(resp.actors) - 1 + len('"actors":[],')
 
 
 def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
     """Enforce max_tokens on the response text: snippets first (lowest-ranked first), then
-    whole items from the end of the global order; errors are never removed. Sizes are
-    estimated per removal and verified by a full measurement before stopping."""
-    if _measure(resp) <= max_tokens:
+    whole items from the end of the global order; errors are never removed.
+
+    The text is measured once; each change then adjusts the size by exactly what it
+    added or took out (re-measuring only the small parts it touched), and a full
+    measurement confirms the result before stopping."""
+    used, size = _measure(resp)
+    if used <= max_tokens:
         return
+    notice = errors_pb2.Notice(code="KNOWLEDGE_BUDGET_EXCEEDED", message=f"response trimmed to fit {max_tokens} tokens")
+    size += json_size(notice) + (1 if resp.warnings else len('"warnings":[],'))
+    resp.warnings.append(notice)
+    before = json_size(resp.limits)
     resp.limits.truncated = True
-    resp.warnings.append(
-        errors_pb2.Notice(code="KNOWLEDGE_BUDGET_EXCEEDED", message=f"response trimmed to fit {max_tokens} tokens")
-    )
-    limit = max_tokens * 4
-    size = len(response_json(resp).encode())
+    size += json_size(resp.limits) - before
     # Phase 1: snippets. One summary entry per lane; the items stay, visibly without snippet.
     snippet_counts: dict[str, int] = defaultdict(int)
     for name, item in reversed(_global_order(resp)):
-        if size <= limit and _measure(resp) <= max_tokens:
+        if _tokens_for(size, resp) <= max_tokens:
             break
-        if getattr(item, "snippet", ""):
-            size -= len(json.dumps(item.snippet, ensure_ascii=False).encode()) + 11  # type: ignore[attr-defined]
+        snippet = getattr(item, "snippet", "")
+        if snippet:
+            # '"snippet":' plus the comma that separated it from the item's other fields.
+            size -= len('"snippet":,') + json_size_of_string(snippet)
             item.snippet = ""  # type: ignore[attr-defined]
-            if not snippet_counts[name]:
-                size += 60
+            before = json_size(resp.limits)
             snippet_counts[name] += 1
             _set_snippet_entries(resp, snippet_counts)
-    _set_snippet_entries(resp, snippet_counts)
-    if _measure(resp) <= max_tokens:
-        return
+            size += json_size(resp.limits) - before
+    if _tokens_for(size, resp) <= max_tokens:
+        used, size = _measure(resp)
+        if used <= max_tokens:
+            return
     # Phase 2: whole items from the end; evidence pointing at them goes too.
-    size = len(response_json(resp).encode())
     for name, item in reversed(_global_order(resp)):
         item_id = _item_id(name, item)
-        size -= _json_bytes(item) + 1
+        item_bytes = json_size(item)  # type: ignore[arg-type]
+        cited = any(e.lane == name and e.id == item_id for a in resp.actors for e in a.evidence)
+        actors_before = _actors_size(resp) if cited else 0
+        limits_before = json_size(resp.limits)
         lane = getattr(resp.lanes, name)
         for i, candidate in enumerate(lane.items):
             if _item_id(name, candidate) == item_id:
                 del lane.items[i]
                 break
-        entry = search_pb2.Dropped(lane=name, id=item_id, what="item", count=1)
-        resp.limits.dropped.append(entry)
-        size += _json_bytes(entry) + 1
-        _prune_evidence(resp, name, item_id)
-        if size <= limit and _measure(resp) <= max_tokens:
-            return
+        # The item and a comma, or the whole '"items":[...]' member once it is empty.
+        size -= item_bytes + (1 if lane.items else len('"items":[],'))
+        resp.limits.dropped.append(search_pb2.Dropped(lane=name, id=item_id, what="item", count=1))
+        resp.limits.returned = _count_items(resp)
+        if cited:
+            _prune_evidence(resp, name, item_id)
+            size += _actors_size(resp) - actors_before
+        size += json_size(resp.limits) - limits_before
+        if _tokens_for(size, resp) <= max_tokens:
+            used, size = _measure(resp)
+            if used <= max_tokens:
+                return
     # Nothing left to remove but the list of removals: summarise it per lane.
-    if _measure(resp) > max_tokens:
+    if _measure(resp)[0] > max_tokens:
         _summarise_item_entries(resp)
     _measure(resp)
 
