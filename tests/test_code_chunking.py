@@ -168,6 +168,26 @@ def test_chunk_ids_are_deterministic_and_text_redacted() -> None:
     assert other[0].chunk_id != a[0].chunk_id
 
 
+@pytest.mark.parametrize(
+    "src",
+    [
+        # Lower-casing makes each "İ" two characters: the secret two lines down must
+        # still be found on its own line.
+        "# " + "İ" * 200 + "\nx = 1\npassword = 'Zq9vLmX2pR7tK4wB'\n",
+        # Letters the rules' (?i) matches but lower-casing does not turn into ASCII.
+        "tokenİ = 'Zq9vLmX2pR7tK4wB'\n",
+        "ſecret = 'Zq9vLmX2pR7tK4wB'\n",
+        # A key word that is not assigned, then a real assignment.
+        "for key in d:\n    pass\napi_key = 'Zq9vLmX2pR7tK4wB'\n",
+    ],
+)
+def test_secrets_redacted_next_to_unicode_and_unassigned_key_words(src: str) -> None:
+    for path in ("s.py", "s.txt"):
+        chunks, _, _ = chunk_file(WS, path, src)
+        assert chunks and not any("Zq9vLmX2pR7tK4wB" in c.text for c in chunks)
+        assert any("[REDACTED:" in c.text for c in chunks)
+
+
 def test_form_feed_does_not_shift_line_numbers() -> None:
     src = "x = 1\n\x0c\ndef f():\n    pass\n"
     chunks, _, _ = chunk_file(WS, "ff.py", src)

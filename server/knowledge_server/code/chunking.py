@@ -504,6 +504,8 @@ def split_lines(text: str) -> list[str]:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
+    if "\r" not in text:
+        return lines
     return [ln.removesuffix("\r") for ln in lines]
 
 

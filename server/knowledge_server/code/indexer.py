@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
+import operator
 import os
 import time
 from collections import Counter
@@ -35,8 +36,28 @@ def _fingerprint(files: list[tuple[str, str]], embedder_identity: str) -> str:
     return h.hexdigest()
 
 
+# Chunk fields stored in ``chunks``. Workers send chunks as plain tuples in this order:
+# they cross the process boundary several times cheaper than dataclass instances.
+_CHUNK_COLUMNS = (
+    "chunk_id",
+    "path",
+    "start_line",
+    "end_line",
+    "source_kind",
+    "symbol",
+    "language",
+    "content_hash",
+    "text",
+)
+_chunk_row = operator.attrgetter(*_CHUNK_COLUMNS)
+_INSERT_CHUNK = (
+    f"INSERT INTO chunks({', '.join(_CHUNK_COLUMNS)}, file_id, workspace)"
+    f" VALUES({', '.join('?' * (len(_CHUNK_COLUMNS) + 2))})"
+)
+
+
 def _prepare(job: tuple[str, str, str, tuple[str, ...], IndexOptions]) -> dict[str, Any]:
-    """Read, hash and chunk one file (runs in a worker process for large runs)."""
+    """Read, hash, chunk and tokenise one file (runs in a worker process for large runs)."""
     abspath, rel, ws, known_hashes, opts = job
     text, raw, reason = read_text(abspath)
     if text is None:
@@ -51,7 +72,7 @@ def _prepare(job: tuple[str, str, str, tuple[str, ...], IndexOptions]) -> dict[s
         "known": False,
         "language": language,
         "method": method,
-        "chunks": chunks,
+        "chunks": [_chunk_row(c) for c in chunks],
         "tokens": tokens,
     }
 
@@ -94,25 +115,8 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
             )
             file_id = conn.last_insert_rowid()
             f["file_id"] = file_id
-            for c, (tokens, meta) in zip(f["chunks"], f["tokens"]):
-                conn.execute(
-                    "INSERT INTO chunks(chunk_id, file_id, workspace, path, start_line, end_line,"
-                    " source_kind, symbol, language, content_hash, text)"
-                    " VALUES(?,?,?,?,?,?,?,?,?,?,?)",
-                    (
-                        c.chunk_id,
-                        file_id,
-                        workspace,
-                        c.path,
-                        c.start_line,
-                        c.end_line,
-                        c.source_kind,
-                        c.symbol,
-                        c.language,
-                        c.content_hash,
-                        c.text,
-                    ),
-                )
+            for row, (tokens, meta) in zip(f["chunks"], f["tokens"]):
+                conn.execute(_INSERT_CHUNK, (*row, file_id, workspace))
                 conn.execute(
                     "INSERT INTO chunks_fts(rowid, tokens, meta) VALUES(?,?,?)",
                     (conn.last_insert_rowid(), tokens, meta),

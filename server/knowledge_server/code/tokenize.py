@@ -42,28 +42,52 @@ STOPWORDS = frozenset(
 )
 
 
-@lru_cache(maxsize=200_000)
-def split_identifier(word: str) -> tuple[str, ...]:
-    """``getUserName`` -> (``get``, ``user``, ``name``, ``getusername``)."""
-    parts: list[str] = []
-    for piece in word.split("_"):
-        if piece:
-            parts.extend(p.lower() for p in _PART.findall(piece))
-    if not parts:
-        return ()
+def _split(word: str) -> tuple[str, ...]:
+    # No alternative of _PART matches "_", so snake_case needs no separate split.
+    parts = [p.lower() for p in _PART.findall(word)]
     if len(parts) > 1:
         parts.append("".join(parts))
     return tuple(parts)
 
 
 @lru_cache(maxsize=200_000)
-def _joined(word: str) -> str:
-    return " ".join(split_identifier(word))
+def split_identifier(word: str) -> tuple[str, ...]:
+    """``getUserName`` -> (``get``, ``user``, ``name``, ``getusername``)."""
+    return _split(word)
+
+
+class _JoinedCache(dict[str, str]):
+    """word -> its tokens joined by spaces. A plain dict lookup per word (indexing
+    looks up millions of words; an ``lru_cache`` hit costs twice as much), emptied
+    when it grows past its bound."""
+
+    MAX_WORDS = 200_000
+
+    def __missing__(self, word: str) -> str:
+        if len(self) >= self.MAX_WORDS:
+            self.clear()
+        joined = self[word] = " ".join(_split(word))
+        return joined
+
+
+_joined = _JoinedCache()
+
+# ASCII text: every character that ``\w`` does not match becomes a space, so
+# ``str.split`` yields exactly the words of ``_WORD.findall`` at a fraction of the cost.
+_ASCII_NON_WORD = str.maketrans(
+    {c: " " for c in map(chr, range(128)) if not (c.isalnum() or c == "_")}
+)
+
+
+def _words(text: str) -> list[str]:
+    if text.isascii():
+        return text.translate(_ASCII_NON_WORD).split()
+    return _WORD.findall(text)
 
 
 def index_tokens(text: str) -> str:
     """Space-separated tokens for the FTS column (order kept, repeats kept for tf)."""
-    return " ".join(map(_joined, _WORD.findall(text)))
+    return " ".join(map(_joined.__getitem__, _words(text)))
 
 
 def query_terms(text: str) -> list[str]:
