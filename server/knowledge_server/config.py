@@ -69,6 +69,9 @@ class Config:
     llm_key_file: Path | None = None
     max_file_bytes: int = 1_048_576
     grace_seconds: float = 5.0
+    # Serving processes sharing the listening port (SO_REUSEPORT). The first one runs the
+    # background work (bootstrap, licence polling happens in each); more use more cores.
+    workers: int = 1
 
     @property
     def listen_host(self) -> str:
@@ -121,7 +124,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 _PATH_FIELDS = {"data_dir", "licence_file", "licence_keys_dir", "tls_cert", "tls_key", "tls_client_ca", "llm_key_file"}
 _TUPLE_FIELDS = {"workspaces", "session_paths", "skill_roots"}
-_INT_FIELDS = {"lane_timeout_ms", "max_file_bytes", "embedder_dim"}
+_INT_FIELDS = {"lane_timeout_ms", "max_file_bytes", "embedder_dim", "workers"}
 _FLOAT_FIELDS = {"grace_seconds"}
 _BOOL_FIELDS = {"bootstrap"}
 _CHOICES = {
@@ -176,6 +179,8 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError(f"lane_timeout_ms: {cfg.lane_timeout_ms} is out of range 10..60000")
     if cfg.max_file_bytes < 1024:
         raise ConfigError("max_file_bytes: must be at least 1024")
+    if not 1 <= cfg.workers <= 64:
+        raise ConfigError(f"workers: {cfg.workers} is out of range 1..64")
     workspaces = []
     for ws in cfg.workspaces:
         p = Path(ws).expanduser()

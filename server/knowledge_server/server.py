@@ -31,6 +31,7 @@ from knowledge_server.app import KnowledgeApp
 from knowledge_server.auth_model import Principal
 from knowledge_server.config import Config, ConfigError, parse_listen
 from knowledge_server.logs import get_logger
+from knowledge_server.workers import WorkerGroup
 from knowledge_server.transport.interceptors import AuthInterceptor, ContextInterceptor, EditionInterceptor
 from knowledge_server.transport.servicers import DocGraphServicer, IndexServicer, KnowledgeServicer
 
@@ -71,7 +72,12 @@ async def create_server(
     ]
     server = grpc.aio.server(
         interceptors=interceptors,
-        options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 8 * 1024 * 1024)],
+        # Port sharing only between this service's own worker processes (workers > 1);
+        # otherwise a port already in use is an error, not silently shared.
+        options=[
+            ("grpc.so_reuseport", 1 if config.workers > 1 else 0),
+            ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+        ],
     )
     knowledge_service_pb2_grpc.add_KnowledgeServiceServicer_to_server(KnowledgeServicer(app), server)
     docgraph_pb2_grpc.add_DocGraphServiceServicer_to_server(DocGraphServicer(app), server)
@@ -110,7 +116,10 @@ async def serve(
     authenticate: Callable[[str], Principal | None] | None = None,
     out: TextIO = sys.stdout,
     on_started: Callable[[KnowledgeApp], object] | None = None,
+    spawn_workers: bool = True,
 ) -> None:
+    """Serve until SIGTERM/SIGINT; with ``config.workers > 1`` (and ``spawn_workers``)
+    also start and stop the extra worker processes (see knowledge_server.workers)."""
     server, port, app = await create_server(config, app, authenticate=authenticate)
     await server.start()
     host = parse_listen(config.listen)[0]
@@ -119,19 +128,33 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    workers = WorkerGroup(config, host, port, spawn=spawn_workers)
     reload_hook = getattr(app, "reload", None)
-    if reload_hook is not None:
-        loop.add_signal_handler(signal.SIGHUP, reload_hook)
-    # Printed only once the server accepts calls and signals are handled.
+
+    def on_hangup() -> None:
+        if reload_hook is not None:
+            reload_hook()
+        workers.signal(signal.SIGHUP)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    try:
+        await workers.start()
+    except ConfigError:
+        await workers.stop(0)
+        await shutdown(server, app, 0)
+        raise
+    # Printed only once every process accepts calls and signals are handled.
     print(f"listening on {host}:{port}", file=out, flush=True)
     background = None
     if on_started is not None:
         result = on_started(app)
         if asyncio.iscoroutine(result):
             background = asyncio.create_task(result)
+    watch = asyncio.create_task(workers.watch(stop))
     await stop.wait()
     log.info("server.stopping", grace_seconds=config.grace_seconds)
+    watch.cancel()
     if background is not None:
         background.cancel()
-    await shutdown(server, app, config.grace_seconds)
+    await asyncio.gather(workers.stop(config.grace_seconds), shutdown(server, app, config.grace_seconds))
     log.info("server.stopped")

@@ -82,9 +82,12 @@ def version(as_json: bool) -> None:
               help="Licence file (default: DATA_DIR/licence.json). Re-read on SIGHUP and when it changes.")
 @click.option("--auth", type=click.Choice(["auto", "on", "off"]), default=None,
               help="Bearer-token authentication: auto = off on loopback, required elsewhere.")
+@click.option("--workers", type=click.IntRange(1, 64), default=None,
+              help="Serving processes sharing the port, to use more cores (default 1). Env: KNOWLEDGE_WORKERS.")
 @click.pass_context
 def serve(ctx: click.Context, listen: str | None, config_file: Path | None, workspaces: tuple[str, ...],
-          session_paths: tuple[str, ...], no_bootstrap: bool, licence_file: Path | None, auth: str | None) -> None:
+          session_paths: tuple[str, ...], no_bootstrap: bool, licence_file: Path | None, auth: str | None,
+          workers: int | None) -> None:
     """Run the gRPC service until SIGTERM/SIGINT.
 
     Prints one line `listening on HOST:PORT` once it accepts calls. On first start it
@@ -104,6 +107,7 @@ def serve(ctx: click.Context, listen: str | None, config_file: Path | None, work
         "licence_file": licence_file,
         "auth": auth,
         "bootstrap": False if no_bootstrap else None,
+        "workers": workers,
     }
     try:
         cfg = load_config(config_file, overrides=overrides)

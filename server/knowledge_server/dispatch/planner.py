@@ -38,6 +38,7 @@ from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_
 from knowledge_server.derived.store import ActorInfo, DerivedStore
 from knowledge_server.dispatch import outbox
 from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound
+from knowledge_server.lanes.common import WriterLock
 from knowledge_server.search.coordinator import count_tokens
 from knowledge_server.search.validate import LANES, ValidSearch
 
@@ -573,14 +574,15 @@ def _assignment_id(actor_id: str, digest: str) -> str:
     return assignment_id_for(actor_id, digest)
 
 
-_PATH_LOCKS: dict[str, threading.Lock] = {}
+_PATH_LOCKS: dict[str, WriterLock] = {}
 _PATH_LOCKS_GUARD = threading.Lock()
 
 
-def _path_lock(path: str) -> threading.Lock:
-    """One in-process lock per store file: concurrent commits queue instead of contending."""
+def _path_lock(path: str) -> WriterLock:
+    """One lock per store file, held across threads and serving processes: concurrent
+    commits queue instead of contending."""
     with _PATH_LOCKS_GUARD:
-        return _PATH_LOCKS.setdefault(path, threading.Lock())
+        return _PATH_LOCKS.setdefault(path, WriterLock(Path(path).parent, "dispatch"))
 
 
 def _pack_tokens(pack: dispatch_pb2.ContextPack) -> int:

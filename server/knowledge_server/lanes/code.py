@@ -13,7 +13,7 @@ from knowledge_server.code.index import CodeIndex
 from knowledge_server.code.model import Freshness, IndexOptions
 from knowledge_server.code.search import check_freshness
 from knowledge_server.errors import InvalidRequest, NotFound
-from knowledge_server.lanes.common import Pool, ProgressFn, in_thread
+from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.workspaces import is_under
 
@@ -39,7 +39,7 @@ class CodeLane:
         # In-process chunking: the server never forks worker processes next to gRPC threads.
         self.options = options or IndexOptions(workers=1)
         self._writer = CodeIndex(self.path, embedder=embedder, options=self.options)
-        self._write_lock = threading.Lock()
+        self._write_lock = WriterLock(data_dir, "code")
         self._readers: Pool[CodeIndex] = Pool(lambda: CodeIndex(self.path, embedder=embedder, options=self.options), size=4)
         self.last_error = ""
         # Freshness is checked in the background (a walk of a large tree costs hundreds of

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import functools
+import os
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from google.protobuf import timestamp_pb2
@@ -52,6 +55,46 @@ class Pool(Generic[T]):
                 closer(self._free.get_nowait())
             except queue.Empty:
                 break
+
+
+class WriterLock:
+    """One writer at a time for a store, across threads and processes.
+
+    A thread lock for this process plus ``flock`` on ``DATA_DIR/locks/<name>.lock`` for the
+    other serving processes (``workers > 1``). The kernel drops the file lock when its
+    holder dies, so a killed process never leaves the store locked."""
+
+    def __init__(self, data_dir: Path | str, name: str) -> None:
+        self._path = Path(data_dir) / "locks" / f"{name}.lock"
+        self._thread = threading.Lock()
+        self._fd = -1
+
+    def __enter__(self) -> WriterLock:
+        self._thread.acquire()
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            self._thread.release()
+            raise
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fd, self._fd = self._fd, -1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        finally:
+            self._thread.release()
+
+    def locked(self) -> bool:
+        return self._thread.locked()
 
 
 def ts(value: datetime | float | None) -> timestamp_pb2.Timestamp | None:

@@ -25,7 +25,7 @@ from knowledge_server.derived.lane import InvalidQuery, search_skills
 from knowledge_server.derived.skills import default_roots, load_catalog
 from knowledge_server.derived.store import DerivedStore
 from knowledge_server.episodes.store import EpisodeStore
-from knowledge_server.lanes.common import Pool, ProgressFn, in_thread
+from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.search.validate import ValidSearch
 
@@ -76,7 +76,7 @@ class DerivedLane:
         self.outbox = data_dir / "outbox"
         self.roots = list(skill_roots) or [str(p) for p in default_roots(workspaces)]
         self._writer = DerivedStore(self.path)
-        self._write_lock = threading.Lock()
+        self._write_lock = WriterLock(data_dir, "derived")
         self._readers: Pool[DerivedStore] = Pool(lambda: DerivedStore(self.path, read_only=True), size=4)
         self.last_error = ""
 

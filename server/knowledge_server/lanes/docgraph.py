@@ -33,7 +33,7 @@ from knowledge_server.docgraph import (
     make_client,
 )
 from knowledge_server.errors import FailedPrecondition, InvalidRequest, PermissionDenied
-from knowledge_server.lanes.common import Pool, ProgressFn
+from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock
 from knowledge_server.workspaces import is_under
 
 CODE_DB_FILE = "code.sqlite"
@@ -270,7 +270,7 @@ class DocGraphLane:
         self.code_path = str(self.data_dir / CODE_DB_FILE)
         self.llm_settings = llm_settings if llm_settings is not None and llm_settings.configured else None
         self._writer = DocGraphStore(self.data_dir)
-        self._write_lock = threading.Lock()
+        self._write_lock = WriterLock(data_dir, "docgraph")
         self._readers: Pool[DocGraphStore] = Pool(lambda: DocGraphStore(self.data_dir), size=4)
         self._llm: LLMClient | None = make_client(self.llm_settings)
 

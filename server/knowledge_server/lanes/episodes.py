@@ -13,7 +13,7 @@ from knowledge_server.episodes.ingest import ingest, ingest_sample_if_empty
 from knowledge_server.episodes.model import EventDetail, SessionInfo
 from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
 from knowledge_server.errors import InvalidRequest, NotFound
-from knowledge_server.lanes.common import Pool, ProgressFn, in_thread, ts
+from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread, ts
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.workspaces import in_scope, is_under
 
@@ -39,7 +39,7 @@ class EpisodesLane:
         self.session_paths = tuple(session_paths)
         self.workspaces = tuple(workspaces)
         self._writer = EpisodeStore(self.path)
-        self._write_lock = threading.Lock()
+        self._write_lock = WriterLock(data_dir, "episodes")
         self._readers: Pool[EpisodeStore] = Pool(lambda: EpisodeStore(self.path, read_only=True), size=4)
         # Lane counters per (index revision, minute, scope): they change only with either.
         self._counts: dict[tuple[object, ...], dict[str, int]] = {}
