@@ -77,6 +77,9 @@ class DerivedLane:
         self.roots = list(skill_roots) or [str(p) for p in default_roots(workspaces)]
         self._writer = DerivedStore(self.path)
         self._write_lock = WriterLock(data_dir, "derived")
+        self._actor_lock = threading.Lock()
+        self._actor_rev = ""
+        self._actor_of: dict[str, str | None] = {}
         self._readers: Pool[DerivedStore] = Pool(lambda: DerivedStore(self.path, read_only=True), size=4)
         self.last_error = ""
 
@@ -116,7 +119,28 @@ class DerivedLane:
         with self._readers.get() as store:
             if not store.is_built():
                 return {}
-            return store.episode_actors(list(episode_ids))
+            return self._episode_actors(store, episode_ids)
+
+    def _episode_actors(self, store: DerivedStore, episode_ids: Sequence[str]) -> dict[str, str]:
+        """``store.episode_actors``, remembered per derived revision: a search asks twice
+        (diversity, then actors) and popular sessions recur across searches."""
+        rev = store.index_rev()
+        with self._actor_lock:
+            if self._actor_rev != rev:
+                self._actor_rev = rev
+                self._actor_of.clear()
+            known = {e: self._actor_of[e] for e in episode_ids if e in self._actor_of}
+        missing = [e for e in episode_ids if e not in known]
+        if missing:
+            found = store.episode_actors(missing)
+            with self._actor_lock:
+                if self._actor_rev == rev:
+                    if len(self._actor_of) > 100_000:
+                        self._actor_of.clear()
+                    for e in missing:
+                        self._actor_of[e] = found.get(e)
+            known.update({e: a for e, a in found.items()})
+        return {e: a for e, a in known.items() if a is not None}
 
     def build_actors(self, resp: search_pb2.SearchResponse, v: ValidSearch) -> list[search_pb2.Actor]:
         """Aggregate actors from this response's items (evidence = ids in the response only)."""
@@ -128,7 +152,7 @@ class DerivedLane:
         with self._readers.get() as store:
             if not store.is_built():
                 return []
-            mapping = store.episode_actors([it.id for it in ep_items])
+            mapping = self._episode_actors(store, [it.id for it in ep_items])
             for it in ep_items:
                 actor_id = mapping.get(it.id)
                 if actor_id:
@@ -138,6 +162,8 @@ class DerivedLane:
                     evidence[use.actor_id].append(("skills", sk.name, sk.score))
             wanted = set(v.actor_ids)
             actors: list[search_pb2.Actor] = []
+            # Checked now, once per (kind, harness) of this response: PATH lookups are stats.
+            reach: dict[tuple[str, str], search_pb2.DispatchInfo] = {}
             for actor_id, ev in evidence.items():
                 if wanted and actor_id not in wanted:
                     continue
@@ -173,7 +199,10 @@ class DerivedLane:
                     actor.evidence.add(lane=lane, id=item_id)
                 for name, uses in skills:
                     actor.skills.add(name=name, uses=uses)
-                actor.dispatch.CopyFrom(dispatch_info(info.kind, info.harness, self.outbox))
+                how = (info.kind, info.harness)
+                if how not in reach:
+                    reach[how] = dispatch_info(info.kind, info.harness, self.outbox)
+                actor.dispatch.CopyFrom(reach[how])
                 actors.append(actor)
         actors.sort(key=lambda a: (-a.score, a.actor_id))
         return actors[: v.limit]
