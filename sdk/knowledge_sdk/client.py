@@ -163,6 +163,12 @@ _RETRY_BASE = 0.05
 _RETRY_MAX = 2.0
 
 
+# Each client has its own connection: gRPC otherwise shares one connection between all
+# channels of a process to the same address, so several clients in one process would all
+# land on one serving process of a server running with workers > 1.
+CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
+
+
 def _backoff(attempt: int) -> float:
     return min(_RETRY_MAX, _RETRY_BASE * (2**attempt)) * (0.5 + random.random() / 2)
 
@@ -174,7 +180,11 @@ class KnowledgeClient:
         self.settings = settings or ConnectionSettings.from_env(address=address, token=token, timeout=timeout)
         creds = self.settings.credentials()
         target = self.settings.address
-        self._channel = grpc.secure_channel(target, creds) if creds else grpc.insecure_channel(target)
+        self._channel = (
+            grpc.secure_channel(target, creds, options=CHANNEL_OPTIONS)
+            if creds
+            else grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        )
 
     def close(self) -> None:
         self._channel.close()
@@ -267,7 +277,11 @@ class AsyncKnowledgeClient:
         self.settings = settings or ConnectionSettings.from_env(address=address, token=token, timeout=timeout)
         creds = self.settings.credentials()
         target = self.settings.address
-        self._channel = grpc.aio.secure_channel(target, creds) if creds else grpc.aio.insecure_channel(target)
+        self._channel = (
+            grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
+            if creds
+            else grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        )
 
     async def close(self) -> None:
         await self._channel.close()
