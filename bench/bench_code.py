@@ -34,13 +34,15 @@ class Case:
     line: int  # the def line
 
 
-def _copy_stdlib(dst: Path, only: tuple[str, ...] = ()) -> Path:
+def _copy_stdlib(dst: Path, only: tuple[str, ...] = (), without: tuple[str, ...] = ()) -> Path:
     src = Path(sysconfig.get_paths()["stdlib"])
 
     def ignore(d: str, names: list[str]) -> set[str]:
         skip = {n for n in names if n in ("site-packages", "__pycache__") or n.endswith(".pyc")}
         if only and Path(d) == src:
             skip |= {n for n in names if n not in only}
+        if without and Path(d) == src:
+            skip |= {n for n in names if n in without}
         return skip
 
     shutil.copytree(src, dst, ignore=ignore, symlinks=True)
@@ -207,8 +209,27 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
         f"{results['hybrid'] > results[best]}   (paired: hybrid finds {gained} that {best}"
         f" misses, misses {lost} that {best} finds; sign test p={_sign_test(gained, lost):.3g})"
     )
-    print(f"latency target: hybrid P95 <= 15 ms at {one.chunks} chunks")
     ix.close()
+
+    # The latency target is stated at >= 10k chunks: the standard library without its test
+    # suite is such a workspace (the same one bench_search.py serves).
+    mid_root = _copy_stdlib(tmp / "stdlib-no-tests", without=("test",))
+    with CodeIndex(str(tmp / "mid.sqlite"), options=IndexOptions(extra_ignore=IGNORE)) as mid:
+        rep = mid.index_workspace(str(mid_root))
+        mid_cases = _cases(mid_root, 300, seed=11)
+        print(
+            f"\n== latency at {rep.chunks} chunks (standard library without test/),"
+            f" {len(mid_cases)} labelled queries =="
+        )
+        print(f"{'mode':<22}{'R@10':>7}{'MRR':>7}{'P50 ms':>9}{'P95 ms':>9}")
+        for mode in ("lexical", "vector", "hybrid"):
+            mid.search(mid_cases[0].query, mode=mode, check_fresh=False)
+            r, m, lat, _ = _quality(mid, mid_cases, mode)
+            print(
+                f"{mode + ' (hashing)':<22}{r:>7.3f}{m:>7.3f}{_pct(lat, 50):>9.2f}"
+                f"{_pct(lat, 95):>9.2f}"
+            )
+        print(f"latency target: hybrid P95 <= 15 ms at >= 10k chunks ({rep.chunks} here)")
 
     if args.no_e5:
         return

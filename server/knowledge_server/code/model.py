@@ -28,8 +28,9 @@ class IndexOptions:
     max_symbol_chars: int = 12_000
     # Markdown sections larger than this are cut into windows.
     max_section_lines: int = 120
-    # Files whose chunks are written per transaction; small batches bound the work lost on a crash.
-    batch_files: int = 200
+    # Files whose chunks are written per transaction. Fewer, larger transactions give FTS5
+    # fewer segments to merge; a crash loses at most this much work (never the revision).
+    batch_files: int = 1000
     # Embed new chunks right after the lexical commit (False: call fill_vectors() later).
     fill_vectors: bool = True
     # Processes that read, chunk and tokenise files (0 = one per CPU, at most 4). Small
