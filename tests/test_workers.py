@@ -176,3 +176,37 @@ def test_writer_lock_excludes_other_processes(tmp_path: Path) -> None:
     finally:
         release.set()
         holder.join(30)
+
+
+def _open_all(data_dir: str, barrier: mp.synchronize.Barrier, errors: mp.Queue) -> None:  # type: ignore[type-arg]
+    from knowledge_server.code.store import open_store
+    from knowledge_server.derived.store import DerivedStore
+    from knowledge_server.docgraph.store import DocGraphStore
+    from knowledge_server.episodes.store import EpisodeStore
+
+    try:
+        barrier.wait(30)
+        for _ in range(5):
+            open_store(os.path.join(data_dir, "code.sqlite")).close()
+            EpisodeStore(os.path.join(data_dir, "episodes.sqlite")).close()
+            DerivedStore(os.path.join(data_dir, "derived.sqlite")).close()
+            DocGraphStore(data_dir).close()
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        errors.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_stores_open_concurrently_in_several_processes(tmp_path: Path) -> None:
+    """Worker processes open every store at the same moment, fresh or not: schema
+    creation must queue (BEGIN IMMEDIATE) instead of failing with 'database is locked'."""
+    ctx = mp.get_context("spawn")
+    barrier, errors = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_open_all, args=(str(tmp_path), barrier, errors)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    found = []
+    while not errors.empty():
+        found.append(errors.get())
+    assert not found
+    assert all(p.exitcode == 0 for p in procs)

@@ -104,6 +104,31 @@ CREATE TABLE IF NOT EXISTS file_vec(
 """
 
 
+FTS_RANK = "bm25(1.0, 3.0)"
+FTS_AUTOMERGE = 16
+
+
+def _initialised(cur: apsw.Cursor) -> bool:
+    if cur.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() is None:
+        return False
+    if cur.execute("SELECT 1 FROM meta WHERE key = 'schema_version'").fetchone() is None:
+        return False
+    settings = dict(cur.execute("SELECT k, v FROM chunks_fts_config").fetchall())
+    return settings.get("rank") == FTS_RANK and settings.get("automerge") == FTS_AUTOMERGE
+
+
+def _initialise(cur: apsw.Cursor) -> None:
+    cur.execute(_SCHEMA)
+    cur.execute(
+        "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (SCHEMA_VERSION,)
+    )
+    # bm25 weights: identifier tokens of the body 1.0, path + symbol name 3.0.
+    cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('rank', ?)", (FTS_RANK,))
+    # Merge segments 16 at a time instead of 4: a full index run spends a fifth less
+    # time in the writer (measured on the standard library), at a query cost within noise.
+    cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('automerge', ?)", (FTS_AUTOMERGE,))
+
+
 def open_store(path: str) -> apsw.Connection:
     """Open (creating if needed) the code store with sqlite-vec loaded."""
     import sqlite_vec
@@ -120,27 +145,19 @@ def open_store(path: str) -> apsw.Connection:
     # last transactions on power loss, which a re-index repairs.
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=OFF")
-    with conn:
-        cur.execute(_SCHEMA)
+    # Readers open this store too (one per pooled connection, in every serving process):
+    # when the schema and settings are in place, opening writes nothing.
+    if not _initialised(cur):
         cur.execute(
-            "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (SCHEMA_VERSION,)
-        )
-        # bm25 weights: identifier tokens of the body 1.0, path + symbol name 3.0. Set once:
-        # rewriting the persistent config on every open would make readers write the file.
-        current = cur.execute("SELECT v FROM chunks_fts_config WHERE k = 'rank'").fetchone()
-        if current is None or current[0] != "bm25(1.0, 3.0)":
-            cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('rank', 'bm25(1.0, 3.0)')")
-        # Merge segments 16 at a time instead of 4: a full index run spends a fifth less
-        # time in the writer (measured on the standard library), at a query cost within noise.
-        merge = cur.execute("SELECT v FROM chunks_fts_config WHERE k = 'automerge'").fetchone()
-        if merge is None or merge[0] != FTS_AUTOMERGE:
-            cur.execute(
-                "INSERT INTO chunks_fts(chunks_fts, rank) VALUES('automerge', ?)", (FTS_AUTOMERGE,)
-            )
+            "BEGIN IMMEDIATE"
+        )  # wait for other openers/writers, see knowledge_server.schema
+        try:
+            _initialise(cur)
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
     return conn
-
-
-FTS_AUTOMERGE = 16
 
 
 def vec_table_for(conn: apsw.Connection, identity: str, dim: int, *, create: bool) -> str | None:

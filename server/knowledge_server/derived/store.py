@@ -17,6 +17,8 @@ from typing import Any, Self
 
 import apsw
 
+from knowledge_server.schema import apply_schema
+
 from ..episodes.model import parse_event_id
 
 DB_FILE = "derived.sqlite"
@@ -216,8 +218,7 @@ class DerivedStore:
             self.conn.setbusytimeout(30000)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
-            with self.conn:
-                self.conn.execute(_SCHEMA)
+            apply_schema(self.conn, _SCHEMA)
         self.conn.setbusytimeout(30000)
 
     def close(self) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import apsw
 
+from knowledge_server.schema import apply_schema
+
 __all__ = ["DB_FILENAME", "LAYER_TABLES", "DocGraphStore"]
 
 DB_FILENAME = "docgraph.sqlite"
@@ -139,7 +141,8 @@ class DocGraphStore:
         self.conn = apsw.Connection(str(p))
         self.conn.setbusytimeout(5000)
         self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute(_SCHEMA)
+        apply_schema(self.conn, _SCHEMA)
+        self.conn.setbusytimeout(5000)
 
     def close(self) -> None:
         self.conn.close()

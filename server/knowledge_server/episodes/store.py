@@ -15,6 +15,8 @@ from typing import Any, Self
 
 import apsw
 
+from knowledge_server.schema import apply_schema
+
 from .model import (
     EpisodeHit,
     Event,
@@ -162,10 +164,10 @@ class EpisodeStore:
         else:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self.conn = apsw.Connection(path)
+            self.conn.setbusytimeout(5000)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
-            with self.conn:
-                self.conn.execute(_SCHEMA)
+            apply_schema(self.conn, _SCHEMA)
         self.conn.setbusytimeout(5000)
 
     def close(self) -> None:
