@@ -192,7 +192,9 @@ def _open_all(data_dir: str, barrier: mp.synchronize.Barrier, errors: mp.Queue) 
             DerivedStore(os.path.join(data_dir, "derived.sqlite")).close()
             DocGraphStore(data_dir).close()
     except Exception as exc:  # noqa: BLE001 - reported to the test
-        errors.put(f"{type(exc).__name__}: {exc}")
+        import traceback
+
+        errors.put(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}")
 
 
 def test_stores_open_concurrently_in_several_processes(tmp_path: Path) -> None:

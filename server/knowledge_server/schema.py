@@ -9,9 +9,28 @@ write lock first, waiting through the busy handler, so concurrent openers queue.
 
 from __future__ import annotations
 
+import time
+
 import apsw
 
-__all__ = ["apply_schema"]
+__all__ = ["apply_schema", "use_wal"]
+
+
+def use_wal(conn: apsw.Connection, *, timeout_s: float = 30.0) -> None:
+    """Switch a store to WAL. On a fresh file this needs an exclusive lock, and SQLite
+    may answer SQLITE_BUSY without consulting the busy handler while another process
+    does the same; retry until the other one has finished (a WAL store answers at once)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL").fetchall()
+            return
+        except apsw.BusyError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 def apply_schema(conn: apsw.Connection, script: str, *, busy_ms: int = 30_000) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import apsw
 
+from knowledge_server.schema import use_wal
+
 __all__ = ["SCHEMA_VERSION", "open_store", "vec_table_for"]
 
 SCHEMA_VERSION = "1"
@@ -140,7 +142,7 @@ def open_store(path: str) -> apsw.Connection:
     conn.enable_load_extension(False)
     conn.setbusytimeout(10_000)
     cur = conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    use_wal(conn)
     # NORMAL in WAL mode still never corrupts on a process kill; it only risks the
     # last transactions on power loss, which a re-index repairs.
     cur.execute("PRAGMA synchronous=NORMAL")

@@ -17,7 +17,7 @@ from typing import Any, Self
 
 import apsw
 
-from knowledge_server.schema import apply_schema
+from knowledge_server.schema import apply_schema, use_wal
 
 from ..episodes.model import parse_event_id
 
@@ -216,7 +216,7 @@ class DerivedStore:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self.conn = apsw.Connection(path)
             self.conn.setbusytimeout(30000)
-            self.conn.execute("PRAGMA journal_mode=WAL")
+            use_wal(self.conn)
             self.conn.execute("PRAGMA synchronous=NORMAL")
             apply_schema(self.conn, _SCHEMA)
         self.conn.setbusytimeout(30000)

@@ -16,7 +16,7 @@ from typing import Any
 
 import apsw
 
-from knowledge_server.schema import apply_schema
+from knowledge_server.schema import apply_schema, use_wal
 
 __all__ = ["DB_FILENAME", "LAYER_TABLES", "DocGraphStore"]
 
@@ -140,7 +140,7 @@ class DocGraphStore:
         self.path = p
         self.conn = apsw.Connection(str(p))
         self.conn.setbusytimeout(5000)
-        self.conn.execute("PRAGMA journal_mode=WAL")
+        use_wal(self.conn)
         apply_schema(self.conn, _SCHEMA)
         self.conn.setbusytimeout(5000)
 

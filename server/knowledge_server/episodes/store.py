@@ -15,7 +15,7 @@ from typing import Any, Self
 
 import apsw
 
-from knowledge_server.schema import apply_schema
+from knowledge_server.schema import apply_schema, use_wal
 
 from .model import (
     EpisodeHit,
@@ -165,7 +165,7 @@ class EpisodeStore:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self.conn = apsw.Connection(path)
             self.conn.setbusytimeout(5000)
-            self.conn.execute("PRAGMA journal_mode=WAL")
+            use_wal(self.conn)
             self.conn.execute("PRAGMA synchronous=NORMAL")
             apply_schema(self.conn, _SCHEMA)
         self.conn.setbusytimeout(5000)
