@@ -104,6 +104,19 @@ def build(data: Path, events: int, shared: Path) -> None:
 DEGRADED: list[str] = []
 
 
+def unseen_word(i: int, n: int) -> str:
+    """'qz' + request number + client number spelled in letters: one token in no index."""
+    def letters(k: int) -> str:
+        out = ""
+        while True:
+            out = chr(ord("a") + k % 26) + out
+            k //= 26
+            if k == 0:
+                return out
+
+    return f"qz{letters(i)}j{letters(n)}"
+
+
 def server_cpu_s(pid: int) -> float:
     """CPU seconds used so far by the server process and its workers (Linux /proc)."""
     total = 0.0
@@ -132,8 +145,10 @@ async def run_clients(address: str, clients: int, requests: int, unique: bool = 
             for i in counter:
                 q = QUERIES[(i + n) % len(QUERIES)]
                 if unique:
-                    # A distinct rare word per request: every search misses the caches.
-                    q = f"{q} zq{i}x{n}"
+                    # A distinct made-up word per request, so every search misses the caches.
+                    # Letters only: "zq12x3" would also add the tokens "x", "12" and "3", which
+                    # occur everywhere and would make the question costlier than a real one.
+                    q = f"{q} {unseen_word(i, n)}"
                 t = time.perf_counter()
                 resp = await kc.search(q)
                 latencies.append((time.perf_counter() - t) * 1000)
