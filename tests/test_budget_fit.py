@@ -61,7 +61,7 @@ def responses(draw: st.DrawFn) -> search_pb2.SearchResponse:
     return resp
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(resp=responses(), max_tokens=st.integers(500, 6000))
 def test_kc9_fitted_response_states_its_true_size(
     resp: search_pb2.SearchResponse, max_tokens: int

@@ -361,6 +361,13 @@ def _measure(resp: search_pb2.SearchResponse) -> tuple[int, int]:
     return used, size
 
 
+def _settle(resp: search_pb2.SearchResponse, size: int) -> int:
+    """Set ``used_tokens`` for a text of ``size`` bytes (without the count itself)."""
+    used = _tokens_for(size, resp)
+    resp.limits.budget.used_tokens = used
+    return used
+
+
 def _actors_size(resp: search_pb2.SearchResponse) -> int:
     """Bytes of ``"actors":[...]`` and its separating comma (0 without actors)."""
     if not resp.actors:
@@ -373,8 +380,8 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
     whole items from the end of the global order; errors are never removed.
 
     The text is measured once; each change then adjusts the size by exactly what it
-    added or took out (re-measuring only the small parts it touched), and a full
-    measurement confirms the result before stopping."""
+    added or took out, re-measuring only the small parts it touched (a property test,
+    tests/test_budget_fit.py, holds the result to the real serialised size)."""
     used, size = _measure(resp)
     if used <= max_tokens:
         return
@@ -398,10 +405,8 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
             snippet_counts[name] += 1
             _set_snippet_entries(resp, snippet_counts)
             size += json_size(resp.limits) - before
-    if _tokens_for(size, resp) <= max_tokens:
-        used, size = _measure(resp)
-        if used <= max_tokens:
-            return
+    if _settle(resp, size) <= max_tokens:
+        return
     # Phase 2: whole items from the end; evidence pointing at them goes too.
     for name, item in reversed(_global_order(resp)):
         item_id = _item_id(name, item)
@@ -422,10 +427,8 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
             _prune_evidence(resp, name, item_id)
             size += _actors_size(resp) - actors_before
         size += json_size(resp.limits) - limits_before
-        if _tokens_for(size, resp) <= max_tokens:
-            used, size = _measure(resp)
-            if used <= max_tokens:
-                return
+        if _settle(resp, size) <= max_tokens:
+            return
     # Nothing left to remove but the list of removals: summarise it per lane.
     if _measure(resp)[0] > max_tokens:
         _summarise_item_entries(resp)
