@@ -75,7 +75,6 @@ def copy_workspace(dst: Path) -> Path:
 
 def build(data: Path, events: int, shared: Path) -> None:
     from bench_episodes import build_corpus
-
     from knowledge_server.code.index import CodeIndex
     from knowledge_server.code.model import IndexOptions
     from knowledge_server.derived.build import rebuild
@@ -91,7 +90,9 @@ def build(data: Path, events: int, shared: Path) -> None:
     workspace = copy_workspace(data.parent / "workspace")
     with CodeIndex(str(data / "code.sqlite"), options=IndexOptions()) as idx:
         rep = idx.index_workspace(str(workspace))
-    print(f"code: {rep.files_indexed} files, {rep.chunks} chunks indexed in {time.perf_counter() - t0:.1f}s (rev {rep.index_rev})")
+    print(
+        f"code: {rep.files_indexed} files, {rep.chunks} chunks indexed in {time.perf_counter() - t0:.1f}s (rev {rep.index_rev})"
+    )
     t0 = time.perf_counter()
     ep = EpisodeStore(str(data), read_only=True)
     ds = DerivedStore(str(data))
@@ -106,6 +107,7 @@ DEGRADED: list[str] = []
 
 def unseen_word(i: int, n: int) -> str:
     """'qz' + request number + client number spelled in letters: one token in no index."""
+
     def letters(k: int) -> str:
         out = ""
         while True:
@@ -133,7 +135,9 @@ def server_cpu_s(pid: int) -> float:
     return total
 
 
-async def run_clients(address: str, clients: int, requests: int, unique: bool = False) -> tuple[list[float], float]:
+async def run_clients(
+    address: str, clients: int, requests: int, unique: bool = False
+) -> tuple[list[float], float]:
     from knowledge_sdk import AsyncKnowledgeClient
 
     latencies: list[float] = []
@@ -153,7 +157,9 @@ async def run_clients(address: str, clients: int, requests: int, unique: bool = 
                 resp = await kc.search(q)
                 latencies.append((time.perf_counter() - t) * 1000)
                 # A lane that timed out under load would make a search cheap and wrong: count them.
-                DEGRADED.extend(n for n in ("episodes", "code", "skills") if getattr(resp.lanes, n).degraded)
+                DEGRADED.extend(
+                    n for n in ("episodes", "code", "skills") if getattr(resp.lanes, n).degraded
+                )
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(n) for n in range(clients)))
@@ -166,7 +172,12 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--data", type=Path, help="reuse/keep this data directory")
     ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
-    ap.add_argument("--workers", type=int, default=2, help="serving processes (serve --workers; default 2 = the cores here)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="serving processes (serve --workers; default 2 = the cores here)",
+    )
     args = ap.parse_args()
     base = args.data or Path(tempfile.mkdtemp(prefix="kn-bench-search-"))
     data = base / "corpus"
@@ -174,9 +185,24 @@ def main() -> int:
         build(data, args.events, args.shared)
     env = dict(os.environ, KNOWLEDGE_LOG_LEVEL="warning", KNOWLEDGE_LOG_FORMAT="json")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "knowledge_server.cli", "--data-dir", str(data), "serve", "--listen", "127.0.0.1:0",
-         "--no-bootstrap", "--workspace", str(copy_workspace(base / "workspace")), "--workers", str(args.workers)],
-        env=env, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "knowledge_server.cli",
+            "--data-dir",
+            str(data),
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-bootstrap",
+            "--workspace",
+            str(copy_workspace(base / "workspace")),
+            "--workers",
+            str(args.workers),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -186,30 +212,51 @@ def main() -> int:
         with KnowledgeClient(address) as kc:
             st = kc.get_status()
             counts = {lane.lane: dict(lane.counts) for lane in st.lanes}
-            print(f"server {address}: episodes={counts.get('episodes')} code={counts.get('code')} skills={counts.get('skills', {}).get('skills')}")
+            print(
+                f"server {address}: episodes={counts.get('episodes')} code={counts.get('code')} skills={counts.get('skills', {}).get('skills')}"
+            )
             r = kc.search("who fixed the failing test", trace=True)
-            print("lane timings of one search (ms):", {t.lane: t.ms for t in r.trace.lanes}, "total", r.trace.total_ms)
+            print(
+                "lane timings of one search (ms):",
+                {t.lane: t.ms for t in r.trace.lanes},
+                "total",
+                r.trace.total_ms,
+            )
         lat, wall = asyncio.run(run_clients(address, 1, args.requests, unique=True))
-        print(f"== 1 client, {len(lat)} unique searches (no cache hits): p50={statistics.median(lat):.1f} ms  "
-              f"p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms  ({len(lat) / wall:.0f} searches/s)")
+        print(
+            f"== 1 client, {len(lat)} unique searches (no cache hits): p50={statistics.median(lat):.1f} ms  "
+            f"p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms  ({len(lat) / wall:.0f} searches/s)"
+        )
         cpu0 = server_cpu_s(proc.pid)
         lat, wall = asyncio.run(run_clients(address, 16, args.requests * 2, unique=True))
         cpu = server_cpu_s(proc.pid) - cpu0
-        print(f"== 16 clients, {len(lat)} unique searches (no cache hits): throughput={len(lat) / wall:.0f} searches/s  "
-              f"p50={statistics.median(lat):.1f} ms  p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms")
-        print(f"   server CPU per never-seen search: {cpu / len(lat) * 1000:.1f} ms over {args.workers} process(es) "
-              f"-> {os.cpu_count()} cores bound it at ~{len(lat) / cpu * (os.cpu_count() or 1):.0f} searches/s")
+        print(
+            f"== 16 clients, {len(lat)} unique searches (no cache hits): throughput={len(lat) / wall:.0f} searches/s  "
+            f"p50={statistics.median(lat):.1f} ms  p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms"
+        )
+        print(
+            f"   server CPU per never-seen search: {cpu / len(lat) * 1000:.1f} ms over {args.workers} process(es) "
+            f"-> {os.cpu_count()} cores bound it at ~{len(lat) / cpu * (os.cpu_count() or 1):.0f} searches/s"
+        )
         lat, wall = asyncio.run(run_clients(address, 1, args.requests))
-        print(f"== 1 client, {len(lat)} searches over {len(QUERIES)} recurring questions: p50={statistics.median(lat):.1f} ms  p95={pct(lat, 95):.1f} ms  "
-              f"p99={pct(lat, 99):.1f} ms  ({len(lat) / wall:.0f} searches/s)")
+        print(
+            f"== 1 client, {len(lat)} searches over {len(QUERIES)} recurring questions: p50={statistics.median(lat):.1f} ms  p95={pct(lat, 95):.1f} ms  "
+            f"p99={pct(lat, 99):.1f} ms  ({len(lat) / wall:.0f} searches/s)"
+        )
         lat, wall = asyncio.run(run_clients(address, 16, args.requests * 2))
-        print(f"== 16 clients, {len(lat)} searches over {len(QUERIES)} recurring questions: throughput={len(lat) / wall:.0f} searches/s  p50={statistics.median(lat):.1f} ms  "
-              f"p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms")
+        print(
+            f"== 16 clients, {len(lat)} searches over {len(QUERIES)} recurring questions: throughput={len(lat) / wall:.0f} searches/s  p50={statistics.median(lat):.1f} ms  "
+            f"p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms"
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    print(f"degraded lanes in all answers: {len(DEGRADED)} ({', '.join(sorted(set(DEGRADED))) or 'none'})")
-    print(f"data directory: {data} (targets: p95 <= 30 ms with one client; >= 200 searches/s with 16 clients)")
+    print(
+        f"degraded lanes in all answers: {len(DEGRADED)} ({', '.join(sorted(set(DEGRADED))) or 'none'})"
+    )
+    print(
+        f"data directory: {data} (targets: p95 <= 30 ms with one client; >= 200 searches/s with 16 clients)"
+    )
     return 0
 
 

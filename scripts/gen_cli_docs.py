@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-
 from knowledge_server.cli import iter_commands, main
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "cli.md"

@@ -94,7 +94,9 @@ class ServerThread:
             if close:
                 close()
 
-        self._thread = threading.Thread(target=lambda: self._loop.run_until_complete(main()), daemon=True)
+        self._thread = threading.Thread(
+            target=lambda: self._loop.run_until_complete(main()), daemon=True
+        )
         self._thread.start()
         self._ready.wait(60)
         if self.error:

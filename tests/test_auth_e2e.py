@@ -11,11 +11,17 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-
-from knowledge_sdk import AsyncKnowledgeClient, ConnectionSettings, PermissionDenied, Unauthenticated, Unavailable
+from knowledge_sdk import (
+    AsyncKnowledgeClient,
+    ConnectionSettings,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+)
 from knowledge_server.auth import TokenStore
 from knowledge_server.config import ConfigError, load_config
 from knowledge_server.server import create_server
+
 from tests.conftest import start_server
 
 
@@ -65,11 +71,16 @@ def test_non_loopback_without_tokens_refuses_to_start(tmp_path: Path) -> None:
         asyncio.run(create_server(cfg))
 
 
-def _cert(subject: str, issuer_key: ec.EllipticCurvePrivateKey | None = None, issuer: x509.Name | None = None,
-          ca: bool = False, san: bool = False) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def _cert(
+    subject: str,
+    issuer_key: ec.EllipticCurvePrivateKey | None = None,
+    issuer: x509.Name | None = None,
+    ca: bool = False,
+    san: bool = False,
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -82,20 +93,30 @@ def _cert(subject: str, issuer_key: ec.EllipticCurvePrivateKey | None = None, is
     )
     if san:
         builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
             critical=False,
         )
     cert = builder.sign(issuer_key or key, hashes.SHA256())
     return key, cert
 
 
-def _write(path: Path, key: ec.EllipticCurvePrivateKey | None, cert: x509.Certificate) -> tuple[Path, Path | None]:
+def _write(
+    path: Path, key: ec.EllipticCurvePrivateKey | None, cert: x509.Certificate
+) -> tuple[Path, Path | None]:
     cert_path = path.with_suffix(".pem")
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path = None
     if key is not None:
         key_path = path.with_suffix(".key")
-        key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        key_path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
     return cert_path, key_path
 
 
@@ -124,10 +145,23 @@ async def test_tls(tmp_path: Path, pki: dict[str, Path]) -> None:
         await rs.server.stop(0)
 
 
-async def test_mutual_tls_requires_a_client_certificate(tmp_path: Path, pki: dict[str, Path]) -> None:
-    rs = await start_server(tmp_path, tls_cert=str(pki["srv_cert"]), tls_key=str(pki["srv_key"]), tls_client_ca=str(pki["ca"]))
+async def test_mutual_tls_requires_a_client_certificate(
+    tmp_path: Path, pki: dict[str, Path]
+) -> None:
+    rs = await start_server(
+        tmp_path,
+        tls_cert=str(pki["srv_cert"]),
+        tls_key=str(pki["srv_key"]),
+        tls_client_ca=str(pki["ca"]),
+    )
     try:
-        with_cert = ConnectionSettings(address=rs.address, tls_ca=pki["ca"], tls_cert=pki["cli_cert"], tls_key=pki["cli_key"], timeout=5)
+        with_cert = ConnectionSettings(
+            address=rs.address,
+            tls_ca=pki["ca"],
+            tls_cert=pki["cli_cert"],
+            tls_key=pki["cli_key"],
+            timeout=5,
+        )
         async with AsyncKnowledgeClient(settings=with_cert) as kc:
             assert (await kc.get_status()).version
         without = ConnectionSettings(address=rs.address, tls_ca=pki["ca"], timeout=1)

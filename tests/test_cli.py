@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,8 +27,14 @@ def _env(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture
 def served(tmp_path: Path):  # type: ignore[no-untyped-def]
     env = _env(tmp_path)
-    proc = subprocess.Popen([*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0", "--no-bootstrap"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    proc = subprocess.Popen(
+        [*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0", "--no-bootstrap"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     assert line.startswith("listening on 127.0.0.1:"), line
@@ -42,28 +47,49 @@ def served(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_serve_prints_bound_port_and_search_json_is_one_document(served) -> None:  # type: ignore[no-untyped-def]
-    proc, env, port = served
+    _proc, env, port = served
     # The address recorded in the data dir is found without --address.
-    out = subprocess.run([*KNOWLEDGE, "search", "where is the config", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*KNOWLEDGE, "search", "where is the config", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["schema"] == "knowledge.search/v1"
     assert set(doc["lanes"]) >= {"episodes", "code"}
     assert "index_rev" in doc["lanes"]["code"] and "degradation_reason" in doc["lanes"]["code"]
-    status = subprocess.run([*KNOWLEDGE, "--address", f"127.0.0.1:{port}", "status", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [*KNOWLEDGE, "--address", f"127.0.0.1:{port}", "status", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert json.loads(status.stdout)["edition"]["edition"] == "community"
 
 
 def test_edition_refusal_is_one_line_with_the_edition(served) -> None:  # type: ignore[no-untyped-def]
-    proc, env, port = served
-    out = subprocess.run([*KNOWLEDGE, "docgraph", "themes"], env=env, capture_output=True, text=True, timeout=60)
+    _proc, env, _port = served
+    out = subprocess.run(
+        [*KNOWLEDGE, "docgraph", "themes"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 3
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "enterprise" in lines[0]
 
 
 def test_sigterm_stops_gracefully(served) -> None:  # type: ignore[no-untyped-def]
-    proc, env, port = served
+    proc, env, _port = served
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
     assert not (Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json").exists()
@@ -71,14 +97,28 @@ def test_sigterm_stops_gracefully(served) -> None:  # type: ignore[no-untyped-de
 
 def test_unreachable_service_is_a_clear_error(tmp_path: Path) -> None:
     env = _env(tmp_path)
-    out = subprocess.run([*KNOWLEDGE, "--address", "127.0.0.1:1", "--timeout", "0.5", "status"], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*KNOWLEDGE, "--address", "127.0.0.1:1", "--timeout", "0.5", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 4 and "cannot reach the service" in out.stderr
 
 
 def test_bad_configuration_exits_2_with_the_setting(tmp_path: Path) -> None:
     env = _env(tmp_path)
     env["KNOWLEDGE_LANE_TIMEOUT_MS"] = "nope"
-    out = subprocess.run([*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0"], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 2 and "KNOWLEDGE_LANE_TIMEOUT_MS" in out.stderr
 
 
@@ -86,6 +126,12 @@ def test_every_command_has_help() -> None:
     from knowledge_server.cli import iter_commands
 
     for path in iter_commands():
-        out = subprocess.run([*KNOWLEDGE, *path.split(), "--help"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [*KNOWLEDGE, *path.split(), "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert out.returncode == 0 and "Usage:" in out.stdout, path
         assert len(out.stdout.splitlines()) > 3, path

@@ -86,8 +86,23 @@ def test_operators_are_words(index: CodeIndex, query: str) -> None:
 
 
 _WORDS = st.sampled_from(
-    ["getUserName", "get_user_name", "HTTPServer", "parse2json", "test", "latest", "ΣΊΣΥΦΟΣ",
-     "straße", "İstanbul", "кто", "чинил", "会员", "user", "name", "x"]
+    [
+        "getUserName",
+        "get_user_name",
+        "HTTPServer",
+        "parse2json",
+        "test",
+        "latest",
+        "ΣΊΣΥΦΟΣ",
+        "straße",
+        "İstanbul",
+        "кто",
+        "чинил",
+        "会员",
+        "user",
+        "name",
+        "x",
+    ]
 )
 
 

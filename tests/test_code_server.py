@@ -7,15 +7,21 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-
 from knowledge_sdk import AsyncKnowledgeClient, InvalidRequest, NotFound
+
 from tests.conftest import start_server
 
 
 def _workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
-    shutil.copytree(Path(sysconfig.get_paths()["stdlib"]) / "json", ws / "json", ignore=shutil.ignore_patterns("__pycache__"))
-    (ws / "notes.md").write_text("# Decoder notes\n\nThe scanner turns text into tokens.\n\n## Errors\n\nJSONDecodeError carries lineno.\n")
+    shutil.copytree(
+        Path(sysconfig.get_paths()["stdlib"]) / "json",
+        ws / "json",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    (ws / "notes.md").write_text(
+        "# Decoder notes\n\nThe scanner turns text into tokens.\n\n## Errors\n\nJSONDecodeError carries lineno.\n"
+    )
     return ws
 
 
@@ -31,20 +37,38 @@ async def test_index_stream_search_chunk_and_stale_warning(tmp_path: Path) -> No
             assert summary is not None and summary.index_rev and summary.counters["chunks"] > 20
             resp = await kc.search("where is JSONDecodeError raised", include=["code"])
             code = resp.lanes.code
-            assert code.index_rev == summary.index_rev and code.capability == "full" and not code.freshness.stale
+            assert (
+                code.index_rev == summary.index_rev
+                and code.capability == "full"
+                and not code.freshness.stale
+            )
             top = code.items[0]
             assert top.path.startswith("json/") or top.path == "notes.md"
             assert any(w.startswith("lex:") for w in top.why)
             chunk = (await kc.get_chunk(top.id)).chunk
-            assert chunk.path == top.path and chunk.start_line == top.start_line and len(chunk.text) >= len(top.snippet.strip("…"))
+            assert (
+                chunk.path == top.path
+                and chunk.start_line == top.start_line
+                and len(chunk.text) >= len(top.snippet.strip("…"))
+            )
             md = await kc.search("scanner turns text into tokens", include=["code"])
-            assert any(i.path == "notes.md" and i.source_kind == "section" for i in md.lanes.code.items)
+            assert any(
+                i.path == "notes.md" and i.source_kind == "section" for i in md.lanes.code.items
+            )
             # mode=docs: document chunks only, and the lane says it is plain retrieval (seed 003 §3.4).
             docs = await kc.search("scanner tokens decoder errors", mode="docs", include=["code"])
-            assert docs.lanes.code.items and all(i.language == "markdown" for i in docs.lanes.code.items)
-            assert docs.lanes.code.degraded and "SearchLevels" in docs.lanes.code.degradation_reason and docs.found
+            assert docs.lanes.code.items and all(
+                i.language == "markdown" for i in docs.lanes.code.items
+            )
+            assert (
+                docs.lanes.code.degraded
+                and "SearchLevels" in docs.lanes.code.degradation_reason
+                and docs.found
+            )
             # The workspace changes after the revision: data still returned, with a warning.
-            (ws / "json" / "decoder.py").write_text((ws / "json" / "decoder.py").read_text() + "\n# touched\n")
+            (ws / "json" / "decoder.py").write_text(
+                (ws / "json" / "decoder.py").read_text() + "\n# touched\n"
+            )
             rs.app.lanes["code"].refresh_freshness()
             stale = await kc.search("where is JSONDecodeError raised", include=["code"])
             assert stale.lanes.code.freshness.stale and stale.lanes.code.items
@@ -57,10 +81,15 @@ async def test_index_stream_search_chunk_and_stale_warning(tmp_path: Path) -> No
             again = events[-1].summary
             assert again.index_rev != summary.index_rev and again.counters["files_reused"] >= 5
             fresh = await kc.search("where is JSONDecodeError raised", include=["code"], trace=True)
-            assert not fresh.lanes.code.freshness.stale and fresh.lanes.code.index_rev == again.index_rev
+            assert (
+                not fresh.lanes.code.freshness.stale
+                and fresh.lanes.code.index_rev == again.index_rev
+            )
             # Lane results are cached per revision: a repeat hits, a new revision missed above.
             assert not next(t for t in fresh.trace.lanes if t.lane == "code").cache_hit
-            repeat = await kc.search("where is JSONDecodeError raised", include=["code"], trace=True)
+            repeat = await kc.search(
+                "where is JSONDecodeError raised", include=["code"], trace=True
+            )
             assert next(t for t in repeat.trace.lanes if t.lane == "code").cache_hit
             assert [i.id for i in repeat.lanes.code.items] == [i.id for i in fresh.lanes.code.items]
             with pytest.raises(NotFound):

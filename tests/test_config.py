@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from knowledge_server.config import ConfigError, load_config
 
 
@@ -26,7 +25,10 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
         ({"KNOWLEDGE_LANE_TIMEOUT_MS": "5"}, "lane_timeout_ms"),
         ({"KNOWLEDGE_LISTEN": "nowhere"}, "listen"),
         ({"KNOWLEDGE_AUTH": "maybe"}, "auth"),
-        ({"KNOWLEDGE_TLS_CERT": "/nonexistent.pem", "KNOWLEDGE_TLS_KEY": "/nonexistent.key"}, "tls_cert"),
+        (
+            {"KNOWLEDGE_TLS_CERT": "/nonexistent.pem", "KNOWLEDGE_TLS_KEY": "/nonexistent.key"},
+            "tls_cert",
+        ),
         ({"KNOWLEDGE_AUTH": "off", "KNOWLEDGE_LISTEN": "0.0.0.0:5000"}, "loopback"),
     ],
 )

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
-
 from knowledge_server._gen.knowledge.v1 import (
     dispatch_pb2,
     docgraph_pb2,
@@ -17,6 +16,7 @@ from knowledge_server._gen.knowledge.v1 import (
     search_pb2,
 )
 from knowledge_server.search.validate import validate_search
+
 from tests.conftest import SEED_DIR
 
 FIXTURES = Path(__file__).parent / "fixtures" / "seed"
@@ -32,7 +32,13 @@ def test_fixtures_are_the_seed_examples_verbatim() -> None:
     if not seed.exists():
         pytest.skip(f"seed {seed} is absent")
     text = seed.read_text(encoding="utf-8")
-    for name in ("search_request", "search_response", "dispatch_request", "dispatch_response", "handoff"):
+    for name in (
+        "search_request",
+        "search_response",
+        "dispatch_request",
+        "dispatch_response",
+        "handoff",
+    ):
         assert (FIXTURES / f"{name}.json").read_text(encoding="utf-8") in text
 
 
@@ -84,7 +90,11 @@ def test_lane_items_cannot_mix_addresses() -> None:
     """KC-6 by construction: an episode item has no path, a code item has no session id."""
     ep_fields = {f.name for f in search_pb2.EpisodeItem.DESCRIPTOR.fields}
     code_fields = {f.name for f in search_pb2.CodeItem.DESCRIPTOR.fields}
-    assert {"session_id", "seq"} <= ep_fields and "path" not in ep_fields and "start_line" not in ep_fields
+    assert (
+        {"session_id", "seq"} <= ep_fields
+        and "path" not in ep_fields
+        and "start_line" not in ep_fields
+    )
     assert {"path", "start_line"} <= code_fields and "session_id" not in code_fields
     for lane in (search_pb2.EpisodesLane, search_pb2.CodeLane, search_pb2.SkillsLane):
         names = {f.name for f in lane.DESCRIPTOR.fields}
@@ -102,9 +112,24 @@ def test_seed_dispatch_and_handoff_parse() -> None:
 
 def test_docgraph_responses_carry_the_common_envelope() -> None:
     """Seed 003 §3.6: op, index_rev, capability, provenance, found, error, limits on every op."""
-    envelope = {"op", "index_rev", "capability", "provenance", "found", "collected", "reason", "error", "limits"}
-    for cls in (docgraph_pb2.ThemesResponse, docgraph_pb2.EntityNeighborsResponse, docgraph_pb2.DocRelationsResponse,
-                docgraph_pb2.GlobalOverviewResponse, docgraph_pb2.SearchLevelsResponse):
+    envelope = {
+        "op",
+        "index_rev",
+        "capability",
+        "provenance",
+        "found",
+        "collected",
+        "reason",
+        "error",
+        "limits",
+    }
+    for cls in (
+        docgraph_pb2.ThemesResponse,
+        docgraph_pb2.EntityNeighborsResponse,
+        docgraph_pb2.DocRelationsResponse,
+        docgraph_pb2.GlobalOverviewResponse,
+        docgraph_pb2.SearchLevelsResponse,
+    ):
         assert envelope <= {f.name for f in cls.DESCRIPTOR.fields}, cls.__name__
     rel = {f.name for f in docgraph_pb2.DocRelation.DESCRIPTOR.fields}
     assert {"from", "to", "via_entities", "citations"} <= rel
@@ -122,9 +147,17 @@ def test_every_rpc_declares_a_policy_and_docgraph_needs_enterprise() -> None:
 
 def test_reason_codes_cover_the_seed_codes() -> None:
     seed_codes = {
-        "KNOWLEDGE_INVALID_REQUEST", "KNOWLEDGE_NO_SOURCE", "KNOWLEDGE_LANE_DEGRADED", "KNOWLEDGE_INDEX_NOT_READY",
-        "KNOWLEDGE_STALE_INDEX", "KNOWLEDGE_SOURCE_UNAVAILABLE", "KNOWLEDGE_BUDGET_EXCEEDED", "KNOWLEDGE_INTERNAL",
-        "SESSION_QUERY_SEARCH_DISABLED", "SESSION_QUERY_INDEX_FAILED", "SESSION_QUERY_STALE_CURSOR",
+        "KNOWLEDGE_INVALID_REQUEST",
+        "KNOWLEDGE_NO_SOURCE",
+        "KNOWLEDGE_LANE_DEGRADED",
+        "KNOWLEDGE_INDEX_NOT_READY",
+        "KNOWLEDGE_STALE_INDEX",
+        "KNOWLEDGE_SOURCE_UNAVAILABLE",
+        "KNOWLEDGE_BUDGET_EXCEEDED",
+        "KNOWLEDGE_INTERNAL",
+        "SESSION_QUERY_SEARCH_DISABLED",
+        "SESSION_QUERY_INDEX_FAILED",
+        "SESSION_QUERY_STALE_CURSOR",
         "SESSION_QUERY_SESSION_NOT_FOUND",
     }
     names = {v.name.removeprefix("ERROR_REASON_") for v in errors_pb2.ErrorReason.DESCRIPTOR.values}

@@ -41,9 +41,15 @@ def _write_licence(tmp_path: Path, edition: str | None) -> None:
     ring = tmp_path / "data" / "licence-keys"
     ring.mkdir(parents=True, exist_ok=True)
     (ring / public.name).write_bytes(public.read_bytes())
-    blob = issue_licence(private, licence_id=f"lic-{edition}", licensee="Example", edition=edition,
-                         features=["doc-graph"] if edition == "enterprise" else [],
-                         not_before=now - timedelta(days=1), expires_at=now + timedelta(days=30))
+    blob = issue_licence(
+        private,
+        licence_id=f"lic-{edition}",
+        licensee="Example",
+        edition=edition,
+        features=["doc-graph"] if edition == "enterprise" else [],
+        not_before=now - timedelta(days=1),
+        expires_at=now + timedelta(days=30),
+    )
     (tmp_path / "data" / "licence.json").write_bytes(blob)
 
 
@@ -77,7 +83,9 @@ async def test_community_refuses_every_docgraph_rpc(tmp_path: Path, edition: str
         async with AsyncKnowledgeClient(rs.address) as kc:
             await _drain(kc.index_workspace(str(ws)))  # ungated: works on Community
             calls = dict(_ops(kc))
-            calls["BuildDocGraph"] = lambda: _drain(kc.build_doc_graph(v1.BuildDocGraphRequest(root=str(ws))))
+            calls["BuildDocGraph"] = lambda: _drain(
+                kc.build_doc_graph(v1.BuildDocGraphRequest(root=str(ws)))
+            )
             for name, call in calls.items():
                 with pytest.raises(EditionRefused) as err:
                     await call()

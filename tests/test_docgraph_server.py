@@ -27,8 +27,15 @@ def enterprise_licence(tmp_path: Path) -> None:
     ring = tmp_path / "data" / "licence-keys"
     ring.mkdir(parents=True, exist_ok=True)
     (ring / public.name).write_bytes(public.read_bytes())
-    blob = issue_licence(private, licence_id="lic-dg", licensee="Example", edition="enterprise",
-                         features=["doc-graph"], not_before=now - timedelta(days=1), expires_at=now + timedelta(days=30))
+    blob = issue_licence(
+        private,
+        licence_id="lic-dg",
+        licensee="Example",
+        edition="enterprise",
+        features=["doc-graph"],
+        not_before=now - timedelta(days=1),
+        expires_at=now + timedelta(days=30),
+    )
     (tmp_path / "data" / "licence.json").write_bytes(blob)
 
 
@@ -60,7 +67,9 @@ async def _index_and_build(kc: AsyncKnowledgeClient, ws: Path, **build: Any) -> 
 
 
 def _addressed(addr: Any) -> None:
-    assert addr is not None and addr.path and addr.start_line >= 1 and addr.end_line >= addr.start_line, addr
+    assert (
+        addr is not None and addr.path and addr.start_line >= 1 and addr.end_line >= addr.start_line
+    ), addr
 
 
 def _entity(e: Any) -> None:
@@ -95,7 +104,9 @@ async def test_five_operations_with_fake_llm(shared_data: Path, tmp_path: Path) 
         try:
             async with AsyncKnowledgeClient(rs.address) as kc:
                 await _summary(kc.index_workspace(str(ws)))
-                est = await _summary(kc.build_doc_graph(v1.BuildDocGraphRequest(root=str(ws), estimate=True)))
+                est = await _summary(
+                    kc.build_doc_graph(v1.BuildDocGraphRequest(root=str(ws), estimate=True))
+                )
                 assert est.counters["chunks_to_process"] > 0 and est.counters["expected_calls"] > 0
                 assert fake.calls == 0  # an estimate spends nothing
 
@@ -177,19 +188,28 @@ async def test_five_operations_with_fake_llm(shared_data: Path, tmp_path: Path) 
             await rs.server.stop(0)
 
 
-async def test_no_llm_structural_build_and_degraded_search(shared_data: Path, tmp_path: Path) -> None:
+async def test_no_llm_structural_build_and_degraded_search(
+    shared_data: Path, tmp_path: Path
+) -> None:
     ws = eips_workspace(shared_data, tmp_path)
     rs = await _server(tmp_path, ws)
     try:
         async with AsyncKnowledgeClient(rs.address) as kc:
             before = await kc.themes()
-            assert not before.collected and "DOCGRAPH_NOT_BUILT" in before.reason and not before.themes
+            assert (
+                not before.collected and "DOCGRAPH_NOT_BUILT" in before.reason and not before.themes
+            )
 
             summary = await _index_and_build(kc, ws, structural_only=True)
             assert summary.counters["entities"] > 0 and summary.counters["llm_calls"] == 0
 
             sl = await kc.search_levels("EIP-2718 typed transaction envelope")
-            assert sl.collected and sl.degraded and sl.degradation_reason and "LLM not configured" in sl.reason
+            assert (
+                sl.collected
+                and sl.degraded
+                and sl.degradation_reason
+                and "LLM not configured" in sl.reason
+            )
             assert sl.found and sl.items
             for h in sl.items:
                 assert h.match_kind == "lexical"
@@ -205,7 +225,9 @@ async def test_no_llm_structural_build_and_degraded_search(shared_data: Path, tm
         await rs.server.stop(0)
 
 
-async def test_unreachable_llm_is_not_collected_with_driver_code(shared_data: Path, tmp_path: Path) -> None:
+async def test_unreachable_llm_is_not_collected_with_driver_code(
+    shared_data: Path, tmp_path: Path
+) -> None:
     ws = eips_workspace(shared_data, tmp_path)
     rs = await _server(tmp_path, ws, llm_url=closed_port_url(), llm_model="fake")
     try:
@@ -216,7 +238,12 @@ async def test_unreachable_llm_is_not_collected_with_driver_code(shared_data: Pa
             assert summary.counters["pending_chunks"] > 0
 
             sl = await kc.search_levels("EIP-1559 base fee")
-            assert not sl.collected and "LLM_UNAVAILABLE" in sl.reason and not sl.items and not sl.found
+            assert (
+                not sl.collected
+                and "LLM_UNAVAILABLE" in sl.reason
+                and not sl.items
+                and not sl.found
+            )
             for call in (kc.themes(), kc.entity_neighbors("EIP-1559"), kc.global_overview()):
                 resp = await call
                 # Structural facts may answer, but never as "full" and never without the cause.

@@ -14,14 +14,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
-import pytest
 from google.rpc import error_details_pb2, status_pb2
-
 from knowledge_licensing import generate_keypair, issue_licence
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused, RPCError
 from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
-from tests.conftest import REPO_ROOT, start_server
 
+from tests.conftest import REPO_ROOT, start_server
 
 
 def _vendor(tmp_path: Path) -> tuple[Path, Path]:
@@ -32,13 +30,25 @@ def _vendor(tmp_path: Path) -> tuple[Path, Path]:
     return private, ring
 
 
-def _licence(private: Path, *, edition: str = "enterprise", nb: timedelta = timedelta(days=-1), exp: timedelta = timedelta(days=30)) -> bytes:
+def _licence(
+    private: Path,
+    *,
+    edition: str = "enterprise",
+    nb: timedelta = timedelta(days=-1),
+    exp: timedelta = timedelta(days=30),
+) -> bytes:
     # Times relative to the moment of issue, not of import: a long test session must not
     # turn "not yet valid" (one minute ahead) into valid.
     now = datetime.now(UTC)
-    return issue_licence(private, licence_id="lic-1", licensee="Example", edition=edition,
-                         features=["doc-graph"] if edition != "community" else [],
-                         not_before=now + nb, expires_at=now + exp)
+    return issue_licence(
+        private,
+        licence_id="lic-1",
+        licensee="Example",
+        edition=edition,
+        features=["doc-graph"] if edition != "community" else [],
+        not_before=now + nb,
+        expires_at=now + exp,
+    )
 
 
 def _tamper_payload(blob: bytes) -> bytes:
@@ -71,17 +81,41 @@ UNGATED_STREAM = "/knowledge.v1.IndexService/IngestSessions"
 async def _raw_call(address: str, method: str) -> grpc.StatusCode:
     async with grpc.aio.insecure_channel(address) as ch:
         if method == GATED_UNARY:
-            call = ch.unary_unary(method, request_serializer=docgraph_pb2.ThemesRequest.SerializeToString, response_deserializer=docgraph_pb2.ThemesResponse.FromString)
+            call = ch.unary_unary(
+                method,
+                request_serializer=docgraph_pb2.ThemesRequest.SerializeToString,
+                response_deserializer=docgraph_pb2.ThemesResponse.FromString,
+            )
             req = docgraph_pb2.ThemesRequest()
         elif method == UNGATED_UNARY:
-            call = ch.unary_unary(method, request_serializer=index_service_pb2.GetStatusRequest.SerializeToString, response_deserializer=index_service_pb2.GetStatusResponse.FromString)
+            call = ch.unary_unary(
+                method,
+                request_serializer=index_service_pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=index_service_pb2.GetStatusResponse.FromString,
+            )
             req = index_service_pb2.GetStatusRequest()
         else:
-            req_cls = index_service_pb2.BuildDocGraphRequest if method == GATED_STREAM else index_service_pb2.IngestSessionsRequest
-            resp_cls = index_service_pb2.BuildDocGraphResponse if method == GATED_STREAM else index_service_pb2.IngestSessionsResponse
-            stream = ch.unary_stream(method, request_serializer=req_cls.SerializeToString, response_deserializer=resp_cls.FromString)
+            req_cls = (
+                index_service_pb2.BuildDocGraphRequest
+                if method == GATED_STREAM
+                else index_service_pb2.IngestSessionsRequest
+            )
+            resp_cls = (
+                index_service_pb2.BuildDocGraphResponse
+                if method == GATED_STREAM
+                else index_service_pb2.IngestSessionsResponse
+            )
+            stream = ch.unary_stream(
+                method,
+                request_serializer=req_cls.SerializeToString,
+                response_deserializer=resp_cls.FromString,
+            )
             try:
-                async for _ in stream(req_cls(paths=[str(REPO_ROOT / "tests" / "fixtures" / "seed")]) if method == UNGATED_STREAM else req_cls(estimate=True)):
+                async for _ in stream(
+                    req_cls(paths=[str(REPO_ROOT / "tests" / "fixtures" / "seed")])
+                    if method == UNGATED_STREAM
+                    else req_cls(estimate=True)
+                ):
                     pass
                 return grpc.StatusCode.OK
             except grpc.aio.AioRpcError as exc:
@@ -101,8 +135,16 @@ def _check_refusal_detail(exc: grpc.aio.AioRpcError) -> None:
     raw = dict(exc.trailing_metadata() or ()).get("grpc-status-details-bin")
     st = status_pb2.Status.FromString(raw)
     info, refusal = error_details_pb2.ErrorInfo(), errors_pb2.EditionRefusal()
-    assert st.details[0].Unpack(info) and info.reason == "KNOWLEDGE_EDITION_REQUIRED" and info.domain == "knowledge.v1"
-    assert st.details[1].Unpack(refusal) and refusal.feature == "doc-graph" and refusal.required_edition == "enterprise"
+    assert (
+        st.details[0].Unpack(info)
+        and info.reason == "KNOWLEDGE_EDITION_REQUIRED"
+        and info.domain == "knowledge.v1"
+    )
+    assert (
+        st.details[1].Unpack(refusal)
+        and refusal.feature == "doc-graph"
+        and refusal.required_edition == "enterprise"
+    )
 
 
 async def _sdk_call(address: str, method: str) -> str:
@@ -158,7 +200,9 @@ async def test_gate_matrix(tmp_path: Path) -> None:
         await rs.server.stop(0)
 
 
-async def test_licence_file_change_upgrades_and_expiry_downgrades_without_restart(tmp_path: Path) -> None:
+async def test_licence_file_change_upgrades_and_expiry_downgrades_without_restart(
+    tmp_path: Path,
+) -> None:
     """A running server goes Community -> Enterprise when the file appears (noticed by the
     watcher's poll), and back to Community when the licence expires (licence time is moved
     forward, no file change, no restart)."""
@@ -194,15 +238,42 @@ def test_sighup_reloads_the_licence_of_a_serving_process(tmp_path: Path) -> None
     private, _ = _vendor(tmp_path)
     env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"), KNOWLEDGE_LOG_FORMAT="json")
     env.pop("KNOWLEDGE_ADDRESS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "knowledge_server.cli", "serve", "--listen", "127.0.0.1:0", "--no-bootstrap"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "knowledge_server.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-bootstrap",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline().strip().rsplit(":", 1)[1])
 
         def status() -> dict:
-            out = subprocess.run([sys.executable, "-m", "knowledge_server.cli", "--address", f"127.0.0.1:{port}", "status", "--json"],
-                                 env=env, capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "knowledge_server.cli",
+                    "--address",
+                    f"127.0.0.1:{port}",
+                    "status",
+                    "--json",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
             return json.loads(out.stdout)["edition"]
 
         assert status()["edition"] == "community"
@@ -227,12 +298,33 @@ def test_startup_log_names_the_licence_state(tmp_path: Path) -> None:
     env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"), KNOWLEDGE_LOG_FORMAT="json")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "licence.json").write_bytes(b"garbage")
-    proc = subprocess.Popen([sys.executable, "-m", "knowledge_server.cli", "serve", "--listen", "127.0.0.1:0", "--no-bootstrap"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "knowledge_server.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-bootstrap",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("listening on")
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=20)
-    lines = [json.loads(ln) for ln in (proc.stderr.read() if proc.stderr else "").splitlines() if ln.startswith("{")]
+    lines = [
+        json.loads(ln)
+        for ln in (proc.stderr.read() if proc.stderr else "").splitlines()
+        if ln.startswith("{")
+    ]
     loaded = [ln for ln in lines if ln.get("event") == "licence.loaded"]
-    assert len(loaded) == 1 and loaded[0]["licence_state"] == "malformed" and loaded[0]["edition"] == "community"
+    assert (
+        len(loaded) == 1
+        and loaded[0]["licence_state"] == "malformed"
+        and loaded[0]["edition"] == "community"
+    )

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from structlog.testing import capture_logs
-
 from knowledge_sdk import KnowledgeClient, search_request
 from knowledge_sdk import types as v1
 from knowledge_server.auth import TokenStore
 from knowledge_server.search.lanes import LaneQuery, LaneResult, empty_lane
+from structlog.testing import capture_logs
+
 from tests.conftest import ServerThread
 
 CANARY_A = "zebracanary alphaword"
@@ -33,8 +33,20 @@ def _stdlib(name: str) -> Path:
 def _write_session(path: Path, session_id: str, cwd: Path, lines: list[tuple[str, str]]) -> None:
     with path.open("w") as f:
         for i, (role, text) in enumerate(lines, 1):
-            f.write(json.dumps({"session_id": session_id, "seq": i, "time": f"2026-10-2{i % 9}T09:00:00Z", "cwd": str(cwd),
-                                "harness": "generic", "role": role, "text": text}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "session_id": session_id,
+                        "seq": i,
+                        "time": f"2026-10-2{i % 9}T09:00:00Z",
+                        "cwd": str(cwd),
+                        "harness": "generic",
+                        "role": role,
+                        "text": text,
+                    }
+                )
+                + "\n"
+            )
 
 
 class World:
@@ -42,8 +54,14 @@ class World:
         self.root = root
         self.ws_a = root / "ws_a"
         self.ws_b = root / "ws_b"
-        shutil.copytree(_stdlib("json"), self.ws_a / "json", ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copytree(_stdlib("email") / "mime", self.ws_b / "mime", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            _stdlib("json"), self.ws_a / "json", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        shutil.copytree(
+            _stdlib("email") / "mime",
+            self.ws_b / "mime",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
         (self.ws_a / "billing.py").write_text(
             f'"""Billing helpers for {CANARY_A}."""\n\nAWS_ACCESS_KEY_ID = "{SECRET}"\n\n\n'
             "def charge_zebracanary(amount):\n    return amount * 2\n"
@@ -54,14 +72,27 @@ class World:
         )
         self.logs = root / "logs"
         shutil.copytree(shared / "sessions", self.logs / "real")
-        _write_session(self.logs / "a.jsonl", "sess-a", self.ws_a, [
-            ("user", f"who fixed the {CANARY_A} billing bug?"),
-            ("assistant", f"I fixed {CANARY_A} in billing.py; the key {SECRET} was rotated."),
-        ])
-        _write_session(self.logs / "b.jsonl", "sess-b", self.ws_b, [
-            ("user", f"please fix the {CANARY_B} shipping bug"),
-            ("assistant", f"Fixed {CANARY_B}; connection postgres://app:{SECRET_PASSWORD}@db/ship works again."),
-        ])
+        _write_session(
+            self.logs / "a.jsonl",
+            "sess-a",
+            self.ws_a,
+            [
+                ("user", f"who fixed the {CANARY_A} billing bug?"),
+                ("assistant", f"I fixed {CANARY_A} in billing.py; the key {SECRET} was rotated."),
+            ],
+        )
+        _write_session(
+            self.logs / "b.jsonl",
+            "sess-b",
+            self.ws_b,
+            [
+                ("user", f"please fix the {CANARY_B} shipping bug"),
+                (
+                    "assistant",
+                    f"Fixed {CANARY_B}; connection postgres://app:{SECRET_PASSWORD}@db/ship works again.",
+                ),
+            ],
+        )
         self.data = root / "data"
         tokens = TokenStore(self.data / "tokens.json")
         _, self.token_a = tokens.create("agent-a", "org", [str(self.ws_a)], "agent")
@@ -69,8 +100,12 @@ class World:
         _, self.token_ops = tokens.create("ops", "org", None, "operator")
         self.sources_before = _tree_hash(self.logs) + _tree_hash(self.ws_a) + _tree_hash(self.ws_b)
         self.server = ServerThread(
-            root, authenticate=tokens.authenticate, auth="on", workspaces=[str(self.ws_a), str(self.ws_b)],
-            skill_roots=[str(shared / "skills")], lane_timeout_ms=5000,
+            root,
+            authenticate=tokens.authenticate,
+            auth="on",
+            workspaces=[str(self.ws_a), str(self.ws_b)],
+            skill_roots=[str(shared / "skills")],
+            lane_timeout_ms=5000,
         )
         with self.client(self.token_ops) as kc:
             for _ in kc.ingest_sessions([str(self.logs)]):
@@ -93,7 +128,9 @@ def _tree_hash(root: Path) -> str:
 
 
 def _db_state(data: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(data.glob("*.sqlite*"))}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(data.glob("*.sqlite*"))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +191,11 @@ def test_kc1_valid_request_has_schema_routing_lanes_fusion(world: World) -> None
     assert doc["schema"] == "knowledge.search/v1" and doc["request_id"] == "kc1"
     assert doc["routing"]["intent"] == "find_agent" and doc["routing"]["lanes"]
     assert {"episodes", "code", "skills"} <= set(doc["lanes"])
-    assert doc["fusion"]["strategy"] == "rrf" and doc["fusion"]["k"] == 60 and doc["fusion"]["dedup"] == "by id"
+    assert (
+        doc["fusion"]["strategy"] == "rrf"
+        and doc["fusion"]["k"] == 60
+        and doc["fusion"]["dedup"] == "by id"
+    )
 
 
 def test_kc2_both_sources_alive_lanes_present_and_unmixed(world: World) -> None:
@@ -175,7 +216,10 @@ def test_kc3_code_source_down_episodes_still_answer(world: World) -> None:
     assert resp.lanes.code.degraded and not resp.lanes.code.items
     assert resp.lanes.code.degradation_reason.startswith("KNOWLEDGE_SOURCE_UNAVAILABLE")
     assert resp.lanes.episodes.items and not resp.lanes.episodes.degraded
-    assert any(w.lane == "code" and w.code in ("KNOWLEDGE_SOURCE_UNAVAILABLE", "KNOWLEDGE_LANE_DEGRADED") for w in resp.warnings)
+    assert any(
+        w.lane == "code" and w.code in ("KNOWLEDGE_SOURCE_UNAVAILABLE", "KNOWLEDGE_LANE_DEGRADED")
+        for w in resp.warnings
+    )
     assert resp.found
 
 
@@ -192,7 +236,10 @@ def test_kc3_slow_code_lane_times_out_and_degrades(world: World) -> None:
 
 
 def test_kc4_episode_search_disabled_code_still_answers(world: World) -> None:
-    with _swap(world, episodes=_FailingLane("episodes", "SESSION_QUERY_SEARCH_DISABLED")), world.client(world.token_ops) as kc:
+    with (
+        _swap(world, episodes=_FailingLane("episodes", "SESSION_QUERY_SEARCH_DISABLED")),
+        world.client(world.token_ops) as kc,
+    ):
         resp = kc.search("where is the json decoder defined")
     assert resp.lanes.episodes.degraded
     assert resp.lanes.episodes.degradation_reason.startswith("SESSION_QUERY_SEARCH_DISABLED")
@@ -200,11 +247,16 @@ def test_kc4_episode_search_disabled_code_still_answers(world: World) -> None:
 
 
 def test_kc5_both_sources_down_found_false_no_invented_items(world: World) -> None:
-    with _swap(world, episodes=_FailingLane("episodes"), code=_FailingLane("code")), world.client(world.token_ops) as kc:
+    with (
+        _swap(world, episodes=_FailingLane("episodes"), code=_FailingLane("code")),
+        world.client(world.token_ops) as kc,
+    ):
         resp = kc.search("who fixed the failing test")
     assert resp.found is False
     assert any(e.code == "KNOWLEDGE_NO_SOURCE" for e in resp.errors)
-    assert not resp.lanes.episodes.items and not resp.lanes.code.items and not resp.lanes.skills.items
+    assert (
+        not resp.lanes.episodes.items and not resp.lanes.code.items and not resp.lanes.skills.items
+    )
     assert not resp.actors
 
 
@@ -215,7 +267,12 @@ def test_kc6_every_item_carries_its_address(world: World) -> None:
     for it in resp.lanes.episodes.items:
         assert it.session_id and it.id == f"ep:{it.session_id}:{it.seq}"
     for it in resp.lanes.code.items:
-        assert it.path and it.start_line >= 1 and it.end_line >= it.start_line and resp.lanes.code.index_rev
+        assert (
+            it.path
+            and it.start_line >= 1
+            and it.end_line >= it.start_line
+            and resp.lanes.code.index_rev
+        )
 
 
 def test_kc7_actor_evidence_points_only_at_items_in_the_response(world: World) -> None:
@@ -223,8 +280,11 @@ def test_kc7_actor_evidence_points_only_at_items_in_the_response(world: World) -
         resp = kc.search("who fixed the failing test", limit=10)
         small = kc.search("who fixed the failing test", limit=10, max_tokens=500)
     for r in (resp, small):
-        ids = {("episodes", i.id) for i in r.lanes.episodes.items} | {("code", i.id) for i in r.lanes.code.items} \
+        ids = (
+            {("episodes", i.id) for i in r.lanes.episodes.items}
+            | {("code", i.id) for i in r.lanes.code.items}
             | {("skills", i.name) for i in r.lanes.skills.items}
+        )
         for actor in r.actors:
             assert actor.evidence
             for ev in actor.evidence:
@@ -237,7 +297,9 @@ def test_kc8_rrf_weights_applied_and_order_stable(world: World) -> None:
         agent = kc.search("decoder error", mode="find_agent")
         code = kc.search("decoder error", mode="find_code")
     # Same lane ranks, different routing weights: scores scale by the weight (RRF weight/(60+rank)).
-    assert agent.fusion.weights["code"] == pytest.approx(0.4) and code.fusion.weights["code"] == pytest.approx(1.0)
+    assert agent.fusion.weights["code"] == pytest.approx(0.4) and code.fusion.weights[
+        "code"
+    ] == pytest.approx(1.0)
     a_items, c_items = agent.lanes.code.items, code.lanes.code.items
     assert [i.id for i in a_items] == [i.id for i in c_items]
     assert a_items
@@ -254,8 +316,12 @@ def test_kc9_budget_never_exceeded_and_truncation_is_honest(world: World) -> Non
     from knowledge_server.search.coordinator import count_tokens
 
     with world.client(world.token_ops) as kc:
-        big = kc.search("json decoder error failing test", limit=50, max_tokens=20000, snippet_chars=1000)
-        small = kc.search("json decoder error failing test", limit=50, max_tokens=500, snippet_chars=1000)
+        big = kc.search(
+            "json decoder error failing test", limit=50, max_tokens=20000, snippet_chars=1000
+        )
+        small = kc.search(
+            "json decoder error failing test", limit=50, max_tokens=500, snippet_chars=1000
+        )
     assert not big.limits.truncated and not big.limits.dropped
     assert small.limits.truncated and small.limits.dropped
     assert small.limits.budget.used_tokens <= 500
@@ -266,7 +332,9 @@ def test_kc9_budget_never_exceeded_and_truncation_is_honest(world: World) -> Non
     assert "snippet" in kinds
     remaining = {i.id for i in small.lanes.episodes.items} | {i.id for i in small.lanes.code.items}
     returned_before = sum(len(getattr(big.lanes, n).items) for n in ("episodes", "code", "skills"))
-    dropped_items = sum(d.count for d in small.limits.dropped if d.what == "item" and d.lane != "actors")
+    dropped_items = sum(
+        d.count for d in small.limits.dropped if d.what == "item" and d.lane != "actors"
+    )
     # Every item is either returned or named (or counted) as dropped.
     assert small.limits.returned + dropped_items == returned_before
     for d in small.limits.dropped:
@@ -280,7 +348,6 @@ def test_kc9_budget_never_exceeded_and_truncation_is_honest(world: World) -> Non
 
 def _server_json(resp: v1.SearchResponse) -> dict:
     from google.protobuf import json_format
-
     from knowledge_server._gen.knowledge.v1 import search_pb2
 
     pb = search_pb2.SearchResponse.FromString(bytes(resp))
@@ -315,8 +382,16 @@ def test_kc10_workspace_filter_never_leaks(world: World) -> None:
     from knowledge_sdk import NotFound
 
     with world.client(world.token_ops) as ops:
-        foreign_chunk = next(i for i in ops.search(CANARY_B, include=["code"]).lanes.code.items if i.path == "shipping.py")
-        foreign_ep = next(i for i in ops.search(CANARY_B, include=["episodes"]).lanes.episodes.items if i.session_id == "sess-b")
+        foreign_chunk = next(
+            i
+            for i in ops.search(CANARY_B, include=["code"]).lanes.code.items
+            if i.path == "shipping.py"
+        )
+        foreign_ep = next(
+            i
+            for i in ops.search(CANARY_B, include=["episodes"]).lanes.episodes.items
+            if i.session_id == "sess-b"
+        )
     with world.client(world.token_a) as a:
         with pytest.raises(NotFound):
             a.get_chunk(foreign_chunk.chunk_id)
@@ -332,9 +407,21 @@ def test_kc11_secret_canary_never_in_responses_or_logs(world: World) -> None:
             kc.search("billing aws access key id", limit=50, snippet_chars=1000),
             kc.search("connection postgres works again", limit=50, snippet_chars=1000),
         ]
-        hits = [i for r in responses for i in r.lanes.code.items if i.path in ("billing.py", "shipping.py")]
-        eps = [i for r in responses for i in r.lanes.episodes.items if i.session_id in ("sess-a", "sess-b")]
-        full = [kc.get_chunk(i.chunk_id).chunk.text for i in hits] + [kc.get_episode(i.id).episode.text for i in eps]
+        hits = [
+            i
+            for r in responses
+            for i in r.lanes.code.items
+            if i.path in ("billing.py", "shipping.py")
+        ]
+        eps = [
+            i
+            for r in responses
+            for i in r.lanes.episodes.items
+            if i.session_id in ("sess-a", "sess-b")
+        ]
+        full = [kc.get_chunk(i.chunk_id).chunk.text for i in hits] + [
+            kc.get_episode(i.id).episode.text for i in eps
+        ]
     assert hits and eps, "the canary files and sessions must be found (by their other words)"
     # The query echo is the caller's own text; everything the service produced must be clean.
     produced = [{k: v for k, v in _as_json(r).items() if k != "query"} for r in responses]
@@ -354,22 +441,37 @@ def test_kc12_same_index_rev_same_order(world: World) -> None:
     assert first.lanes.code.index_rev == second.lanes.code.index_rev
     assert first.lanes.episodes.index_rev == second.lanes.episodes.index_rev
     for lane in ("episodes", "code", "skills"):
-        assert [i.score for i in getattr(first.lanes, lane).items] == [i.score for i in getattr(second.lanes, lane).items]
+        assert [i.score for i in getattr(first.lanes, lane).items] == [
+            i.score for i in getattr(second.lanes, lane).items
+        ]
         key = "name" if lane == "skills" else "id"
-        assert [getattr(i, key) for i in getattr(first.lanes, lane).items] == [getattr(i, key) for i in getattr(second.lanes, lane).items]
+        assert [getattr(i, key) for i in getattr(first.lanes, lane).items] == [
+            getattr(i, key) for i in getattr(second.lanes, lane).items
+        ]
     assert [a.actor_id for a in first.actors] == [a.actor_id for a in second.actors]
 
 
 def test_kc13_lanes_write_only_their_own_store_and_sources_stay_unchanged(world: World) -> None:
     before = _db_state(world.data)
     with world.client(world.token_ops) as kc:
-        for q in ("who fixed the failing test", "where is the json decoder", "test driven development skill"):
+        for q in (
+            "who fixed the failing test",
+            "where is the json decoder",
+            "test driven development skill",
+        ):
             kc.search(q)
         assert _db_state(world.data) == before, "a search wrote to a database"
         for _ in kc.index_workspace(str(world.ws_a), full=True):
             pass
     after = _db_state(world.data)
-    changed = {name.split(".sqlite")[0] for name in set(before) | set(after) if before.get(name) != after.get(name)}
+    changed = {
+        name.split(".sqlite")[0]
+        for name in set(before) | set(after)
+        if before.get(name) != after.get(name)
+    }
     assert changed <= {"code"}, changed
     # The harness logs and the workspaces were never modified.
-    assert _tree_hash(world.logs) + _tree_hash(world.ws_a) + _tree_hash(world.ws_b) == world.sources_before
+    assert (
+        _tree_hash(world.logs) + _tree_hash(world.ws_a) + _tree_hash(world.ws_b)
+        == world.sources_before
+    )

@@ -19,17 +19,48 @@ def test_sdk_installs_alone_and_searches(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    done = subprocess.run([str(py), "-m", "pip", "install", "-q", str(REPO_ROOT / "sdk")], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", str(REPO_ROOT / "sdk")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     if done.returncode != 0 and "No matching distribution" in done.stderr:
         pytest.skip("package registry unreachable: " + done.stderr.strip().splitlines()[-1])
     assert done.returncode == 0, done.stderr
-    installed = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout.lower()
-    for server_dep in ("apsw", "sqlite-vec", "structlog", "tree-sitter", "cryptography", "grpcio-health-checking"):
+    installed = subprocess.run(
+        [str(py), "-m", "pip", "list", "--format=freeze"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.lower()
+    for server_dep in (
+        "apsw",
+        "sqlite-vec",
+        "structlog",
+        "tree-sitter",
+        "cryptography",
+        "grpcio-health-checking",
+    ):
         assert server_dep not in installed, server_dep
 
     env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"), KNOWLEDGE_LOG_FORMAT="json")
-    server = subprocess.Popen([sys.executable, "-m", "knowledge_server.cli", "serve", "--listen", "127.0.0.1:0", "--no-bootstrap"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "knowledge_server.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-bootstrap",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert server.stdout is not None
         address = server.stdout.readline().split()[-1]
@@ -44,9 +75,14 @@ def test_sdk_installs_alone_and_searches(tmp_path: Path) -> None:
             "    except knowledge_sdk.EditionRefused as e:\n"
             "        print('refused', e.required_edition)\n"
         )
-        out = subprocess.run([str(py), "-c", script], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [str(py), "-c", script], capture_output=True, text=True, timeout=120, check=False
+        )
         assert out.returncode == 0, out.stderr
-        assert "knowledge.search/v1 knowledge.code" in out.stdout and "refused enterprise" in out.stdout
+        assert (
+            "knowledge.search/v1 knowledge.code" in out.stdout
+            and "refused enterprise" in out.stdout
+        )
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=20)

@@ -11,12 +11,18 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from structlog.testing import capture_logs
-
-from knowledge_sdk import AsyncKnowledgeClient, EditionRefused, InvalidRequest, KnowledgeClient, Unavailable
+from knowledge_sdk import (
+    AsyncKnowledgeClient,
+    EditionRefused,
+    InvalidRequest,
+    KnowledgeClient,
+    Unavailable,
+)
 from knowledge_sdk import types as v1
 from knowledge_server.app import KnowledgeApp
 from knowledge_server.search.lanes import LaneQuery, LaneResult, empty_lane
+from structlog.testing import capture_logs
+
 from tests.conftest import REPO_ROOT, start_server
 
 SEED_REQUEST = REPO_ROOT / "tests" / "fixtures" / "seed" / "search_request.json"
@@ -32,7 +38,11 @@ async def test_search_without_lanes_is_honest(running_server) -> None:  # type: 
         assert not lane.items
     assert resp.found is False
     assert any(e.code == "KNOWLEDGE_NO_SOURCE" for e in resp.errors)
-    assert resp.routing.intent == "find_agent" and resp.fusion.strategy == "rrf" and resp.fusion.k == 60
+    assert (
+        resp.routing.intent == "find_agent"
+        and resp.fusion.strategy == "rrf"
+        and resp.fusion.k == 60
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,7 +76,10 @@ async def test_docgraph_is_refused_on_community_for_unary_and_stream(running_ser
     async with AsyncKnowledgeClient(running_server.address) as kc:
         with pytest.raises(EditionRefused) as info:
             await kc.themes()
-        assert info.value.required_edition == "enterprise" and info.value.current_edition == "community"
+        assert (
+            info.value.required_edition == "enterprise"
+            and info.value.current_edition == "community"
+        )
         assert info.value.licence_state == "missing" and info.value.feature == "doc-graph"
         with pytest.raises(EditionRefused):
             async for _ in kc.build_doc_graph():
@@ -134,9 +147,8 @@ async def test_logs_never_contain_query_text(running_server) -> None:  # type: i
 
 def test_sync_client_maps_unavailable_after_retrying() -> None:
     """No raw grpc exception escapes: an unreachable server raises Unavailable within the deadline."""
-    with KnowledgeClient("127.0.0.1:1", timeout=0.8) as kc:
-        with pytest.raises(Unavailable):
-            kc.search("anything")
+    with KnowledgeClient("127.0.0.1:1", timeout=0.8) as kc, pytest.raises(Unavailable):
+        kc.search("anything")
 
 
 def _grpcurl() -> str:
@@ -147,7 +159,9 @@ def _grpcurl() -> str:
 
 
 async def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     out, err = await proc.communicate()
     return subprocess.CompletedProcess(args, proc.returncode or 0, out.decode(), err.decode())
 
@@ -157,16 +171,41 @@ async def test_grpcurl_reflection_describe_and_seed_search(running_server) -> No
     exe = _grpcurl()
     listed = await _run(exe, "-plaintext", running_server.address, "list")
     assert listed.returncode == 0, listed.stderr
-    for svc in ("knowledge.v1.KnowledgeService", "knowledge.v1.DocGraphService", "knowledge.v1.IndexService", "grpc.health.v1.Health"):
+    for svc in (
+        "knowledge.v1.KnowledgeService",
+        "knowledge.v1.DocGraphService",
+        "knowledge.v1.IndexService",
+        "grpc.health.v1.Health",
+    ):
         assert svc in listed.stdout
-    described = await _run(exe, "-plaintext", running_server.address, "describe", "knowledge.v1.KnowledgeService")
+    described = await _run(
+        exe, "-plaintext", running_server.address, "describe", "knowledge.v1.KnowledgeService"
+    )
     assert described.returncode == 0 and "rpc Search" in described.stdout
-    called = await _run(exe, "-plaintext", "-format-error", "-d", SEED_REQUEST.read_text(), running_server.address,
-                        "knowledge.v1.KnowledgeService/Search")
+    called = await _run(
+        exe,
+        "-plaintext",
+        "-format-error",
+        "-d",
+        SEED_REQUEST.read_text(),
+        running_server.address,
+        "knowledge.v1.KnowledgeService/Search",
+    )
     assert called.returncode == 0, called.stderr
     body = json.loads(called.stdout)
-    assert body["schema"] == "knowledge.search/v1" and body.get("requestId", body.get("request_id")) == "req-2026-10-23-001"
-    refused = await _run(exe, "-plaintext", "-format-error", "-d", "{}", running_server.address, "knowledge.v1.DocGraphService/Themes")
+    assert (
+        body["schema"] == "knowledge.search/v1"
+        and body.get("requestId", body.get("request_id")) == "req-2026-10-23-001"
+    )
+    refused = await _run(
+        exe,
+        "-plaintext",
+        "-format-error",
+        "-d",
+        "{}",
+        running_server.address,
+        "knowledge.v1.DocGraphService/Themes",
+    )
     assert refused.returncode != 0
     assert '"code": 7' in refused.stdout + refused.stderr  # PERMISSION_DENIED
     assert "knowledge.v1.EditionRefusal" in refused.stdout + refused.stderr

@@ -9,6 +9,7 @@ from knowledge_sdk import AsyncKnowledgeClient, KnowledgeClient
 from knowledge_sdk.client import RPC_METHODS
 from knowledge_server.cli import iter_commands
 from knowledge_server.transport.policy import service_methods
+
 from tests.conftest import REPO_ROOT
 
 # RPC -> CLI command path.
@@ -39,7 +40,11 @@ def test_every_rpc_has_an_sdk_method_sync_and_async() -> None:
     for rpc, name in RPC_METHODS.items():
         assert callable(getattr(KnowledgeClient, name, None)), rpc
         assert callable(getattr(AsyncKnowledgeClient, name, None)), rpc
-    public = {n for n, _ in inspect.getmembers(KnowledgeClient, inspect.isfunction) if not n.startswith("_")}
+    public = {
+        n
+        for n, _ in inspect.getmembers(KnowledgeClient, inspect.isfunction)
+        if not n.startswith("_")
+    }
     assert public - {"close"} == set(RPC_METHODS.values())
 
 
@@ -61,16 +66,19 @@ def test_readme_operation_table_lists_every_rpc() -> None:
 
 def test_every_cli_command_is_documented() -> None:
     doc = (REPO_ROOT / "docs" / "cli.md").read_text()
-    documented = set(re.findall(r"^## `knowledge ([a-z\- ]+)`", doc, re.M))
+    documented = set(re.findall(r"^## `knowledge ([a-z\- ]+)`", doc, re.MULTILINE))
     assert set(iter_commands()) <= documented, set(iter_commands()) - documented
 
 
 def test_every_rpc_has_an_mcp_tool_or_a_reasoned_exclusion() -> None:
     from knowledge_server.mcp_bridge import EXCLUDED_RPCS, TOOLS
 
-    tool_rpcs = {t.rpc if hasattr(t, "rpc") else t["rpc"] for t in (TOOLS.values() if isinstance(TOOLS, dict) else TOOLS)}
+    tool_rpcs = {
+        t.rpc if hasattr(t, "rpc") else t["rpc"]
+        for t in (TOOLS.values() if isinstance(TOOLS, dict) else TOOLS)
+    }
     excluded = set(EXCLUDED_RPCS)
-    norm = lambda r: r.lstrip("/").removeprefix("knowledge.v1.")  # noqa: E731
+    norm = lambda r: r.lstrip("/").removeprefix("knowledge.v1.")
     rpcs = {norm(r) for r in _rpcs()}
     assert {norm(r) for r in tool_rpcs} | {norm(r) for r in excluded} == rpcs
     assert not {norm(r) for r in tool_rpcs} & {norm(r) for r in excluded}

@@ -141,6 +141,7 @@ def test_workers_setting_is_validated(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert out.returncode == 2
     assert "workers" in out.stderr and "1..64" in out.stderr

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import betterproto2
 import grpc
@@ -52,7 +52,7 @@ class ConnectionSettings:
     timeout: float = DEFAULT_TIMEOUT
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> "ConnectionSettings":
+    def from_env(cls, **overrides: Any) -> ConnectionSettings:
         env = os.environ
 
         def p(name: str) -> Path | None:
@@ -77,7 +77,9 @@ class ConnectionSettings:
             cert = self.tls_cert.read_bytes() if self.tls_cert else None
         except OSError as exc:
             raise errors.ConnectionConfigError(f"cannot read TLS file: {exc}") from None
-        return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
+        return grpc.ssl_channel_credentials(
+            root_certificates=root, private_key=key, certificate_chain=cert
+        )
 
     def metadata(self, request_id: str | None = None) -> list[tuple[str, str]]:
         md: list[tuple[str, str]] = []
@@ -176,8 +178,17 @@ def _backoff(attempt: int) -> float:
 class KnowledgeClient:
     """Synchronous client. One method per RPC; see the module docstring."""
 
-    def __init__(self, address: str | None = None, *, token: str | None = None, settings: ConnectionSettings | None = None, timeout: float | None = None) -> None:
-        self.settings = settings or ConnectionSettings.from_env(address=address, token=token, timeout=timeout)
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        token: str | None = None,
+        settings: ConnectionSettings | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.settings = settings or ConnectionSettings.from_env(
+            address=address, token=token, timeout=timeout
+        )
         creds = self.settings.credentials()
         target = self.settings.address
         self._channel = (
@@ -189,20 +200,33 @@ class KnowledgeClient:
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> "KnowledgeClient":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _unary(self, path: str, request: betterproto2.Message, response: type[T], timeout: float | None, request_id: str | None = None) -> T:
-        call = self._channel.unary_unary(path, request_serializer=_ser, response_deserializer=_de(response))
+    def _unary(
+        self,
+        path: str,
+        request: betterproto2.Message,
+        response: type[T],
+        timeout: float | None,
+        request_id: str | None = None,
+    ) -> T:
+        call = self._channel.unary_unary(
+            path, request_serializer=_ser, response_deserializer=_de(response)
+        )
         deadline = time.monotonic() + (timeout or self.settings.timeout)
         attempt = 0
         while True:
             remaining = deadline - time.monotonic()
             try:
-                return call(request, timeout=max(remaining, 0.001), metadata=self.settings.metadata(request_id))  # type: ignore[no-any-return]
+                return call(
+                    request,
+                    timeout=max(remaining, 0.001),
+                    metadata=self.settings.metadata(request_id),
+                )  # type: ignore[no-any-return]
             except grpc.RpcError as exc:
                 err = errors.from_rpc_error(exc)
                 pause = _backoff(attempt)
@@ -212,58 +236,135 @@ class KnowledgeClient:
                     continue
                 raise err from None
 
-    def _stream(self, path: str, request: betterproto2.Message, response: type[T], timeout: float | None) -> Iterator[T]:
-        call = self._channel.unary_stream(path, request_serializer=_ser, response_deserializer=_de(response))
+    def _stream(
+        self, path: str, request: betterproto2.Message, response: type[T], timeout: float | None
+    ) -> Iterator[T]:
+        call = self._channel.unary_stream(
+            path, request_serializer=_ser, response_deserializer=_de(response)
+        )
         try:
-            for item in call(request, timeout=timeout, metadata=self.settings.metadata()):
-                yield item
+            yield from call(request, timeout=timeout, metadata=self.settings.metadata())
         except grpc.RpcError as exc:
             raise errors.from_rpc_error(exc) from None
 
     # KnowledgeService
-    def search(self, query: str | v1.SearchRequest, *, timeout: float | None = None, **kwargs: Any) -> v1.SearchResponse:
+    def search(
+        self, query: str | v1.SearchRequest, *, timeout: float | None = None, **kwargs: Any
+    ) -> v1.SearchResponse:
         req = query if isinstance(query, v1.SearchRequest) else search_request(query, **kwargs)
         return self._unary(_K + "Search", req, v1.SearchResponse, timeout, req.request_id or None)
 
-    def dispatch(self, task: str | v1.DispatchRequest, *, timeout: float | None = None, **kwargs: Any) -> v1.DispatchResponse:
+    def dispatch(
+        self, task: str | v1.DispatchRequest, *, timeout: float | None = None, **kwargs: Any
+    ) -> v1.DispatchResponse:
         req = task if isinstance(task, v1.DispatchRequest) else dispatch_request(task, **kwargs)
-        return self._unary(_K + "Dispatch", req, v1.DispatchResponse, timeout, req.request_id or None)
+        return self._unary(
+            _K + "Dispatch", req, v1.DispatchResponse, timeout, req.request_id or None
+        )
 
-    def get_episode(self, id: str, *, neighbours: int = 0, timeout: float | None = None) -> v1.GetEpisodeResponse:
-        return self._unary(_K + "GetEpisode", v1.GetEpisodeRequest(id=id, neighbours=neighbours), v1.GetEpisodeResponse, timeout)
+    def get_episode(
+        self, id: str, *, neighbours: int = 0, timeout: float | None = None
+    ) -> v1.GetEpisodeResponse:
+        return self._unary(
+            _K + "GetEpisode",
+            v1.GetEpisodeRequest(id=id, neighbours=neighbours),
+            v1.GetEpisodeResponse,
+            timeout,
+        )
 
     def get_chunk(self, id: str, *, timeout: float | None = None) -> v1.GetChunkResponse:
         return self._unary(_K + "GetChunk", v1.GetChunkRequest(id=id), v1.GetChunkResponse, timeout)
 
     # DocGraphService
-    def themes(self, *, scope: str = "", limit: int = 10, timeout: float | None = None) -> v1.ThemesResponse:
-        return self._unary(_D + "Themes", v1.ThemesRequest(scope=scope, limit=limit), v1.ThemesResponse, timeout)
+    def themes(
+        self, *, scope: str = "", limit: int = 10, timeout: float | None = None
+    ) -> v1.ThemesResponse:
+        return self._unary(
+            _D + "Themes", v1.ThemesRequest(scope=scope, limit=limit), v1.ThemesResponse, timeout
+        )
 
-    def entity_neighbors(self, entity: str, *, depth: int = 1, kind: str = "entity", limit: int = 25, timeout: float | None = None) -> v1.EntityNeighborsResponse:
+    def entity_neighbors(
+        self,
+        entity: str,
+        *,
+        depth: int = 1,
+        kind: str = "entity",
+        limit: int = 25,
+        timeout: float | None = None,
+    ) -> v1.EntityNeighborsResponse:
         req = v1.EntityNeighborsRequest(entity=entity, depth=depth, kind=kind, limit=limit)
         return self._unary(_D + "EntityNeighbors", req, v1.EntityNeighborsResponse, timeout)
 
-    def doc_relations(self, *, doc: str = "", entity: str = "", limit: int = 25, timeout: float | None = None) -> v1.DocRelationsResponse:
-        return self._unary(_D + "DocRelations", v1.DocRelationsRequest(doc=doc, entity=entity, limit=limit), v1.DocRelationsResponse, timeout)
+    def doc_relations(
+        self, *, doc: str = "", entity: str = "", limit: int = 25, timeout: float | None = None
+    ) -> v1.DocRelationsResponse:
+        return self._unary(
+            _D + "DocRelations",
+            v1.DocRelationsRequest(doc=doc, entity=entity, limit=limit),
+            v1.DocRelationsResponse,
+            timeout,
+        )
 
-    def global_overview(self, *, limit: int = 10, timeout: float | None = None) -> v1.GlobalOverviewResponse:
-        return self._unary(_D + "GlobalOverview", v1.GlobalOverviewRequest(limit=limit), v1.GlobalOverviewResponse, timeout)
+    def global_overview(
+        self, *, limit: int = 10, timeout: float | None = None
+    ) -> v1.GlobalOverviewResponse:
+        return self._unary(
+            _D + "GlobalOverview",
+            v1.GlobalOverviewRequest(limit=limit),
+            v1.GlobalOverviewResponse,
+            timeout,
+        )
 
-    def search_levels(self, query: str, *, limit: int = 10, timeout: float | None = None) -> v1.SearchLevelsResponse:
-        return self._unary(_D + "SearchLevels", v1.SearchLevelsRequest(query=query, limit=limit), v1.SearchLevelsResponse, timeout)
+    def search_levels(
+        self, query: str, *, limit: int = 10, timeout: float | None = None
+    ) -> v1.SearchLevelsResponse:
+        return self._unary(
+            _D + "SearchLevels",
+            v1.SearchLevelsRequest(query=query, limit=limit),
+            v1.SearchLevelsResponse,
+            timeout,
+        )
 
     # IndexService
-    def index_workspace(self, root: str, *, full: bool = False, timeout: float | None = None) -> Iterator[v1.IndexWorkspaceResponse]:
-        return self._stream(_I + "IndexWorkspace", v1.IndexWorkspaceRequest(root=root, full=full), v1.IndexWorkspaceResponse, timeout)
+    def index_workspace(
+        self, root: str, *, full: bool = False, timeout: float | None = None
+    ) -> Iterator[v1.IndexWorkspaceResponse]:
+        return self._stream(
+            _I + "IndexWorkspace",
+            v1.IndexWorkspaceRequest(root=root, full=full),
+            v1.IndexWorkspaceResponse,
+            timeout,
+        )
 
-    def ingest_sessions(self, paths: Sequence[str] = (), *, timeout: float | None = None) -> Iterator[v1.IngestSessionsResponse]:
-        return self._stream(_I + "IngestSessions", v1.IngestSessionsRequest(paths=list(paths)), v1.IngestSessionsResponse, timeout)
+    def ingest_sessions(
+        self, paths: Sequence[str] = (), *, timeout: float | None = None
+    ) -> Iterator[v1.IngestSessionsResponse]:
+        return self._stream(
+            _I + "IngestSessions",
+            v1.IngestSessionsRequest(paths=list(paths)),
+            v1.IngestSessionsResponse,
+            timeout,
+        )
 
-    def rebuild_derived(self, *, full: bool = False, timeout: float | None = None) -> Iterator[v1.RebuildDerivedResponse]:
-        return self._stream(_I + "RebuildDerived", v1.RebuildDerivedRequest(full=full), v1.RebuildDerivedResponse, timeout)
+    def rebuild_derived(
+        self, *, full: bool = False, timeout: float | None = None
+    ) -> Iterator[v1.RebuildDerivedResponse]:
+        return self._stream(
+            _I + "RebuildDerived",
+            v1.RebuildDerivedRequest(full=full),
+            v1.RebuildDerivedResponse,
+            timeout,
+        )
 
-    def build_doc_graph(self, request: v1.BuildDocGraphRequest | None = None, *, timeout: float | None = None) -> Iterator[v1.BuildDocGraphResponse]:
-        return self._stream(_I + "BuildDocGraph", request or v1.BuildDocGraphRequest(), v1.BuildDocGraphResponse, timeout)
+    def build_doc_graph(
+        self, request: v1.BuildDocGraphRequest | None = None, *, timeout: float | None = None
+    ) -> Iterator[v1.BuildDocGraphResponse]:
+        return self._stream(
+            _I + "BuildDocGraph",
+            request or v1.BuildDocGraphRequest(),
+            v1.BuildDocGraphResponse,
+            timeout,
+        )
 
     def get_status(self, *, timeout: float | None = None) -> v1.GetStatusResponse:
         return self._unary(_I + "GetStatus", v1.GetStatusRequest(), v1.GetStatusResponse, timeout)
@@ -273,8 +374,17 @@ class AsyncKnowledgeClient:
     """Asynchronous client (grpc.aio). Same methods as KnowledgeClient, awaited;
     streaming methods are async iterators."""
 
-    def __init__(self, address: str | None = None, *, token: str | None = None, settings: ConnectionSettings | None = None, timeout: float | None = None) -> None:
-        self.settings = settings or ConnectionSettings.from_env(address=address, token=token, timeout=timeout)
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        token: str | None = None,
+        settings: ConnectionSettings | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.settings = settings or ConnectionSettings.from_env(
+            address=address, token=token, timeout=timeout
+        )
         creds = self.settings.credentials()
         target = self.settings.address
         self._channel = (
@@ -286,20 +396,33 @@ class AsyncKnowledgeClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def __aenter__(self) -> "AsyncKnowledgeClient":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _unary(self, path: str, request: betterproto2.Message, response: type[T], timeout: float | None, request_id: str | None = None) -> T:
-        call = self._channel.unary_unary(path, request_serializer=_ser, response_deserializer=_de(response))
+    async def _unary(
+        self,
+        path: str,
+        request: betterproto2.Message,
+        response: type[T],
+        timeout: float | None,
+        request_id: str | None = None,
+    ) -> T:
+        call = self._channel.unary_unary(
+            path, request_serializer=_ser, response_deserializer=_de(response)
+        )
         deadline = time.monotonic() + (timeout or self.settings.timeout)
         attempt = 0
         while True:
             remaining = deadline - time.monotonic()
             try:
-                return await call(request, timeout=max(remaining, 0.001), metadata=self.settings.metadata(request_id))  # type: ignore[no-any-return]
+                return await call(
+                    request,
+                    timeout=max(remaining, 0.001),
+                    metadata=self.settings.metadata(request_id),
+                )  # type: ignore[no-any-return]
             except grpc.RpcError as exc:
                 err = errors.from_rpc_error(exc)
                 pause = _backoff(attempt)
@@ -309,58 +432,142 @@ class AsyncKnowledgeClient:
                     continue
                 raise err from None
 
-    async def _stream(self, path: str, request: betterproto2.Message, response: type[T], timeout: float | None) -> AsyncIterator[T]:
-        call = self._channel.unary_stream(path, request_serializer=_ser, response_deserializer=_de(response))
+    async def _stream(
+        self, path: str, request: betterproto2.Message, response: type[T], timeout: float | None
+    ) -> AsyncIterator[T]:
+        call = self._channel.unary_stream(
+            path, request_serializer=_ser, response_deserializer=_de(response)
+        )
         try:
             async for item in call(request, timeout=timeout, metadata=self.settings.metadata()):
                 yield item
         except grpc.RpcError as exc:
             raise errors.from_rpc_error(exc) from None
 
-    async def search(self, query: str | v1.SearchRequest, *, timeout: float | None = None, **kwargs: Any) -> v1.SearchResponse:
+    async def search(
+        self, query: str | v1.SearchRequest, *, timeout: float | None = None, **kwargs: Any
+    ) -> v1.SearchResponse:
         req = query if isinstance(query, v1.SearchRequest) else search_request(query, **kwargs)
-        return await self._unary(_K + "Search", req, v1.SearchResponse, timeout, req.request_id or None)
+        return await self._unary(
+            _K + "Search", req, v1.SearchResponse, timeout, req.request_id or None
+        )
 
-    async def dispatch(self, task: str | v1.DispatchRequest, *, timeout: float | None = None, **kwargs: Any) -> v1.DispatchResponse:
+    async def dispatch(
+        self, task: str | v1.DispatchRequest, *, timeout: float | None = None, **kwargs: Any
+    ) -> v1.DispatchResponse:
         req = task if isinstance(task, v1.DispatchRequest) else dispatch_request(task, **kwargs)
-        return await self._unary(_K + "Dispatch", req, v1.DispatchResponse, timeout, req.request_id or None)
+        return await self._unary(
+            _K + "Dispatch", req, v1.DispatchResponse, timeout, req.request_id or None
+        )
 
-    async def get_episode(self, id: str, *, neighbours: int = 0, timeout: float | None = None) -> v1.GetEpisodeResponse:
-        return await self._unary(_K + "GetEpisode", v1.GetEpisodeRequest(id=id, neighbours=neighbours), v1.GetEpisodeResponse, timeout)
+    async def get_episode(
+        self, id: str, *, neighbours: int = 0, timeout: float | None = None
+    ) -> v1.GetEpisodeResponse:
+        return await self._unary(
+            _K + "GetEpisode",
+            v1.GetEpisodeRequest(id=id, neighbours=neighbours),
+            v1.GetEpisodeResponse,
+            timeout,
+        )
 
     async def get_chunk(self, id: str, *, timeout: float | None = None) -> v1.GetChunkResponse:
-        return await self._unary(_K + "GetChunk", v1.GetChunkRequest(id=id), v1.GetChunkResponse, timeout)
+        return await self._unary(
+            _K + "GetChunk", v1.GetChunkRequest(id=id), v1.GetChunkResponse, timeout
+        )
 
-    async def themes(self, *, scope: str = "", limit: int = 10, timeout: float | None = None) -> v1.ThemesResponse:
-        return await self._unary(_D + "Themes", v1.ThemesRequest(scope=scope, limit=limit), v1.ThemesResponse, timeout)
+    async def themes(
+        self, *, scope: str = "", limit: int = 10, timeout: float | None = None
+    ) -> v1.ThemesResponse:
+        return await self._unary(
+            _D + "Themes", v1.ThemesRequest(scope=scope, limit=limit), v1.ThemesResponse, timeout
+        )
 
-    async def entity_neighbors(self, entity: str, *, depth: int = 1, kind: str = "entity", limit: int = 25, timeout: float | None = None) -> v1.EntityNeighborsResponse:
+    async def entity_neighbors(
+        self,
+        entity: str,
+        *,
+        depth: int = 1,
+        kind: str = "entity",
+        limit: int = 25,
+        timeout: float | None = None,
+    ) -> v1.EntityNeighborsResponse:
         req = v1.EntityNeighborsRequest(entity=entity, depth=depth, kind=kind, limit=limit)
         return await self._unary(_D + "EntityNeighbors", req, v1.EntityNeighborsResponse, timeout)
 
-    async def doc_relations(self, *, doc: str = "", entity: str = "", limit: int = 25, timeout: float | None = None) -> v1.DocRelationsResponse:
-        return await self._unary(_D + "DocRelations", v1.DocRelationsRequest(doc=doc, entity=entity, limit=limit), v1.DocRelationsResponse, timeout)
+    async def doc_relations(
+        self, *, doc: str = "", entity: str = "", limit: int = 25, timeout: float | None = None
+    ) -> v1.DocRelationsResponse:
+        return await self._unary(
+            _D + "DocRelations",
+            v1.DocRelationsRequest(doc=doc, entity=entity, limit=limit),
+            v1.DocRelationsResponse,
+            timeout,
+        )
 
-    async def global_overview(self, *, limit: int = 10, timeout: float | None = None) -> v1.GlobalOverviewResponse:
-        return await self._unary(_D + "GlobalOverview", v1.GlobalOverviewRequest(limit=limit), v1.GlobalOverviewResponse, timeout)
+    async def global_overview(
+        self, *, limit: int = 10, timeout: float | None = None
+    ) -> v1.GlobalOverviewResponse:
+        return await self._unary(
+            _D + "GlobalOverview",
+            v1.GlobalOverviewRequest(limit=limit),
+            v1.GlobalOverviewResponse,
+            timeout,
+        )
 
-    async def search_levels(self, query: str, *, limit: int = 10, timeout: float | None = None) -> v1.SearchLevelsResponse:
-        return await self._unary(_D + "SearchLevels", v1.SearchLevelsRequest(query=query, limit=limit), v1.SearchLevelsResponse, timeout)
+    async def search_levels(
+        self, query: str, *, limit: int = 10, timeout: float | None = None
+    ) -> v1.SearchLevelsResponse:
+        return await self._unary(
+            _D + "SearchLevels",
+            v1.SearchLevelsRequest(query=query, limit=limit),
+            v1.SearchLevelsResponse,
+            timeout,
+        )
 
-    def index_workspace(self, root: str, *, full: bool = False, timeout: float | None = None) -> AsyncIterator[v1.IndexWorkspaceResponse]:
-        return self._stream(_I + "IndexWorkspace", v1.IndexWorkspaceRequest(root=root, full=full), v1.IndexWorkspaceResponse, timeout)
+    def index_workspace(
+        self, root: str, *, full: bool = False, timeout: float | None = None
+    ) -> AsyncIterator[v1.IndexWorkspaceResponse]:
+        return self._stream(
+            _I + "IndexWorkspace",
+            v1.IndexWorkspaceRequest(root=root, full=full),
+            v1.IndexWorkspaceResponse,
+            timeout,
+        )
 
-    def ingest_sessions(self, paths: Sequence[str] = (), *, timeout: float | None = None) -> AsyncIterator[v1.IngestSessionsResponse]:
-        return self._stream(_I + "IngestSessions", v1.IngestSessionsRequest(paths=list(paths)), v1.IngestSessionsResponse, timeout)
+    def ingest_sessions(
+        self, paths: Sequence[str] = (), *, timeout: float | None = None
+    ) -> AsyncIterator[v1.IngestSessionsResponse]:
+        return self._stream(
+            _I + "IngestSessions",
+            v1.IngestSessionsRequest(paths=list(paths)),
+            v1.IngestSessionsResponse,
+            timeout,
+        )
 
-    def rebuild_derived(self, *, full: bool = False, timeout: float | None = None) -> AsyncIterator[v1.RebuildDerivedResponse]:
-        return self._stream(_I + "RebuildDerived", v1.RebuildDerivedRequest(full=full), v1.RebuildDerivedResponse, timeout)
+    def rebuild_derived(
+        self, *, full: bool = False, timeout: float | None = None
+    ) -> AsyncIterator[v1.RebuildDerivedResponse]:
+        return self._stream(
+            _I + "RebuildDerived",
+            v1.RebuildDerivedRequest(full=full),
+            v1.RebuildDerivedResponse,
+            timeout,
+        )
 
-    def build_doc_graph(self, request: v1.BuildDocGraphRequest | None = None, *, timeout: float | None = None) -> AsyncIterator[v1.BuildDocGraphResponse]:
-        return self._stream(_I + "BuildDocGraph", request or v1.BuildDocGraphRequest(), v1.BuildDocGraphResponse, timeout)
+    def build_doc_graph(
+        self, request: v1.BuildDocGraphRequest | None = None, *, timeout: float | None = None
+    ) -> AsyncIterator[v1.BuildDocGraphResponse]:
+        return self._stream(
+            _I + "BuildDocGraph",
+            request or v1.BuildDocGraphRequest(),
+            v1.BuildDocGraphResponse,
+            timeout,
+        )
 
     async def get_status(self, *, timeout: float | None = None) -> v1.GetStatusResponse:
-        return await self._unary(_I + "GetStatus", v1.GetStatusRequest(), v1.GetStatusResponse, timeout)
+        return await self._unary(
+            _I + "GetStatus", v1.GetStatusRequest(), v1.GetStatusResponse, timeout
+        )
 
 
 # RPC name -> SDK method name; the parity test checks it covers every RPC in the proto.

@@ -99,7 +99,9 @@ def from_rpc_error(exc: grpc.RpcError) -> RPCError:
 
     code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
     message = (exc.details() if callable(getattr(exc, "details", None)) else "") or ""
-    trailing = exc.trailing_metadata() if callable(getattr(exc, "trailing_metadata", None)) else None
+    trailing = (
+        exc.trailing_metadata() if callable(getattr(exc, "trailing_metadata", None)) else None
+    )
     reason = ""
     metadata: dict[str, str] = {}
     refusal = None
@@ -111,7 +113,7 @@ def from_rpc_error(exc: grpc.RpcError) -> RPCError:
             continue
         try:
             status = rpc_types.Status.parse(bytes(value))
-        except Exception:  # noqa: BLE001 - undecodable details are ignored, the code stays
+        except Exception:  # noqa: BLE001, S112 - undecodable details are ignored, the code stays
             continue
         for detail in status.details:
             name = detail.type_url.rsplit("/", 1)[-1]
@@ -121,7 +123,7 @@ def from_rpc_error(exc: grpc.RpcError) -> RPCError:
                     reason, metadata = info.reason, dict(info.metadata)
                 elif name == "knowledge.v1.EditionRefusal":
                     refusal = v1.EditionRefusal.parse(detail.value)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S112 - an undecodable detail is skipped, the others stay
                 continue
     if refusal is not None:
         return EditionRefused(

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from typing import Any
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from knowledge_server import __version__
 from knowledge_server._gen.knowledge.v1 import (
@@ -23,8 +23,8 @@ from knowledge_server._gen.knowledge.v1 import (
 from knowledge_server.auth_model import Principal
 from knowledge_server.config import Config
 from knowledge_server.errors import InvalidRequest, PermissionDenied, Unimplemented
-from knowledge_server.logs import get_logger
 from knowledge_server.lanes.common import run_with_progress
+from knowledge_server.logs import get_logger
 from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import Lane, NotReadyLane
 from knowledge_server.search.validate import validate_search
@@ -32,7 +32,9 @@ from knowledge_server.transport.interceptors import EditionState, current_call
 from knowledge_server.workspaces import in_scope, is_under, normalise_workspace
 
 
-def effective_workspaces(principal: Principal, requested: tuple[str, ...]) -> tuple[str, ...] | None:
+def effective_workspaces(
+    principal: Principal, requested: tuple[str, ...]
+) -> tuple[str, ...] | None:
     """The caller's scope: a request can narrow the principal's workspaces, never widen them.
 
     None = unrestricted (a principal allowed everything and no filter given);
@@ -56,14 +58,23 @@ class LicenceView:
     def status(self) -> index_service_pb2.EditionStatus:
         e = self.edition()
         return index_service_pb2.EditionStatus(
-            edition=e.edition, licence_state=e.licence_state, reason="no licence file", features=sorted(e.features)
+            edition=e.edition,
+            licence_state=e.licence_state,
+            reason="no licence file",
+            features=sorted(e.features),
         )
 
 
 class KnowledgeApp:
-    def __init__(self, config: Config, *, lanes: dict[str, Lane] | None = None, licence: LicenceView | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        lanes: dict[str, Lane] | None = None,
+        licence: LicenceView | None = None,
+    ) -> None:
         self.config = config
-        self.started_at = datetime.now(timezone.utc)
+        self.started_at = datetime.now(UTC)
         self.licence = licence or LicenceView()
         self.lanes: dict[str, Lane] = lanes or {
             "episodes": NotReadyLane("episodes", "no session logs have been ingested yet"),
@@ -91,7 +102,9 @@ class KnowledgeApp:
         scope = effective_workspaces(current_call().principal, valid.workspaces)
         return await run_dispatch(self, valid, scope)
 
-    async def get_episode(self, req: knowledge_service_pb2.GetEpisodeRequest) -> knowledge_service_pb2.GetEpisodeResponse:
+    async def get_episode(
+        self, req: knowledge_service_pb2.GetEpisodeRequest
+    ) -> knowledge_service_pb2.GetEpisodeResponse:
         lane = self.lanes.get("episodes")
         getter = getattr(lane, "get_episode_sync", None)
         if getter is None:
@@ -99,7 +112,9 @@ class KnowledgeApp:
         scope = effective_workspaces(current_call().principal, ())
         return await asyncio.to_thread(getter, req.id, req.neighbours, scope)
 
-    async def get_chunk(self, req: knowledge_service_pb2.GetChunkRequest) -> knowledge_service_pb2.GetChunkResponse:
+    async def get_chunk(
+        self, req: knowledge_service_pb2.GetChunkRequest
+    ) -> knowledge_service_pb2.GetChunkResponse:
         lane = self.lanes.get("code")
         getter = getattr(lane, "get_chunk_sync", None)
         if getter is None:
@@ -119,16 +134,26 @@ class KnowledgeApp:
         return await in_thread(op_sync, op, req, scope)
 
     # -- IndexService ------------------------------------------------------------------
-    async def index_stream(self, op: str, req: Any) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
+    async def index_stream(
+        self, op: str, req: Any
+    ) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
         if op == "build_doc_graph":
             build = getattr(getattr(self, "docgraph_lane", None), "build_sync", None)
             if build is None:
                 raise Unimplemented("BuildDocGraph needs the built-in docgraph lane")
             root = normalise_workspace(req.root) if req.root else None
             scope = effective_workspaces(current_call().principal, ())
-            async for event in run_with_progress(lambda progress: build(
-                root, req.estimate, req.max_chunks, req.budget_seconds, req.structural_only, progress, scope,
-            )):
+            async for event in run_with_progress(
+                lambda progress: build(
+                    root,
+                    req.estimate,
+                    req.max_chunks,
+                    req.budget_seconds,
+                    req.structural_only,
+                    progress,
+                    scope,
+                )
+            ):
                 yield event
             return
         if op == "ingest_sessions":
@@ -139,7 +164,9 @@ class KnowledgeApp:
             paths = [normalise_workspace(p) for p in req.paths]
             for p in paths:
                 if not os.path.exists(p):
-                    raise InvalidRequest(f"paths: {p} does not exist on the server", metadata={"field": "paths"})
+                    raise InvalidRequest(
+                        f"paths: {p} does not exist on the server", metadata={"field": "paths"}
+                    )
             async for event in run_with_progress(lambda progress: ingest(paths or None, progress)):
                 yield event
             await self.after_ingest()
@@ -150,7 +177,9 @@ class KnowledgeApp:
             if index is None:
                 raise Unimplemented("IndexWorkspace needs the built-in code lane")
             if not req.root:
-                raise InvalidRequest("root: an absolute workspace path is required", metadata={"field": "root"})
+                raise InvalidRequest(
+                    "root: an absolute workspace path is required", metadata={"field": "root"}
+                )
             root = normalise_workspace(req.root)
             scope = effective_workspaces(current_call().principal, ())
             if scope is not None and not in_scope(root, scope):
@@ -165,14 +194,18 @@ class KnowledgeApp:
             episodes_path = getattr(episodes, "path", None)
             if rebuild is None or episodes_path is None:
                 raise Unimplemented("RebuildDerived needs the built-in skills and episodes lanes")
-            async for event in run_with_progress(lambda progress: rebuild(episodes_path, req.full, progress)):
+            async for event in run_with_progress(
+                lambda progress: rebuild(episodes_path, req.full, progress)
+            ):
                 yield event
             return
         raise Unimplemented(f"{op} is declared in knowledge.v1 but not built in this server yet")
 
     async def after_ingest(self) -> None:
         """The derived layer is rebuilt incrementally after each ingestion."""
-        async for _ in self.index_stream("rebuild_derived", index_service_pb2.RebuildDerivedRequest()):
+        async for _ in self.index_stream(
+            "rebuild_derived", index_service_pb2.RebuildDerivedRequest()
+        ):
             pass
 
     async def bootstrap(self) -> None:
@@ -182,21 +215,40 @@ class KnowledgeApp:
         log = get_logger("knowledge.bootstrap")
         if getattr(self.lanes.get("episodes"), "ingest_sync", None) is not None:
             try:
-                async for event in self.index_stream("ingest_sessions", index_service_pb2.IngestSessionsRequest()):
+                async for event in self.index_stream(
+                    "ingest_sessions", index_service_pb2.IngestSessionsRequest()
+                ):
                     if isinstance(event, index_service_pb2.OperationSummary):
-                        log.info("bootstrap.ingested", events_added=event.counters["events_added"], sessions=event.counters["sessions"], index_rev=event.index_rev)
+                        log.info(
+                            "bootstrap.ingested",
+                            events_added=event.counters["events_added"],
+                            sessions=event.counters["sessions"],
+                            index_rev=event.index_rev,
+                        )
             except Exception as exc:  # noqa: BLE001 - the server keeps serving the other lanes
                 log.error("bootstrap.ingest_failed", error_type=type(exc).__name__)
         if getattr(self.lanes.get("code"), "index_sync", None) is not None:
             for root in self.config.workspaces:
                 try:
-                    async for event in self.index_stream("index_workspace", index_service_pb2.IndexWorkspaceRequest(root=root)):
+                    async for event in self.index_stream(
+                        "index_workspace", index_service_pb2.IndexWorkspaceRequest(root=root)
+                    ):
                         if isinstance(event, index_service_pb2.OperationSummary):
-                            log.info("bootstrap.indexed", workspace=root, chunks=event.counters["chunks"], index_rev=event.index_rev, ms=event.ms)
+                            log.info(
+                                "bootstrap.indexed",
+                                workspace=root,
+                                chunks=event.counters["chunks"],
+                                index_rev=event.index_rev,
+                                ms=event.ms,
+                            )
                 except Exception as exc:  # noqa: BLE001
-                    log.error("bootstrap.index_failed", workspace=root, error_type=type(exc).__name__)
+                    log.error(
+                        "bootstrap.index_failed", workspace=root, error_type=type(exc).__name__
+                    )
 
-    async def status(self, req: index_service_pb2.GetStatusRequest) -> index_service_pb2.GetStatusResponse:
+    async def status(
+        self, req: index_service_pb2.GetStatusRequest
+    ) -> index_service_pb2.GetStatusResponse:
         principal = current_call().principal
         resp = index_service_pb2.GetStatusResponse(version=__version__)
         resp.edition.CopyFrom(self.licence.status())
@@ -212,7 +264,11 @@ class KnowledgeApp:
             if status is not None:
                 resp.lanes.append(status(scope))
             else:
-                resp.lanes.append(index_service_pb2.LaneStatus(lane=name, degraded=True, capability="degraded", reason="not built"))
+                resp.lanes.append(
+                    index_service_pb2.LaneStatus(
+                        lane=name, degraded=True, capability="degraded", reason="not built"
+                    )
+                )
         if getattr(self, "docgraph_lane", None) is not None:
             resp.lanes.append(self.docgraph_lane.status(scope))
         return resp

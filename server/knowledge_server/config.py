@@ -11,13 +11,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import platformdirs
 
-__all__ = ["Config", "ConfigError", "load_config", "default_data_dir", "parse_listen"]
+__all__ = ["Config", "ConfigError", "default_data_dir", "load_config", "parse_listen"]
 
 ENV_PREFIX = "KNOWLEDGE_"
 
@@ -122,7 +123,15 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, port_n
 
 
-_PATH_FIELDS = {"data_dir", "licence_file", "licence_keys_dir", "tls_cert", "tls_key", "tls_client_ca", "llm_key_file"}
+_PATH_FIELDS = {
+    "data_dir",
+    "licence_file",
+    "licence_keys_dir",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "llm_key_file",
+}
 _TUPLE_FIELDS = {"workspaces", "session_paths", "skill_roots"}
 _INT_FIELDS = {"lane_timeout_ms", "max_file_bytes", "embedder_dim", "workers"}
 _FLOAT_FIELDS = {"grace_seconds"}
@@ -187,7 +196,11 @@ def _validate(cfg: Config) -> Config:
         if not p.is_absolute():
             p = p.resolve()
         workspaces.append(str(p.resolve()))
-    cfg = replace(cfg, workspaces=tuple(dict.fromkeys(workspaces)), data_dir=cfg.data_dir.expanduser().resolve())
+    cfg = replace(
+        cfg,
+        workspaces=tuple(dict.fromkeys(workspaces)),
+        data_dir=cfg.data_dir.expanduser().resolve(),
+    )
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise ConfigError("tls_cert and tls_key must be given together")
     for name in ("tls_cert", "tls_key", "tls_client_ca"):
@@ -200,7 +213,9 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError(
             f"auth=off is only allowed on a loopback address; {cfg.listen} is reachable from other hosts"
         )
-    if cfg.embedder == "openai" and not (cfg.embedder_url and cfg.embedder_model and cfg.embedder_dim > 0):
+    if cfg.embedder == "openai" and not (
+        cfg.embedder_url and cfg.embedder_model and cfg.embedder_dim > 0
+    ):
         raise ConfigError("embedder=openai needs embedder_url, embedder_model and embedder_dim")
     return cfg
 

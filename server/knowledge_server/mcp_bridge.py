@@ -154,9 +154,15 @@ def _is_repeated(field: FieldDescriptor) -> bool:
 
 
 _INTEGER_TYPES = {
-    FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SFIXED32,
-    FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_INT32,
+    FieldDescriptor.TYPE_SINT32,
+    FieldDescriptor.TYPE_SFIXED32,
+    FieldDescriptor.TYPE_UINT32,
+    FieldDescriptor.TYPE_FIXED32,
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_SFIXED64,
+    FieldDescriptor.TYPE_UINT64,
     FieldDescriptor.TYPE_FIXED64,
 }
 _WELL_KNOWN: dict[str, dict[str, Any]] = {
@@ -212,7 +218,11 @@ def message_schema(desc: Descriptor, defaults: dict[str, Any] | None = None) -> 
         schema = field_schema(field)
         if defaults and field.name in defaults and defaults[field.name] is not None:
             value = defaults[field.name]
-            if isinstance(value, dict) and schema.get("type") == "object" and "properties" in schema:
+            if (
+                isinstance(value, dict)
+                and schema.get("type") == "object"
+                and "properties" in schema
+            ):
                 schema = {**schema, **message_schema(field.message_type, value)}
                 if "description" in schema:
                     schema = {"description": schema.pop("description"), **schema}
@@ -259,7 +269,10 @@ class ToolSpec:
 
     @property
     def idempotent(self) -> bool:
-        return _idempotency(self.method) in (MethodOptions.NO_SIDE_EFFECTS, MethodOptions.IDEMPOTENT)
+        return _idempotency(self.method) in (
+            MethodOptions.NO_SIDE_EFFECTS,
+            MethodOptions.IDEMPOTENT,
+        )
 
     def defaults(self) -> dict[str, Any]:
         """The SDK's defaults for this request, as a nested dict of proto field names."""
@@ -269,7 +282,9 @@ class ToolSpec:
             out.pop("request_id", None)
             return out
         if self.sdk_method == "dispatch":
-            out = _drop_none(dispatch_request("").to_dict(casing=SNAKE, include_default_values=True))
+            out = _drop_none(
+                dispatch_request("").to_dict(casing=SNAKE, include_default_values=True)
+            )
             out.pop("task", None)
             out.pop("request_id", None)
             return out
@@ -347,24 +362,32 @@ def _notices(d: dict[str, Any], *keys: str) -> list[str]:
 
 def render_search(d: dict[str, Any]) -> list[str]:
     routing = d.get("routing") or {}
-    out = [f"{d.get('schema', '')} · intent {routing.get('intent', '-')} · found {str(d.get('found')).lower()}"]
+    out = [
+        f"{d.get('schema', '')} · intent {routing.get('intent', '-')} · found {str(d.get('found')).lower()}"
+    ]
     lanes = d.get("lanes") or {}
     ep = lanes.get("episodes")
     out.append(_lane_head("episodes", ep))
     for it in (ep or {}).get("items") or []:
-        out.append(f"  {it.get('session_id')}#{it.get('seq')} [{it.get('event_type')}] id={it.get('id')}"
-                   f" score={it.get('score', 0):.3f} | {_one_line(it.get('snippet'))}")
+        out.append(
+            f"  {it.get('session_id')}#{it.get('seq')} [{it.get('event_type')}] id={it.get('id')}"
+            f" score={it.get('score', 0):.3f} | {_one_line(it.get('snippet'))}"
+        )
     code = lanes.get("code")
     out.append(_lane_head("code", code))
     for it in (code or {}).get("items") or []:
         sym = f" {it['symbol']}" if it.get("symbol") else ""
-        out.append(f"  {_lines(it)}{sym} id={it.get('id')} score={it.get('score', 0):.3f}"
-                   f" | {_one_line(it.get('snippet'))}")
+        out.append(
+            f"  {_lines(it)}{sym} id={it.get('id')} score={it.get('score', 0):.3f}"
+            f" | {_one_line(it.get('snippet'))}"
+        )
     skills = lanes.get("skills")
     if skills is not None:
         out.append(_lane_head("skills", skills))
         for it in skills.get("items") or []:
-            out.append(f"  {it.get('name')} ({it.get('path')}) uses={it.get('uses')} | {_one_line(it.get('description'))}")
+            out.append(
+                f"  {it.get('name')} ({it.get('path')}) uses={it.get('uses')} | {_one_line(it.get('description'))}"
+            )
     for a in d.get("actors") or []:
         out.append(f"actor {a.get('actor_id')} ({a.get('kind')}) score={a.get('score', 0):.3f}")
     return out + _notices(d, "warnings", "errors")
@@ -372,16 +395,24 @@ def render_search(d: dict[str, Any]) -> list[str]:
 
 def render_dispatch(d: dict[str, Any]) -> list[str]:
     target = d.get("target") or {}
-    out = [f"{d.get('schema', '')} · mode {d.get('mode', '')} · target {target.get('actor_id') or 'none'}"]
+    out = [
+        f"{d.get('schema', '')} · mode {d.get('mode', '')} · target {target.get('actor_id') or 'none'}"
+    ]
     if target.get("dispatch"):
         info = target["dispatch"]
-        out.append(f"hand-off {info.get('mode')} available={str(info.get('available')).lower()}: {info.get('reason', '')}")
+        out.append(
+            f"hand-off {info.get('mode')} available={str(info.get('available')).lower()}: {info.get('reason', '')}"
+        )
     if d.get("assignment"):
         a = d["assignment"]
-        out.append(f"assignment {a.get('assignment_id')} status={a.get('status')} created={str(a.get('created')).lower()}")
+        out.append(
+            f"assignment {a.get('assignment_id')} status={a.get('status')} created={str(a.get('created')).lower()}"
+        )
     pack = d.get("context_pack") or {}
     for ep in pack.get("prior_episodes") or []:
-        out.append(f"  episode {ep.get('session_id')}#{ep.get('seq')} | {_one_line(ep.get('snippet'))}")
+        out.append(
+            f"  episode {ep.get('session_id')}#{ep.get('seq')} | {_one_line(ep.get('snippet'))}"
+        )
     for ref in pack.get("code_refs") or []:
         out.append(f"  code {_lines(ref)}")
     for risk in pack.get("risks") or []:
@@ -391,7 +422,9 @@ def render_dispatch(d: dict[str, Any]) -> list[str]:
 
 def _episode_line(e: dict[str, Any]) -> str:
     err = " error" if e.get("is_error") else ""
-    return f"{e.get('session_id')}#{e.get('seq')} [{e.get('event_type')}{err}] {e.get('time') or ''}"
+    return (
+        f"{e.get('session_id')}#{e.get('seq')} [{e.get('event_type')}{err}] {e.get('time') or ''}"
+    )
 
 
 def render_episode(d: dict[str, Any]) -> list[str]:
@@ -409,13 +442,17 @@ def render_episode(d: dict[str, Any]) -> list[str]:
 def render_chunk(d: dict[str, Any]) -> list[str]:
     c = d.get("chunk") or {}
     sym = f" {c['symbol']}" if c.get("symbol") else ""
-    return [f"{_lines(c)}{sym} ({c.get('language') or '-'}, index_rev {d.get('index_rev') or '-'})",
-            str(c.get("text") or "")]
+    return [
+        f"{_lines(c)}{sym} ({c.get('language') or '-'}, index_rev {d.get('index_rev') or '-'})",
+        str(c.get("text") or ""),
+    ]
 
 
 def render_status(d: dict[str, Any]) -> list[str]:
     ed = d.get("edition") or {}
-    out = [f"version {d.get('version')} · edition {ed.get('edition')} · licence {ed.get('licence_state')}"]
+    out = [
+        f"version {d.get('version')} · edition {ed.get('edition')} · licence {ed.get('licence_state')}"
+    ]
     for lane in d.get("lanes") or []:
         counts = ", ".join(f"{k}={v}" for k, v in sorted((lane.get("counts") or {}).items()))
         deg = f", degraded: {lane.get('reason')}" if lane.get("degraded") else ""
@@ -424,8 +461,10 @@ def render_status(d: dict[str, Any]) -> list[str]:
 
 
 def _envelope(d: dict[str, Any]) -> str:
-    head = (f"{d.get('op')} (index_rev {d.get('index_rev') or '-'}, capability {d.get('capability') or '-'})"
-            f" found={str(d.get('found')).lower()} collected={str(d.get('collected')).lower()}")
+    head = (
+        f"{d.get('op')} (index_rev {d.get('index_rev') or '-'}, capability {d.get('capability') or '-'})"
+        f" found={str(d.get('found')).lower()} collected={str(d.get('collected')).lower()}"
+    )
     if d.get("reason"):
         head += f" reason: {d['reason']}"
     if d.get("error"):
@@ -451,8 +490,10 @@ def render_themes(d: dict[str, Any]) -> list[str]:
 def render_neighbors(d: dict[str, Any]) -> list[str]:
     out = [_envelope(d)]
     for n in d.get("neighbors") or []:
-        out.append(f"  {_one_line(n.get('name'), 80)} ({n.get('kind')}) {n.get('relation')} depth={n.get('depth')}"
-                   f" {_lines(n.get('address'))}")
+        out.append(
+            f"  {_one_line(n.get('name'), 80)} ({n.get('kind')}) {n.get('relation')} depth={n.get('depth')}"
+            f" {_lines(n.get('address'))}"
+        )
     return out
 
 
@@ -465,40 +506,57 @@ def render_relations(d: dict[str, Any]) -> list[str]:
 
 
 def render_overview(d: dict[str, Any]) -> list[str]:
-    counts = (f"documents={d.get('documents')} entities={d.get('entities')} "
-              f"relations={d.get('relations')} themes={d.get('themes')}")
+    counts = (
+        f"documents={d.get('documents')} entities={d.get('entities')} "
+        f"relations={d.get('relations')} themes={d.get('themes')}"
+    )
     out = [_envelope(d), counts]
     return out + _theme_lines(d.get("top_themes") or [])
 
 
 def render_levels(d: dict[str, Any]) -> list[str]:
-    out = [_envelope(d), f"high_level: {', '.join(d.get('high_level') or [])}",
-           f"low_level: {', '.join(d.get('low_level') or [])}"]
+    out = [
+        _envelope(d),
+        f"high_level: {', '.join(d.get('high_level') or [])}",
+        f"low_level: {', '.join(d.get('low_level') or [])}",
+    ]
     out += _theme_lines(d.get("themes") or [])
     for h in d.get("items") or []:
-        out.append(f"  {_lines(h.get('address'))} [{h.get('match_kind')}] | {_one_line(h.get('snippet'))}")
+        out.append(
+            f"  {_lines(h.get('address'))} [{h.get('match_kind')}] | {_one_line(h.get('snippet'))}"
+        )
     return out
 
 
 _K = "knowledge.v1.KnowledgeService/"
 _D = "knowledge.v1.DocGraphService/"
 _I = "knowledge.v1.IndexService/"
-_DOCGRAPH_NOTE = " Enterprise edition (feature doc-graph); other editions answer KNOWLEDGE_EDITION_REQUIRED."
+_DOCGRAPH_NOTE = (
+    " Enterprise edition (feature doc-graph); other editions answer KNOWLEDGE_EDITION_REQUIRED."
+)
 
 TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
-        "knowledge_search", _K + "Search", "Search past sessions, code and skills",
+        "knowledge_search",
+        _K + "Search",
+        "Search past sessions, code and skills",
         "Ask one question; get separate lanes of evidence: episodes (what past agent sessions did, "
         "as session_id#seq), code (path:start_line-end_line) and skills, plus the actors who did "
         "this kind of work. Each lane reports its own index_rev and whether it is degraded. "
         "Fetch full texts with knowledge_get_episode / knowledge_get_chunk.",
         ("query",),
-        ("lanes.episodes.items[].snippet", "lanes.code.items[].snippet",
-         "lanes.skills.items[].description", "lanes.skills.items[].when_to_use"),
+        (
+            "lanes.episodes.items[].snippet",
+            "lanes.code.items[].snippet",
+            "lanes.skills.items[].description",
+            "lanes.skills.items[].when_to_use",
+        ),
         render_search,
     ),
     ToolSpec(
-        "knowledge_dispatch", _K + "Dispatch", "Choose an actor for a task",
+        "knowledge_dispatch",
+        _K + "Dispatch",
+        "Choose an actor for a task",
         "Choose the best actor (agent, subagent, team member) for a task and prepare a hand-off "
         "package with references. Never executes anything. dry_run=true (default) writes nothing; "
         "dry_run=false records the plan (idempotent: the same task and actor give the same "
@@ -508,7 +566,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         render_dispatch,
     ),
     ToolSpec(
-        "knowledge_get_episode", _K + "GetEpisode", "Read one episode",
+        "knowledge_get_episode",
+        _K + "GetEpisode",
+        "Read one episode",
         "The full (redacted) text of one session event by id (ep:<session_id>:<seq>), optionally "
         "with neighbouring events.",
         ("id",),
@@ -516,21 +576,27 @@ TOOLS: tuple[ToolSpec, ...] = (
         render_episode,
     ),
     ToolSpec(
-        "knowledge_get_chunk", _K + "GetChunk", "Read one code or document chunk",
+        "knowledge_get_chunk",
+        _K + "GetChunk",
+        "Read one code or document chunk",
         "The full (redacted) text of one code or document chunk by id, with its path and lines.",
         ("id",),
         ("chunk.text",),
         render_chunk,
     ),
     ToolSpec(
-        "knowledge_status", _I + "GetStatus", "Service status",
+        "knowledge_status",
+        _I + "GetStatus",
+        "Service status",
         "Edition, licence state, and per-lane status: index_rev, counts, capability, freshness.",
         (),
         (),
         render_status,
     ),
     ToolSpec(
-        "knowledge_themes", _D + "Themes", "Document themes",
+        "knowledge_themes",
+        _D + "Themes",
+        "Document themes",
         "Themes (clusters of co-mentioned entities) with top entities and citations as "
         "path:start_line-end_line." + _DOCGRAPH_NOTE,
         (),
@@ -538,7 +604,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         render_themes,
     ),
     ToolSpec(
-        "knowledge_entity_neighbors", _D + "EntityNeighbors", "Entity neighbours",
+        "knowledge_entity_neighbors",
+        _D + "EntityNeighbors",
+        "Entity neighbours",
         "Neighbours of an entity or theme (up to depth 3), each with the address of a quote that "
         "shows the connection." + _DOCGRAPH_NOTE,
         ("entity",),
@@ -546,7 +614,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         render_neighbors,
     ),
     ToolSpec(
-        "knowledge_doc_relations", _D + "DocRelations", "Document relations",
+        "knowledge_doc_relations",
+        _D + "DocRelations",
+        "Document relations",
         "Relations between documents through shared entities, with citations. Give doc or "
         "entity." + _DOCGRAPH_NOTE,
         (),
@@ -554,18 +624,27 @@ TOOLS: tuple[ToolSpec, ...] = (
         render_relations,
     ),
     ToolSpec(
-        "knowledge_global_overview", _D + "GlobalOverview", "Corpus overview",
+        "knowledge_global_overview",
+        _D + "GlobalOverview",
+        "Corpus overview",
         "A map of the document corpus: counts and top themes with addresses." + _DOCGRAPH_NOTE,
         (),
         ("top_themes[].title", "top_themes[].summary", "top_themes[].top_entities[].name"),
         render_overview,
     ),
     ToolSpec(
-        "knowledge_search_levels", _D + "SearchLevels", "Dual-level document search",
+        "knowledge_search_levels",
+        _D + "SearchLevels",
+        "Dual-level document search",
         "Dual-level search over documents: high-level (theme) and low-level (entity) keywords, "
         "matching themes and chunks with addresses." + _DOCGRAPH_NOTE,
         ("query",),
-        ("items[].snippet", "themes[].title", "themes[].summary", "items[].matched_entities[].name"),
+        (
+            "items[].snippet",
+            "themes[].title",
+            "themes[].summary",
+            "items[].matched_entities[].name",
+        ),
         render_levels,
     ),
 )
@@ -601,7 +680,9 @@ def _check_known(desc: Descriptor, args: dict[str, Any], prefix: str = "") -> No
     for key, value in args.items():
         field = desc.fields_by_name.get(key)
         if field is None:
-            raise BridgeError("KNOWLEDGE_INVALID_REQUEST", f"{prefix}{key}: unknown field", prefix + key)
+            raise BridgeError(
+                "KNOWLEDGE_INVALID_REQUEST", f"{prefix}{key}: unknown field", prefix + key
+            )
         if value is None:
             continue
         where = prefix + key
@@ -620,7 +701,11 @@ def _check_known(desc: Descriptor, args: dict[str, Any], prefix: str = "") -> No
 
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "object": (dict,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
 }
 
 
@@ -630,9 +715,15 @@ def _check_type(schema: dict[str, Any], value: Any, where: str) -> None:
     types = _JSON_TYPES.get(expected or "")
     if types is None:
         return
-    ok = isinstance(value, types) and not (expected in ("integer", "number") and isinstance(value, bool))
+    ok = isinstance(value, types) and not (
+        expected in ("integer", "number") and isinstance(value, bool)
+    )
     if not ok:
-        raise BridgeError("KNOWLEDGE_INVALID_REQUEST", f"{where}: must be {'an' if expected in ('integer', 'object') else 'a'} {expected}", where)
+        raise BridgeError(
+            "KNOWLEDGE_INVALID_REQUEST",
+            f"{where}: must be {'an' if expected in ('integer', 'object') else 'a'} {expected}",
+            where,
+        )
 
 
 def build_request(spec: ToolSpec, arguments: dict[str, Any]) -> betterproto2.Message:
@@ -649,10 +740,14 @@ def build_request(spec: ToolSpec, arguments: dict[str, Any]) -> betterproto2.Mes
     try:
         return spec.request_type.from_dict(merged)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise BridgeError("KNOWLEDGE_INVALID_REQUEST", f"arguments do not match the schema: {exc}") from None
+        raise BridgeError(
+            "KNOWLEDGE_INVALID_REQUEST", f"arguments do not match the schema: {exc}"
+        ) from None
 
 
-async def call_rpc(client: AsyncKnowledgeClient, spec: ToolSpec, request: betterproto2.Message) -> betterproto2.Message:
+async def call_rpc(
+    client: AsyncKnowledgeClient, spec: ToolSpec, request: betterproto2.Message
+) -> betterproto2.Message:
     method = getattr(client, spec.sdk_method)
     if spec.sdk_method in ("search", "dispatch"):
         return await method(request)  # type: ignore[no-any-return]
@@ -691,12 +786,23 @@ def error_result(code: str, message: str, detail: dict[str, Any]) -> CallToolRes
 
 def error_from_exception(exc: BaseException, address: str) -> CallToolResult:
     if isinstance(exc, BridgeError):
-        return error_result(exc.code, exc.message, {"status": "INVALID_ARGUMENT", "field": exc.field, "source": "bridge"})
+        return error_result(
+            exc.code,
+            exc.message,
+            {"status": "INVALID_ARGUMENT", "field": exc.field, "source": "bridge"},
+        )
     if isinstance(exc, kerrors.EditionRefused):
-        return error_result(exc.reason or "KNOWLEDGE_EDITION_REQUIRED", exc.message, {
-            "status": exc.code.name, "feature": exc.feature, "required_edition": exc.required_edition,
-            "current_edition": exc.current_edition, "licence_state": exc.licence_state,
-        })
+        return error_result(
+            exc.reason or "KNOWLEDGE_EDITION_REQUIRED",
+            exc.message,
+            {
+                "status": exc.code.name,
+                "feature": exc.feature,
+                "required_edition": exc.required_edition,
+                "current_edition": exc.current_edition,
+                "licence_state": exc.licence_state,
+            },
+        )
     if isinstance(exc, kerrors.RPCError):
         detail: dict[str, Any] = {"status": exc.code.name, "metadata": dict(exc.metadata)}
         if exc.request_id:
@@ -706,8 +812,14 @@ def error_from_exception(exc: BaseException, address: str) -> CallToolResult:
             message = f"cannot reach the service at {address}: {exc.message}"
         return error_result(exc.reason or exc.code.name, message, detail)
     if isinstance(exc, kerrors.ConnectionConfigError):
-        return error_result("KNOWLEDGE_CONNECTION_CONFIG", str(exc), {"status": "FAILED_PRECONDITION"})
-    return error_result("INTERNAL", f"the bridge failed on this call ({type(exc).__name__}: {exc})", {"status": "INTERNAL"})
+        return error_result(
+            "KNOWLEDGE_CONNECTION_CONFIG", str(exc), {"status": "FAILED_PRECONDITION"}
+        )
+    return error_result(
+        "INTERNAL",
+        f"the bridge failed on this call ({type(exc).__name__}: {exc})",
+        {"status": "INTERNAL"},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -792,11 +904,22 @@ def build_server(settings: ConnectionSettings | None = None) -> MCPServer:
 
 
 @click.command("mcp")
-@click.option("--address", default=None, help="Service address HOST:PORT. Env: KNOWLEDGE_ADDRESS (default 127.0.0.1:50151).")
+@click.option(
+    "--address",
+    default=None,
+    help="Service address HOST:PORT. Env: KNOWLEDGE_ADDRESS (default 127.0.0.1:50151).",
+)
 @click.option("--token", default=None, help="Bearer token. Env: KNOWLEDGE_TOKEN.")
-@click.option("--timeout", type=float, default=None, help="Deadline in seconds per call (default 30). Env: KNOWLEDGE_TIMEOUT.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Deadline in seconds per call (default 30). Env: KNOWLEDGE_TIMEOUT.",
+)
 @click.pass_context
-def mcp_command(ctx: click.Context, address: str | None, token: str | None, timeout: float | None) -> None:
+def mcp_command(
+    ctx: click.Context, address: str | None, token: str | None, timeout: float | None
+) -> None:
     """Run the MCP bridge on stdin/stdout (for agent harnesses).
 
     Talks to a running `knowledge serve`; TLS files come from KNOWLEDGE_TLS_CA,
@@ -806,7 +929,9 @@ def mcp_command(ctx: click.Context, address: str | None, token: str | None, time
     import os
 
     if importlib.util.find_spec("mcp") is None:
-        raise click.ClickException("the MCP bridge needs the `mcp` extra: pip install 'knowledge-service[mcp]'")
+        raise click.ClickException(
+            "the MCP bridge needs the `mcp` extra: pip install 'knowledge-service[mcp]'"
+        )
     parent = ctx.find_root().obj if isinstance(ctx.find_root().obj, dict) else {}
     env_timeout = os.environ.get("KNOWLEDGE_TIMEOUT")
     try:
@@ -818,7 +943,10 @@ def mcp_command(ctx: click.Context, address: str | None, token: str | None, time
         token=token or parent.get("token"),
         timeout=timeout,
     )
-    print(f"knowledge mcp: serving {len(TOOLS)} tools over stdio for {settings.address}", file=sys.stderr)
+    print(
+        f"knowledge mcp: serving {len(TOOLS)} tools over stdio for {settings.address}",
+        file=sys.stderr,
+    )
     build_server(settings).run("stdio")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["redact", "redact_counted", "looks_like_secret", "SECRET_FILE_PATTERNS"]
+__all__ = ["SECRET_FILE_PATTERNS", "looks_like_secret", "redact", "redact_counted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,9 @@ _RULES: tuple[_Rule, ...] = (
             re.DOTALL,
         ),
     ),
-    _Rule("aws-access-key", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b")),
+    _Rule(
+        "aws-access-key", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b")
+    ),
     _Rule(
         "aws-secret-key",
         re.compile(
@@ -43,7 +45,10 @@ _RULES: tuple[_Rule, ...] = (
         ),
         group=2,
     ),
-    _Rule("github-token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b")),
+    _Rule(
+        "github-token",
+        re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
+    ),
     _Rule("gitlab-token", re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}\b")),
     _Rule("slack-token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b")),
     _Rule("openai-key", re.compile(r"\bsk-(?:proj-|ant-(?:api\d\d-)?)?[A-Za-z0-9_\-]{20,}\b")),
@@ -61,7 +66,9 @@ _RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "bearer-token",
-        re.compile(r"(?i)(\bauthorization\s*[:=]\s*[\"']?(?:bearer|token|basic)\s+)([A-Za-z0-9._~+/=\-]{8,})"),
+        re.compile(
+            r"(?i)(\bauthorization\s*[:=]\s*[\"']?(?:bearer|token|basic)\s+)([A-Za-z0-9._~+/=\-]{8,})"
+        ),
         group=2,
     ),
     # NAME_KEY=value, "password": "value", secret: value ... in env files, configs, shell.

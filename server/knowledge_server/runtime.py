@@ -11,13 +11,14 @@ from datetime import datetime
 from pathlib import Path
 
 from knowledge_licensing import KeyRingError, LicenceStatus, LicenceWatcher, load_keyring
+
 from knowledge_server._gen.knowledge.v1 import index_service_pb2
 from knowledge_server.app import KnowledgeApp, LicenceView
 from knowledge_server.auth import TokenStore
 from knowledge_server.auth_model import Principal
-from knowledge_server.config import Config, ConfigError
 from knowledge_server.code.embed import E5Embedder, Embedder, HashingEmbedder, OpenAIEmbedder
 from knowledge_server.code.model import IndexOptions
+from knowledge_server.config import Config, ConfigError
 from knowledge_server.lanes.code import CodeLane
 from knowledge_server.lanes.derived import DerivedLane
 from knowledge_server.lanes.episodes import EpisodesLane
@@ -95,13 +96,19 @@ class WatchedLicence(LicenceView):
 def make_embedder(config: Config) -> Embedder:
     """The embedder named in the config; its identity is part of the code revision fingerprint."""
     if config.embedder == "openai":
-        return OpenAIEmbedder(config.embedder_url, config.embedder_model, config.embedder_dim,
-                              api_key_env=config.embedder_key_env or None)
+        return OpenAIEmbedder(
+            config.embedder_url,
+            config.embedder_model,
+            config.embedder_dim,
+            api_key_env=config.embedder_key_env or None,
+        )
     if config.embedder == "e5":
         try:
             return E5Embedder()
         except ImportError:
-            raise ConfigError("embedder=e5 needs the optional extra: pip install 'knowledge-service[e5]'") from None
+            raise ConfigError(
+                "embedder=e5 needs the optional extra: pip install 'knowledge-service[e5]'"
+            ) from None
     return HashingEmbedder()
 
 
@@ -132,9 +139,17 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
     licence = WatchedLicence(config, clock)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     lanes: dict[str, Lane] = {
-        "episodes": EpisodesLane(config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces),
-        "code": CodeLane(config.data_dir, embedder=make_embedder(config), options=IndexOptions(workers=1, max_file_bytes=config.max_file_bytes)),
-        "skills": DerivedLane(config.data_dir, skill_roots=config.skill_roots, workspaces=config.workspaces),
+        "episodes": EpisodesLane(
+            config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces
+        ),
+        "code": CodeLane(
+            config.data_dir,
+            embedder=make_embedder(config),
+            options=IndexOptions(workers=1, max_file_bytes=config.max_file_bytes),
+        ),
+        "skills": DerivedLane(
+            config.data_dir, skill_roots=config.skill_roots, workspaces=config.workspaces
+        ),
     }
     app = KnowledgeApp(config, licence=licence, lanes=lanes)
     app.reload = licence.reload  # type: ignore[attr-defined]

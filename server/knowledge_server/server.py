@@ -31,9 +31,13 @@ from knowledge_server.app import KnowledgeApp
 from knowledge_server.auth_model import Principal
 from knowledge_server.config import Config, ConfigError, parse_listen
 from knowledge_server.logs import get_logger
-from knowledge_server.workers import WorkerGroup
-from knowledge_server.transport.interceptors import AuthInterceptor, ContextInterceptor, EditionInterceptor
+from knowledge_server.transport.interceptors import (
+    AuthInterceptor,
+    ContextInterceptor,
+    EditionInterceptor,
+)
 from knowledge_server.transport.servicers import DocGraphServicer, IndexServicer, KnowledgeServicer
+from knowledge_server.workers import WorkerGroup
 
 log = get_logger("knowledge.server")
 
@@ -50,7 +54,9 @@ def _credentials(config: Config) -> grpc.ServerCredentials | None:
     key = config.tls_key.read_bytes()
     cert = config.tls_cert.read_bytes()
     root = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
-    return grpc.ssl_server_credentials(((key, cert),), root_certificates=root, require_client_auth=root is not None)
+    return grpc.ssl_server_credentials(
+        ((key, cert),), root_certificates=root, require_client_auth=root is not None
+    )
 
 
 async def create_server(
@@ -79,12 +85,16 @@ async def create_server(
             ("grpc.max_receive_message_length", 8 * 1024 * 1024),
         ],
     )
-    knowledge_service_pb2_grpc.add_KnowledgeServiceServicer_to_server(KnowledgeServicer(app), server)
+    knowledge_service_pb2_grpc.add_KnowledgeServiceServicer_to_server(
+        KnowledgeServicer(app), server
+    )
     docgraph_pb2_grpc.add_DocGraphServiceServicer_to_server(DocGraphServicer(app), server)
     index_service_pb2_grpc.add_IndexServiceServicer_to_server(IndexServicer(app), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
     host, port = parse_listen(config.listen)
     creds = _credentials(config)
     address = f"{host}:{port}"
@@ -123,7 +133,13 @@ async def serve(
     server, port, app = await create_server(config, app, authenticate=authenticate)
     await server.start()
     host = parse_listen(config.listen)[0]
-    log.info("server.started", port=port, tls=bool(config.tls_cert), auth=config.auth_required, edition=app.licence.edition().edition)
+    log.info(
+        "server.started",
+        port=port,
+        tls=bool(config.tls_cert),
+        auth=config.auth_required,
+        edition=app.licence.edition().edition,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -156,5 +172,7 @@ async def serve(
     watch.cancel()
     if background is not None:
         background.cancel()
-    await asyncio.gather(workers.stop(config.grace_seconds), shutdown(server, app, config.grace_seconds))
+    await asyncio.gather(
+        workers.stop(config.grace_seconds), shutdown(server, app, config.grace_seconds)
+    )
     log.info("server.stopped")

@@ -24,7 +24,6 @@ from knowledge_server import __version__
 from knowledge_server.cli.common import (
     clear_address,
     client,
-    data_dir,
     emit_json,
     fail,
     handle_errors,
@@ -36,15 +35,35 @@ out_console = Console()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), envvar="KNOWLEDGE_DATA_DIR",
-              help="Data directory (databases, tokens, licence). Env: KNOWLEDGE_DATA_DIR. "
-                   "Default: the user's data dir, e.g. ~/.local/share/knowledge-service.")
-@click.option("--address", envvar="KNOWLEDGE_ADDRESS", help="Service address HOST:PORT for client commands. "
-              "Env: KNOWLEDGE_ADDRESS. Default: the address `knowledge serve` recorded, else 127.0.0.1:50151.")
-@click.option("--token", envvar="KNOWLEDGE_TOKEN", help="Bearer token for client commands. Env: KNOWLEDGE_TOKEN.")
-@click.option("--timeout", type=float, default=None, help="Deadline in seconds for client calls (default 30).")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="KNOWLEDGE_DATA_DIR",
+    help="Data directory (databases, tokens, licence). Env: KNOWLEDGE_DATA_DIR. "
+    "Default: the user's data dir, e.g. ~/.local/share/knowledge-service.",
+)
+@click.option(
+    "--address",
+    envvar="KNOWLEDGE_ADDRESS",
+    help="Service address HOST:PORT for client commands. "
+    "Env: KNOWLEDGE_ADDRESS. Default: the address `knowledge serve` recorded, else 127.0.0.1:50151.",
+)
+@click.option(
+    "--token",
+    envvar="KNOWLEDGE_TOKEN",
+    help="Bearer token for client commands. Env: KNOWLEDGE_TOKEN.",
+)
+@click.option(
+    "--timeout", type=float, default=None, help="Deadline in seconds for client calls (default 30)."
+)
 @click.pass_context
-def main(ctx: click.Context, data_dir: Path | None, address: str | None, token: str | None, timeout: float | None) -> None:
+def main(
+    ctx: click.Context,
+    data_dir: Path | None,
+    address: str | None,
+    token: str | None,
+    timeout: float | None,
+) -> None:
     """Knowledge Service: evidence-first search over agent sessions, code and skills.
 
     \b
@@ -69,25 +88,62 @@ def version(as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--listen", help="HOST:PORT to listen on (port 0 picks a free port). Default 127.0.0.1:50151.")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), envvar="KNOWLEDGE_CONFIG",
-              help="TOML configuration file (see docs/configuration.md). Env: KNOWLEDGE_CONFIG.")
-@click.option("--workspace", "workspaces", multiple=True, type=click.Path(file_okay=False),
-              help="Workspace root to index for the code lane (repeatable). Default: the service's own source tree.")
-@click.option("--sessions", "session_paths", multiple=True, type=click.Path(),
-              help="Session log file or folder to ingest (repeatable). Default: the standard harness locations, "
-                   "else the bundled example log.")
+@click.option(
+    "--listen", help="HOST:PORT to listen on (port 0 picks a free port). Default 127.0.0.1:50151."
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="KNOWLEDGE_CONFIG",
+    help="TOML configuration file (see docs/configuration.md). Env: KNOWLEDGE_CONFIG.",
+)
+@click.option(
+    "--workspace",
+    "workspaces",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="Workspace root to index for the code lane (repeatable). Default: the service's own source tree.",
+)
+@click.option(
+    "--sessions",
+    "session_paths",
+    multiple=True,
+    type=click.Path(),
+    help="Session log file or folder to ingest (repeatable). Default: the standard harness locations, "
+    "else the bundled example log.",
+)
 @click.option("--no-bootstrap", is_flag=True, help="Do not index or ingest at start.")
-@click.option("--licence", "licence_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Licence file (default: DATA_DIR/licence.json). Re-read on SIGHUP and when it changes.")
-@click.option("--auth", type=click.Choice(["auto", "on", "off"]), default=None,
-              help="Bearer-token authentication: auto = off on loopback, required elsewhere.")
-@click.option("--workers", type=click.IntRange(1, 64), default=None,
-              help="Serving processes sharing the port, to use more cores (default 1). Env: KNOWLEDGE_WORKERS.")
+@click.option(
+    "--licence",
+    "licence_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Licence file (default: DATA_DIR/licence.json). Re-read on SIGHUP and when it changes.",
+)
+@click.option(
+    "--auth",
+    type=click.Choice(["auto", "on", "off"]),
+    default=None,
+    help="Bearer-token authentication: auto = off on loopback, required elsewhere.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Serving processes sharing the port, to use more cores (default 1). Env: KNOWLEDGE_WORKERS.",
+)
 @click.pass_context
-def serve(ctx: click.Context, listen: str | None, config_file: Path | None, workspaces: tuple[str, ...],
-          session_paths: tuple[str, ...], no_bootstrap: bool, licence_file: Path | None, auth: str | None,
-          workers: int | None) -> None:
+def serve(
+    ctx: click.Context,
+    listen: str | None,
+    config_file: Path | None,
+    workspaces: tuple[str, ...],
+    session_paths: tuple[str, ...],
+    no_bootstrap: bool,
+    licence_file: Path | None,
+    auth: str | None,
+    workers: int | None,
+) -> None:
     """Run the gRPC service until SIGTERM/SIGINT.
 
     Prints one line `listening on HOST:PORT` once it accepts calls. On first start it
@@ -96,7 +152,12 @@ def serve(ctx: click.Context, listen: str | None, config_file: Path | None, work
     """
     from knowledge_server.config import ConfigError, load_config
     from knowledge_server.logs import configure_logging
-    from knowledge_server.runtime import build_app, build_authenticator, own_source_tree, start_background
+    from knowledge_server.runtime import (
+        build_app,
+        build_authenticator,
+        own_source_tree,
+        start_background,
+    )
     from knowledge_server.server import serve as run_server
 
     overrides: dict[str, Any] = {
@@ -135,7 +196,11 @@ def serve(ctx: click.Context, listen: str | None, config_file: Path | None, work
             sys.stdout.flush()
 
     try:
-        asyncio.run(run_server(cfg, app=app, authenticate=authenticate, out=_Out(), on_started=start_background))  # type: ignore[arg-type]
+        asyncio.run(
+            run_server(
+                cfg, app=app, authenticate=authenticate, out=_Out(), on_started=start_background
+            )
+        )  # type: ignore[arg-type]
     except ConfigError as exc:
         fail(f"configuration: {exc}", 2)
     except KeyboardInterrupt:
@@ -153,40 +218,59 @@ def _lanes_table(resp: Any) -> None:
     """Human rendering: one block per lane, one line per item with its address."""
     width = max(60, min(out_console.width, 160))
     r = resp.routing
-    out_console.print(f"[bold]intent[/] {r.intent} ({r.confidence_level}) - {r.reason}", highlight=False)
+    out_console.print(
+        f"[bold]intent[/] {r.intent} ({r.confidence_level}) - {r.reason}", highlight=False
+    )
 
     def header(name: str, lane: Any, extra: str = "") -> None:
         state = f"[yellow]degraded[/]: {lane.degradation_reason}" if lane.degraded else "ok"
-        out_console.print(f"\n[bold]{name}[/]  rev={lane.index_rev or '-'}  {extra}{state}", highlight=False)
+        out_console.print(
+            f"\n[bold]{name}[/]  rev={lane.index_rev or '-'}  {extra}{state}", highlight=False
+        )
 
     ep = resp.lanes.episodes
-    counts = f"{ep.counts.sessions} sessions, {ep.counts.indexed_docs} events  " if ep.counts else ""
+    counts = (
+        f"{ep.counts.sessions} sessions, {ep.counts.indexed_docs} events  " if ep.counts else ""
+    )
     header("episodes", ep, counts)
     for it in ep.items:
         when = it.time.strftime("%Y-%m-%d %H:%M") if it.time else ""
         out_console.print(f"  [cyan]{it.id}[/]  {it.event_type}  {when}", highlight=False)
         if it.snippet:
-            out_console.print("    " + _one_line(it.snippet, width - 4), markup=False, highlight=False)
+            out_console.print(
+                "    " + _one_line(it.snippet, width - 4), markup=False, highlight=False
+            )
     code = resp.lanes.code
     fresh = "[yellow]STALE[/]  " if code.freshness and code.freshness.stale else ""
     header("code", code, f"capability={code.capability}  {fresh}")
     for it in code.items:
         sym = f"  {it.symbol}" if it.symbol else ""
         why = escape("[" + ", ".join(it.why) + "]")
-        out_console.print(f"  [cyan]{escape(it.path)}:{it.start_line}-{it.end_line}[/]{escape(sym)}  {why}", highlight=False)
+        out_console.print(
+            f"  [cyan]{escape(it.path)}:{it.start_line}-{it.end_line}[/]{escape(sym)}  {why}",
+            highlight=False,
+        )
         if it.snippet:
-            out_console.print("    " + _one_line(it.snippet, width - 4), markup=False, highlight=False)
+            out_console.print(
+                "    " + _one_line(it.snippet, width - 4), markup=False, highlight=False
+            )
     sk = resp.lanes.skills
     if sk is not None and (sk.items or sk.degraded or sk.index_rev):
         header("skills", sk)
         for it in sk.items:
-            out_console.print(f"  [cyan]{it.name}[/]  uses={it.uses}  {_one_line(it.description, width - 30)}", highlight=False)
+            out_console.print(
+                f"  [cyan]{it.name}[/]  uses={it.uses}  {_one_line(it.description, width - 30)}",
+                highlight=False,
+            )
     if resp.actors:
         out_console.print("\n[bold]actors[/]")
         for a in resp.actors:
             d = a.dispatch
             avail = f"{d.mode}, {'available' if d.available else 'not available'}" if d else "none"
-            out_console.print(f"  [cyan]{a.actor_id}[/]  {a.kind}  score={a.score:.4f}  evidence={len(a.evidence)}  ({avail})", highlight=False)
+            out_console.print(
+                f"  [cyan]{a.actor_id}[/]  {a.kind}  score={a.score:.4f}  evidence={len(a.evidence)}  ({avail})",
+                highlight=False,
+            )
             if a.why:
                 out_console.print("    " + "; ".join(a.why), highlight=False)
     for w in resp.warnings:
@@ -194,36 +278,81 @@ def _lanes_table(resp: Any) -> None:
     for e in resp.errors:
         err_console.print(f"[red]error[/] {e.code} {e.lane}: {e.message}", highlight=False)
     lim = resp.limits
-    out_console.print(f"\n{lim.returned} items, {lim.budget.used_tokens}/{lim.budget.max_tokens} tokens"
-                      + (" (truncated)" if lim.truncated else "") + ("" if resp.found else ", found=false"), highlight=False)
+    out_console.print(
+        f"\n{lim.returned} items, {lim.budget.used_tokens}/{lim.budget.max_tokens} tokens"
+        + (" (truncated)" if lim.truncated else "")
+        + ("" if resp.found else ", found=false"),
+        highlight=False,
+    )
 
 
 @main.command()
 @click.argument("query")
-@click.option("--mode", default="auto", show_default=True,
-              help="auto, find_agent, find_skill, find_code, find_knowledge, docs or themes.")
-@click.option("--include", multiple=True, help="Lane to query: episodes, code, skills (repeatable; default all).")
+@click.option(
+    "--mode",
+    default="auto",
+    show_default=True,
+    help="auto, find_agent, find_skill, find_code, find_knowledge, docs or themes.",
+)
+@click.option(
+    "--include",
+    multiple=True,
+    help="Lane to query: episodes, code, skills (repeatable; default all).",
+)
 @click.option("--limit", default=10, show_default=True, help="Items per lane, 1..50.")
-@click.option("--workspace", "workspaces", multiple=True, help="Restrict to this workspace root (repeatable).")
-@click.option("--session", "session_ids", multiple=True, help="Restrict episodes to this session id (repeatable).")
-@click.option("--path", "paths", multiple=True, help="Restrict code to this path prefix (repeatable).")
+@click.option(
+    "--workspace", "workspaces", multiple=True, help="Restrict to this workspace root (repeatable)."
+)
+@click.option(
+    "--session",
+    "session_ids",
+    multiple=True,
+    help="Restrict episodes to this session id (repeatable).",
+)
+@click.option(
+    "--path", "paths", multiple=True, help="Restrict code to this path prefix (repeatable)."
+)
 @click.option("--outcome", default="any", show_default=True, help="success, failure or any.")
 @click.option("--max-tokens", default=4000, show_default=True, help="Response budget, 500..20000.")
 @click.option("--snippet-chars", default=240, show_default=True, help="Snippet length, 80..1000.")
 @click.option("--locator", is_flag=True, help="Addresses only, no snippets (provenance=locator).")
 @click.option("--trace", is_flag=True, help="Add per-lane timings.")
-@click.option("--json", "as_json", is_flag=True, help="Print the knowledge.search/v1 response as JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the knowledge.search/v1 response as JSON."
+)
 @click.pass_context
 @handle_errors
-def search(ctx: click.Context, query: str, mode: str, include: tuple[str, ...], limit: int, workspaces: tuple[str, ...],
-           session_ids: tuple[str, ...], paths: tuple[str, ...], outcome: str, max_tokens: int, snippet_chars: int,
-           locator: bool, trace: bool, as_json: bool) -> None:
+def search(
+    ctx: click.Context,
+    query: str,
+    mode: str,
+    include: tuple[str, ...],
+    limit: int,
+    workspaces: tuple[str, ...],
+    session_ids: tuple[str, ...],
+    paths: tuple[str, ...],
+    outcome: str,
+    max_tokens: int,
+    snippet_chars: int,
+    locator: bool,
+    trace: bool,
+    as_json: bool,
+) -> None:
     """Ask one question; get separate lanes of evidence (episodes, code, skills) and actors."""
     with client(ctx) as kc:
         resp = kc.search(
-            query, mode=mode, include=list(include) or None, limit=limit, workspaces=workspaces,
-            session_ids=session_ids, paths=paths, outcome=outcome, max_tokens=max_tokens,
-            snippet_chars=snippet_chars, provenance="locator" if locator else "strict", trace=trace,
+            query,
+            mode=mode,
+            include=list(include) or None,
+            limit=limit,
+            workspaces=workspaces,
+            session_ids=session_ids,
+            paths=paths,
+            outcome=outcome,
+            max_tokens=max_tokens,
+            snippet_chars=snippet_chars,
+            provenance="locator" if locator else "strict",
+            trace=trace,
         )
     if as_json:
         emit_json(resp)
@@ -243,8 +372,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
         emit_json(resp)
         return
     e = resp.edition
-    out_console.print(f"knowledge {resp.version}  edition [bold]{e.edition}[/] (licence {e.licence_state}: {e.reason})")
-    out_console.print(f"principal {resp.principal.id} ({resp.principal.role}, org {resp.principal.organisation})")
+    out_console.print(
+        f"knowledge {resp.version}  edition [bold]{e.edition}[/] (licence {e.licence_state}: {e.reason})"
+    )
+    out_console.print(
+        f"principal {resp.principal.id} ({resp.principal.role}, org {resp.principal.organisation})"
+    )
     t = Table()
     for col in ("lane", "index_rev", "capability", "counts", "notes"):
         t.add_column(col, overflow="fold")
@@ -259,7 +392,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 @main.command("get-episode")
 @click.argument("episode_id")
-@click.option("--neighbours", default=0, show_default=True, help="Events before and after to include (0..20).")
+@click.option(
+    "--neighbours", default=0, show_default=True, help="Events before and after to include (0..20)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 @handle_errors
@@ -272,7 +407,9 @@ def get_episode(ctx: click.Context, episode_id: str, neighbours: int, as_json: b
         return
     for ev in [*resp.before, resp.episode, *resp.after]:
         marker = ">>" if ev.id == resp.episode.id else "  "
-        out_console.print(f"{marker} [bold]{ev.id}[/] {ev.event_type} {ev.time.isoformat() if ev.time else ''}")
+        out_console.print(
+            f"{marker} [bold]{ev.id}[/] {ev.event_type} {ev.time.isoformat() if ev.time else ''}"
+        )
         out_console.print(ev.text, markup=False, highlight=False)
 
 
@@ -289,21 +426,35 @@ def get_chunk(ctx: click.Context, chunk_id: str, as_json: bool) -> None:
         emit_json(resp)
         return
     c = resp.chunk
-    out_console.print(f"[bold]{c.path}:{c.start_line}-{c.end_line}[/] {c.symbol} ({c.language}, {c.source_kind}) rev={resp.index_rev}")
+    out_console.print(
+        f"[bold]{c.path}:{c.start_line}-{c.end_line}[/] {c.symbol} ({c.language}, {c.source_kind}) rev={resp.index_rev}"
+    )
     out_console.print(c.text, markup=False, highlight=False)
 
 
 def _run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
     """Show a progress bar for a streaming operation, then its summary."""
     summary = None
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[current]}"), console=err_console, disable=as_json or not err_console.is_terminal) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[current]}"),
+        console=err_console,
+        disable=as_json or not err_console.is_terminal,
+    ) as bar:
         task = bar.add_task(title, total=None, current="")
         for ev in events:
             if ev.progress is not None:
                 p = ev.progress
-                bar.update(task, description=f"{title}: {p.phase}", completed=p.done, total=p.total or None,
-                           current=(p.current or "")[-50:])
+                bar.update(
+                    task,
+                    description=f"{title}: {p.phase}",
+                    completed=p.done,
+                    total=p.total or None,
+                    current=(p.current or "")[-50:],
+                )
             elif ev.summary is not None:
                 summary = ev.summary
     if summary is None:
@@ -313,8 +464,12 @@ def _run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
         emit_json(summary)
         return
     counters = ", ".join(f"{k}={v}" for k, v in sorted(summary.counters.items()))
-    stopped = f" (stopped by {summary.stopped_by}; run again to resume)" if summary.stopped_by else ""
-    out_console.print(f"{title} done in {summary.ms / 1000:.1f}s: rev={summary.index_rev} {counters}{stopped}")
+    stopped = (
+        f" (stopped by {summary.stopped_by}; run again to resume)" if summary.stopped_by else ""
+    )
+    out_console.print(
+        f"{title} done in {summary.ms / 1000:.1f}s: rev={summary.index_rev} {counters}{stopped}"
+    )
     for p in summary.problems[:20]:
         err_console.print(f"  {p.code}: {p.message}")
     if len(summary.problems) > 20:
@@ -330,17 +485,25 @@ def _run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
 def index(ctx: click.Context, path: str, full: bool, as_json: bool) -> None:
     """Index a workspace for the code lane (progress bar, then a summary)."""
     with client(ctx) as kc:
-        _run_stream(kc.index_workspace(str(Path(path).resolve()), full=full, timeout=None), as_json, "index")
+        _run_stream(
+            kc.index_workspace(str(Path(path).resolve()), full=full, timeout=None), as_json, "index"
+        )
 
 
 @main.command()
 @click.argument("paths", nargs=-1, type=click.Path(exists=True))
-@click.option("--watch", is_flag=True, help="Keep ingesting as live sessions grow (Ctrl-C to stop).")
-@click.option("--interval", default=2.0, show_default=True, help="Seconds between checks with --watch.")
+@click.option(
+    "--watch", is_flag=True, help="Keep ingesting as live sessions grow (Ctrl-C to stop)."
+)
+@click.option(
+    "--interval", default=2.0, show_default=True, help="Seconds between checks with --watch."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 @handle_errors
-def ingest(ctx: click.Context, paths: tuple[str, ...], watch: bool, interval: float, as_json: bool) -> None:
+def ingest(
+    ctx: click.Context, paths: tuple[str, ...], watch: bool, interval: float, as_json: bool
+) -> None:
     """Ingest agent session logs (default: the standard harness locations)."""
     import time
 
@@ -369,17 +532,43 @@ def rebuild(ctx: click.Context, full: bool, as_json: bool) -> None:
 @click.option("--acceptance", multiple=True, help="Acceptance criterion (repeatable).")
 @click.option("--constraint", "constraints", multiple=True, help="Constraint (repeatable).")
 @click.option("--actor", "actor_id", default="", help="Explicit actor id (must exist).")
-@click.option("--workspace", "workspaces", multiple=True, help="Draw evidence from this workspace (repeatable).")
-@click.option("--commit", is_flag=True, help="Record the plan (an assignment + outbox package). Default: dry run.")
-@click.option("--json", "as_json", is_flag=True, help="Print the knowledge.dispatch/v1 response as JSON.")
+@click.option(
+    "--workspace",
+    "workspaces",
+    multiple=True,
+    help="Draw evidence from this workspace (repeatable).",
+)
+@click.option(
+    "--commit",
+    is_flag=True,
+    help="Record the plan (an assignment + outbox package). Default: dry run.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the knowledge.dispatch/v1 response as JSON."
+)
 @click.pass_context
 @handle_errors
-def dispatch(ctx: click.Context, task: str, acceptance: tuple[str, ...], constraints: tuple[str, ...], actor_id: str,
-             workspaces: tuple[str, ...], commit: bool, as_json: bool) -> None:
+def dispatch(
+    ctx: click.Context,
+    task: str,
+    acceptance: tuple[str, ...],
+    constraints: tuple[str, ...],
+    actor_id: str,
+    workspaces: tuple[str, ...],
+    commit: bool,
+    as_json: bool,
+) -> None:
     """Choose the best actor for a task and prepare a hand-off package (never executed)."""
     with client(ctx) as kc:
-        resp = kc.dispatch(task, acceptance=acceptance, constraints=constraints, actor_id=actor_id,
-                           target=f"actor:{actor_id}" if actor_id else "auto", commit=commit, workspaces=workspaces)
+        resp = kc.dispatch(
+            task,
+            acceptance=acceptance,
+            constraints=constraints,
+            actor_id=actor_id,
+            target=f"actor:{actor_id}" if actor_id else "auto",
+            commit=commit,
+            workspaces=workspaces,
+        )
     if as_json:
         emit_json(resp)
         return
@@ -392,8 +581,10 @@ def dispatch(ctx: click.Context, task: str, acceptance: tuple[str, ...], constra
         say("no actor fits this task")
     else:
         d = t.dispatch
-        say(f"{t.name} ({t.actor_id}, {t.kind}) via {d.mode if d else 'none'}"
-            f" - {'available' if d and d.available else 'not available'}{': ' + d.reason if d and d.reason else ''}")
+        say(
+            f"{t.name} ({t.actor_id}, {t.kind}) via {d.mode if d else 'none'}"
+            f" - {'available' if d and d.available else 'not available'}{': ' + d.reason if d and d.reason else ''}"
+        )
         for why in t.why:
             say(f"  why: {why}")
     cp = resp.context_pack
@@ -407,20 +598,29 @@ def dispatch(ctx: click.Context, task: str, acceptance: tuple[str, ...], constra
         for risk in cp.risks:
             say(f"  risk: {risk}")
     for w in resp.warnings:
-        err_console.print(f"warning: {w.code}{' (' + w.lane + ')' if w.lane else ''}: {w.message}", markup=False, highlight=False)
+        err_console.print(
+            f"warning: {w.code}{' (' + w.lane + ')' if w.lane else ''}: {w.message}",
+            markup=False,
+            highlight=False,
+        )
     h = resp.handoff
     if h is not None and h.schema:
         calls = ", ".join(c.tool for c in h.tool_calls) or "none (package only)"
-        say(f"hand-off {h.schema}: tool calls {calls}; execution {h.execution} (requires {h.requires})")
+        say(
+            f"hand-off {h.schema}: tool calls {calls}; execution {h.execution} (requires {h.requires})"
+        )
     if resp.assignment is not None and resp.assignment.assignment_id:
         a = resp.assignment
-        say(f"recorded {a.assignment_id} ({a.status}, {'new' if a.created else 'already recorded'}) -> {a.outbox_path}")
+        say(
+            f"recorded {a.assignment_id} ({a.status}, {'new' if a.created else 'already recorded'}) -> {a.outbox_path}"
+        )
     else:
         say(f"mode: {resp.mode} (nothing written; --commit records the plan)")
 
 
 def _register_groups() -> None:
     from knowledge_licensing.cli import license_group
+
     from knowledge_server.auth import tokens_group
     from knowledge_server.cli.docgraph import docgraph
     from knowledge_server.cli.outbox import outbox
@@ -444,4 +644,3 @@ def iter_commands(group: click.Group | None = None, prefix: str = "") -> Iterato
         yield path
         if isinstance(cmd, click.Group):
             yield from iter_commands(cmd, path + " ")
-

@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 
 import betterproto2
 import click
-
 from knowledge_sdk import ConnectionSettings, KnowledgeClient
 from knowledge_sdk import errors as sdk_errors
 
@@ -59,7 +58,9 @@ def resolve_address(ctx: click.Context) -> str:
 @contextmanager
 def client(ctx: click.Context) -> Iterator[KnowledgeClient]:
     obj = ctx.obj or {}
-    settings = ConnectionSettings.from_env(address=resolve_address(ctx), token=obj.get("token"), timeout=obj.get("timeout"))
+    settings = ConnectionSettings.from_env(
+        address=resolve_address(ctx), token=obj.get("token"), timeout=obj.get("timeout")
+    )
     kc = KnowledgeClient(settings=settings)
     try:
         yield kc
@@ -95,7 +96,10 @@ def handle_errors(fn: F) -> F:
         except sdk_errors.EditionRefused as exc:
             fail(f"{exc.message} [needs edition: {exc.required_edition}]", 3)
         except sdk_errors.Unavailable:
-            fail(f"cannot reach the service at {resolve_address(ctx)}; is `knowledge serve` running? (--address / KNOWLEDGE_ADDRESS)", 4)
+            fail(
+                f"cannot reach the service at {resolve_address(ctx)}; is `knowledge serve` running? (--address / KNOWLEDGE_ADDRESS)",
+                4,
+            )
         except sdk_errors.Unauthenticated as exc:
             fail(f"{exc.message} (set --token or KNOWLEDGE_TOKEN)", 5)
         except sdk_errors.RPCError as exc:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import click
-
 from knowledge_sdk import types as v1
+
 from knowledge_server.cli.common import client, emit_json, handle_errors
 
 
@@ -45,7 +45,10 @@ def themes(ctx: click.Context, scope: str, limit: int, as_json: bool) -> None:
         return emit_json(resp)
     _envelope(resp)
     for t in resp.themes:
-        ents = ", ".join(f"{e.name} ({_addr(e.addresses[0]) if e.addresses else '-'})" for e in t.top_entities[:5])
+        ents = ", ".join(
+            f"{e.name} ({_addr(e.addresses[0]) if e.addresses else '-'})"
+            for e in t.top_entities[:5]
+        )
         click.echo(f"{t.theme_id[:12]}  {t.title}  size={t.size}  {ents}")
         if t.summary:
             click.echo(f"    {t.summary}")
@@ -59,7 +62,9 @@ def themes(ctx: click.Context, scope: str, limit: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 @handle_errors
-def neighbors(ctx: click.Context, entity: str, depth: int, kind: str, limit: int, as_json: bool) -> None:
+def neighbors(
+    ctx: click.Context, entity: str, depth: int, kind: str, limit: int, as_json: bool
+) -> None:
     """Neighbours of an entity, each with the path:line of a quote."""
     with client(ctx) as kc:
         resp = kc.entity_neighbors(entity, depth=depth, kind=kind, limit=limit)
@@ -67,7 +72,9 @@ def neighbors(ctx: click.Context, entity: str, depth: int, kind: str, limit: int
         return emit_json(resp)
     _envelope(resp)
     for n in resp.neighbors:
-        click.echo(f"{'  ' * (n.depth - 1)}{n.name} [{n.kind}] {n.relation} w={n.weight:g} {_addr(n.address)}")
+        click.echo(
+            f"{'  ' * (n.depth - 1)}{n.name} [{n.kind}] {n.relation} w={n.weight:g} {_addr(n.address)}"
+        )
 
 
 @docgraph.command()
@@ -104,14 +111,18 @@ def overview(ctx: click.Context, limit: int, as_json: bool) -> None:
     if as_json:
         return emit_json(resp)
     _envelope(resp)
-    click.echo(f"documents={resp.documents} chunks={resp.chunks} entities={resp.entities} relations={resp.relations} "
-               f"themes={resp.themes} summaries={resp.summaries}")
+    click.echo(
+        f"documents={resp.documents} chunks={resp.chunks} entities={resp.entities} relations={resp.relations} "
+        f"themes={resp.themes} summaries={resp.summaries}"
+    )
     if resp.degraded:
         click.echo(f"degraded: {resp.degradation_reason}")
     for t in resp.top_themes:
         click.echo(f"  theme {t.title} (size {t.size})  {_addr(t.address)}")
     for e in resp.top_entities:
-        click.echo(f"  entity {e.name} [{e.kind}] mentions={e.mentions}  {_addr(e.addresses[0]) if e.addresses else '-'}")
+        click.echo(
+            f"  entity {e.name} [{e.kind}] mentions={e.mentions}  {_addr(e.addresses[0]) if e.addresses else '-'}"
+        )
 
 
 @docgraph.command("search-levels")
@@ -127,8 +138,10 @@ def search_levels(ctx: click.Context, query: str, limit: int, as_json: bool) -> 
     if as_json:
         return emit_json(resp)
     _envelope(resp)
-    click.echo(f"high: {', '.join(resp.high_level)} | low: {', '.join(resp.low_level)}"
-               + (f"  (degraded: {resp.degradation_reason})" if resp.degraded else ""))
+    click.echo(
+        f"high: {', '.join(resp.high_level)} | low: {', '.join(resp.low_level)}"
+        + (f"  (degraded: {resp.degradation_reason})" if resp.degraded else "")
+    )
     for h in resp.items:
         ents = ", ".join(e.name for e in h.matched_entities[:5])
         click.echo(f"  {_addr(h.address)} [{h.match_kind}] {h.score:.3f}  {ents}")
@@ -136,18 +149,33 @@ def search_levels(ctx: click.Context, query: str, limit: int, as_json: bool) -> 
 
 @docgraph.command()
 @click.option("--root", default="", help="Workspace root (default: every indexed workspace).")
-@click.option("--estimate", is_flag=True, help="Only estimate chunks and LLM calls; change nothing.")
+@click.option(
+    "--estimate", is_flag=True, help="Only estimate chunks and LLM calls; change nothing."
+)
 @click.option("--max-chunks", default=0, help="Cap on chunks sent to the LLM in this run.")
 @click.option("--budget-seconds", default=0, help="Time budget in seconds for this run.")
 @click.option("--structural-only", is_flag=True, help="Use only the structural extractor (no LLM).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 @handle_errors
-def build(ctx: click.Context, root: str, estimate: bool, max_chunks: int, budget_seconds: int, structural_only: bool, as_json: bool) -> None:
+def build(
+    ctx: click.Context,
+    root: str,
+    estimate: bool,
+    max_chunks: int,
+    budget_seconds: int,
+    structural_only: bool,
+    as_json: bool,
+) -> None:
     """Build (or resume building) the document graph layer."""
     from knowledge_server.cli import _run_stream
 
-    req = v1.BuildDocGraphRequest(root=root, estimate=estimate, max_chunks=max_chunks,
-                                  budget_seconds=budget_seconds, structural_only=structural_only)
+    req = v1.BuildDocGraphRequest(
+        root=root,
+        estimate=estimate,
+        max_chunks=max_chunks,
+        budget_seconds=budget_seconds,
+        structural_only=structural_only,
+    )
     with client(ctx) as kc:
         _run_stream(kc.build_doc_graph(req, timeout=None), as_json, "docgraph")

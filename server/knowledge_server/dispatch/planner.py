@@ -33,7 +33,6 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from knowledge_server.workspaces import in_scope
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_pb2
 from knowledge_server.derived.store import ActorInfo, DerivedStore
 from knowledge_server.dispatch import outbox
@@ -41,6 +40,7 @@ from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound
 from knowledge_server.lanes.common import WriterLock
 from knowledge_server.search.coordinator import count_tokens
 from knowledge_server.search.validate import LANES, ValidSearch
+from knowledge_server.workspaces import in_scope
 
 SCHEMA = "knowledge.dispatch/v1"
 HANDOFF_SCHEMA = "knowledge.handoff/v1"

@@ -7,7 +7,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2, knowledge_service_pb2, search_pb2
+from knowledge_server._gen.knowledge.v1 import (
+    errors_pb2,
+    index_service_pb2,
+    knowledge_service_pb2,
+    search_pb2,
+)
 from knowledge_server.code.embed import Embedder
 from knowledge_server.code.index import CodeIndex
 from knowledge_server.code.model import Freshness, IndexOptions
@@ -33,21 +38,31 @@ def _visible(workspace: str, scope: tuple[str, ...] | None) -> bool:
 class CodeLane:
     name = "code"
 
-    def __init__(self, data_dir: Path, *, embedder: Embedder | None = None, options: IndexOptions | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        embedder: Embedder | None = None,
+        options: IndexOptions | None = None,
+    ) -> None:
         self.path = str(data_dir / DB_FILE)
         self.embedder = embedder
         # In-process chunking: the server never forks worker processes next to gRPC threads.
         self.options = options or IndexOptions(workers=1)
         self._writer = CodeIndex(self.path, embedder=embedder, options=self.options)
         self._write_lock = WriterLock(data_dir, "code")
-        self._readers: Pool[CodeIndex] = Pool(lambda: CodeIndex(self.path, embedder=embedder, options=self.options), size=4)
+        self._readers: Pool[CodeIndex] = Pool(
+            lambda: CodeIndex(self.path, embedder=embedder, options=self.options), size=4
+        )
         self.last_error = ""
         # Freshness is checked in the background (a walk of a large tree costs hundreds of
         # ms); a query only reads the last result, so the check is cheap at query time.
         self._fresh: dict[str, Freshness] = {}
         self._fresh_lock = threading.Lock()
         self._stop = threading.Event()
-        self._fresh_thread = threading.Thread(target=self._freshness_loop, name="code-freshness", daemon=True)
+        self._fresh_thread = threading.Thread(
+            target=self._freshness_loop, name="code-freshness", daemon=True
+        )
         self._fresh_thread.start()
 
     def close(self) -> None:
@@ -61,7 +76,12 @@ class CodeLane:
         with self._readers.get() as idx:
             targets = list(roots) if roots is not None else self._roots(idx)
             # ttl 0: this is the periodic check itself, its result is what queries read.
-            results = {root: check_freshness(idx.conn, root, db_key=idx.db_path, options=idx.options, ttl_s=0.0) for root in targets}
+            results = {
+                root: check_freshness(
+                    idx.conn, root, db_key=idx.db_path, options=idx.options, ttl_s=0.0
+                )
+                for root in targets
+            }
         with self._fresh_lock:
             self._fresh.update(results)
         return results
@@ -81,14 +101,21 @@ class CodeLane:
 
     @staticmethod
     def _roots(idx: CodeIndex) -> list[str]:
-        return [r[0] for r in idx.conn.execute("SELECT root FROM workspaces WHERE current_rev_id IS NOT NULL ORDER BY root")]
+        return [
+            r[0]
+            for r in idx.conn.execute(
+                "SELECT root FROM workspaces WHERE current_rev_id IS NOT NULL ORDER BY root"
+            )
+        ]
 
     # -- search ------------------------------------------------------------------------
     def _search_sync(self, q: LaneQuery) -> LaneResult:
         with self._readers.get() as idx:
             roots = self._roots(idx)
             if not roots:
-                return degraded(self.name, "KNOWLEDGE_INDEX_NOT_READY", "no workspace has been indexed yet")
+                return degraded(
+                    self.name, "KNOWLEDGE_INDEX_NOT_READY", "no workspace has been indexed yet"
+                )
             lane = search_pb2.CodeLane(source=SOURCE, capability="full")
             if q.workspaces == ():
                 return LaneResult(lane=lane)
@@ -110,37 +137,66 @@ class CodeLane:
         if result.capability != "full":
             lane.degraded = True
             lane.degradation_reason = result.degradation_reason or "capability=degraded"
-            warnings.append(errors_pb2.Notice(code="KNOWLEDGE_LANE_DEGRADED", lane=self.name, message=lane.degradation_reason))
+            warnings.append(
+                errors_pb2.Notice(
+                    code="KNOWLEDGE_LANE_DEGRADED", lane=self.name, message=lane.degradation_reason
+                )
+            )
         stale = sorted(root for root, f in fresh.items() if f.stale)
         lane.freshness.stale = bool(stale)
         lane.freshness.verified_by = "mtime" if len(fresh) == len(scoped) else "pending"
         lane.freshness.checked_at.GetCurrentTime()
         if stale:
-            warnings.append(errors_pb2.Notice(
-                code="KNOWLEDGE_STALE_INDEX", lane=self.name,
-                message=f"{len(stale)} workspace(s) changed after their revision; results are from the indexed revision",
-            ))
+            warnings.append(
+                errors_pb2.Notice(
+                    code="KNOWLEDGE_STALE_INDEX",
+                    lane=self.name,
+                    message=f"{len(stale)} workspace(s) changed after their revision; results are from the indexed revision",
+                )
+            )
         hits = result.hits
         if q.docs_only:
             hits = [h for h in hits if h.language in DOC_LANGUAGES][: q.top_k]
             # Seed 003 §3.4: without dual-level matching, mode=docs says it is plain retrieval.
             lane.degraded = True
-            reason = ("KNOWLEDGE_LANE_DEGRADED: mode=docs answers from document chunks by lexical and vector match; "
-                      "entity and theme (dual-level) matching is the SearchLevels operation (doc-graph)")
-            lane.degradation_reason = f"{lane.degradation_reason}; {reason}" if lane.degradation_reason else reason
-            warnings.append(errors_pb2.Notice(code="KNOWLEDGE_LANE_DEGRADED", lane=self.name, message="mode=docs: no dual-level matching in Search; see SearchLevels"))
+            reason = (
+                "KNOWLEDGE_LANE_DEGRADED: mode=docs answers from document chunks by lexical and vector match; "
+                "entity and theme (dual-level) matching is the SearchLevels operation (doc-graph)"
+            )
+            lane.degradation_reason = (
+                f"{lane.degradation_reason}; {reason}" if lane.degradation_reason else reason
+            )
+            warnings.append(
+                errors_pb2.Notice(
+                    code="KNOWLEDGE_LANE_DEGRADED",
+                    lane=self.name,
+                    message="mode=docs: no dual-level matching in Search; see SearchLevels",
+                )
+            )
         for h in hits:
             lane.items.add(
-                id=h.id, chunk_id=h.chunk_id, path=h.path, start_line=h.start_line, end_line=h.end_line,
-                source_kind=h.source_kind, provenance=h.provenance, score=h.score, why=list(h.why),
-                snippet=h.snippet if q.with_text else "", symbol=h.symbol, language=h.language, workspace=h.workspace,
+                id=h.id,
+                chunk_id=h.chunk_id,
+                path=h.path,
+                start_line=h.start_line,
+                end_line=h.end_line,
+                source_kind=h.source_kind,
+                provenance=h.provenance,
+                score=h.score,
+                why=list(h.why),
+                snippet=h.snippet if q.with_text else "",
+                symbol=h.symbol,
+                language=h.language,
+                workspace=h.workspace,
             )
         return LaneResult(lane=lane, warnings=warnings)
 
     def revision(self) -> tuple[object, ...]:
         """Cache key part: every workspace's current revision and its freshness state."""
         with self._readers.get() as idx:
-            revs = tuple(idx.conn.execute("SELECT root, current_rev_id FROM workspaces ORDER BY root"))
+            revs = tuple(
+                idx.conn.execute("SELECT root, current_rev_id FROM workspaces ORDER BY root")
+            )
         with self._fresh_lock:
             fresh = tuple(sorted((r, f.stale) for r, f in self._fresh.items()))
         return revs, fresh
@@ -149,7 +205,9 @@ class CodeLane:
         return await in_thread(self._search_sync, q)
 
     # -- GetChunk ------------------------------------------------------------------------
-    def get_chunk_sync(self, chunk_id: str, scope: tuple[str, ...] | None) -> knowledge_service_pb2.GetChunkResponse:
+    def get_chunk_sync(
+        self, chunk_id: str, scope: tuple[str, ...] | None
+    ) -> knowledge_service_pb2.GetChunkResponse:
         if not chunk_id or "\x00" in chunk_id or len(chunk_id) > 200:
             raise InvalidRequest("id: expected a chunk id", metadata={"field": "id"})
         with self._readers.get() as idx:
@@ -158,32 +216,60 @@ class CodeLane:
         if rec is None or not _visible(rec.workspace, scope):
             raise NotFound("no such chunk")
         resp = knowledge_service_pb2.GetChunkResponse(index_rev=rec.index_rev)
-        resp.chunk.CopyFrom(knowledge_service_pb2.Chunk(
-            id="chunk:" + rec.chunk_id, chunk_id=rec.chunk_id, workspace=rec.workspace, path=rec.path,
-            start_line=rec.start_line, end_line=rec.end_line, source_kind=rec.source_kind, symbol=rec.symbol,
-            language=rec.language, text=rec.text, content_hash=rec.content_hash,
-        ))
+        resp.chunk.CopyFrom(
+            knowledge_service_pb2.Chunk(
+                id="chunk:" + rec.chunk_id,
+                chunk_id=rec.chunk_id,
+                workspace=rec.workspace,
+                path=rec.path,
+                start_line=rec.start_line,
+                end_line=rec.end_line,
+                source_kind=rec.source_kind,
+                symbol=rec.symbol,
+                language=rec.language,
+                text=rec.text,
+                content_hash=rec.content_hash,
+            )
+        )
         return resp
 
     # -- indexing ------------------------------------------------------------------------
-    def index_sync(self, root: str, full: bool, progress: ProgressFn) -> index_service_pb2.OperationSummary:
+    def index_sync(
+        self, root: str, full: bool, progress: ProgressFn
+    ) -> index_service_pb2.OperationSummary:
         started = time.perf_counter()
         if not Path(root).is_dir():
-            raise InvalidRequest(f"root: {root} is not a directory on the server", metadata={"field": "root"})
+            raise InvalidRequest(
+                f"root: {root} is not a directory on the server", metadata={"field": "root"}
+            )
         with self._write_lock:
             options = self.options
-            report = self._writer.index_workspace(root, progress_callback=lambda d, t, p: progress("index", d, t, p), options=options)
+            report = self._writer.index_workspace(
+                root, progress_callback=lambda d, t, p: progress("index", d, t, p), options=options
+            )
         self.refresh_freshness([report.workspace])
         summary = index_service_pb2.OperationSummary(
-            index_rev=report.index_rev, changed=not report.unchanged, ms=round((time.perf_counter() - started) * 1000, 1),
+            index_rev=report.index_rev,
+            changed=not report.unchanged,
+            ms=round((time.perf_counter() - started) * 1000, 1),
         )
-        for key in ("files_seen", "files_indexed", "files_reused", "chunks", "chunks_new", "vectors_embedded", "vectors_missing"):
+        for key in (
+            "files_seen",
+            "files_indexed",
+            "files_reused",
+            "chunks",
+            "chunks_new",
+            "vectors_embedded",
+            "vectors_missing",
+        ):
             summary.counters[key] = int(getattr(report, key))
         summary.counters["drift_written"] = int(report.drift_written)
         for reason, n in sorted(report.files_skipped.items()):
             summary.counters[f"skipped_{reason}"] = int(n)
         for lang, n in sorted(report.parse_fallbacks.items()):
-            summary.problems.add(code="PARSE_FALLBACK", message=f"{lang}: {n} file(s) chunked by line windows")
+            summary.problems.add(
+                code="PARSE_FALLBACK", message=f"{lang}: {n} file(s) chunked by line windows"
+            )
         return summary
 
     def status(self, scope: tuple[str, ...] | None) -> index_service_pb2.LaneStatus:

@@ -12,9 +12,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, Self, TypeVar
 
 from google.protobuf import timestamp_pb2
 
@@ -69,7 +69,7 @@ class WriterLock:
         self._thread = threading.Lock()
         self._fd = -1
 
-    def __enter__(self) -> WriterLock:
+    def __enter__(self) -> Self:
         self._thread.acquire()
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,10 +102,10 @@ def ts(value: datetime | float | None) -> timestamp_pb2.Timestamp | None:
         return None
     out = timestamp_pb2.Timestamp()
     if isinstance(value, (int, float)):
-        out.FromDatetime(datetime.fromtimestamp(float(value), tz=timezone.utc))
+        out.FromDatetime(datetime.fromtimestamp(float(value), tz=UTC))
     else:
         if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
+            value = value.replace(tzinfo=UTC)
         out.FromDatetime(value)
     return out
 

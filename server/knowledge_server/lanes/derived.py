@@ -33,7 +33,12 @@ SOURCE = "knowledge.skills+derived"
 DB_FILE = "derived.sqlite"
 
 # Harness -> the command that can receive a hand-off on this machine.
-HARNESS_COMMANDS = {"claude-code": "claude", "codex": "codex", "opencode": "opencode", "aider": "aider"}
+HARNESS_COMMANDS = {
+    "claude-code": "claude",
+    "codex": "codex",
+    "opencode": "opencode",
+    "aider": "aider",
+}
 MODE_BY_KIND = {
     "root_session": "spawn_replica",
     "subagent": "spawn_replica",
@@ -49,15 +54,31 @@ def dispatch_info(kind: str, harness: str, outbox: Path) -> search_pb2.DispatchI
         return search_pb2.DispatchInfo(mode="none", available=False, reason="recommendation only")
     if mode == "external_handoff":
         ok = _writable(outbox)
-        return search_pb2.DispatchInfo(mode=mode, available=ok, reason="package to the outbox" if ok else f"outbox {outbox} is not writable")
+        return search_pb2.DispatchInfo(
+            mode=mode,
+            available=ok,
+            reason="package to the outbox" if ok else f"outbox {outbox} is not writable",
+        )
     command = HARNESS_COMMANDS.get(harness)
     if command is None:
-        return search_pb2.DispatchInfo(mode=mode, available=False, reason=f"no known launcher for harness {harness!r} here")
+        return search_pb2.DispatchInfo(
+            mode=mode, available=False, reason=f"no known launcher for harness {harness!r} here"
+        )
     if shutil.which(command) is None:
-        return search_pb2.DispatchInfo(mode=mode, available=False, reason=f"{command!r} is not installed on this machine (not on PATH)")
+        return search_pb2.DispatchInfo(
+            mode=mode,
+            available=False,
+            reason=f"{command!r} is not installed on this machine (not on PATH)",
+        )
     if not _writable(outbox):
-        return search_pb2.DispatchInfo(mode=mode, available=False, reason=f"outbox {outbox} is not writable")
-    return search_pb2.DispatchInfo(mode=mode, available=True, reason=f"{command!r} found on PATH; package goes to the outbox for the lead to run")
+        return search_pb2.DispatchInfo(
+            mode=mode, available=False, reason=f"outbox {outbox} is not writable"
+        )
+    return search_pb2.DispatchInfo(
+        mode=mode,
+        available=True,
+        reason=f"{command!r} found on PATH; package goes to the outbox for the lead to run",
+    )
 
 
 def _writable(path: Path) -> bool:
@@ -70,7 +91,9 @@ class DerivedLane:
 
     name = "skills"
 
-    def __init__(self, data_dir: Path, *, skill_roots: Sequence[str] = (), workspaces: Sequence[str] = ()) -> None:
+    def __init__(
+        self, data_dir: Path, *, skill_roots: Sequence[str] = (), workspaces: Sequence[str] = ()
+    ) -> None:
         self.data_dir = data_dir
         self.path = str(data_dir / DB_FILE)
         self.outbox = data_dir / "outbox"
@@ -80,7 +103,9 @@ class DerivedLane:
         self._actor_lock = threading.Lock()
         self._actor_rev = ""
         self._actor_of: dict[str, str | None] = {}
-        self._readers: Pool[DerivedStore] = Pool(lambda: DerivedStore(self.path, read_only=True), size=4)
+        self._readers: Pool[DerivedStore] = Pool(
+            lambda: DerivedStore(self.path, read_only=True), size=4
+        )
         self.last_error = ""
 
     def close(self) -> None:
@@ -91,18 +116,45 @@ class DerivedLane:
     def _search_sync(self, q: LaneQuery) -> LaneResult:
         with self._readers.get() as store:
             if not store.is_built():
-                return degraded(self.name, "KNOWLEDGE_INDEX_NOT_READY", "the derived layer (skills, actors) has not been built yet")
+                return degraded(
+                    self.name,
+                    "KNOWLEDGE_INDEX_NOT_READY",
+                    "the derived layer (skills, actors) has not been built yet",
+                )
             lane = search_pb2.SkillsLane(source=SOURCE, index_rev=store.index_rev())
             if q.workspaces == ():
                 return LaneResult(lane=lane)
             try:
-                hits = search_skills(store, q.query, limit=q.top_k, skills=list(q.skills) or None,
-                                     actor_ids=list(q.actor_ids) or None, workspaces=q.workspaces)
+                hits = search_skills(
+                    store,
+                    q.query,
+                    limit=q.top_k,
+                    skills=list(q.skills) or None,
+                    actor_ids=list(q.actor_ids) or None,
+                    workspaces=q.workspaces,
+                )
             except InvalidQuery:
-                return LaneResult(lane=lane, warnings=[errors_pb2.Notice(code="KNOWLEDGE_INVALID_REQUEST", lane=self.name, message="the query has no searchable words for this lane")])
+                return LaneResult(
+                    lane=lane,
+                    warnings=[
+                        errors_pb2.Notice(
+                            code="KNOWLEDGE_INVALID_REQUEST",
+                            lane=self.name,
+                            message="the query has no searchable words for this lane",
+                        )
+                    ],
+                )
         for h in hits:
-            item = lane.items.add(name=h.name, path=h.path, description=h.description, when_to_use=h.when_to_use or "",
-                                  content_hash=h.content_hash, uses=h.uses, score=h.score, why=list(h.why))
+            item = lane.items.add(
+                name=h.name,
+                path=h.path,
+                description=h.description,
+                when_to_use=h.when_to_use or "",
+                content_hash=h.content_hash,
+                uses=h.uses,
+                score=h.score,
+                why=list(h.why),
+            )
             for actor_id, episode_id in h.used_by:
                 item.used_by.add(actor_id=actor_id, episode_id=episode_id)
         return LaneResult(lane=lane)
@@ -142,7 +194,9 @@ class DerivedLane:
             known.update({e: a for e, a in found.items()})
         return {e: a for e, a in known.items() if a is not None}
 
-    def build_actors(self, resp: search_pb2.SearchResponse, v: ValidSearch) -> list[search_pb2.Actor]:
+    def build_actors(
+        self, resp: search_pb2.SearchResponse, v: ValidSearch
+    ) -> list[search_pb2.Actor]:
         """Aggregate actors from this response's items (evidence = ids in the response only)."""
         ep_items = list(resp.lanes.episodes.items)
         skill_items = list(resp.lanes.skills.items)
@@ -189,11 +243,24 @@ class DerivedLane:
                 for name, uses in skills[:2]:
                     why.append(f"skill {name} ({uses} use{'s' if uses != 1 else ''})")
                 if sessions:
-                    why.append(f"outcome: {info.success} success / {info.failure} failure of {sessions} sessions")
-                confidence = min(0.95, 0.4 + 0.1 * min(n_ep, 3) + 0.1 * (n_sk > 0) + (0.15 * info.success / sessions if sessions else 0.0))
+                    why.append(
+                        f"outcome: {info.success} success / {info.failure} failure of {sessions} sessions"
+                    )
+                confidence = min(
+                    0.95,
+                    0.4
+                    + 0.1 * min(n_ep, 3)
+                    + 0.1 * (n_sk > 0)
+                    + (0.15 * info.success / sessions if sessions else 0.0),
+                )
                 actor = search_pb2.Actor(
-                    actor_id=actor_id, name=info.name, kind=info.kind, source=info.source or info.harness,
-                    confidence=round(confidence, 2), score=round(score, 6), why=why,
+                    actor_id=actor_id,
+                    name=info.name,
+                    kind=info.kind,
+                    source=info.source or info.harness,
+                    confidence=round(confidence, 2),
+                    score=round(score, 6),
+                    why=why,
                 )
                 for lane, item_id, _ in unique:
                     actor.evidence.add(lane=lane, id=item_id)
@@ -208,18 +275,29 @@ class DerivedLane:
         return actors[: v.limit]
 
     # -- rebuild ---------------------------------------------------------------------------
-    def rebuild_sync(self, episodes_path: str, full: bool, progress: ProgressFn) -> index_service_pb2.OperationSummary:
+    def rebuild_sync(
+        self, episodes_path: str, full: bool, progress: ProgressFn
+    ) -> index_service_pb2.OperationSummary:
         started = time.perf_counter()
         with self._write_lock:
             episodes = EpisodeStore(episodes_path, read_only=True)
             try:
                 catalog = load_catalog(self.roots)
-                report = rebuild(episodes, self._writer, self.roots, full=full,
-                                 progress_callback=lambda d, t: progress("rebuild", d, t, ""), catalog=catalog)
+                report = rebuild(
+                    episodes,
+                    self._writer,
+                    self.roots,
+                    full=full,
+                    progress_callback=lambda d, t: progress("rebuild", d, t, ""),
+                    catalog=catalog,
+                )
             finally:
                 episodes.close()
-        summary = index_service_pb2.OperationSummary(index_rev=report.index_rev, changed=report.changed,
-                                                     ms=round((time.perf_counter() - started) * 1000, 1))
+        summary = index_service_pb2.OperationSummary(
+            index_rev=report.index_rev,
+            changed=report.changed,
+            ms=round((time.perf_counter() - started) * 1000, 1),
+        )
         for key in ("actors", "skills", "skill_uses", "sessions_processed"):
             summary.counters[key] = int(getattr(report, key))
         for problem in list(report.problems)[:100]:
@@ -229,8 +307,11 @@ class DerivedLane:
     def status(self, workspaces: tuple[str, ...] | None) -> index_service_pb2.LaneStatus:
         with self._readers.get() as store:
             built = store.is_built()
-            st = index_service_pb2.LaneStatus(lane=self.name, index_rev=store.index_rev() if built else "",
-                                              capability="full" if built else "degraded")
+            st = index_service_pb2.LaneStatus(
+                lane=self.name,
+                index_rev=store.index_rev() if built else "",
+                capability="full" if built else "degraded",
+            )
             if built:
                 for key, value in store.counts().items():
                     st.counts[key] = int(value)

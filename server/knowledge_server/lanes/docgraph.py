@@ -14,7 +14,6 @@ A workspace is in scope only when it lies at or under one of the caller's roots.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -94,7 +93,9 @@ def _address(d: dict[str, Any] | None, workspace: str) -> docgraph_pb2.Address |
     )
 
 
-def _entity_ref(d: dict[str, Any], workspace: str, *addresses: dict[str, Any] | None) -> docgraph_pb2.EntityRef:
+def _entity_ref(
+    d: dict[str, Any], workspace: str, *addresses: dict[str, Any] | None
+) -> docgraph_pb2.EntityRef:
     ref = docgraph_pb2.EntityRef(
         entity_id=d.get("entity_id", ""),
         name=d.get("name", ""),
@@ -111,7 +112,9 @@ def _entity_ref(d: dict[str, Any], workspace: str, *addresses: dict[str, Any] | 
 
 def _theme(d: dict[str, Any], workspace: str) -> docgraph_pb2.Theme:
     t = docgraph_pb2.Theme(
-        theme_id=d["theme_id"], title=d.get("title", ""), size=int(d.get("size") or 0),
+        theme_id=d["theme_id"],
+        title=d.get("title", ""),
+        size=int(d.get("size") or 0),
         seed_entity_id=d.get("seed_entity_id", ""),
     )
     if d.get("summary"):
@@ -120,7 +123,9 @@ def _theme(d: dict[str, Any], workspace: str) -> docgraph_pb2.Theme:
     if addr is not None:
         t.address.CopyFrom(addr)
     t.top_entities.extend(_entity_ref(e, workspace) for e in d.get("top_entities", []))
-    t.citations.extend(a for a in (_address(c, workspace) for c in d.get("citations", [])) if a is not None)
+    t.citations.extend(
+        a for a in (_address(c, workspace) for c in d.get("citations", [])) if a is not None
+    )
     return t
 
 
@@ -133,7 +138,9 @@ def _envelope(resp: Any, d: dict[str, Any], workspace: str) -> None:
     resp.collected = bool(d.get("collected"))
     resp.reason = d.get("reason") or ""
     if d.get("error"):
-        resp.error.CopyFrom(errors_pb2.Notice(code=d["error"], lane="docgraph", message="invalid request"))
+        resp.error.CopyFrom(
+            errors_pb2.Notice(code=d["error"], lane="docgraph", message="invalid request")
+        )
     lim = d.get("limits") or {}
     resp.limits.requested = int(lim.get("requested") or 0)
     resp.limits.returned = int(lim.get("returned") or 0)
@@ -167,13 +174,18 @@ def to_proto(op: str, d: dict[str, Any], workspace: str, ops: DocGraphOps | None
     elif op == "doc_relations":
         for r in d.get("relations", []):
             rel = docgraph_pb2.DocRelation(
-                to=r["to"], kind="shares_entities", weight=float(r.get("weight") or 0),
+                to=r["to"],
+                kind="shares_entities",
+                weight=float(r.get("weight") or 0),
             )
             setattr(rel, "from", r["from"])
             rel.via_entities.extend(
-                _entity_ref(v, workspace, v.get("from_address"), v.get("to_address")) for v in r.get("via_entities", [])
+                _entity_ref(v, workspace, v.get("from_address"), v.get("to_address"))
+                for v in r.get("via_entities", [])
             )
-            rel.citations.extend(a for a in (_address(c, workspace) for c in r.get("citations", [])) if a is not None)
+            rel.citations.extend(
+                a for a in (_address(c, workspace) for c in r.get("citations", [])) if a is not None
+            )
             resp.relations.append(rel)
     elif op == "global_overview":
         counts = d.get("counts") or {}
@@ -192,12 +204,16 @@ def to_proto(op: str, d: dict[str, Any], workspace: str, ops: DocGraphOps | None
         # High-level hits (reached through a theme) first, then low-level ones (entities).
         for h in [*d.get("high_level", []), *d.get("low_level", [])]:
             hit = docgraph_pb2.DocHit(
-                match_kind=h.get("match_kind", ""), score=float(h.get("score") or 0), theme_id=h.get("theme_id") or "",
+                match_kind=h.get("match_kind", ""),
+                score=float(h.get("score") or 0),
+                theme_id=h.get("theme_id") or "",
             )
             addr = _address(h, workspace)
             if addr is not None:
                 hit.address.CopyFrom(addr)
-            hit.matched_entities.extend(_entity_ref(e, workspace) for e in h.get("matched_entities", []))
+            hit.matched_entities.extend(
+                _entity_ref(e, workspace) for e in h.get("matched_entities", [])
+            )
             resp.items.append(hit)
             if hit.theme_id and hit.theme_id not in theme_ids:
                 theme_ids.append(hit.theme_id)
@@ -220,14 +236,19 @@ def _limit(op: str, value: int) -> int:
     if value == 0:
         return default
     if not 1 <= value <= high:
-        raise InvalidRequest(f"limit: must be between 1 and {high} (0 = default {default})", metadata={"field": "limit"})
+        raise InvalidRequest(
+            f"limit: must be between 1 and {high} (0 = default {default})",
+            metadata={"field": "limit"},
+        )
     return value
 
 
 def validate(op: str, req: Any) -> dict[str, Any]:
     """Request message -> DocGraphOps keyword arguments; out-of-range input names its field."""
     if op not in _RESPONSES:
-        raise InvalidRequest(f"op: unknown document graph operation {op!r}", metadata={"field": "op"})
+        raise InvalidRequest(
+            f"op: unknown document graph operation {op!r}", metadata={"field": "op"}
+        )
     limit = _limit(op, int(req.limit))
     if op == "themes":
         if len(req.scope) > 4096 or "\x00" in req.scope:
@@ -236,7 +257,9 @@ def validate(op: str, req: Any) -> dict[str, Any]:
     if op == "entity_neighbors":
         entity = req.entity.strip()
         if not entity or len(entity) > 500:
-            raise InvalidRequest("entity: a name or id (1..500 characters) is required", metadata={"field": "entity"})
+            raise InvalidRequest(
+                "entity: a name or id (1..500 characters) is required", metadata={"field": "entity"}
+            )
         depth = int(req.depth) or 1
         if not 1 <= depth <= 3:
             raise InvalidRequest("depth: must be between 1 and 3", metadata={"field": "depth"})
@@ -247,9 +270,14 @@ def validate(op: str, req: Any) -> dict[str, Any]:
     if op == "doc_relations":
         doc, entity = req.doc.strip(), req.entity.strip()
         if bool(doc) == bool(entity):
-            raise InvalidRequest("doc: give exactly one of doc or entity", metadata={"field": "doc"})
+            raise InvalidRequest(
+                "doc: give exactly one of doc or entity", metadata={"field": "doc"}
+            )
         if len(doc) > 4096 or len(entity) > 500:
-            raise InvalidRequest("entity: too long" if entity else "doc: too long", metadata={"field": "entity" if entity else "doc"})
+            raise InvalidRequest(
+                "entity: too long" if entity else "doc: too long",
+                metadata={"field": "entity" if entity else "doc"},
+            )
         return {"doc": doc or None, "entity": entity or None, "limit": limit}
     if op == "global_overview":
         return {"limit": limit}
@@ -268,7 +296,9 @@ class DocGraphLane:
     def __init__(self, data_dir: Path, llm_settings: LLMSettings | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.code_path = str(self.data_dir / CODE_DB_FILE)
-        self.llm_settings = llm_settings if llm_settings is not None and llm_settings.configured else None
+        self.llm_settings = (
+            llm_settings if llm_settings is not None and llm_settings.configured else None
+        )
         self._writer = DocGraphStore(self.data_dir)
         self._write_lock = WriterLock(data_dir, "docgraph")
         self._readers: Pool[DocGraphStore] = Pool(lambda: DocGraphStore(self.data_dir), size=4)
@@ -291,7 +321,12 @@ class DocGraphLane:
 
     @staticmethod
     def _indexed_roots(conn: apsw.Connection) -> list[str]:
-        return [r[0] for r in conn.execute("SELECT root FROM workspaces WHERE current_rev_id IS NOT NULL ORDER BY root")]
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT root FROM workspaces WHERE current_rev_id IS NOT NULL ORDER BY root"
+            )
+        ]
 
     @staticmethod
     def _read_chunks(conn: apsw.Connection, root: str) -> tuple[str, list[DocChunk]]:
@@ -299,13 +334,22 @@ class DocGraphLane:
         marks = ",".join("?" * len(DOC_LANGUAGES))
         with conn:
             row = conn.execute(
-                "SELECT r.rev FROM workspaces w JOIN revisions r ON r.id = w.current_rev_id WHERE w.root = ?", (root,)
+                "SELECT r.rev FROM workspaces w JOIN revisions r ON r.id = w.current_rev_id WHERE w.root = ?",
+                (root,),
             ).fetchone()
             if row is None:
                 return "", []
             chunks = [
-                DocChunk(chunk_id=c[0], path=c[1], start_line=int(c[2]), end_line=int(c[3]), text=c[4],
-                         language=c[5], source_kind=c[6], content_hash=c[7])
+                DocChunk(
+                    chunk_id=c[0],
+                    path=c[1],
+                    start_line=int(c[2]),
+                    end_line=int(c[3]),
+                    text=c[4],
+                    language=c[5],
+                    source_kind=c[6],
+                    content_hash=c[7],
+                )
                 for c in conn.execute(
                     "SELECT c.chunk_id, c.path, c.start_line, c.end_line, c.text, c.language, c.source_kind, c.content_hash"
                     " FROM workspaces w JOIN rev_file rf ON rf.rev_id = w.current_rev_id"
@@ -331,9 +375,13 @@ class DocGraphLane:
     ) -> index_service_pb2.OperationSummary:
         started = time.perf_counter()
         if max_chunks < 0:
-            raise InvalidRequest("max_chunks: must be >= 0 (0 = no cap)", metadata={"field": "max_chunks"})
+            raise InvalidRequest(
+                "max_chunks: must be >= 0 (0 = no cap)", metadata={"field": "max_chunks"}
+            )
         if budget_seconds < 0:
-            raise InvalidRequest("budget_seconds: must be >= 0 (0 = no budget)", metadata={"field": "budget_seconds"})
+            raise InvalidRequest(
+                "budget_seconds: must be >= 0 (0 = no budget)", metadata={"field": "budget_seconds"}
+            )
         if root is not None and not _in_scope(root, scope):
             raise PermissionDenied("root: outside the workspaces this principal may manage")
         conn = self._code_conn()
@@ -341,12 +389,16 @@ class DocGraphLane:
             indexed = self._indexed_roots(conn)
             if root is not None:
                 if root not in indexed:
-                    raise FailedPrecondition(f"root: {root} has not been indexed; run IndexWorkspace first")
+                    raise FailedPrecondition(
+                        f"root: {root} has not been indexed; run IndexWorkspace first"
+                    )
                 roots = [root]
             else:
                 roots = [r for r in indexed if _in_scope(r, scope)]
                 if not roots:
-                    raise FailedPrecondition("no workspace in scope has been indexed yet; run IndexWorkspace first")
+                    raise FailedPrecondition(
+                        "no workspace in scope has been indexed yet; run IndexWorkspace first"
+                    )
             inputs = []
             for i, r in enumerate(roots):
                 progress("read", i, len(roots), r)
@@ -378,8 +430,18 @@ class DocGraphLane:
                     revs.append(layer_rev(cur["rev_id"] if cur else None))
                 summary.counters["workspaces"] = len(inputs)
             else:
-                keys = ("documents", "chunks", "entities", "relations", "themes", "summaries",
-                        "llm_calls", "cached_chunks", "processed_chunks", "pending_chunks")
+                keys = (
+                    "documents",
+                    "chunks",
+                    "entities",
+                    "relations",
+                    "themes",
+                    "summaries",
+                    "llm_calls",
+                    "cached_chunks",
+                    "processed_chunks",
+                    "pending_chunks",
+                )
                 for key in keys:
                     summary.counters[key] = 0
                 for i, (r, src, chunks) in enumerate(inputs):
@@ -392,20 +454,34 @@ class DocGraphLane:
                     if report.stopped_by and not summary.stopped_by:
                         summary.stopped_by = report.stopped_by
                     if report.reason:
-                        code = report.reason.split(":", 1)[0] if report.reason.startswith("LLM_") else "DOCGRAPH_DEGRADED"
-                        summary.problems.add(code=code, lane=self.name, message=f"{r}: {report.reason}")
+                        code = (
+                            report.reason.split(":", 1)[0]
+                            if report.reason.startswith("LLM_")
+                            else "DOCGRAPH_DEGRADED"
+                        )
+                        summary.problems.add(
+                            code=code, lane=self.name, message=f"{r}: {report.reason}"
+                        )
                     for key, n in sorted(report.counters.items()):
                         summary.counters[f"extract_{key}"] += int(n)
                 summary.counters["workspaces"] = len(inputs)
                 progress("build", len(inputs), len(inputs), "")
-        summary.index_rev = revs[0] if len(revs) == 1 else ";".join(f"{r}={rev}" for (r, _s, _c), rev in zip(inputs, revs))
+        summary.index_rev = (
+            revs[0]
+            if len(revs) == 1
+            else ";".join(f"{r}={rev}" for (r, _s, _c), rev in zip(inputs, revs))
+        )
         summary.ms = round((time.perf_counter() - started) * 1000, 1)
         return summary
 
     # -- DocGraphService ---------------------------------------------------------------------
 
     def _workspaces(self, store: DocGraphStore, scope: tuple[str, ...] | None) -> list[str]:
-        return [r[0] for r in store.rows("SELECT DISTINCT workspace FROM layer_rev ORDER BY workspace") if _in_scope(r[0], scope)]
+        return [
+            r[0]
+            for r in store.rows("SELECT DISTINCT workspace FROM layer_rev ORDER BY workspace")
+            if _in_scope(r[0], scope)
+        ]
 
     def op_sync(self, op: str, req: Any, scope: tuple[str, ...] | None) -> Any:
         kwargs = validate(op, req)
@@ -416,10 +492,17 @@ class DocGraphLane:
                 wanted = os.path.normpath(kwargs["scope"])
                 workspaces = [w for w in workspaces if is_under(wanted, w)][-1:]
                 if workspaces:
-                    kwargs["scope"] = os.path.relpath(wanted, workspaces[0]) if wanted != workspaces[0] else ""
+                    kwargs["scope"] = (
+                        os.path.relpath(wanted, workspaces[0]) if wanted != workspaces[0] else ""
+                    )
             if not workspaces:
-                resp = _RESPONSES[op](op=op, capability="degraded", provenance=PROVENANCE, collected=False,
-                                      reason=NOT_BUILT_REASON)
+                resp = _RESPONSES[op](
+                    op=op,
+                    capability="degraded",
+                    provenance=PROVENANCE,
+                    collected=False,
+                    reason=NOT_BUILT_REASON,
+                )
                 resp.limits.requested = kwargs["limit"]
                 return resp
             answers = []
@@ -442,7 +525,9 @@ class DocGraphLane:
         with self._readers.get() as store:
             workspaces = self._workspaces(store, scope)
             revs, reasons = [], []
-            totals = dict.fromkeys(("documents", "chunks", "entities", "relations", "themes", "summaries"), 0)
+            totals = dict.fromkeys(
+                ("documents", "chunks", "entities", "relations", "themes", "summaries"), 0
+            )
             for ws in workspaces:
                 cur = store.current_rev(ws)
                 if cur is None:

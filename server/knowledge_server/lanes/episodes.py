@@ -8,7 +8,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2, knowledge_service_pb2, search_pb2
+from knowledge_server._gen.knowledge.v1 import (
+    errors_pb2,
+    index_service_pb2,
+    knowledge_service_pb2,
+    search_pb2,
+)
 from knowledge_server.episodes.ingest import ingest, ingest_sample_if_empty
 from knowledge_server.episodes.model import EventDetail, SessionInfo
 from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
@@ -34,13 +39,17 @@ def workspace_of(cwd: str | None, roots: Sequence[str]) -> str:
 class EpisodesLane:
     name = "episodes"
 
-    def __init__(self, data_dir: Path, *, session_paths: Sequence[str] = (), workspaces: Sequence[str] = ()) -> None:
+    def __init__(
+        self, data_dir: Path, *, session_paths: Sequence[str] = (), workspaces: Sequence[str] = ()
+    ) -> None:
         self.path = str(data_dir / DB_FILE)
         self.session_paths = tuple(session_paths)
         self.workspaces = tuple(workspaces)
         self._writer = EpisodeStore(self.path)
         self._write_lock = WriterLock(data_dir, "episodes")
-        self._readers: Pool[EpisodeStore] = Pool(lambda: EpisodeStore(self.path, read_only=True), size=4)
+        self._readers: Pool[EpisodeStore] = Pool(
+            lambda: EpisodeStore(self.path, read_only=True), size=4
+        )
         # Lane counters per (index revision, minute, scope): they change only with either.
         self._counts: dict[tuple[object, ...], dict[str, int]] = {}
         self._counts_lock = threading.Lock()
@@ -78,7 +87,9 @@ class EpisodesLane:
             lane.counts.indexed_docs = counts["indexed_docs"]
             lane.counts.live = counts.get("live_sessions", 0)
             if self._counts_of(store, lane.index_rev, None)["sessions"] == 0:
-                return degraded(self.name, "KNOWLEDGE_INDEX_NOT_READY", "no session logs have been ingested yet")
+                return degraded(
+                    self.name, "KNOWLEDGE_INDEX_NOT_READY", "no session logs have been ingested yet"
+                )
             if q.workspaces == ():
                 return LaneResult(lane=lane)
             try:
@@ -93,7 +104,11 @@ class EpisodesLane:
                     snippet_chars=q.snippet_chars,
                 )
             except InvalidQuery:
-                notice = errors_pb2.Notice(code="KNOWLEDGE_INVALID_REQUEST", lane=self.name, message="the query has no searchable words for this lane")
+                notice = errors_pb2.Notice(
+                    code="KNOWLEDGE_INVALID_REQUEST",
+                    lane=self.name,
+                    message="the query has no searchable words for this lane",
+                )
                 return LaneResult(lane=lane, warnings=[notice])
         for h in hits:
             item = lane.items.add(
@@ -112,7 +127,9 @@ class EpisodesLane:
             item.session.CopyFrom(self._session_pb(h.session))
         return LaneResult(lane=lane)
 
-    def _counts_of(self, store: EpisodeStore, rev: str, workspaces: Sequence[str] | None) -> dict[str, int]:
+    def _counts_of(
+        self, store: EpisodeStore, rev: str, workspaces: Sequence[str] | None
+    ) -> dict[str, int]:
         """``store.counts``, remembered for the revision and the current minute (the
         live-session count moves with the clock, as the cache key does)."""
         key = (rev, int(time.time() // 60), None if workspaces is None else tuple(workspaces))
@@ -137,10 +154,17 @@ class EpisodesLane:
         return await in_thread(self._search_sync, q)
 
     # -- GetEpisode ---------------------------------------------------------------------
-    def _episode_pb(self, d: EventDetail, session: SessionInfo | None) -> knowledge_service_pb2.Episode:
+    def _episode_pb(
+        self, d: EventDetail, session: SessionInfo | None
+    ) -> knowledge_service_pb2.Episode:
         out = knowledge_service_pb2.Episode(
-            id=d.id, session_id=d.session_id, seq=d.seq, event_type=d.event_type, text=d.text,
-            tool_name=d.tool_name or "", is_error=d.is_error,
+            id=d.id,
+            session_id=d.session_id,
+            seq=d.seq,
+            event_type=d.event_type,
+            text=d.text,
+            tool_name=d.tool_name or "",
+            is_error=d.is_error,
         )
         t = ts(d.time)
         if t is not None:
@@ -149,17 +173,25 @@ class EpisodesLane:
             out.session.CopyFrom(self._session_pb(session))
         return out
 
-    def get_episode_sync(self, episode_id: str, neighbours: int, workspaces: tuple[str, ...] | None) -> knowledge_service_pb2.GetEpisodeResponse:
+    def get_episode_sync(
+        self, episode_id: str, neighbours: int, workspaces: tuple[str, ...] | None
+    ) -> knowledge_service_pb2.GetEpisodeResponse:
         if not 0 <= neighbours <= 20:
-            raise InvalidRequest("neighbours: must be within 0..20", metadata={"field": "neighbours"})
+            raise InvalidRequest(
+                "neighbours: must be within 0..20", metadata={"field": "neighbours"}
+            )
         with self._readers.get() as store:
             try:
                 detail = store.get_event(episode_id, neighbours)
             except InvalidQuery:
-                raise InvalidRequest("id: expected ep:<session_id>:<seq>", metadata={"field": "id"}) from None
+                raise InvalidRequest(
+                    "id: expected ep:<session_id>:<seq>", metadata={"field": "id"}
+                ) from None
             rev = store.index_rev()
         # Not found and not visible look the same: no hint that another workspace has it.
-        if detail is None or not in_scope(detail.session.cwd if detail.session else None, workspaces):
+        if detail is None or not in_scope(
+            detail.session.cwd if detail.session else None, workspaces
+        ):
             raise NotFound("no such episode")
         resp = knowledge_service_pb2.GetEpisodeResponse(index_rev=rev)
         resp.episode.CopyFrom(self._episode_pb(detail, detail.session))
@@ -168,11 +200,16 @@ class EpisodesLane:
         return resp
 
     # -- ingestion ------------------------------------------------------------------------
-    def ingest_sync(self, paths: Sequence[str] | None, progress: ProgressFn) -> index_service_pb2.OperationSummary:
+    def ingest_sync(
+        self, paths: Sequence[str] | None, progress: ProgressFn
+    ) -> index_service_pb2.OperationSummary:
         started = time.perf_counter()
         with self._write_lock:
-            report = ingest(self._writer, list(paths) if paths else (list(self.session_paths) or None),
-                            lambda d, t, p: progress("ingest", d, t, os.path.basename(p)))
+            report = ingest(
+                self._writer,
+                list(paths) if paths else (list(self.session_paths) or None),
+                lambda d, t, p: progress("ingest", d, t, os.path.basename(p)),
+            )
             sample = None
             if not paths and not self.session_paths:
                 sample = ingest_sample_if_empty(self._writer)
@@ -183,7 +220,15 @@ class EpisodesLane:
             changed=bool(report.events_added or report.events_removed or report.files_reimported),
             ms=round((time.perf_counter() - started) * 1000, 1),
         )
-        for key in ("files_seen", "files_changed", "files_reimported", "events_added", "events_duplicate", "events_removed", "sessions"):
+        for key in (
+            "files_seen",
+            "files_changed",
+            "files_reimported",
+            "events_added",
+            "events_duplicate",
+            "events_removed",
+            "sessions",
+        ):
             summary.counters[key] = int(getattr(report, key))
         summary.counters["malformed"] = len(report.malformed)
         summary.counters["unknown"] = len(report.unknown)
@@ -203,7 +248,11 @@ class EpisodesLane:
             counts = store.counts(workspaces)
             total = store.counts(None)["sessions"]
             rev = store.index_rev()
-        st = index_service_pb2.LaneStatus(lane=self.name, index_rev=rev if total else "", capability="full" if total else "degraded")
+        st = index_service_pb2.LaneStatus(
+            lane=self.name,
+            index_rev=rev if total else "",
+            capability="full" if total else "degraded",
+        )
         st.counts["sessions"] = counts["sessions"]
         st.counts["events"] = counts["indexed_docs"]
         st.counts["live"] = counts.get("live_sessions", 0)
@@ -211,5 +260,7 @@ class EpisodesLane:
             st.degraded = True
             st.reason = "no session logs have been ingested yet"
         if self.last_error:
-            st.last_error.CopyFrom(errors_pb2.Notice(code="FILE_FAILED", lane=self.name, message=self.last_error))
+            st.last_error.CopyFrom(
+                errors_pb2.Notice(code="FILE_FAILED", lane=self.name, message=self.last_error)
+            )
         return st

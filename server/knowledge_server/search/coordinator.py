@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
 import time
 from collections import OrderedDict, defaultdict
@@ -81,7 +80,9 @@ class Coordinator:
         lane = self.lanes.get(name)
         started = time.perf_counter()
         if lane is None:
-            return degraded(name, "KNOWLEDGE_INDEX_NOT_READY", f"the {name} lane is not configured"), 0.0
+            return degraded(
+                name, "KNOWLEDGE_INDEX_NOT_READY", f"the {name} lane is not configured"
+            ), 0.0
         # Results are cached per (lane, lane revision, query); a new revision is a new key,
         # so a cached answer is always the answer the current index would give.
         key = None
@@ -101,8 +102,12 @@ class Coordinator:
                 self._cache[key] = _copy_result(result, cache_hit=False)
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
-        except asyncio.TimeoutError:
-            result = degraded(name, "KNOWLEDGE_SOURCE_UNAVAILABLE", f"no answer within {self.timeout_ms} ms (timeout)")
+        except TimeoutError:
+            result = degraded(
+                name,
+                "KNOWLEDGE_SOURCE_UNAVAILABLE",
+                f"no answer within {self.timeout_ms} ms (timeout)",
+            )
         except Exception as exc:  # noqa: BLE001 - a failing lane degrades, the others answer
             code = getattr(exc, "reason", "KNOWLEDGE_SOURCE_UNAVAILABLE")
             if not isinstance(code, str) or not code.isupper():
@@ -123,7 +128,9 @@ class Coordinator:
                 return None
         return tuple(revs)
 
-    async def search(self, v: ValidSearch, workspaces: tuple[str, ...] | None) -> search_pb2.SearchResponse:
+    async def search(
+        self, v: ValidSearch, workspaces: tuple[str, ...] | None
+    ) -> search_pb2.SearchResponse:
         """Whole answers are cached per (request, caller scope, every lane's revision): the
         answer is a function of those (KC-12), so a hit is exactly what a fresh run returns."""
         started = time.perf_counter()
@@ -142,9 +149,15 @@ class Coordinator:
                 if v.trace:
                     elapsed = round((time.perf_counter() - started) * 1000, 2)
                     for name in names:
-                        resp.trace.lanes.append(search_pb2.LaneTrace(
-                            lane=name, ms=0.0, items=len(getattr(resp.lanes, name).items),
-                            degraded=getattr(resp.lanes, name).degraded, cache_hit=True))
+                        resp.trace.lanes.append(
+                            search_pb2.LaneTrace(
+                                lane=name,
+                                ms=0.0,
+                                items=len(getattr(resp.lanes, name).items),
+                                degraded=getattr(resp.lanes, name).degraded,
+                                cache_hit=True,
+                            )
+                        )
                     resp.trace.total_ms = elapsed
                 _fit_budget(resp, v.max_tokens)
                 return resp
@@ -159,7 +172,9 @@ class Coordinator:
                 self._cache.popitem(last=False)
         return resp
 
-    async def _search(self, v: ValidSearch, workspaces: tuple[str, ...] | None, started: float) -> search_pb2.SearchResponse:
+    async def _search(
+        self, v: ValidSearch, workspaces: tuple[str, ...] | None, started: float
+    ) -> search_pb2.SearchResponse:
         r = route(v.query, v.mode, v.include)
         q = LaneQuery(
             query=v.query,
@@ -177,7 +192,9 @@ class Coordinator:
             docs_only=v.mode in ("docs", "themes"),
         )
         # episodes and code are always present (invariant 1); skills only when asked.
-        lane_names = [n for n in ("episodes", "code", "skills") if n in v.include or n in ("episodes", "code")]
+        lane_names = [
+            n for n in ("episodes", "code", "skills") if n in v.include or n in ("episodes", "code")
+        ]
         queried = [n for n in lane_names if n in v.include]
         results = await asyncio.gather(*(self._run_lane(n, q) for n in queried))
         by_name = dict(zip(queried, results))
@@ -202,7 +219,9 @@ class Coordinator:
             if name in by_name:
                 result, ms = by_name[name]
             else:
-                result = degraded(name, "KNOWLEDGE_LANE_DEGRADED", f"lane {name} not requested (include)")
+                result = degraded(
+                    name, "KNOWLEDGE_LANE_DEGRADED", f"lane {name} not requested (include)"
+                )
                 ms = 0.0
                 result.warnings.clear()
             lane_msg = result.lane
@@ -226,13 +245,29 @@ class Coordinator:
             resp.errors.extend(result.errors)
             if name in by_name and _answered(lane_msg):
                 answered.add(name)
-            if name in by_name and lane_msg.degraded and name in by_name and lane_msg.degraded and not any(w.code == "KNOWLEDGE_LANE_DEGRADED" for w in result.warnings):
+            if (
+                name in by_name
+                and lane_msg.degraded
+                and name in by_name
+                and lane_msg.degraded
+                and not any(w.code == "KNOWLEDGE_LANE_DEGRADED" for w in result.warnings)
+            ):
                 resp.warnings.append(
-                    errors_pb2.Notice(code="KNOWLEDGE_LANE_DEGRADED", lane=name, message=f"the {name} lane is degraded")
+                    errors_pb2.Notice(
+                        code="KNOWLEDGE_LANE_DEGRADED",
+                        lane=name,
+                        message=f"the {name} lane is degraded",
+                    )
                 )
             if name in by_name:
                 trace.lanes.append(
-                    search_pb2.LaneTrace(lane=name, ms=round(ms, 2), items=n_before, degraded=lane_msg.degraded, cache_hit=result.cache_hit)
+                    search_pb2.LaneTrace(
+                        lane=name,
+                        ms=round(ms, 2),
+                        items=n_before,
+                        degraded=lane_msg.degraded,
+                        cache_hit=result.cache_hit,
+                    )
                 )
 
         # found=false when the sources are down (seed 000 §4.1.8): the primary lanes (episodes,
@@ -244,7 +279,9 @@ class Coordinator:
             # No source answered: no items, an explicit code (invariant 8).
             for n in ("episodes", "code", "skills"):
                 del getattr(resp.lanes, n).items[:]
-            resp.errors.append(errors_pb2.Notice(code="KNOWLEDGE_NO_SOURCE", message="no lane could answer"))
+            resp.errors.append(
+                errors_pb2.Notice(code="KNOWLEDGE_NO_SOURCE", message="no lane could answer")
+            )
 
         if self.actor_builder is not None and resp.found:
             resp.actors.extend(await in_thread(self.actor_builder, resp, v))
@@ -258,7 +295,14 @@ class Coordinator:
         _fit_budget(resp, v.max_tokens)
         return resp
 
-    def _fuse_lane(self, name: str, lane_msg: search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane, weight: float, limit: int, groups: dict[str, str]) -> None:
+    def _fuse_lane(
+        self,
+        name: str,
+        lane_msg: search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane,
+        weight: float,
+        limit: int,
+        groups: dict[str, str],
+    ) -> None:
         """RRF within one lane, dedup by id, diversity, stable order, limit."""
         seen: set[str] = set()
         kept = []
@@ -270,7 +314,9 @@ class Coordinator:
                 continue
             seen.add(key_id)
             rank += 1
-            item.score = round(weight / (RRF_K + rank), 6) if weight else round(1.0 / (RRF_K + rank), 6)
+            item.score = (
+                round(weight / (RRF_K + rank), 6) if weight else round(1.0 / (RRF_K + rank), 6)
+            )
             if name == "code":
                 group = f"{item.workspace}\x00{item.path}"
                 if per_key[group] >= MAX_CODE_PER_PATH:
@@ -294,7 +340,13 @@ class Coordinator:
 def _copy_result(result: LaneResult, *, cache_hit: bool) -> LaneResult:
     lane = type(result.lane)()
     lane.CopyFrom(result.lane)
-    return LaneResult(lane=lane, warnings=list(result.warnings), errors=list(result.errors), cache_hit=cache_hit, extras=dict(result.extras))
+    return LaneResult(
+        lane=lane,
+        warnings=list(result.warnings),
+        errors=list(result.errors),
+        cache_hit=cache_hit,
+        extras=dict(result.extras),
+    )
 
 
 def _time_key(item: object) -> float:
@@ -310,10 +362,15 @@ def _item_id(name: str, item: object) -> str:
 
 def _order_key(name: str, item: object) -> tuple[float, int, float, str]:
     """(score desc, lane_priority, time desc, id asc) - seed 000 §4.1.10."""
-    return (-float(getattr(item, "score")), LANE_PRIORITY[name], _time_key(item), _item_id(name, item))
+    return (-float(item.score), LANE_PRIORITY[name], _time_key(item), _item_id(name, item))
 
 
-_UNAVAILABLE = ("KNOWLEDGE_SOURCE_UNAVAILABLE", "KNOWLEDGE_INDEX_NOT_READY", "KNOWLEDGE_LANE_TIMEOUT", "SESSION_QUERY_")
+_UNAVAILABLE = (
+    "KNOWLEDGE_SOURCE_UNAVAILABLE",
+    "KNOWLEDGE_INDEX_NOT_READY",
+    "KNOWLEDGE_LANE_TIMEOUT",
+    "SESSION_QUERY_",
+)
 
 
 def _answered(lane: search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane) -> bool:
@@ -385,7 +442,9 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
     used, size = _measure(resp)
     if used <= max_tokens:
         return
-    notice = errors_pb2.Notice(code="KNOWLEDGE_BUDGET_EXCEEDED", message=f"response trimmed to fit {max_tokens} tokens")
+    notice = errors_pb2.Notice(
+        code="KNOWLEDGE_BUDGET_EXCEEDED", message=f"response trimmed to fit {max_tokens} tokens"
+    )
     size += json_size(notice) + (1 if resp.warnings else len('"warnings":[],'))
     resp.warnings.append(notice)
     before = json_size(resp.limits)
@@ -437,7 +496,9 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
 
 def _set_snippet_entries(resp: search_pb2.SearchResponse, counts: dict[str, int]) -> None:
     kept = [d for d in resp.limits.dropped if d.what != "snippet"]
-    entries = [search_pb2.Dropped(lane=lane, what="snippet", count=n) for lane, n in counts.items() if n]
+    entries = [
+        search_pb2.Dropped(lane=lane, what="snippet", count=n) for lane, n in counts.items() if n
+    ]
     del resp.limits.dropped[:]
     resp.limits.dropped.extend(entries + [_copy(d) for d in kept])
 
@@ -466,7 +527,9 @@ def _prune_evidence(resp: search_pb2.SearchResponse, lane: str, item_id: str) ->
             actor.evidence.extend(remaining)
             keep.append(actor)
         else:
-            resp.limits.dropped.append(search_pb2.Dropped(lane="actors", id=actor.actor_id, what="item", count=1))
+            resp.limits.dropped.append(
+                search_pb2.Dropped(lane="actors", id=actor.actor_id, what="item", count=1)
+            )
     if len(keep) != len(resp.actors):
         kept = [search_pb2.Actor() for _ in keep]
         for dst, src in zip(kept, keep):

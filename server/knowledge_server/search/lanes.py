@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, Union
+from typing import Protocol
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
 
-LaneMessage = Union[search_pb2.EpisodesLane, search_pb2.CodeLane, search_pb2.SkillsLane]
+LaneMessage = search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,13 @@ class Lane(Protocol):
 
 def empty_lane(name: str) -> LaneMessage:
     if name == "episodes":
-        return search_pb2.EpisodesLane(source="knowledge.episodes", counts=search_pb2.EpisodeCounts())
+        return search_pb2.EpisodesLane(
+            source="knowledge.episodes", counts=search_pb2.EpisodeCounts()
+        )
     if name == "code":
-        return search_pb2.CodeLane(source="knowledge.code", capability="degraded", freshness=search_pb2.Freshness())
+        return search_pb2.CodeLane(
+            source="knowledge.code", capability="degraded", freshness=search_pb2.Freshness()
+        )
     return search_pb2.SkillsLane(source="knowledge.skills+derived")
 
 

@@ -20,21 +20,79 @@ WEIGHTS: dict[str, dict[str, float]] = {
 # Stems: matched at the start of a word, so "чинил" matches "чинила", "where" not "somewhere".
 CUES: dict[str, tuple[str, ...]] = {
     "find_agent": (
-        "кто", "когда", "почему", "решал", "делал", "сесси", "агент",
-        "who", "when", "why", "solved", "fixed", "did", "session", "agent", "subagent",
-        "谁", "何时", "什么时候", "为什么", "会话", "代理",
+        "кто",
+        "когда",
+        "почему",
+        "решал",
+        "делал",
+        "сесси",
+        "агент",
+        "who",
+        "when",
+        "why",
+        "solved",
+        "fixed",
+        "did",
+        "session",
+        "agent",
+        "subagent",
+        "谁",
+        "何时",
+        "什么时候",
+        "为什么",
+        "会话",
+        "代理",
     ),
     "find_code": (
-        "где", "функци", "класс", "символ", "вызыва", "затрон", "impact", "схем", "таблиц",
-        "маршрут", "политик",
-        "where", "function", "class", "symbol", "calls", "caller", "affect", "schema", "table",
-        "route", "policy", "method", "defined", "implementation",
-        "哪里", "在哪", "函数", "类", "符号", "调用", "影响", "表", "路由", "策略",
+        "где",
+        "функци",
+        "класс",
+        "символ",
+        "вызыва",
+        "затрон",
+        "impact",
+        "схем",
+        "таблиц",
+        "маршрут",
+        "политик",
+        "where",
+        "function",
+        "class",
+        "symbol",
+        "calls",
+        "caller",
+        "affect",
+        "schema",
+        "table",
+        "route",
+        "policy",
+        "method",
+        "defined",
+        "implementation",
+        "哪里",
+        "在哪",
+        "函数",
+        "类",
+        "符号",
+        "调用",
+        "影响",
+        "表",
+        "路由",
+        "策略",
     ),
     "find_skill": (
-        "навык", "skill", "whentouse", "применял", "инструкци",
-        "skills", "instruction", "playbook", "how to use",
-        "技能", "指令", "说明",
+        "навык",
+        "skill",
+        "whentouse",
+        "применял",
+        "инструкци",
+        "skills",
+        "instruction",
+        "playbook",
+        "how to use",
+        "技能",
+        "指令",
+        "说明",
     ),
 }
 
@@ -77,15 +135,25 @@ def route(query: str, mode: str, include: tuple[str, ...]) -> Route:
     if mode in ("docs", "themes"):
         weights = {lane: w for lane, w in WEIGHTS["find_code"].items() if lane in include}
         lanes = tuple(sorted(weights, key=lambda lane: -weights[lane]))
-        return Route("find_code", lanes, weights, 1.0, "high",
-                     f"mode={mode} set by the caller: documents of the code lane; dual-level entity/theme matching is SearchLevels")
+        return Route(
+            "find_code",
+            lanes,
+            weights,
+            1.0,
+            "high",
+            f"mode={mode} set by the caller: documents of the code lane; dual-level entity/theme matching is SearchLevels",
+        )
     if mode in WEIGHTS:
         weights = {lane: w for lane, w in WEIGHTS[mode].items() if lane in include}
         lanes = tuple(sorted(weights, key=lambda lane: -weights[lane]))
         return Route(mode, lanes, weights, 1.0, "high", f"mode={mode} set by the caller")
     found = _matches(query)
     if not found:
-        intent, confidence, reason = "find_knowledge", 0.5, "no cue words; all lanes with balanced weights"
+        intent, confidence, reason = (
+            "find_knowledge",
+            0.5,
+            "no cue words; all lanes with balanced weights",
+        )
     else:
         ranked = sorted(found.items(), key=lambda kv: (-len(kv[1]), list(WEIGHTS).index(kv[0])))
         intent = ranked[0][0]

@@ -4,10 +4,10 @@ never silently defaulted. Returns a normalised, defaulted copy."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from knowledge_server.errors import InvalidRequest
 from knowledge_server._gen.knowledge.v1 import search_pb2
+from knowledge_server.errors import InvalidRequest
 
 SCHEMA = "knowledge.search/v1"
 MODES = ("auto", "find_agent", "find_skill", "find_code", "find_knowledge", "docs", "themes")
@@ -41,7 +41,7 @@ class ValidSearch:
 def _ts(msg: search_pb2.SearchFilters, name: str) -> datetime | None:
     if not msg.HasField(name):
         return None
-    return getattr(msg, name).ToDatetime(tzinfo=timezone.utc)
+    return getattr(msg, name).ToDatetime(tzinfo=UTC)
 
 
 def _bad(field: str, why: str) -> InvalidRequest:

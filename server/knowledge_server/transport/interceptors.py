@@ -28,7 +28,7 @@ from google.rpc import error_details_pb2, status_pb2
 from knowledge_server import errors
 from knowledge_server._gen.knowledge.v1 import errors_pb2
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
-from knowledge_server.transport.policy import POLICIES, EDITION_NAMES, Policy
+from knowledge_server.transport.policy import EDITION_NAMES, POLICIES, Policy
 
 log = structlog.get_logger("knowledge.rpc")
 
@@ -43,7 +43,9 @@ class CallContext:
     principal: Principal
 
 
-_current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("knowledge_call", default=None)
+_current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
+    "knowledge_call", default=None
+)
 
 
 def current_call() -> CallContext:
@@ -63,7 +65,9 @@ def _metadata(details: grpc.HandlerCallDetails) -> dict[str, str]:
 
 
 def status_for(err: errors.KnowledgeError, extra: list[Any] | None = None) -> status_pb2.Status:
-    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=errors.DOMAIN, metadata=err.metadata)
+    info = error_details_pb2.ErrorInfo(
+        reason=err.reason, domain=errors.DOMAIN, metadata=err.metadata
+    )
     details = []
     for msg in [info, *(extra or [])]:
         packed = any_pb2.Any()
@@ -72,7 +76,9 @@ def status_for(err: errors.KnowledgeError, extra: list[Any] | None = None) -> st
     return status_pb2.Status(code=err.code.value[0], message=err.message, details=details)
 
 
-async def abort(context: grpc.aio.ServicerContext, err: errors.KnowledgeError, extra: list[Any] | None = None) -> None:
+async def abort(
+    context: grpc.aio.ServicerContext, err: errors.KnowledgeError, extra: list[Any] | None = None
+) -> None:
     st = status_for(err, extra)
     await context.abort(
         err.code,
@@ -84,7 +90,11 @@ async def abort(context: grpc.aio.ServicerContext, err: errors.KnowledgeError, e
 Behavior = Callable[..., Any]
 
 
-def _rewrap(handler: grpc.RpcMethodHandler, unary: Callable[[Behavior], Behavior], stream: Callable[[Behavior], Behavior]) -> grpc.RpcMethodHandler:
+def _rewrap(
+    handler: grpc.RpcMethodHandler,
+    unary: Callable[[Behavior], Behavior],
+    stream: Callable[[Behavior], Behavior],
+) -> grpc.RpcMethodHandler:
     """Same kind of handler with its behaviour wrapped."""
     if handler.request_streaming:
         return handler  # knowledge.v1 has no client-streaming RPCs
@@ -101,7 +111,9 @@ def _rewrap(handler: grpc.RpcMethodHandler, unary: Callable[[Behavior], Behavior
     )
 
 
-def refusing_handler(handler: grpc.RpcMethodHandler, err: errors.KnowledgeError, extra: list[Any] | None = None) -> grpc.RpcMethodHandler:
+def refusing_handler(
+    handler: grpc.RpcMethodHandler, err: errors.KnowledgeError, extra: list[Any] | None = None
+) -> grpc.RpcMethodHandler:
     """An aborting handler of the same kind as ``handler``."""
 
     def unary(_: Behavior) -> Behavior:
@@ -153,17 +165,28 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         md = _metadata(handler_call_details)
         request_id = md.get("x-request-id", "")[:128] or uuid.uuid4().hex[:16]
 
-        def begin(context: grpc.aio.ServicerContext) -> tuple[float, contextvars.Token[CallContext | None] | None]:
+        def begin(
+            context: grpc.aio.ServicerContext,
+        ) -> tuple[float, contextvars.Token[CallContext | None] | None]:
             structlog.contextvars.clear_contextvars()
-            structlog.contextvars.bind_contextvars(request_id=request_id, rpc_method=method, peer=context.peer())
+            structlog.contextvars.bind_contextvars(
+                request_id=request_id, rpc_method=method, peer=context.peer()
+            )
             return time.perf_counter(), None
 
-        async def fail(context: grpc.aio.ServicerContext, exc: BaseException, started: float) -> None:
+        async def fail(
+            context: grpc.aio.ServicerContext, exc: BaseException, started: float
+        ) -> None:
             if isinstance(exc, errors.KnowledgeError):
                 log.info("rpc.error", code=exc.code.name, reason=exc.reason, ms=_ms(started))
                 await abort(context, exc)
             log.error("rpc.internal_error", error_type=type(exc).__name__, ms=_ms(started))
-            await abort(context, errors.InternalError("internal error; see the server log for request " + request_id))
+            await abort(
+                context,
+                errors.InternalError(
+                    "internal error; see the server log for request " + request_id
+                ),
+            )
 
         def unary(fn: Behavior) -> Behavior:
             async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -171,7 +194,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
                 context.set_trailing_metadata((("x-request-id", request_id),))
                 try:
                     result = await _call_unary(fn, request, context)
-                except (errors.KnowledgeError, Exception) as exc:  # noqa: BLE001 - mapped to a status
+                except (errors.KnowledgeError, Exception) as exc:
                     if _is_abort(exc, context):
                         raise
                     await fail(context, exc, started)
@@ -189,7 +212,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
                     async for item in fn(request, context):
                         sent += 1
                         yield item
-                except (errors.KnowledgeError, Exception) as exc:  # noqa: BLE001 - mapped to a status
+                except (errors.KnowledgeError, Exception) as exc:
                     if _is_abort(exc, context):
                         raise
                     await fail(context, exc, started)
@@ -217,7 +240,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     exists); a role without the right -> PERMISSION_DENIED.
     """
 
-    def __init__(self, authenticate: Callable[[str], Principal | None] | None, local: Principal = LOCAL_PRINCIPAL) -> None:
+    def __init__(
+        self,
+        authenticate: Callable[[str], Principal | None] | None,
+        local: Principal = LOCAL_PRINCIPAL,
+    ) -> None:
         self._authenticate = authenticate
         self._local = local
 
@@ -238,18 +265,24 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             token = header[7:].strip() if header[:7].lower() == "bearer " else ""
             principal = self._authenticate(token) if token else None
             if principal is None:
-                return refusing_handler(handler, errors.Unauthenticated("missing or invalid bearer token"))
+                return refusing_handler(
+                    handler, errors.Unauthenticated("missing or invalid bearer token")
+                )
         policy = POLICIES.get(method, Policy())
         if not principal.allows(policy.right):
             return refusing_handler(
                 handler,
-                errors.PermissionDenied(f"role {principal.role!r} may not call {method.rsplit('/', 1)[-1]}"),
+                errors.PermissionDenied(
+                    f"role {principal.role!r} may not call {method.rsplit('/', 1)[-1]}"
+                ),
             )
         ctx_principal = principal
 
         def unary(fn: Behavior) -> Behavior:
             async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                token = _current.set(CallContext(_request_id(), method, context.peer(), ctx_principal))
+                token = _current.set(
+                    CallContext(_request_id(), method, context.peer(), ctx_principal)
+                )
                 structlog.contextvars.bind_contextvars(principal=ctx_principal.id)
                 try:
                     return await _call_unary(fn, request, context)
@@ -260,7 +293,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
         def stream(fn: Behavior) -> Behavior:
             async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                token = _current.set(CallContext(_request_id(), method, context.peer(), ctx_principal))
+                token = _current.set(
+                    CallContext(_request_id(), method, context.peer(), ctx_principal)
+                )
                 structlog.contextvars.bind_contextvars(principal=ctx_principal.id)
                 try:
                     async for item in fn(request, context):
@@ -326,7 +361,11 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
         )
         err = errors.PermissionDenied(
             message,
-            metadata={"feature": policy.feature, "required_edition": required, "current_edition": state.edition},
+            metadata={
+                "feature": policy.feature,
+                "required_edition": required,
+                "current_edition": state.edition,
+            },
         )
         err.reason = "KNOWLEDGE_EDITION_REQUIRED"
         return refusing_handler(handler, err, [refusal])

@@ -42,7 +42,9 @@ def _load() -> dict[str, Policy]:
             for method in service.methods:
                 opt = method.GetOptions().Extensions[options_pb2.policy]
                 right = MANAGE if opt.right == options_pb2.RIGHT_MANAGE else READ
-                table[f"/{service.full_name}/{method.name}"] = Policy(opt.feature, opt.edition, right)
+                table[f"/{service.full_name}/{method.name}"] = Policy(
+                    opt.feature, opt.edition, right
+                )
     return table
 
 

@@ -20,16 +20,16 @@ class KnowledgeServicer(knowledge_service_pb2_grpc.KnowledgeServiceServicer):
     def __init__(self, app: KnowledgeApp) -> None:
         self.app = app
 
-    async def Search(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def Search(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.app.search(request)
 
-    async def Dispatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def Dispatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.app.dispatch(request)
 
-    async def GetEpisode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def GetEpisode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.app.get_episode(request)
 
-    async def GetChunk(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def GetChunk(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.app.get_chunk(request)
 
 
@@ -37,24 +37,26 @@ class DocGraphServicer(docgraph_pb2_grpc.DocGraphServiceServicer):
     def __init__(self, app: KnowledgeApp) -> None:
         self.app = app
 
-    async def Themes(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def Themes(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.app.docgraph("themes", request)
 
-    async def EntityNeighbors(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def EntityNeighbors(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.app.docgraph("entity_neighbors", request)
 
-    async def DocRelations(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def DocRelations(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.app.docgraph("doc_relations", request)
 
-    async def GlobalOverview(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def GlobalOverview(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.app.docgraph("global_overview", request)
 
-    async def SearchLevels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def SearchLevels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.app.docgraph("search_levels", request)
 
 
 def _stream(op: str, response_type: Any):  # type: ignore[no-untyped-def]
-    async def method(self: "IndexServicer", request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def method(
+        self: IndexServicer, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
         async for event in self.app.index_stream(op, request):
             if isinstance(event, index_service_pb2.Progress):
                 yield response_type(progress=event)
@@ -73,5 +75,5 @@ class IndexServicer(index_service_pb2_grpc.IndexServiceServicer):
     RebuildDerived = _stream("rebuild_derived", index_service_pb2.RebuildDerivedResponse)
     BuildDocGraph = _stream("build_doc_graph", index_service_pb2.BuildDocGraphResponse)
 
-    async def GetStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def GetStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.app.status(request)
