@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,23 @@ class ServerThread:
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
+
+
+def serve_process(
+    data_dir: Path, *extra: str, stderr: int = subprocess.PIPE
+) -> subprocess.Popen[str]:
+    """`knowledge serve` as a real process on a free loopback port: no bootstrap, JSON logs,
+    no address inherited from the environment. Its first stdout line is `listening on ...`."""
+    env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(data_dir), KNOWLEDGE_LOG_FORMAT="json")
+    env.pop("KNOWLEDGE_ADDRESS", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "knowledge_server.cli",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-bootstrap",
+        *extra,
+    ]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)

@@ -19,7 +19,7 @@ from knowledge_licensing import generate_keypair, issue_licence
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused, RPCError
 from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
 
-from tests.conftest import REPO_ROOT, start_server
+from tests.conftest import REPO_ROOT, serve_process, start_server
 
 
 def _vendor(tmp_path: Path) -> tuple[Path, Path]:
@@ -236,23 +236,9 @@ async def test_licence_file_change_upgrades_and_expiry_downgrades_without_restar
 
 def test_sighup_reloads_the_licence_of_a_serving_process(tmp_path: Path) -> None:
     private, _ = _vendor(tmp_path)
-    env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"), KNOWLEDGE_LOG_FORMAT="json")
+    proc = serve_process(tmp_path / "data")
+    env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"))
     env.pop("KNOWLEDGE_ADDRESS", None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "knowledge_server.cli",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-bootstrap",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline().strip().rsplit(":", 1)[1])
@@ -295,24 +281,9 @@ def test_sighup_reloads_the_licence_of_a_serving_process(tmp_path: Path) -> None
 
 
 def test_startup_log_names_the_licence_state(tmp_path: Path) -> None:
-    env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"), KNOWLEDGE_LOG_FORMAT="json")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "licence.json").write_bytes(b"garbage")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "knowledge_server.cli",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-bootstrap",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = serve_process(tmp_path / "data")
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("listening on")
     proc.send_signal(signal.SIGTERM)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, serve_process
 
 
 @pytest.mark.slow
@@ -45,22 +43,7 @@ def test_sdk_installs_alone_and_searches(tmp_path: Path) -> None:
     ):
         assert server_dep not in installed, server_dep
 
-    env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"), KNOWLEDGE_LOG_FORMAT="json")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "knowledge_server.cli",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-bootstrap",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    server = serve_process(tmp_path / "data", stderr=subprocess.DEVNULL)
     try:
         assert server.stdout is not None
         address = server.stdout.readline().split()[-1]

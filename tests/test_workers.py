@@ -16,6 +16,8 @@ import pytest
 from knowledge_sdk import KnowledgeClient
 from knowledge_server.lanes.common import WriterLock
 
+from tests.conftest import serve_process
+
 
 def _listeners(port: int) -> int:
     """Listening TCP sockets on ``port`` (one per serving process with SO_REUSEPORT)."""
@@ -67,30 +69,10 @@ def _wait(predicate, timeout: float = 20.0) -> bool:  # type: ignore[no-untyped-
 
 
 def _start(tmp_path: Path, workers: int) -> tuple[subprocess.Popen[str], str]:
-    env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"), KNOWLEDGE_LOG_FORMAT="json")
-    env.pop("KNOWLEDGE_ADDRESS", None)
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
     (ws / "app.py").write_text("def handler():\n    return 1\n")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "knowledge_server.cli",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-bootstrap",
-            "--workspace",
-            str(ws),
-            "--workers",
-            str(workers),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = serve_process(tmp_path / "data", "--workspace", str(ws), "--workers", str(workers))
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("listening on"), line + (
