@@ -10,10 +10,12 @@ write lock first, waiting through the busy handler, so concurrent openers queue.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import apsw
 
-__all__ = ["apply_schema", "use_wal"]
+__all__ = ["apply_schema", "immediate", "use_wal"]
 
 
 def use_wal(conn: apsw.Connection, *, timeout_s: float = 30.0) -> None:
@@ -33,14 +35,22 @@ def use_wal(conn: apsw.Connection, *, timeout_s: float = 30.0) -> None:
             delay = min(delay * 2, 0.2)
 
 
-def apply_schema(conn: apsw.Connection, script: str, *, busy_ms: int = 30_000) -> None:
-    """Run ``script`` (CREATE ... IF NOT EXISTS, INSERT OR IGNORE ...) as one write
-    transaction, waiting up to ``busy_ms`` for another writer to finish."""
-    conn.setbusytimeout(busy_ms)
+@contextmanager
+def immediate(conn: apsw.Connection) -> Iterator[None]:
+    """One write transaction that takes the write lock first (waiting through the busy
+    handler), committed on success and rolled back on any error."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.execute(script)
+        yield
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def apply_schema(conn: apsw.Connection, script: str, *, busy_ms: int = 30_000) -> None:
+    """Run ``script`` (CREATE ... IF NOT EXISTS, INSERT OR IGNORE ...) as one write
+    transaction, waiting up to ``busy_ms`` for another writer to finish."""
+    conn.setbusytimeout(busy_ms)
+    with immediate(conn):
+        conn.execute(script)

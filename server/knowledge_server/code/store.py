@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 
-from knowledge_server.schema import use_wal
+from knowledge_server.schema import immediate, use_wal
 
 __all__ = ["SCHEMA_VERSION", "open_store", "vec_table_for"]
 
@@ -150,15 +150,8 @@ def open_store(path: str) -> apsw.Connection:
     # Readers open this store too (one per pooled connection, in every serving process):
     # when the schema and settings are in place, opening writes nothing.
     if not _initialised(cur):
-        cur.execute(
-            "BEGIN IMMEDIATE"
-        )  # wait for other openers/writers, see knowledge_server.schema
-        try:
+        with immediate(conn):  # other openers and writers queue, see knowledge_server.schema
             _initialise(cur)
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-        cur.execute("COMMIT")
     return conn
 
 
