@@ -116,22 +116,9 @@ def _message(msg: Message) -> int:
         if kind == _MAP:
             total += _map(value_field, value)
         elif repeated:
-            total += 1 + len(value)
-            if kind == _STRING:
-                for v in value:
-                    total += _string(v)
-            elif kind == _MESSAGE:
-                for v in value:
-                    total += _message(v)
-            else:
-                for v in value:
-                    total += _scalar(kind, field, v)
-        elif kind == _STRING:
-            total += _string(value)
-        elif kind == _MESSAGE:
-            total += _message(value)
+            total += 1 + len(value) + sum(_value(kind, field, v) for v in value)
         else:
-            total += _scalar(kind, field, value)
+            total += _value(kind, field, value)
     return total
 
 
@@ -139,16 +126,20 @@ def _map(value_field: FieldDescriptor, value: Any) -> int:
     if not value:
         return 2
     kind = _plan(value_field)[1]
-    total = 1 + len(value)
-    for k, v in value.items():
-        total += _string(str(k)) + 1
-        if kind == _STRING:
-            total += _string(v)
-        elif kind == _MESSAGE:
-            total += _message(v)
-        else:
-            total += _scalar(kind, value_field, v)
-    return total
+    # Keys are strings in JSON; each entry is "key":value plus a separating comma.
+    return (
+        1
+        + len(value)
+        + sum(_string(str(k)) + 1 + _value(kind, value_field, v) for k, v in value.items())
+    )
+
+
+def _value(kind: int, field: FieldDescriptor, value: Any) -> int:
+    if kind == _STRING:
+        return _string(value)
+    if kind == _MESSAGE:
+        return _message(value)
+    return _scalar(kind, field, value)
 
 
 def _scalar(kind: int, field: FieldDescriptor, value: Any) -> int:
