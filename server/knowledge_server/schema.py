@@ -9,13 +9,38 @@ write lock first, waiting through the busy handler, so concurrent openers queue.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import apsw
 
-__all__ = ["apply_schema", "immediate", "use_wal"]
+__all__ = ["apply_schema", "immediate", "open_db", "use_wal"]
+
+
+def open_db(
+    path: str,
+    script: str,
+    *,
+    read_only: bool = False,
+    busy_ms: int,
+    synchronous_normal: bool = True,
+) -> apsw.Connection:
+    """A store's connection: read-only, or a writer whose folder, WAL mode and schema
+    are ensured first (``synchronous=NORMAL`` unless told otherwise)."""
+    if read_only:
+        conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        conn = apsw.Connection(path)
+        conn.setbusytimeout(busy_ms)
+        use_wal(conn)
+        if synchronous_normal:
+            conn.execute("PRAGMA synchronous=NORMAL")
+        apply_schema(conn, script)
+    conn.setbusytimeout(busy_ms)
+    return conn
 
 
 def use_wal(conn: apsw.Connection, *, timeout_s: float = 30.0) -> None:

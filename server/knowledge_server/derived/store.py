@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
 
-import apsw
-
-from knowledge_server.schema import apply_schema, use_wal
+from knowledge_server.schema import open_db
 
 from ..episodes.model import parse_event_id
 
@@ -210,16 +208,7 @@ class DerivedStore:
         # apsw serialises calls on one connection, but a transaction spans several calls:
         # this lock keeps two threads sharing the object from interleaving theirs.
         self._lock = threading.RLock()
-        if read_only:
-            self.conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
-        else:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self.conn = apsw.Connection(path)
-            self.conn.setbusytimeout(30000)
-            use_wal(self.conn)
-            self.conn.execute("PRAGMA synchronous=NORMAL")
-            apply_schema(self.conn, _SCHEMA)
-        self.conn.setbusytimeout(30000)
+        self.conn = open_db(path, _SCHEMA, read_only=read_only, busy_ms=30000)
 
     def close(self) -> None:
         self.conn.close()

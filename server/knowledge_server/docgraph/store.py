@@ -14,9 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import apsw
-
-from knowledge_server.schema import apply_schema, use_wal
+from knowledge_server.schema import open_db
 
 __all__ = ["DB_FILENAME", "LAYER_TABLES", "DocGraphStore"]
 
@@ -136,13 +134,8 @@ class DocGraphStore:
         p = Path(path)
         if p.suffix not in (".sqlite", ".db"):
             p = p / DB_FILENAME
-        p.parent.mkdir(parents=True, exist_ok=True)
         self.path = p
-        self.conn = apsw.Connection(str(p))
-        self.conn.setbusytimeout(5000)
-        use_wal(self.conn)
-        apply_schema(self.conn, _SCHEMA)
-        self.conn.setbusytimeout(5000)
+        self.conn = open_db(str(p), _SCHEMA, busy_ms=5000, synchronous_normal=False)
 
     def close(self) -> None:
         self.conn.close()

@@ -15,7 +15,7 @@ from typing import Any, Self
 
 import apsw
 
-from knowledge_server.schema import apply_schema, use_wal
+from knowledge_server.schema import open_db
 
 from .model import (
     EpisodeHit,
@@ -159,16 +159,7 @@ class EpisodeStore:
         self.path = path
         self.read_only = read_only
         self.live_minutes = live_minutes
-        if read_only:
-            self.conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
-        else:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self.conn = apsw.Connection(path)
-            self.conn.setbusytimeout(5000)
-            use_wal(self.conn)
-            self.conn.execute("PRAGMA synchronous=NORMAL")
-            apply_schema(self.conn, _SCHEMA)
-        self.conn.setbusytimeout(5000)
+        self.conn = open_db(path, _SCHEMA, read_only=read_only, busy_ms=5000)
 
     def close(self) -> None:
         self.conn.close()
