@@ -31,14 +31,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_pb2
 from knowledge_server.derived.store import ActorInfo, DerivedStore
 from knowledge_server.dispatch import outbox
 from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound
 from knowledge_server.lanes.common import WriterLock
 from knowledge_server.search.coordinator import count_tokens
+from knowledge_server.search.jsonsize import json_text
 from knowledge_server.search.validate import LANES, ValidSearch
 from knowledge_server.workspaces import in_scope
 
@@ -586,8 +585,7 @@ def _path_lock(path: str) -> WriterLock:
 
 
 def _pack_tokens(pack: dispatch_pb2.ContextPack) -> int:
-    data = json_format.MessageToDict(pack, preserving_proto_field_name=True)
-    return count_tokens(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+    return count_tokens(json_text(pack))
 
 
 def _fit_pack(pack: dispatch_pb2.ContextPack, max_tokens: int = PACK_MAX_TOKENS) -> None:

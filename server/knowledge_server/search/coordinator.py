@@ -25,7 +25,7 @@ from google.protobuf import timestamp_pb2
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
 from knowledge_server.lanes.common import in_thread
-from knowledge_server.search.jsonsize import json_size, json_size_of_string, json_text
+from knowledge_server.search.jsonsize import json_size, json_size_of_string
 from knowledge_server.search.lanes import Lane, LaneQuery, LaneResult, degraded
 from knowledge_server.search.routing import route
 from knowledge_server.search.validate import SCHEMA, ValidSearch
@@ -40,11 +40,6 @@ MAX_CODE_PER_PATH = 5
 def count_tokens(text: str) -> int:
     """Tokens as counted for budgets: ceil(UTF-8 bytes / 4)."""
     return math.ceil(len(text.encode("utf-8")) / 4)
-
-
-def response_json(resp: search_pb2.SearchResponse) -> str:
-    """The response text that budgets count (its size comes from :func:`json_size`)."""
-    return json_text(resp)
 
 
 @dataclass
@@ -413,9 +408,7 @@ def _measure(resp: search_pb2.SearchResponse) -> tuple[int, int]:
     """(tokens, bytes without used_tokens) of the response text; sets ``used_tokens``."""
     resp.limits.budget.used_tokens = 0
     size = json_size(resp)
-    used = _tokens_for(size, resp)
-    resp.limits.budget.used_tokens = used
-    return used, size
+    return _settle(resp, size), size
 
 
 def _settle(resp: search_pb2.SearchResponse, size: int) -> int:
