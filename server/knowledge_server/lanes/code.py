@@ -18,7 +18,7 @@ from knowledge_server.code.index import CodeIndex
 from knowledge_server.code.model import Freshness, IndexOptions
 from knowledge_server.code.search import check_freshness
 from knowledge_server.errors import InvalidRequest, NotFound
-from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread
+from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread, operation_summary
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.workspaces import is_under
 
@@ -248,21 +248,21 @@ class CodeLane:
                 root, progress_callback=lambda d, t, p: progress("index", d, t, p), options=options
             )
         self.refresh_freshness([report.workspace])
-        summary = index_service_pb2.OperationSummary(
+        summary = operation_summary(
+            report,
+            (
+                "files_seen",
+                "files_indexed",
+                "files_reused",
+                "chunks",
+                "chunks_new",
+                "vectors_embedded",
+                "vectors_missing",
+            ),
             index_rev=report.index_rev,
             changed=not report.unchanged,
-            ms=round((time.perf_counter() - started) * 1000, 1),
+            started=started,
         )
-        for key in (
-            "files_seen",
-            "files_indexed",
-            "files_reused",
-            "chunks",
-            "chunks_new",
-            "vectors_embedded",
-            "vectors_missing",
-        ):
-            summary.counters[key] = int(getattr(report, key))
         summary.counters["drift_written"] = int(report.drift_written)
         for reason, n in sorted(report.files_skipped.items()):
             summary.counters[f"skipped_{reason}"] = int(n)

@@ -10,7 +10,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -95,6 +95,19 @@ class WriterLock:
 
     def locked(self) -> bool:
         return self._thread.locked()
+
+
+def operation_summary(
+    report: object, counters: Sequence[str], *, index_rev: str, changed: bool, started: float
+) -> index_service_pb2.OperationSummary:
+    """The summary an operator stream ends with: revision, whether anything changed, the
+    time since ``started`` (``time.perf_counter``) and the named integer counters of ``report``."""
+    summary = index_service_pb2.OperationSummary(
+        index_rev=index_rev, changed=changed, ms=round((time.perf_counter() - started) * 1000, 1)
+    )
+    for key in counters:
+        summary.counters[key] = int(getattr(report, key))
+    return summary
 
 
 def ts(value: datetime | float | None) -> timestamp_pb2.Timestamp | None:

@@ -25,7 +25,7 @@ from knowledge_server.derived.lane import InvalidQuery, search_skills
 from knowledge_server.derived.skills import default_roots, load_catalog
 from knowledge_server.derived.store import DerivedStore
 from knowledge_server.episodes.store import EpisodeStore
-from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread
+from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread, operation_summary
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.search.validate import ValidSearch
 
@@ -293,13 +293,13 @@ class DerivedLane:
                 )
             finally:
                 episodes.close()
-        summary = index_service_pb2.OperationSummary(
+        summary = operation_summary(
+            report,
+            ("actors", "skills", "skill_uses", "sessions_processed"),
             index_rev=report.index_rev,
             changed=report.changed,
-            ms=round((time.perf_counter() - started) * 1000, 1),
+            started=started,
         )
-        for key in ("actors", "skills", "skill_uses", "sessions_processed"):
-            summary.counters[key] = int(getattr(report, key))
         for problem in list(report.problems)[:100]:
             summary.problems.add(code="SKILL_CATALOG", message=str(problem))
         return summary

@@ -18,7 +18,14 @@ from knowledge_server.episodes.ingest import ingest, ingest_sample_if_empty
 from knowledge_server.episodes.model import EventDetail, SessionInfo
 from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
 from knowledge_server.errors import InvalidRequest, NotFound
-from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread, ts
+from knowledge_server.lanes.common import (
+    Pool,
+    ProgressFn,
+    WriterLock,
+    in_thread,
+    operation_summary,
+    ts,
+)
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.workspaces import in_scope, is_under
 
@@ -215,21 +222,21 @@ class EpisodesLane:
                 sample = ingest_sample_if_empty(self._writer)
                 if sample is not None:
                     report.merge(sample)
-        summary = index_service_pb2.OperationSummary(
+        summary = operation_summary(
+            report,
+            (
+                "files_seen",
+                "files_changed",
+                "files_reimported",
+                "events_added",
+                "events_duplicate",
+                "events_removed",
+                "sessions",
+            ),
             index_rev=report.index_rev or self._writer.index_rev(),
             changed=bool(report.events_added or report.events_removed or report.files_reimported),
-            ms=round((time.perf_counter() - started) * 1000, 1),
+            started=started,
         )
-        for key in (
-            "files_seen",
-            "files_changed",
-            "files_reimported",
-            "events_added",
-            "events_duplicate",
-            "events_removed",
-            "sessions",
-        ):
-            summary.counters[key] = int(getattr(report, key))
         summary.counters["malformed"] = len(report.malformed)
         summary.counters["unknown"] = len(report.unknown)
         summary.counters["sample_ingested"] = int(sample is not None)
