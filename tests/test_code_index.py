@@ -262,3 +262,23 @@ def test_process_pool_gives_the_same_index(tmp_path: Path) -> None:
             rows = ix.conn.execute("SELECT chunk_id FROM chunks ORDER BY chunk_id").fetchall()
             ids.append((rep.fingerprint, [r[0] for r in rows]))
     assert ids[0] == ids[1]
+
+
+def test_document_frequencies_follow_new_revisions(tmp_path: Path) -> None:
+    """The remembered term counts that pick candidate-selecting terms belong to the
+    current revisions: a reader sees them change after another connection re-indexes."""
+    ws = tmp_path / "ws"
+    _write(ws, "a.py", "def walrus_one():\n    pass\n")
+    db = str(tmp_path / "data" / "code.sqlite")
+    with CodeIndex(db) as writer, CodeIndex(db) as reader:
+        writer.index_workspace(str(ws))
+        assert search_mod._doc_freqs(reader.conn, ["walrus", "narwhal"])[0] == {
+            "walrus": 1,
+            "narwhal": 0,
+        }
+        _write(ws, "b.py", "def walrus_narwhal():\n    pass\n")
+        writer.index_workspace(str(ws))
+        assert search_mod._doc_freqs(reader.conn, ["walrus", "narwhal"])[0] == {
+            "walrus": 2,
+            "narwhal": 1,
+        }

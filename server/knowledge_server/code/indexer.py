@@ -14,6 +14,7 @@ from typing import Any
 import apsw
 import numpy as np
 
+from . import bitknn
 from .chunking import CHUNKER_VERSION, chunk_file
 from .embed import Embedder
 from .model import IndexOptions, IndexReport, ProgressCallback
@@ -442,6 +443,8 @@ def fill_vectors(
                 "INSERT OR IGNORE INTO file_vec(file_id, tbl) VALUES(?, ?)",
                 [(f, vtbl) for f in batch_files],
             )
+            if batch:
+                bitknn.bump_epoch(conn, vtbl)
         done += len(batch)
         batch.clear()
         batch_files.clear()
@@ -507,4 +510,6 @@ def gc(conn: apsw.Connection, workspace: str, *, keep: int = 2) -> int:
             conn.execute("DELETE FROM file_vec WHERE file_id = ?", (fid,))
             conn.execute("DELETE FROM chunks WHERE file_id = ?", (fid,))
             conn.execute("DELETE FROM file_versions WHERE id = ?", (fid,))
+        for t in tables:
+            bitknn.bump_epoch(conn, t)
     return len(old)

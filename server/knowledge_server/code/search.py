@@ -10,9 +10,10 @@ from typing import Any
 import apsw
 import numpy as np
 
+from . import bitknn
 from .embed import Embedder
 from .model import ChunkRecord, CodeHit, CodeSearchResult, Freshness, IndexOptions
-from .store import is_binary, scalar, vec_table_for
+from .store import FTS_SCORE, is_binary, scalar, vec_table_for
 from .tokenize import fts_quote, matched_terms, query_terms
 from .walker import walk_workspace
 
@@ -65,19 +66,47 @@ def _json_list(items: Sequence[object]) -> str:
     return json.dumps(list(items))
 
 
-def _split_terms(conn: apsw.Connection, terms: list[str]) -> tuple[list[str], list[str]]:
-    """(terms present in the index, the rarer ones that select candidates)."""
-    df = {t: 0 for t in terms}
-    if terms:
+# Document frequencies per database: fts5vocab counts a term's documents by walking its
+# posting list (about 0.1 ms for a common word at 20k chunks), and queries repeat words.
+# Keyed by the current revisions and the newest chunk, which every index run changes.
+_df_cache: dict[str, tuple[tuple[Any, ...], dict[str, int]]] = {}
+_DF_CACHE_TERMS = 50_000
+
+
+def _doc_freqs(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, int], int]:
+    """({term: chunks containing it}, highest chunk rowid)."""
+    state = tuple(
+        conn.execute(
+            "SELECT (SELECT max(rowid) FROM chunks),"
+            " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces)"
+        ).fetchone()
+    )
+    entry = _df_cache.get(conn.filename)
+    if entry is None or entry[0] != state or len(entry[1]) > _DF_CACHE_TERMS:
+        entry = (state, {})
+        if conn.filename:  # in-memory databases share the name ""
+            _df_cache[conn.filename] = entry
+    known = entry[1]
+    missing = [t for t in terms if t not in known]
+    if missing:
+        found = dict.fromkeys(missing, 0)
         for term, doc in conn.execute(
             "SELECT term, doc FROM chunks_fts_vocab WHERE term IN (SELECT value FROM json_each(?))",
-            (_json_list(terms),),
+            (_json_list(missing),),
         ):
-            df[term] = int(doc)
+            found[term] = int(doc)
+        known.update(found)
+    return {t: known[t] for t in terms}, int(state[0] or 1)
+
+
+def _split_terms(conn: apsw.Connection, terms: list[str]) -> tuple[list[str], list[str]]:
+    """(terms present in the index, the rarer ones that select candidates)."""
+    if not terms:
+        return [], []
+    df, total = _doc_freqs(conn, terms)
     present = sorted((t for t in terms if df[t] > 0), key=lambda t: df[t])[:_MAX_TERMS]
     if len(present) <= 1:
         return present, present
-    total = int(scalar(conn, "SELECT max(rowid) FROM chunks") or 1)
     if total < _PRUNE_FROM:
         return present, present
     rare = [t for t in present if df[t] <= total * _FREQUENT_SHARE]
@@ -104,8 +133,8 @@ def _lexical(
             # to the candidates instead of scanning them.
             match = f"({pick}) AND ({expr})"
         lex = (
-            "WITH lex AS MATERIALIZED (SELECT rowid, rank FROM chunks_fts"
-            " WHERE chunks_fts MATCH ? ORDER BY rank LIMIT ?)"
+            f"WITH lex AS MATERIALIZED (SELECT rowid, {FTS_SCORE} AS rank FROM chunks_fts"
+            " WHERE chunks_fts MATCH ? ORDER BY rank, rowid LIMIT ?)"
         )
         params: list[Any] = [match, fetch]
         rows = conn.execute(
@@ -140,22 +169,38 @@ def _vector(
     Rows end with the cosine distance (1 - similarity)."""
     q = np.ascontiguousarray(qvec, dtype=np.float32)
     binary = is_binary(dim)
-    arg = "vec_quantize_binary(?)" if binary else "?"
     # Binary distances are coarse: fetch a few times more candidates than needed.
     k = min(max(n * (2 if binary else 1), 60), _MAX_K)
     while True:
+        if binary:
+            # Hamming KNN over an in-memory copy of the bits (code.bitknn), then the
+            # candidates' rows; knn.distance keeps the (distance, rowid) order.
+            near, held = bitknn.nearest(conn, vtbl, dim, q, k)
+            knn = (
+                "WITH knn AS MATERIALIZED (SELECT value ->> 0 AS rowid, value ->> 1 AS distance"
+                " FROM json_each(?))"
+            )
+            args: list[Any] = [json.dumps(near)]
+        else:
+            knn = (
+                f"WITH knn AS MATERIALIZED (SELECT rowid, distance FROM {vtbl}"
+                " WHERE embedding MATCH ? AND k = ?)"
+            )
+            args = [q.tobytes(), k]
         rows = conn.execute(
-            f"WITH knn AS MATERIALIZED (SELECT rowid, distance FROM {vtbl}"
-            f" WHERE embedding MATCH {arg} AND k = ?)"
-            f" SELECT {_COLS}, knn.distance, f.v FROM knn JOIN chunks c ON c.id = knn.rowid"
+            f"{knn} SELECT {_COLS}, knn.distance, f.v FROM knn JOIN chunks c ON c.id = knn.rowid"
             f" JOIN {vtbl}_f f ON f.id = c.id{scope[0]}"
             " ORDER BY knn.distance, c.path, c.start_line",
-            [q.tobytes(), k, *scope[1]],
+            [*args, *scope[1]],
         ).fetchall()
         enough = len(rows) >= n or k >= _MAX_K
         # Vectors of other workspaces/old revisions took the places: widen the search,
         # unless the table holds fewer vectors than we asked for.
-        if enough or int(scalar(conn, f"SELECT count(*) FROM {vtbl}_f")) <= k:
+        if enough:
+            break
+        if not binary:
+            held = int(scalar(conn, f"SELECT count(*) FROM {vtbl}_f"))
+        if held <= k:
             break
         k = min(k * 4, _MAX_K)
     if not rows:

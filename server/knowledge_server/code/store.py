@@ -106,7 +106,12 @@ CREATE TABLE IF NOT EXISTS file_vec(
 """
 
 
-FTS_RANK = "bm25(1.0, 3.0)"
+# bm25 weights: identifier tokens of the body 1.0, path + symbol name 3.0.
+FTS_WEIGHTS = (1.0, 3.0)
+FTS_RANK = "bm25({}, {})".format(*FTS_WEIGHTS)
+# The same ranking as a query expression. ``ORDER BY <this> LIMIT n`` keeps only the best
+# n in SQLite's sorter; ``ORDER BY rank`` makes FTS5 sort every match first (a third slower).
+FTS_SCORE = "bm25(chunks_fts, {}, {})".format(*FTS_WEIGHTS)
 FTS_AUTOMERGE = 16
 
 
@@ -124,7 +129,6 @@ def _initialise(cur: apsw.Cursor) -> None:
     cur.execute(
         "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (SCHEMA_VERSION,)
     )
-    # bm25 weights: identifier tokens of the body 1.0, path + symbol name 3.0.
     cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('rank', ?)", (FTS_RANK,))
     # Merge segments 16 at a time instead of 4: a full index run spends a fifth less
     # time in the writer (measured on the standard library), at a query cost within noise.

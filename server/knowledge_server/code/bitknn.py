@@ -1,0 +1,124 @@
+"""Nearest binary vectors by hamming distance, scanned in process memory.
+
+The code store keeps binary-quantised vectors in a sqlite-vec ``vec0`` table (one bit
+per dimension: the sign of the float). sqlite-vec's KNN scans that table through the
+virtual-table interface on every query (about 1.8 ms at 20,000 vectors here). The same
+bits, held as a few contiguous ``uint64`` columns, are scanned with numpy in about
+0.1 ms: XOR with the query, count the bits, keep the ``k`` nearest.
+
+Each serving process keeps one copy per (database, vector table), about 40 bytes per
+chunk. The writer bumps ``meta['vec_epoch:<tbl>']`` in every transaction that adds or
+removes vectors (:func:`bump_epoch`); a reader compares the epoch (one indexed lookup)
+and reloads the copy when it moved, in one read transaction with the epoch itself.
+Results are the same as sqlite-vec's: the distances are equal bit for bit, and ties
+are broken by rowid so the order is deterministic.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import apsw
+import numpy as np
+
+__all__ = ["BitMatrix", "bump_epoch", "nearest", "quantize"]
+
+
+def _epoch_key(vtbl: str) -> str:
+    return f"vec_epoch:{vtbl}"
+
+
+def bump_epoch(conn: apsw.Connection, vtbl: str) -> None:
+    """Mark the vectors of ``vtbl`` as changed; call inside the writing transaction."""
+    conn.execute(
+        "INSERT INTO meta(key, value) VALUES(?, '1') ON CONFLICT(key) DO UPDATE"
+        " SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)",
+        (_epoch_key(vtbl),),
+    )
+
+
+def _epoch(conn: apsw.Connection, vtbl: str) -> str:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (_epoch_key(vtbl),)).fetchone()
+    return "0" if row is None else str(row[0])
+
+
+def quantize(vec: np.ndarray) -> bytes:
+    """The bit vector sqlite-vec's ``vec_quantize_binary`` makes: bit i is set when
+    ``vec[i] > 0``, least significant bit first within each byte."""
+    return np.packbits(np.asarray(vec) > 0, bitorder="little").tobytes()
+
+
+@dataclass(frozen=True)
+class BitMatrix:
+    """Binary vectors as 64-bit columns (rows padded with zero bits to a multiple of 64)."""
+
+    ids: np.ndarray  # int64 rowids, one per vector
+    columns: tuple[np.ndarray, ...]  # uint64 arrays, each len(ids) long
+
+    @classmethod
+    def from_rows(cls, rows: list[tuple[int, bytes]], nbytes: int) -> BitMatrix:
+        width = -(-nbytes // 8) * 8
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        buf = np.zeros((len(rows), width), dtype=np.uint8)
+        if rows:
+            raw = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype=np.uint8)
+            buf[:, :nbytes] = raw.reshape(len(rows), nbytes)
+        words = buf.view(np.uint64)
+        return cls(ids, tuple(np.ascontiguousarray(words[:, j]) for j in range(words.shape[1])))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def nearest(self, query: bytes, k: int) -> list[tuple[int, int]]:
+        """The ``k`` nearest rows as (rowid, hamming distance), by (distance, rowid)."""
+        n = len(self.ids)
+        if n == 0 or k <= 0:
+            return []
+        width = len(self.columns) * 8
+        q = np.frombuffer(query.ljust(width, b"\x00")[:width], dtype=np.uint64)
+        dist = np.bitwise_count(self.columns[0] ^ q[0]).astype(np.int32)
+        for j in range(1, len(self.columns)):
+            dist += np.bitwise_count(self.columns[j] ^ q[j])
+        if k < n:
+            # Distances are small integers: the k-th smallest is found from their histogram.
+            counts = np.bincount(dist, minlength=width * 8 + 1).cumsum()
+            cut = int(np.searchsorted(counts, k))
+            sel = np.flatnonzero(dist <= cut)
+        else:
+            sel = np.arange(n)
+        sel = sel[np.lexsort((self.ids[sel], dist[sel]))][:k]
+        return [(int(i), int(d)) for i, d in zip(self.ids[sel], dist[sel], strict=True)]
+
+
+_cache: dict[tuple[str, str], tuple[str, BitMatrix]] = {}
+_lock = threading.Lock()
+
+
+def _matrix(conn: apsw.Connection, vtbl: str, nbytes: int) -> BitMatrix:
+    key = (conn.filename, vtbl)
+    epoch = _epoch(conn, vtbl)
+    hit = _cache.get(key)
+    if hit is not None and hit[0] == epoch:
+        return hit[1]
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None and hit[0] == _epoch(conn, vtbl):
+            return hit[1]
+        # One read transaction: the epoch stored with the copy is the one its rows carry.
+        with conn:
+            epoch = _epoch(conn, vtbl)
+            rows = conn.execute(f"SELECT rowid, embedding FROM {vtbl}").fetchall()
+        matrix = BitMatrix.from_rows(rows, nbytes)
+        if conn.filename:  # in-memory databases share the name ""
+            _cache[key] = (epoch, matrix)
+        return matrix
+
+
+def nearest(
+    conn: apsw.Connection, vtbl: str, dim: int, query: np.ndarray, k: int
+) -> tuple[list[tuple[int, int]], int]:
+    """(the ``k`` nearest vectors of ``vtbl`` to ``query`` as (rowid, distance), the
+    number of vectors held)."""
+    matrix = _matrix(conn, vtbl, dim // 8)
+    return matrix.nearest(quantize(query), k), len(matrix)
