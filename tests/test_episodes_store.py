@@ -10,6 +10,8 @@ from pathlib import Path
 
 import apsw
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from knowledge_server.episodes import EpisodeStore, ingest, ingest_sample_if_empty, watch
 from knowledge_server.episodes.store import InvalidQuery
 
@@ -251,3 +253,43 @@ def test_deleted_file_events_are_removed(store: EpisodeStore, tmp_path: Path) ->
     rep = ingest(store, [str(logs)])
     assert rep.events_removed == 1 and store.index_rev() != rev
     assert [h.session_id for h in store.search("text")] == ["db"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(alphabet="abcXYZ é\n", max_size=7000),
+    st.lists(st.text(alphabet="abcxyz", min_size=1, max_size=6), max_size=4),
+    st.integers(20, 300),
+)
+def test_snippet_window_scan_finds_the_first_needle(text: str, needles: list[str], width: int):
+    """The snippet is centred on the earliest needle, found case-insensitively, as a scan of
+    the whole lower-cased text would find it (the window scan must not miss one that
+    straddles two windows)."""
+    from knowledge_server.episodes.store import _first_needle, make_snippet
+
+    low = text.lower()
+    hits = [i for i in (low.find(n) for n in needles) if i != -1]
+    assert _first_needle(text, [n.lower() for n in needles]) == (min(hits) if hits else -1)
+    snip = make_snippet(text, needles, width)
+    if len(text) <= max(20, width):
+        assert snip == text
+    else:
+        assert len(snip) == max(20, width)
+
+
+def test_document_frequencies_follow_new_events(store: EpisodeStore, tmp_path: Path) -> None:
+    """The remembered term counts that prune frequent words are those of the current index
+    revision: a reader (another connection) sees counts grow after an ingest."""
+    p = tmp_path / "s.jsonl"
+    p.write_text("".join(_line("dfs", i, f"zebra step {i}") for i in range(1, 4)))
+    ingest(store, [str(p)])
+    reader = EpisodeStore(str(tmp_path / "db"), read_only=True)
+    try:
+        assert reader._doc_freqs(["zebra", "okapi"]) == {"zebra": 3, "okapi": 0}
+        with open(p, "a") as fh:
+            fh.write("".join(_line("dfs", i, f"zebra okapi {i}") for i in range(4, 6)))
+        ingest(store, [str(p)])
+        assert reader._doc_freqs(["zebra", "okapi"]) == {"zebra": 5, "okapi": 2}
+        assert [h.seq for h in reader.search("okapi")] == [5, 4]
+    finally:
+        reader.close()
