@@ -131,7 +131,7 @@ class KnowledgeApp:
         if op_sync is None:
             raise Unimplemented(f"{op} (document graph) needs the built-in docgraph lane")
         scope = effective_workspaces(current_call().principal, ())
-        return await in_thread(op_sync, op, req, scope)
+        return await in_thread(op_sync, op, req, scope, pool="docgraph")
 
     # -- IndexService ------------------------------------------------------------------
     async def index_stream(

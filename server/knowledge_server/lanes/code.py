@@ -202,7 +202,7 @@ class CodeLane:
         return revs, fresh
 
     async def search(self, q: LaneQuery) -> LaneResult:
-        return await in_thread(self._search_sync, q)
+        return await in_thread(self._search_sync, q, pool=self.name)
 
     # -- GetChunk ------------------------------------------------------------------------
     def get_chunk_sync(

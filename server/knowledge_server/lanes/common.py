@@ -125,15 +125,38 @@ def ts(value: datetime | float | None) -> timestamp_pb2.Timestamp | None:
 
 ProgressFn = Callable[[str, int, int, str], None]
 
-# Lane queries run here, not in asyncio's small default pool: a lane that overruns its
-# timeout keeps its thread until SQLite returns, and must not delay the other lanes.
-_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="lane")
+# Blocking lane work runs in small thread pools, one per lane (named by ``pool``), not in
+# asyncio's shared default pool:
+# - a lane that overruns its timeout keeps its thread until SQLite returns, and must not
+#   delay the other lanes; its later queries wait for its own threads and time out, so a
+#   stuck lane reads as a degraded lane; a query whose caller gave up before a thread
+#   was free is cancelled, never run;
+# - two threads per lane are enough on any core count here, because the lane queries
+#   hold the GIL for their Python parts anyway: under 16 concurrent searches, 32 shared
+#   threads spent about a tenth of the CPU handing the GIL between each other (measured
+#   with bench/bench_search.py: 152 vs 170 searches/s).
+POOL_THREADS = 2
+_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
 
 
-async def in_thread(fn: Callable[..., R], *args: object) -> R:
-    """Run blocking lane work in the lane thread pool."""
+def _pool(name: str) -> concurrent.futures.ThreadPoolExecutor:
+    pool = _pools.get(name)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(name)
+            if pool is None:
+                pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=POOL_THREADS, thread_name_prefix=f"lane-{name}"
+                )
+                _pools[name] = pool
+    return pool
+
+
+async def in_thread(fn: Callable[..., R], *args: object, pool: str = "misc") -> R:
+    """Run blocking work in the thread pool named ``pool`` (one per lane)."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_EXECUTOR, functools.partial(fn, *args))
+    return await loop.run_in_executor(_pool(pool), functools.partial(fn, *args))
 
 
 async def run_with_progress(

@@ -164,7 +164,7 @@ class DerivedLane:
             return store.index_rev() if store.is_built() else ""
 
     async def search(self, q: LaneQuery) -> LaneResult:
-        return await in_thread(self._search_sync, q)
+        return await in_thread(self._search_sync, q, pool=self.name)
 
     # -- actors ---------------------------------------------------------------------------
     def episode_actors(self, episode_ids: Sequence[str]) -> dict[str, str]:

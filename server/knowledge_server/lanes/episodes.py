@@ -158,7 +158,7 @@ class EpisodesLane:
             return store.index_rev(), int(time.time() // 60)
 
     async def search(self, q: LaneQuery) -> LaneResult:
-        return await in_thread(self._search_sync, q)
+        return await in_thread(self._search_sync, q, pool=self.name)
 
     # -- GetEpisode ---------------------------------------------------------------------
     def _episode_pb(

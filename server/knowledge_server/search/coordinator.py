@@ -226,7 +226,7 @@ class Coordinator:
             if name == "episodes" and lane_msg.items:
                 ids = [it.id for it in lane_msg.items]
                 if self.episode_actors is not None:
-                    groups = await in_thread(self.episode_actors, ids)
+                    groups = await in_thread(self.episode_actors, ids, pool="actors")
                 groups = {it.id: groups.get(it.id) or it.session_id for it in lane_msg.items}
             self._fuse_lane(name, lane_msg, weight, v.limit, groups)
             if name == "episodes":
@@ -279,7 +279,7 @@ class Coordinator:
             )
 
         if self.actor_builder is not None and resp.found:
-            resp.actors.extend(await in_thread(self.actor_builder, resp, v))
+            resp.actors.extend(await in_thread(self.actor_builder, resp, v, pool="actors"))
 
         resp.limits.requested = v.limit
         resp.limits.budget.max_tokens = v.max_tokens
