@@ -169,6 +169,25 @@ class _SlowLane:
         return LaneResult(lane=empty_lane(self.name))
 
 
+class _ManyCodeLane:
+    """A code backend with as many hits as it is asked for, each in its own file."""
+
+    name = "code"
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    async def search(self, q: LaneQuery) -> LaneResult:
+        self.asked.append(q.top_k)
+        lane = empty_lane("code")
+        lane.capability = "full"
+        for i in range(q.top_k):
+            lane.items.add(
+                id=f"chunk:many{i}", chunk_id=f"many{i}", path=f"many/f{i}.py", start_line=1
+            )
+        return LaneResult(lane=lane)
+
+
 class _swap:
     """Temporarily replace a lane of the running server (fault injection through the Lane interface)."""
 
@@ -475,3 +494,17 @@ def test_kc13_lanes_write_only_their_own_store_and_sources_stay_unchanged(world:
         _tree_hash(world.logs) + _tree_hash(world.ws_a) + _tree_hash(world.ws_b)
         == world.sources_before
     )
+
+
+def test_kc_limit_up_to_50_is_honoured_by_every_lane_query(world: World) -> None:
+    """Seed 000 §3 allows limit 1..50: each lane is asked for at least twice the limit, so
+    a lane with enough evidence fills it (a fixed pool of 30 used to cap the answer at 30)."""
+    many = _ManyCodeLane()
+    with _swap(world, code=many), world.client(world.token_ops) as kc:
+        resp = kc.search(
+            "json decoder", include=["code"], limit=50, max_tokens=20000, snippet_chars=80
+        )
+        small = kc.search("json encoder", include=["code"], limit=5)
+    assert many.asked == [100, 20]
+    assert len(resp.lanes.code.items) == 50 and not resp.limits.truncated
+    assert len(small.lanes.code.items) == 5

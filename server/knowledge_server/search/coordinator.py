@@ -31,7 +31,13 @@ from knowledge_server.search.routing import route
 from knowledge_server.search.validate import SCHEMA, ValidSearch
 
 RRF_K = 60
-TOP_K = 30
+# Items each lane is asked for: twice the limit (at least 20), so the diversity caps (3
+# episodes per actor, 5 code hits per path) still leave `limit` items in most answers.
+MIN_TOP_K = 20
+
+
+def lane_top_k(limit: int) -> int:
+    return max(MIN_TOP_K, 2 * limit)
 LANE_PRIORITY = {"episodes": 0, "code": 1, "skills": 2}
 MAX_EPISODES_PER_ACTOR = 3
 MAX_CODE_PER_PATH = 5
@@ -174,7 +180,7 @@ class Coordinator:
         q = LaneQuery(
             query=v.query,
             workspaces=workspaces,
-            top_k=TOP_K,
+            top_k=lane_top_k(v.limit),
             snippet_chars=v.snippet_chars,
             with_text=v.provenance == "strict",
             session_ids=v.session_ids,
