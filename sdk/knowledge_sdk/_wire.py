@@ -1,0 +1,230 @@
+"""Protobuf wire format -> betterproto2 messages, about four times faster than ``Message.parse``.
+
+betterproto2 decodes through a ``BytesIO`` stream one byte per call and builds a record for
+every field; a 11 KB search answer took about 2.9 ms of client CPU, where the server
+needs a tenth of that to write it. This decoder walks the bytes by index with a decoding
+plan per message class, built once from betterproto2's own field metadata, and produces
+the same objects: the same classes, values, enum members, datetimes for Timestamps,
+map entries, and unknown fields kept byte for byte (``tests/test_sdk_wire.py`` compares
+it with ``Message.parse`` on random messages of every type the service sends).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import betterproto2
+
+__all__ = ["parse"]
+
+T = TypeVar("T", bound=betterproto2.Message)
+
+_B = betterproto2
+# Field kinds of a plan.
+(
+    _STRING,
+    _BYTES,
+    _MESSAGE,
+    _WRAPPED,
+    _MAP,
+    _ENUM,
+    _BOOL,
+    _SIGNED32,
+    _SIGNED64,
+    _UNSIGNED32,
+    _UNSIGNED64,
+    _ZIGZAG,
+    _FIXED,
+) = range(13)
+
+_VARINT_KINDS = {
+    _B.TYPE_ENUM: _ENUM,
+    _B.TYPE_BOOL: _BOOL,
+    _B.TYPE_INT32: _SIGNED32,
+    _B.TYPE_INT64: _SIGNED64,
+    _B.TYPE_UINT32: _UNSIGNED32,
+    _B.TYPE_UINT64: _UNSIGNED64,
+    _B.TYPE_SINT32: _ZIGZAG,
+    _B.TYPE_SINT64: _ZIGZAG,
+}
+# Fixed-width types: (struct format, byte width).
+_FIXED_FORMATS = {
+    _B.TYPE_FLOAT: ("<f", 4),
+    _B.TYPE_FIXED32: ("<I", 4),
+    _B.TYPE_SFIXED32: ("<i", 4),
+    _B.TYPE_DOUBLE: ("<d", 8),
+    _B.TYPE_FIXED64: ("<Q", 8),
+    _B.TYPE_SFIXED64: ("<q", 8),
+}
+
+# Per class: {field number: (attribute, kind, repeated, extra)}; extra is the message
+# class, the wrapped class, the enum class, or a struct.Struct, depending on the kind.
+_Plan = dict[int, tuple[str, int, bool, Any]]
+_plans: dict[type, _Plan] = {}
+
+
+def parse(cls: type[T], data: bytes) -> T:
+    """``cls.parse(data)``, decoded faster."""
+    return _parse(cls, data, 0, len(data))  # type: ignore[return-value]
+
+
+def deserializer(cls: type[T]) -> Callable[[bytes], T]:
+    """A ``response_deserializer`` for grpcio."""
+
+    def de(data: bytes) -> T:
+        return _parse(cls, data, 0, len(data))  # type: ignore[return-value]
+
+    return de
+
+
+def _plan(cls: type) -> _Plan:
+    plan = _plans.get(cls)
+    if plan is not None:
+        return plan
+    meta = cls._betterproto  # type: ignore[attr-defined]
+    plan = {}
+    for name, fm in meta.meta_by_field_name.items():
+        t = fm.proto_type
+        extra: Any = None
+        if t == _B.TYPE_STRING:
+            kind = _STRING
+        elif t == _B.TYPE_BYTES:
+            kind = _BYTES
+        elif t == _B.TYPE_MAP:
+            kind, extra = _MAP, meta.cls_by_field[name]
+        elif t == _B.TYPE_MESSAGE:
+            if fm.unwrap:
+                kind, extra = _WRAPPED, fm.unwrap()
+            else:
+                kind, extra = _MESSAGE, meta.cls_by_field[name]
+        elif t in _VARINT_KINDS:
+            kind = _VARINT_KINDS[t]
+            if kind == _ENUM:
+                extra = meta.cls_by_field[name]
+            elif kind == _ZIGZAG:
+                extra = 32 if t == _B.TYPE_SINT32 else 64
+        elif t in _FIXED_FORMATS:
+            kind, extra = _FIXED, struct.Struct(_FIXED_FORMATS[t][0])
+        else:
+            raise TypeError(f"{cls.__name__}.{name}: unsupported protobuf type {t}")
+        plan[fm.number] = (name, kind, bool(fm.repeated), extra)
+    _plans[cls] = plan
+    return plan
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        b = data[pos]  # IndexError on truncated input, as a stream would run dry
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 64:
+            raise ValueError("Too many bytes when decoding varint.")
+
+
+def _from_varint(kind: int, value: int, extra: Any) -> Any:
+    if kind == _SIGNED64 or kind == _ENUM:
+        value &= 0xFFFFFFFFFFFFFFFF
+        value = (value ^ 0x8000000000000000) - 0x8000000000000000
+        return extra(value) if kind == _ENUM else value
+    if kind == _BOOL:
+        return value > 0
+    if kind == _SIGNED32:
+        value &= 0xFFFFFFFF
+        return (value ^ 0x80000000) - 0x80000000
+    if kind == _UNSIGNED32:
+        return value & 0xFFFFFFFF
+    if kind == _UNSIGNED64:
+        return value & 0xFFFFFFFFFFFFFFFF
+    if kind == _ZIGZAG:
+        value &= (1 << extra) - 1
+        return (value >> 1) ^ (-(value & 1))
+    raise ValueError("wire type does not match the field")
+
+
+def _packed(kind: int, extra: Any, data: bytes, pos: int, end: int) -> list[Any]:
+    out: list[Any] = []
+    if kind == _FIXED:
+        size = extra.size
+        while pos < end:
+            out.append(extra.unpack_from(data, pos)[0])
+            pos += size
+        return out
+    while pos < end:
+        value, pos = _varint(data, pos)
+        out.append(_from_varint(kind, value, extra))
+    return out
+
+
+def _parse(cls: type, data: bytes, pos: int, end: int) -> Any:
+    plan = _plans.get(cls) or _plan(cls)
+    msg = cls()
+    unknown = b""
+    while pos < end:
+        start = pos
+        tag = data[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _varint(data, pos)
+        wire = tag & 7
+        if wire == 2:
+            length = data[pos]
+            if length < 0x80:
+                pos += 1
+            else:
+                length, pos = _varint(data, pos)
+            value_start, pos = pos, pos + length
+            if pos > end:
+                raise EOFError("Stream ended unexpectedly while reading a length-delimited field.")
+        elif wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire == 1 or wire == 5:
+            value_start = pos
+            pos += 8 if wire == 1 else 4
+            if pos > end:
+                raise EOFError("Stream ended unexpectedly while reading a fixed-width field.")
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        field = plan.get(tag >> 3)
+        if field is None:
+            unknown += data[start:pos]
+            continue
+        name, kind, repeated, extra = field
+        if wire == 2:
+            if kind == _STRING:
+                value = data[value_start:pos].decode("utf-8")
+            elif kind == _MESSAGE:
+                value = _parse(extra, data, value_start, pos)
+            elif kind == _WRAPPED:
+                value = _parse(extra, data, value_start, pos).to_wrapped()
+            elif kind == _MAP:
+                entry = _parse(extra, data, value_start, pos)
+                getattr(msg, name)[entry.key] = entry.value
+                continue
+            elif kind == _BYTES:
+                value = bytes(data[value_start:pos])
+            elif repeated:
+                getattr(msg, name).extend(_packed(kind, extra, data, value_start, pos))
+                continue
+            else:
+                raise ValueError(f"{cls.__name__}.{name}: wire type does not match the field")
+        elif wire == 0:
+            value = _from_varint(kind, value, extra)
+        elif kind == _FIXED and extra.size == (8 if wire == 1 else 4):
+            value = extra.unpack_from(data, value_start)[0]
+        else:
+            raise ValueError(f"{cls.__name__}.{name}: wire type does not match the field")
+        if repeated:
+            getattr(msg, name).append(value)
+        else:
+            setattr(msg, name, value)
+    if unknown:
+        msg._unknown_fields = unknown
+    return msg
