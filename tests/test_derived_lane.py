@@ -94,3 +94,36 @@ def test_real_skills_search(shared_data: Path, tmp_path: Path) -> None:
     )
     assert search_skills(store, "slack gif", limit=3)[0].name == "slack-gif-creator"
     assert search_skills(store, "git worktrees", limit=3)[0].name == "using-git-worktrees"
+
+
+def test_remembered_actor_facts_follow_the_derived_revision(tmp_path: Path) -> None:
+    """Actor facts (name, outcome counts, skills with uses) are remembered per derived
+    revision: once the revision moves, searches read the facts afresh."""
+    from knowledge_server.lanes.derived import DerivedLane
+
+    shutil.copytree(FIX / "logs", tmp_path / "logs")
+    eps = EpisodeStore(str(tmp_path))
+    ingest(eps, [str(tmp_path / "logs")])
+    eps.close()
+    lane = DerivedLane(tmp_path, skill_roots=[str(FIX / "skills")])
+    try:
+        lane.rebuild_sync(str(tmp_path), True, lambda *a: None)
+        with lane._readers.get() as store:
+            lane._sync_rev(store)
+            info, skills = lane._actor_facts(store, ROOT1)
+        assert info is not None and skills
+        # What a rebuild that dropped this actor's skill uses commits: new rows, new revision.
+        with lane._writer.conn:
+            lane._writer.conn.execute("DELETE FROM skill_use WHERE actor_id = ?", (ROOT1,))
+        with lane._readers.get() as store:
+            lane._sync_rev(store)
+            assert lane._actor_facts(store, ROOT1)[1] == skills  # same revision: remembered
+        with lane._writer.conn:
+            lane._writer.conn.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES('index_rev', 'derived:test:2')"
+            )
+        with lane._readers.get() as store:
+            lane._sync_rev(store)
+            assert lane._actor_facts(store, ROOT1)[1] == []
+    finally:
+        lane.close()

@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2, search_pb2
 from knowledge_server.derived.build import rebuild
@@ -103,6 +104,7 @@ class DerivedLane:
         self._actor_lock = threading.Lock()
         self._actor_rev = ""
         self._actor_of: dict[str, str | None] = {}
+        self._facts: dict[str, tuple[Any, list[tuple[str, int]]]] = {}
         self._readers: Pool[DerivedStore] = Pool(
             lambda: DerivedStore(self.path, read_only=True), size=4
         )
@@ -176,11 +178,8 @@ class DerivedLane:
     def _episode_actors(self, store: DerivedStore, episode_ids: Sequence[str]) -> dict[str, str]:
         """``store.episode_actors``, remembered per derived revision: a search asks twice
         (diversity, then actors) and popular sessions recur across searches."""
-        rev = store.index_rev()
+        rev = self._sync_rev(store)
         with self._actor_lock:
-            if self._actor_rev != rev:
-                self._actor_rev = rev
-                self._actor_of.clear()
             known = {e: self._actor_of[e] for e in episode_ids if e in self._actor_of}
         missing = [e for e in episode_ids if e not in known]
         if missing:
@@ -193,6 +192,30 @@ class DerivedLane:
                         self._actor_of[e] = found.get(e)
             known.update({e: a for e, a in found.items()})
         return {e: a for e, a in known.items() if a is not None}
+
+    def _sync_rev(self, store: DerivedStore) -> str:
+        """The derived revision; the remembered actor facts are dropped when it moved."""
+        rev = store.index_rev()
+        with self._actor_lock:
+            if self._actor_rev != rev:
+                self._actor_rev = rev
+                self._actor_of.clear()
+                self._facts.clear()
+        return rev
+
+    def _actor_facts(self, store: DerivedStore, actor_id: str) -> tuple[Any, list[tuple[str, int]]]:
+        """(``store.actor``, ``store.skills_of_actor``), remembered per derived revision:
+        the same actors recur across searches, and each costs two lookups."""
+        rev = self._actor_rev
+        facts = self._facts.get(actor_id)
+        if facts is None:
+            facts = (store.actor(actor_id), store.skills_of_actor(actor_id))
+            with self._actor_lock:
+                if self._actor_rev == rev:
+                    if len(self._facts) > 100_000:
+                        self._facts.clear()
+                    self._facts[actor_id] = facts
+        return facts
 
     def build_actors(
         self, resp: search_pb2.SearchResponse, v: ValidSearch
@@ -221,7 +244,7 @@ class DerivedLane:
             for actor_id, ev in evidence.items():
                 if wanted and actor_id not in wanted:
                     continue
-                info = store.actor(actor_id)
+                info, skills = self._actor_facts(store, actor_id)
                 if info is None:
                     continue
                 seen: set[tuple[str, str]] = set()
@@ -233,7 +256,6 @@ class DerivedLane:
                 scores = sorted((s for _, _, s in unique), reverse=True)
                 top3 = scores[:3]
                 score = scores[0] + 0.3 * (sum(top3) / len(top3))
-                skills = store.skills_of_actor(actor_id)
                 n_ep = sum(1 for lane, _, _ in unique if lane == "episodes")
                 n_sk = sum(1 for lane, _, _ in unique if lane == "skills")
                 sessions = info.success + info.failure + info.unknown
