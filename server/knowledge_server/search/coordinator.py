@@ -38,6 +38,8 @@ MIN_TOP_K = 20
 
 def lane_top_k(limit: int) -> int:
     return max(MIN_TOP_K, 2 * limit)
+
+
 LANE_PRIORITY = {"episodes": 0, "code": 1, "skills": 2}
 MAX_EPISODES_PER_ACTOR = 3
 MAX_CODE_PER_PATH = 5
