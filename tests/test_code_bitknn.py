@@ -96,3 +96,32 @@ def test_reader_copy_follows_committed_vectors(tmp_path: Path) -> None:
         q = writer.embedder.embed_query(["alpha beta gamma"])[0]
         near, held = bitknn.nearest(reader.conn, vtbl, writer.embedder.dim, q, 100)
         assert held == len(ids) and {r for r, _ in near} == ids
+
+
+def test_serving_lane_preloads_the_copy_before_any_query(tmp_path: Path) -> None:
+    """The code lane's background loop loads the bits at start, so the first query does
+    not pay for the load."""
+    import time
+
+    from knowledge_server.lanes.code import CodeLane
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("def alpha_beta():\n    return 'gamma delta'\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    with CodeIndex(str(data / "code.sqlite")) as ix:
+        ix.index_workspace(str(ws))
+        vtbl = ix.conn.execute("SELECT tbl FROM embedders").fetchone()[0]
+        held = ix.conn.execute(f"SELECT count(*) FROM {vtbl}").fetchone()[0]
+    bitknn._cache.clear()
+    lane = CodeLane(data, embedder=ix.embedder)
+    try:
+        deadline = time.monotonic() + 10
+        while not any(key[1] == vtbl for key in bitknn._cache) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        entry = [v for k, v in bitknn._cache.items() if k[1] == vtbl]
+        assert entry and len(entry[0][1]) == held > 0
+        assert lane.preload_vectors() == held
+    finally:
+        lane.close()

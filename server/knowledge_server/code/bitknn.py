@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import apsw
 import numpy as np
 
-__all__ = ["BitMatrix", "bump_epoch", "nearest", "quantize"]
+__all__ = ["BitMatrix", "bump_epoch", "nearest", "preload", "quantize"]
 
 
 def _epoch_key(vtbl: str) -> str:
@@ -113,6 +113,12 @@ def _matrix(conn: apsw.Connection, vtbl: str, nbytes: int) -> BitMatrix:
         if conn.filename:  # in-memory databases share the name ""
             _cache[key] = (epoch, matrix)
         return matrix
+
+
+def preload(conn: apsw.Connection, vtbl: str, dim: int) -> int:
+    """Load (or refresh) this process's copy now, so no query waits for it; the number
+    of vectors held."""
+    return len(_matrix(conn, vtbl, dim // 8))
 
 
 def nearest(

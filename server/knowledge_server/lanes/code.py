@@ -13,10 +13,12 @@ from knowledge_server._gen.knowledge.v1 import (
     knowledge_service_pb2,
     search_pb2,
 )
+from knowledge_server.code import bitknn
 from knowledge_server.code.embed import Embedder
 from knowledge_server.code.index import CodeIndex
 from knowledge_server.code.model import Freshness, IndexOptions
 from knowledge_server.code.search import check_freshness
+from knowledge_server.code.store import is_binary, vec_table_for
 from knowledge_server.errors import InvalidRequest, NotFound
 from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread, operation_summary
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
@@ -86,8 +88,23 @@ class CodeLane:
             self._fresh.update(results)
         return results
 
+    def preload_vectors(self) -> int:
+        """Load the in-memory copy of the binary vectors (code.bitknn) if it is missing or
+        behind the store, so the first query after a start or an index run does not pay
+        for it (about 40 ms at 20,000 chunks). Returns the vectors held."""
+        emb = self.embedder
+        if emb is None or not is_binary(emb.dim):
+            return 0
+        with self._readers.get() as idx:
+            vtbl = vec_table_for(idx.conn, emb.identity, emb.dim, create=False)
+            return bitknn.preload(idx.conn, vtbl, emb.dim) if vtbl else 0
+
     def _freshness_loop(self) -> None:
         while True:
+            try:
+                self.preload_vectors()
+            except Exception as exc:  # noqa: BLE001 - queries load it themselves then
+                self.last_error = f"vector preload failed: {type(exc).__name__}"
             try:
                 self.refresh_freshness()
             except Exception as exc:  # noqa: BLE001 - freshness must never take the lane down
