@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from google.protobuf import timestamp_pb2
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
-from knowledge_server.lanes.common import in_thread
 from knowledge_server.search.jsonsize import json_size, json_size_of_string
 from knowledge_server.search.lanes import Lane, LaneQuery, LaneResult, degraded
 from knowledge_server.search.routing import route
@@ -234,7 +233,9 @@ class Coordinator:
             if name == "episodes" and lane_msg.items:
                 ids = [it.id for it in lane_msg.items]
                 if self.episode_actors is not None:
-                    groups = await in_thread(self.episode_actors, ids, pool="actors")
+                    # Inline, like the lanes' revision() calls: remembered per derived
+                    # revision, indexed lookups only on a miss; a thread hop costs more.
+                    groups = self.episode_actors(ids)
                 groups = {it.id: groups.get(it.id) or it.session_id for it in lane_msg.items}
             self._fuse_lane(name, lane_msg, weight, v.limit, groups)
             if name == "episodes":
@@ -287,7 +288,7 @@ class Coordinator:
             )
 
         if self.actor_builder is not None and resp.found:
-            resp.actors.extend(await in_thread(self.actor_builder, resp, v, pool="actors"))
+            resp.actors.extend(self.actor_builder(resp, v))  # inline, as above
 
         resp.limits.requested = v.limit
         resp.limits.budget.max_tokens = v.max_tokens
