@@ -427,13 +427,6 @@ def _settle(resp: search_pb2.SearchResponse, size: int) -> int:
     return used
 
 
-def _actors_size(resp: search_pb2.SearchResponse) -> int:
-    """Bytes of ``"actors":[...]`` and its separating comma (0 without actors)."""
-    if not resp.actors:
-        return 0
-    return sum(json_size(a) for a in resp.actors) + len(resp.actors) - 1 + len('"actors":[],')
-
-
 def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
     """Enforce max_tokens on the response text: snippets first (lowest-ranked first), then
     whole items from the end of the global order; errors are never removed.
@@ -454,6 +447,7 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
     size += json_size(resp.limits) - before
     # Phase 1: snippets. One summary entry per lane; the items stay, visibly without snippet.
     snippet_counts: dict[str, int] = defaultdict(int)
+    entries: dict[str, search_pb2.Dropped] = {}
     for name, item in reversed(_global_order(resp)):
         if _tokens_for(size, resp) <= max_tokens:
             break
@@ -462,19 +456,46 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
             # '"snippet":' plus the comma that separated it from the item's other fields.
             size -= len('"snippet":,') + json_size_of_string(snippet)
             item.snippet = ""  # type: ignore[attr-defined]
-            before = json_size(resp.limits)
             snippet_counts[name] += 1
-            _set_snippet_entries(resp, snippet_counts)
-            size += json_size(resp.limits) - before
+            n = snippet_counts[name]
+            if n > 1:  # the lane's entry counts one more: only its digits change
+                entries[name].count = n
+                size += len(str(n)) - len(str(n - 1))
+            else:
+                before = json_size(resp.limits)
+                _set_snippet_entries(resp, snippet_counts)
+                size += json_size(resp.limits) - before
+                entries = {d.lane: d for d in resp.limits.dropped if d.what == "snippet"}
     if _settle(resp, size) <= max_tokens:
         return
     # Phase 2: whole items from the end; evidence pointing at them goes too.
     for name, item in reversed(_global_order(resp)):
         item_id = _item_id(name, item)
         item_bytes = json_size(item)  # type: ignore[arg-type]
-        cited = any(e.lane == name and e.id == item_id for a in resp.actors for e in a.evidence)
-        actors_before = _actors_size(resp) if cited else 0
-        limits_before = json_size(resp.limits)
+        limits = resp.limits
+        n_dropped = len(limits.dropped)
+        returned_before = limits.returned
+        # New entries are appended to a non-empty list and `returned` stays non-zero: the
+        # size of limits changes by the entries, their commas and the count's digits.
+        appending = n_dropped > 0 and returned_before > 0 and _count_items(resp) > 1
+        limits_before = 0 if appending else json_size(limits)
+        # Only the actors citing the item change, and those left without evidence go.
+        citing = {
+            i
+            for i, a in enumerate(resp.actors)
+            if any(e.lane == name and e.id == item_id for e in a.evidence)
+        }
+        n_actors = len(resp.actors)
+        kept: list[int] = []
+        actors_before = 0
+        if citing:
+            kept = [
+                i
+                for i, a in enumerate(resp.actors)
+                if any(not (e.lane == name and e.id == item_id) for e in a.evidence)
+            ]
+            changed = citing | (set(range(n_actors)) - set(kept))
+            actors_before = sum(json_size(resp.actors[i]) for i in changed)
         lane = getattr(resp.lanes, name)
         for i, candidate in enumerate(lane.items):
             if _item_id(name, candidate) == item_id:
@@ -482,12 +503,20 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
                 break
         # The item and a comma, or the whole '"items":[...]' member once it is empty.
         size -= item_bytes + (1 if lane.items else len('"items":[],'))
-        resp.limits.dropped.append(search_pb2.Dropped(lane=name, id=item_id, what="item", count=1))
-        resp.limits.returned = _count_items(resp)
-        if cited:
+        limits.dropped.append(search_pb2.Dropped(lane=name, id=item_id, what="item", count=1))
+        limits.returned = _count_items(resp)
+        if citing:
             _prune_evidence(resp, name, item_id)
-            size += _actors_size(resp) - actors_before
-        size += json_size(resp.limits) - limits_before
+            if not resp.actors:  # the whole '"actors":[...],' member is gone
+                size -= actors_before + n_actors - 1 + len('"actors":[],')
+            else:
+                after = sum(json_size(resp.actors[j]) for j, i in enumerate(kept) if i in citing)
+                size += after - actors_before + len(resp.actors) - n_actors
+        if appending:
+            size += sum(json_size(d) + 1 for d in limits.dropped[n_dropped:])
+            size += len(str(limits.returned)) - len(str(returned_before))
+        else:
+            size += json_size(limits) - limits_before
         if _settle(resp, size) <= max_tokens:
             return
     # Nothing left to remove but the list of removals: summarise it per lane.
