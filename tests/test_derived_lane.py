@@ -127,3 +127,12 @@ def test_remembered_actor_facts_follow_the_derived_revision(tmp_path: Path) -> N
             assert lane._actor_facts(store, ROOT1)[1] == []
     finally:
         lane.close()
+
+
+def test_stop_words_do_not_select_skills(ds) -> None:  # type: ignore[no-untyped-def]
+    """Stop words are dropped unless nothing else remains (as in the episodes lane)."""
+    assert search_skills(ds, "where is the") == search_skills(ds, "the where is")
+    assert search_skills(ds, "where is the zzzunknownword") == []
+    assert [h.name for h in search_skills(ds, "where is the brainstorming")] == [
+        h.name for h in search_skills(ds, "brainstorming")
+    ]

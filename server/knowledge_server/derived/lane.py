@@ -1,10 +1,11 @@
 """Skills lane search: FTS5/BM25 over the catalog stored in ``derived.sqlite``.
 
-The query is always literal: it is split into Unicode ``\\w+`` tokens, each token becomes a
-quoted FTS5 phrase, and the phrases are OR-ed, so no FTS syntax from the caller is ever
-interpreted. Name matches weigh most (BM25 column weights name 10, description 2,
-when_to_use 1); a query naming a skill exactly gets a fixed boost. Uses and ``used_by`` are
-counted from ``skill_use`` rows whose session lies in the caller's workspaces, in SQL.
+The query is always literal: it is split into Unicode ``\\w+`` tokens (stop words dropped
+unless nothing else remains), each token becomes a quoted FTS5 phrase, and the phrases are
+OR-ed, so no FTS syntax from the caller is ever interpreted. Name matches weigh most (BM25
+column weights name 10, description 2, when_to_use 1); a query naming a skill exactly gets a
+fixed boost. Uses and ``used_by`` are counted from ``skill_use`` rows whose session lies in the
+caller's workspaces, in SQL.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from knowledge_server.episodes.text import STOP_WORDS
 
 from .store import DerivedStore, workspace_clause
 
@@ -47,7 +50,10 @@ def _terms(query: str) -> list[str]:
     words = [w.lower() for w in _WORD.findall(query) if w.strip("_")]
     if not words:
         raise InvalidQuery("query has no word characters")
-    return list(dict.fromkeys(words))[:MAX_TERMS]
+    # Stop words are dropped unless nothing else remains, as in the episodes lane: "where
+    # is the config loaded" must not list every skill whose description says "the".
+    content = [w for w in words if w not in STOP_WORDS] or words
+    return list(dict.fromkeys(content))[:MAX_TERMS]
 
 
 def fts_expression(query: str) -> str:
