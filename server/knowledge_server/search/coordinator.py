@@ -78,7 +78,9 @@ class Coordinator:
         self.cache_size = cache_size
         self._cache: OrderedDict[object, LaneResult] = OrderedDict()
 
-    async def _run_lane(self, name: str, q: LaneQuery) -> tuple[LaneResult, float]:
+    async def _run_lane(
+        self, name: str, q: LaneQuery, known_revision: object = None
+    ) -> tuple[LaneResult, float]:
         lane = self.lanes.get(name)
         started = time.perf_counter()
         if lane is None:
@@ -91,7 +93,9 @@ class Coordinator:
         revision = getattr(lane, "revision", None)
         if revision is not None and self.cache_size:
             try:
-                key = (name, revision(), q)
+                # The revision read for the whole-answer key a moment ago, when there was one.
+                rev = known_revision if known_revision is not None else revision()
+                key = (name, rev, q)
             except Exception:  # noqa: BLE001 - no revision, no cache
                 key = None
             cached = self._cache.get(key) if key is not None else None
@@ -163,7 +167,7 @@ class Coordinator:
                     resp.trace.total_ms = elapsed
                 _fit_budget(resp, v.max_tokens)
                 return resp
-        resp = await self._search(v, workspaces, started)
+        resp = await self._search(v, workspaces, started, dict(zip(names, revs or ())))
         if key is not None and resp.found:
             stored = search_pb2.SearchResponse()
             stored.CopyFrom(resp)
@@ -175,7 +179,11 @@ class Coordinator:
         return resp
 
     async def _search(
-        self, v: ValidSearch, workspaces: tuple[str, ...] | None, started: float
+        self,
+        v: ValidSearch,
+        workspaces: tuple[str, ...] | None,
+        started: float,
+        revisions: dict[str, object],
     ) -> search_pb2.SearchResponse:
         r = route(v.query, v.mode, v.include)
         q = LaneQuery(
@@ -198,7 +206,7 @@ class Coordinator:
             n for n in ("episodes", "code", "skills") if n in v.include or n in ("episodes", "code")
         ]
         queried = [n for n in lane_names if n in v.include]
-        results = await asyncio.gather(*(self._run_lane(n, q) for n in queried))
+        results = await asyncio.gather(*(self._run_lane(n, q, revisions.get(n)) for n in queried))
         by_name = dict(zip(queried, results))
 
         resp = search_pb2.SearchResponse(schema=SCHEMA, request_id=v.request_id, query=v.query)
