@@ -110,20 +110,47 @@ class Route:
     reason: str
 
 
-def _matches(query: str) -> dict[str, list[str]]:
-    words = [w.lower() for w in _WORD.findall(query)]
-    lowered = query.lower()
-    found: dict[str, list[str]] = {}
+def _compile_cues() -> list[tuple[str, list[tuple[str, int]], tuple[int, ...]]]:
+    """Per intent: its cues in order, each with how it matches (CJK substring, phrase
+    substring, whole word, word prefix), and the prefix lengths in use."""
+    out = []
     for intent, cues in CUES.items():
-        hits = []
+        kinds = []
         for cue in cues:
             if _CJK.search(cue):
-                if cue in query:
-                    hits.append(cue)
+                kinds.append((cue, 0))
             elif " " in cue:
-                if cue in lowered:
-                    hits.append(cue)
-            elif any(w.startswith(cue) if len(cue) >= 4 else w == cue for w in words):
+                kinds.append((cue, 1))
+            elif len(cue) >= 4:
+                kinds.append((cue, 3))
+            else:
+                kinds.append((cue, 2))
+        lengths = tuple(sorted({len(c) for c, k in kinds if k == 3}))
+        out.append((intent, kinds, lengths))
+    return out
+
+
+_COMPILED = _compile_cues()
+
+
+def _matches(query: str) -> dict[str, list[str]]:
+    words = {w.lower() for w in _WORD.findall(query)}
+    lowered = query.lower()
+    found: dict[str, list[str]] = {}
+    for intent, kinds, lengths in _COMPILED:
+        # A cue of 4+ letters matches a word it begins (stems: "fix" words, "чин..." forms).
+        prefixes = {w[:n] for w in words for n in lengths if len(w) >= n}
+        hits = []
+        for cue, kind in kinds:
+            if kind == 0:
+                hit = cue in query
+            elif kind == 1:
+                hit = cue in lowered
+            elif kind == 2:
+                hit = cue in words
+            else:
+                hit = cue in prefixes
+            if hit:
                 hits.append(cue)
         if hits:
             found[intent] = hits
