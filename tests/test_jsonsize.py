@@ -55,8 +55,11 @@ def _value(field: FieldDescriptor, draw: Any, depth: int) -> Any:
 def _fill(msg: Message, draw: Any, depth: int) -> None:
     desc: Descriptor = msg.DESCRIPTOR
     if desc.full_name == "google.protobuf.Timestamp":
-        msg.seconds = draw(st.integers(0, 253402300799))  # type: ignore[attr-defined]
-        msg.nanos = draw(st.sampled_from([0, 1000, 1000000, 123456789]))  # type: ignore[attr-defined]
+        # The whole valid range (years 0001..9999), and every fraction width.
+        seconds = st.integers(-62135596800, 253402300799) | st.sampled_from([0, -1, 1])
+        nanos = st.sampled_from([0, 1, 1000, 1000000, 120000000, 123456789, 999999999])
+        msg.seconds = draw(seconds)  # type: ignore[attr-defined]
+        msg.nanos = draw(nanos)  # type: ignore[attr-defined]
         return
     for field in desc.fields:
         if not draw(st.booleans()):
