@@ -11,7 +11,7 @@ logs replayed under new session ids up to --events; the real SKILL.md catalog), 
 The server runs with ``--workers 2`` (one process per core here); every client has its own
 connection, as separate agents would. Answers with a degraded lane are counted.
 
-Usage: python bench/bench_search.py [--events 100000] [--requests 400] [--workers N] [--data DIR]
+Usage: python bench/bench_search.py [--events 100000] [--requests 1000] [--workers N] [--data DIR]
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ async def run_clients(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=100_000)
-    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--data", type=Path, help="reuse/keep this data directory")
     ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument(
