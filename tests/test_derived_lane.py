@@ -109,22 +109,20 @@ def test_remembered_actor_facts_follow_the_derived_revision(tmp_path: Path) -> N
     try:
         lane.rebuild_sync(str(tmp_path), True, lambda *a: None)
         with lane._readers.get() as store:
-            lane._sync_rev(store)
-            info, skills = lane._actor_facts(store, ROOT1)
+            info, skills = lane._actor_facts(store, store.index_rev(), ROOT1)
         assert info is not None and skills
         # What a rebuild that dropped this actor's skill uses commits: new rows, new revision.
         with lane._writer.conn:
             lane._writer.conn.execute("DELETE FROM skill_use WHERE actor_id = ?", (ROOT1,))
         with lane._readers.get() as store:
-            lane._sync_rev(store)
-            assert lane._actor_facts(store, ROOT1)[1] == skills  # same revision: remembered
+            # Same revision: remembered.
+            assert lane._actor_facts(store, store.index_rev(), ROOT1)[1] == skills
         with lane._writer.conn:
             lane._writer.conn.execute(
                 "INSERT OR REPLACE INTO meta(key, value) VALUES('index_rev', 'derived:test:2')"
             )
         with lane._readers.get() as store:
-            lane._sync_rev(store)
-            assert lane._actor_facts(store, ROOT1)[1] == []
+            assert lane._actor_facts(store, store.index_rev(), ROOT1)[1] == []
     finally:
         lane.close()
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 import apsw
 import numpy as np
+
+from knowledge_server.memo import RevisionMemo
 
 from . import bitknn
 from .embed import Embedder
@@ -69,8 +72,7 @@ def _json_list(items: Sequence[object]) -> str:
 # Document frequencies per database: fts5vocab counts a term's documents by walking its
 # posting list (about 0.1 ms for a common word at 20k chunks), and queries repeat words.
 # Keyed by the current revisions and the newest chunk, which every index run changes.
-_df_cache: dict[str, tuple[tuple[Any, ...], dict[str, int]]] = {}
-_DF_CACHE_TERMS = 50_000
+_df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
 
 
 def _doc_freqs(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, int], int]:
@@ -81,12 +83,8 @@ def _doc_freqs(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, int],
             " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces)"
         ).fetchone()
     )
-    entry = _df_cache.get(conn.filename)
-    if entry is None or entry[0] != state or len(entry[1]) > _DF_CACHE_TERMS:
-        entry = (state, {})
-        if conn.filename:  # in-memory databases share the name ""
-            _df_cache[conn.filename] = entry
-    known = entry[1]
+    # In-memory databases all have the name "": nothing is remembered for them.
+    known = _df_memos[conn.filename].at(state) if conn.filename else {}
     missing = [t for t in terms if t not in known]
     if missing:
         found = dict.fromkeys(missing, 0)

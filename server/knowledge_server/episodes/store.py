@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import os
 import time as _time
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Self
 
 import apsw
 
+from knowledge_server.memo import RevisionMemo
 from knowledge_server.schema import open_db
 
 from .model import (
@@ -126,8 +128,7 @@ _SESSION_COLS = (
 )
 
 
-_df_cache: dict[str, tuple[str, dict[str, int]]] = {}
-_DF_CACHE_TERMS = 50_000
+_df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
 
 
 def _ts(dt: datetime | None) -> float | None:
@@ -467,13 +468,8 @@ class EpisodeStore:
         """Events containing each term. fts5vocab counts them by walking the term's posting
         list (about 0.1 ms for a common word at 100k events); the counts are remembered per
         database and index revision, as queries repeat words."""
-        rev = self.index_rev()
-        entry = _df_cache.get(self.conn.filename)
-        if entry is None or entry[0] != rev or len(entry[1]) > _DF_CACHE_TERMS:
-            entry = (rev, {})
-            if self.conn.filename:  # in-memory databases share the name ""
-                _df_cache[self.conn.filename] = entry
-        known = entry[1]
+        name = self.conn.filename  # in-memory databases all have the name "": not remembered
+        known = _df_memos[name].at(self.index_rev()) if name else {}
         for term in terms:
             if term not in known:
                 row = self.conn.execute(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from knowledge_server.derived.skills import default_roots, load_catalog
 from knowledge_server.derived.store import DerivedStore
 from knowledge_server.episodes.store import EpisodeStore
 from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread, operation_summary
+from knowledge_server.memo import RevisionMemo
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.search.validate import ValidSearch
 
@@ -101,10 +101,10 @@ class DerivedLane:
         self.roots = list(skill_roots) or [str(p) for p in default_roots(workspaces)]
         self._writer = DerivedStore(self.path)
         self._write_lock = WriterLock(data_dir, "derived")
-        self._actor_lock = threading.Lock()
-        self._actor_rev = ""
-        self._actor_of: dict[str, str | None] = {}
-        self._facts: dict[str, tuple[Any, list[tuple[str, int]]]] = {}
+        # Remembered per derived revision: the actor of each episode id, and each actor's
+        # facts (``store.actor``, ``store.skills_of_actor``).
+        self._actor_of: RevisionMemo[str, str | None] = RevisionMemo(100_000)
+        self._facts: RevisionMemo[str, tuple[Any, list[tuple[str, int]]]] = RevisionMemo(100_000)
         self._readers: Pool[DerivedStore] = Pool(
             lambda: DerivedStore(self.path, read_only=True), size=4
         )
@@ -178,43 +178,23 @@ class DerivedLane:
     def _episode_actors(self, store: DerivedStore, episode_ids: Sequence[str]) -> dict[str, str]:
         """``store.episode_actors``, remembered per derived revision: a search asks twice
         (diversity, then actors) and popular sessions recur across searches."""
-        rev = self._sync_rev(store)
-        with self._actor_lock:
-            known = {e: self._actor_of[e] for e in episode_ids if e in self._actor_of}
+        known = self._actor_of.at(store.index_rev())
         missing = [e for e in episode_ids if e not in known]
         if missing:
             found = store.episode_actors(missing)
-            with self._actor_lock:
-                if self._actor_rev == rev:
-                    if len(self._actor_of) > 100_000:
-                        self._actor_of.clear()
-                    for e in missing:
-                        self._actor_of[e] = found.get(e)
-            known.update({e: a for e, a in found.items()})
-        return {e: a for e, a in known.items() if a is not None}
+            for e in missing:
+                known[e] = found.get(e)
+        return {e: a for e in episode_ids if (a := known.get(e)) is not None}
 
-    def _sync_rev(self, store: DerivedStore) -> str:
-        """The derived revision; the remembered actor facts are dropped when it moved."""
-        rev = store.index_rev()
-        with self._actor_lock:
-            if self._actor_rev != rev:
-                self._actor_rev = rev
-                self._actor_of.clear()
-                self._facts.clear()
-        return rev
-
-    def _actor_facts(self, store: DerivedStore, actor_id: str) -> tuple[Any, list[tuple[str, int]]]:
-        """(``store.actor``, ``store.skills_of_actor``), remembered per derived revision:
-        the same actors recur across searches, and each costs two lookups."""
-        rev = self._actor_rev
-        facts = self._facts.get(actor_id)
+    def _actor_facts(
+        self, store: DerivedStore, rev: str, actor_id: str
+    ) -> tuple[Any, list[tuple[str, int]]]:
+        """(``store.actor``, ``store.skills_of_actor``) at derived revision ``rev``,
+        remembered: the same actors recur across searches, and each costs two lookups."""
+        known = self._facts.at(rev)
+        facts = known.get(actor_id)
         if facts is None:
-            facts = (store.actor(actor_id), store.skills_of_actor(actor_id))
-            with self._actor_lock:
-                if self._actor_rev == rev:
-                    if len(self._facts) > 100_000:
-                        self._facts.clear()
-                    self._facts[actor_id] = facts
+            facts = known[actor_id] = (store.actor(actor_id), store.skills_of_actor(actor_id))
         return facts
 
     def build_actors(
@@ -229,6 +209,7 @@ class DerivedLane:
         with self._readers.get() as store:
             if not store.is_built():
                 return []
+            rev = store.index_rev()
             mapping = self._episode_actors(store, [it.id for it in ep_items])
             for it in ep_items:
                 actor_id = mapping.get(it.id)
@@ -244,7 +225,7 @@ class DerivedLane:
             for actor_id, ev in evidence.items():
                 if wanted and actor_id not in wanted:
                     continue
-                info, skills = self._actor_facts(store, actor_id)
+                info, skills = self._actor_facts(store, rev, actor_id)
                 if info is None:
                     continue
                 seen: set[tuple[str, str]] = set()
