@@ -1,4 +1,4 @@
-"""Protobuf wire format -> betterproto2 messages, about four times faster than ``Message.parse``.
+"""Protobuf wire format -> betterproto2 messages, about six times faster than ``Message.parse``.
 
 betterproto2 decodes through a ``BytesIO`` stream one byte per call and builds a record for
 every field; a 11 KB search answer took about 2.9 ms of client CPU, where the server
