@@ -117,13 +117,14 @@ class DerivedLane:
     # -- skills lane ---------------------------------------------------------------------
     def _search_sync(self, q: LaneQuery) -> LaneResult:
         with self._readers.get() as store:
-            if not store.is_built():
+            rev = store.index_rev()  # "" until the first build
+            if not rev:
                 return degraded(
                     self.name,
                     "KNOWLEDGE_INDEX_NOT_READY",
                     "the derived layer (skills, actors) has not been built yet",
                 )
-            lane = search_pb2.SkillsLane(source=SOURCE, index_rev=store.index_rev())
+            lane = search_pb2.SkillsLane(source=SOURCE, index_rev=rev)
             if q.workspaces == ():
                 return LaneResult(lane=lane)
             try:
@@ -163,7 +164,7 @@ class DerivedLane:
 
     def revision(self) -> str:
         with self._readers.get() as store:
-            return store.index_rev() if store.is_built() else ""
+            return store.index_rev()  # "" until the first build
 
     async def search(self, q: LaneQuery) -> LaneResult:
         return await in_thread(self._search_sync, q, pool=self.name)
@@ -171,14 +172,15 @@ class DerivedLane:
     # -- actors ---------------------------------------------------------------------------
     def episode_actors(self, episode_ids: Sequence[str]) -> dict[str, str]:
         with self._readers.get() as store:
-            if not store.is_built():
-                return {}
-            return self._episode_actors(store, episode_ids)
+            rev = store.index_rev()
+            return self._episode_actors(store, rev, episode_ids) if rev else {}
 
-    def _episode_actors(self, store: DerivedStore, episode_ids: Sequence[str]) -> dict[str, str]:
-        """``store.episode_actors``, remembered per derived revision: a search asks twice
-        (diversity, then actors) and popular sessions recur across searches."""
-        known = self._actor_of.at(store.index_rev())
+    def _episode_actors(
+        self, store: DerivedStore, rev: str, episode_ids: Sequence[str]
+    ) -> dict[str, str]:
+        """``store.episode_actors`` at derived revision ``rev``, remembered: a search asks
+        twice (diversity, then actors) and popular sessions recur across searches."""
+        known = self._actor_of.at(rev)
         missing = [e for e in episode_ids if e not in known]
         if missing:
             found = store.episode_actors(missing)
@@ -207,10 +209,10 @@ class DerivedLane:
             return []
         evidence: dict[str, list[tuple[str, str, float]]] = defaultdict(list)
         with self._readers.get() as store:
-            if not store.is_built():
+            rev = store.index_rev()  # "" until the first build
+            if not rev:
                 return []
-            rev = store.index_rev()
-            mapping = self._episode_actors(store, [it.id for it in ep_items])
+            mapping = self._episode_actors(store, rev, [it.id for it in ep_items])
             for it in ep_items:
                 actor_id = mapping.get(it.id)
                 if actor_id:
