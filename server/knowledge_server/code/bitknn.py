@@ -102,12 +102,13 @@ def _matrix(conn: apsw.Connection, vtbl: str, nbytes: int) -> BitMatrix:
     if hit is not None and hit[0] == epoch:
         return hit[1]
     with _lock:
-        hit = _cache.get(key)
-        if hit is not None and hit[0] == _epoch(conn, vtbl):
-            return hit[1]
-        # One read transaction: the epoch stored with the copy is the one its rows carry.
+        # One read transaction: the epoch stored with the copy is the one its rows carry
+        # (and another thread may have loaded that epoch while this one waited).
         with conn:
             epoch = _epoch(conn, vtbl)
+            hit = _cache.get(key)
+            if hit is not None and hit[0] == epoch:
+                return hit[1]
             rows = conn.execute(f"SELECT rowid, embedding FROM {vtbl}").fetchall()
         matrix = BitMatrix.from_rows(rows, nbytes)
         if conn.filename:  # in-memory databases share the name ""
