@@ -14,6 +14,8 @@ from typing import Any
 import apsw
 import numpy as np
 
+from knowledge_server import fts
+
 from . import bitknn
 from .chunking import CHUNKER_VERSION, chunk_file
 from .embed import Embedder
@@ -372,6 +374,13 @@ def index_workspace(
     report.vectors_missing = int(
         scalar(conn, "SELECT vec_missing FROM revisions WHERE rev=?", (report.index_rev,)) or 0
     )
+    if report.chunks_new:
+        # A run that wrote a sizeable share of the chunks leaves the text index in one
+        # segment (fts.compact); a one-file edit does not pay for that.
+        t4 = time.perf_counter()
+        total = int(scalar(conn, "SELECT coalesce(max(id), 0) FROM chunks") or 0)
+        if fts.compact(conn, "chunks_fts", changed_rows=report.chunks_new, total_rows=total):
+            timings["fts_merge"] = (time.perf_counter() - t4) * 1000
     timings["total"] = (time.perf_counter() - t0) * 1000
     report.timings_ms = {k: round(v, 2) for k, v in timings.items()}
     return report

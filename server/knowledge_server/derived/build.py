@@ -17,6 +17,7 @@ from typing import Any
 
 from ..episodes.model import EventMeta, SessionInfo
 from ..episodes.store import EpisodeStore
+from ..fts import compact
 from .skills import Catalog, Skill, load_catalog, skill_name_from_path
 from .store import DerivedStore, dumps, sidechain_actor_id
 
@@ -366,6 +367,9 @@ def rebuild(
                     "SELECT rowid, ?, ?, ? FROM skill WHERE name = ?",
                     (_name_terms(sk.name), sk.description, sk.when_to_use or "", sk.name),
                 )
+            # The catalog was rewritten whole: one segment, without the deleted entries
+            # every earlier catalog left behind (fts.compact).
+            compact(ds.conn, "skill_fts", changed_rows=len(cat.skills), total_rows=len(cat.skills))
         _aggregate_actors(c)
         counter = rev.rsplit(":", 1)[1]
         for k, v in (

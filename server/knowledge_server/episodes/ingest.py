@@ -127,6 +127,7 @@ def ingest(
     if progress_callback:
         progress_callback(total, total, "")
     _forget_deleted(store, paths, report)
+    store.compact_fts(report.events_added + report.events_removed)
     report.sessions = store.counts()["sessions"]
     report.index_rev = store.index_rev()
     return report

@@ -16,6 +16,7 @@ from typing import Any, Self
 
 import apsw
 
+from knowledge_server.fts import compact
 from knowledge_server.memo import RevisionMemo
 from knowledge_server.schema import open_db
 
@@ -366,6 +367,13 @@ class EpisodeStore:
         cur.execute(
             "INSERT OR REPLACE INTO lane_meta(key, value) VALUES ('index_rev', ?)",
             (f"episodes:{now}:{counter}",),
+        )
+
+    def compact_fts(self, changed_rows: int) -> bool:
+        """After a write run that changed ``changed_rows`` events: merge the text index's
+        segments when the run changed a sizeable share, or they piled up (``fts.compact``)."""
+        return compact(
+            self.conn, "events_fts", changed_rows=changed_rows, total_rows=self._doc_count()
         )
 
     def index_rev(self) -> str:

@@ -1,0 +1,76 @@
+"""FTS5 index upkeep: how many segments an index has, and merging them after a write run.
+
+An FTS5 index is a set of b-tree segments. Every write transaction adds one, and
+automerge folds segments of a level together only once enough of them have piled up
+(16 for the code store, FTS5's default 4 elsewhere). A query looks each of its terms up
+in every segment and skips entries that later segments deleted, so its cost grows with
+the segment count: on the benchmark data (bench/bench_search.py), merging left one
+segment where there were 20 (100,386 events) and 12 (20,670 chunks), and the skills
+query over 19 skills fell from 0.18 to 0.016 ms. Merging is a rewrite of the whole index
+(0.25 s for those events, 0.13 s for those chunks), so a write run merges only when it
+changed a sizeable share of the rows, or when the segments have piled up regardless.
+The order of results does not change: BM25 sees the same rows and terms either way.
+"""
+
+from __future__ import annotations
+
+import re
+
+import apsw
+
+__all__ = ["MAX_SEGMENTS", "compact", "segment_count"]
+
+# Merge when a run changed at least 1/CHANGED_SHARE of the rows ...
+CHANGED_SHARE = 20
+# ... or whenever more segments than this are left.
+MAX_SEGMENTS = 16
+
+# The structure record of an FTS5 index (its %_data row 10): a 4-byte cookie, the
+# 4-byte marker of the second format when present, then varints: levels, segments.
+_STRUCTURE_ROWID = 10
+_STRUCTURE_V2 = b"\xff\x00\x00\x01"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """SQLite's varint: big-endian groups of 7 bits, the 9th byte holds 8."""
+    value = 0
+    for k in range(9):
+        byte = data[pos + k]
+        if k == 8:
+            return (value << 8) | byte, pos + 9
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            return value, pos + k + 1
+    raise AssertionError("unreachable")
+
+
+def segment_count(conn: apsw.Connection, table: str) -> int:
+    """Segments in the FTS5 index of ``table`` (0 for an index never written)."""
+    if not _NAME.fullmatch(table):
+        raise ValueError(f"not a table name: {table!r}")
+    row = conn.execute(
+        f"SELECT block FROM {table}_data WHERE id = ?", (_STRUCTURE_ROWID,)
+    ).fetchone()
+    if row is None or row[0] is None or len(row[0]) < 6:
+        return 0
+    data = bytes(row[0])
+    pos = 8 if data[4:8] == _STRUCTURE_V2 else 4
+    _levels, pos = _varint(data, pos)
+    segments, _ = _varint(data, pos)
+    return segments
+
+
+def compact(conn: apsw.Connection, table: str, *, changed_rows: int, total_rows: int) -> bool:
+    """After a write run: merge the index of ``table`` into one segment when the run
+    changed at least 1/CHANGED_SHARE of its rows, or when more than MAX_SEGMENTS are
+    left. Runs in its own transaction; call it with the store's write lock held.
+    Returns whether it merged."""
+    segments = segment_count(conn, table)
+    if segments <= 1:
+        return False
+    if changed_rows * CHANGED_SHARE < total_rows and segments <= MAX_SEGMENTS:
+        return False
+    with conn:
+        conn.execute(f"INSERT INTO {table}({table}) VALUES('optimize')")
+    return True
