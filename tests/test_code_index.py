@@ -199,6 +199,37 @@ def test_rrf_fuses_both_lists(index: CodeIndex, ws: Path) -> None:
         assert why.startswith("vec: ") and -1.0 <= float(why[5:]) <= 1.0
 
 
+def test_vector_lane_ranks_by_exact_cosine_of_stored_vectors(index: CodeIndex, ws: Path) -> None:
+    """The vector lane's order is the cosine of the query with each chunk's stored float
+    vector, for its own candidates and for the lexical ones it ranks in hybrid mode; a
+    chunk whose float vector is missing is no vector hit."""
+    import numpy as np
+    from knowledge_server.code.store import vec_table_for
+
+    index.index_workspace(str(ws))
+    emb = index.embedder
+    vtbl = vec_table_for(index.conn, emb.identity, emb.dim, create=False)
+    q = emb.embed_query(["user name"])[0]
+    stored = {
+        cid: float(np.frombuffer(v, dtype=np.float32) @ q)
+        for cid, v in index.conn.execute(f"SELECT id, v FROM {vtbl}_f")
+    }
+    scope = search_mod._scope_sql(None, None)
+    lex = search_mod._lexical(index.conn, ["user", "name"], ["user", "name"], scope, 30)
+    rows, sims = search_mod._vector(index.conn, vtbl, emb.dim, q, scope, 30, also=lex)
+    assert rows and {r[0] for r in lex} <= set(sims)
+    for cid, sim in sims.items():
+        assert sim == pytest.approx(stored[cid], abs=1e-6)
+    assert [round(1.0 - r[11], 6) for r in rows] == sorted(
+        (round(stored[r[0]], 6) for r in rows), reverse=True
+    )
+    gone = rows[0][0]
+    with index.conn:
+        index.conn.execute(f"DELETE FROM {vtbl}_f WHERE id = ?", (gone,))
+    rows, sims = search_mod._vector(index.conn, vtbl, emb.dim, q, scope, 30, also=lex)
+    assert gone not in sims and gone not in {r[0] for r in rows}
+
+
 def test_workspace_and_path_filters(index: CodeIndex, ws: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     _write(other, "lib/user_name.py", "def user_name_helper():\n    pass\n")

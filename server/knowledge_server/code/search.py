@@ -161,10 +161,15 @@ def _vector(
     qvec: np.ndarray,
     scope: tuple[str, list[Any]],
     n: int,
-) -> list[tuple[Any, ...]]:
-    """KNN in sqlite-vec, then (binary tables) exact cosine rescoring of the candidates.
+    also: Sequence[tuple[Any, ...]] = (),
+) -> tuple[list[tuple[Any, ...]], dict[int, float]]:
+    """KNN in sqlite-vec (or code.bitknn for binary tables), then exact cosine
+    rescoring of the candidates.
 
-    Rows end with the cosine distance (1 - similarity)."""
+    Returns the best ``n`` rows, each ending with its cosine distance (1 - similarity),
+    and the similarity of every candidate and of every row in ``also`` (the hybrid
+    lexical candidates, which the vector lane ranks too: ``_rank_union``). The float
+    vectors of all of them are read in one query."""
     q = np.ascontiguousarray(qvec, dtype=np.float32)
     binary = is_binary(dim)
     # Binary distances are coarse: fetch a few times more candidates than needed.
@@ -186,9 +191,8 @@ def _vector(
             )
             args = [q.tobytes(), k]
         rows = conn.execute(
-            f"{knn} SELECT {_COLS}, knn.distance, f.v FROM knn JOIN chunks c ON c.id = knn.rowid"
-            f" JOIN {vtbl}_f f ON f.id = c.id{scope[0]}"
-            " ORDER BY knn.distance, c.path, c.start_line",
+            f"{knn} SELECT {_COLS}, knn.distance FROM knn JOIN chunks c ON c.id = knn.rowid"
+            f"{scope[0]} ORDER BY knn.distance, c.path, c.start_line",
             [*args, *scope[1]],
         ).fetchall()
         enough = len(rows) >= n or k >= _MAX_K
@@ -201,23 +205,30 @@ def _vector(
         if held <= k:
             break
         k = min(k * 4, _MAX_K)
-    if not rows:
-        return []
-    m = np.frombuffer(b"".join(r[12] for r in rows), dtype=np.float32).reshape(len(rows), -1)
-    sims = m @ q
-    order = sorted(range(len(rows)), key=lambda i: (-float(sims[i]), rows[i][3], rows[i][4]))[:n]
-    return [rows[i][:11] + (1.0 - float(sims[i]),) for i in order]
+    ids = list(dict.fromkeys([r[0] for r in rows] + [r[0] for r in also]))
+    if not ids:
+        return [], {}
+    found = conn.execute(
+        f"SELECT id, v FROM {vtbl}_f WHERE id IN (SELECT value FROM json_each(?))",
+        (_json_list(ids),),
+    ).fetchall()
+    sims: dict[int, float] = {}
+    if found:
+        m = np.frombuffer(b"".join(v for _, v in found), dtype=np.float32).reshape(len(found), -1)
+        sims = dict(zip((i for i, _ in found), (m @ q).tolist(), strict=True))
+    # A candidate without its float vector (an interrupted fill) is no vector hit.
+    rows = [r for r in rows if r[0] in sims]
+    rows.sort(key=lambda r: (-sims[r[0]], r[3], r[4]))
+    return [r[:11] + (1.0 - sims[r[0]],) for r in rows[:n]], sims
 
 
 def _rank_union(
-    conn: apsw.Connection,
-    vtbl: str,
-    qvec: np.ndarray,
     vec_rows: list[tuple[Any, ...]],
     lex_rows: list[tuple[Any, ...]],
+    sims: dict[int, float],
 ) -> list[tuple[Any, ...]]:
     """The vector lane's ranking of every hybrid candidate: its own KNN hits plus the
-    lexical candidates it did not reach, all by exact cosine.
+    lexical candidates it did not reach, all by exact cosine (``sims``, from ``_vector``).
 
     Without this, RRF can only add vector evidence to the few chunks both lanes found;
     with it, the vector lane re-orders the lexical candidates by how closely they read
@@ -227,18 +238,10 @@ def _rank_union(
     missing = [r for r in lex_rows if r[0] not in seen]
     if not missing:
         return vec_rows
-    blobs = dict(
-        conn.execute(
-            f"SELECT id, v FROM {vtbl}_f WHERE id IN (SELECT value FROM json_each(?))",
-            (_json_list([r[0] for r in missing]),),
-        ).fetchall()
-    )
-    q = np.ascontiguousarray(qvec, dtype=np.float32)
     rows = list(vec_rows)
     for r in missing:
-        blob = blobs.get(r[0])
-        if blob is not None:
-            sim = float(np.frombuffer(blob, dtype=np.float32) @ q)
+        sim = sims.get(r[0])
+        if sim is not None:
             rows.append(r[:11] + (1.0 - sim,))
     rows.sort(key=lambda r: (round(float(r[11]), 9), r[3], r[4]))
     return rows
@@ -318,11 +321,18 @@ def search(
             qv = embedder.embed_query([query])[0]
             # A query without any embeddable feature has no direction: no vector hits.
             if float(np.linalg.norm(qv)) > 0:
-                vec_rows = _vector(
-                    conn, vtbl, embedder.dim, qv, scope, pool if mode == "hybrid" else limit
+                hybrid_mode = mode == "hybrid"
+                vec_rows, sims = _vector(
+                    conn,
+                    vtbl,
+                    embedder.dim,
+                    qv,
+                    scope,
+                    pool if hybrid_mode else limit,
+                    also=lex_rows if hybrid_mode else (),
                 )
-                if mode == "hybrid":
-                    vec_rows = _rank_union(conn, vtbl, qv, vec_rows, lex_rows)
+                if hybrid_mode:
+                    vec_rows = _rank_union(vec_rows, lex_rows, sims)
 
     by_id: dict[int, tuple[Any, ...]] = {}
     score: dict[int, float] = {}
