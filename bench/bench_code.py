@@ -146,6 +146,10 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
         f"time {lex_s:.2f}s  -> {rep.files_indexed / lex_s:.0f} files/s, "
         f"{rep.chunks / lex_s:.0f} chunks/s   (target >= 300 files/s)"
     )
+    if "fts_merge" in rep.timings_ms:
+        print(
+            f"then the text index merged into one segment: {rep.timings_ms['fts_merge'] / 1000:.2f}s"
+        )
     t = time.perf_counter()
     n_vec = ix.fill_vectors(str(root))
     vec_s = time.perf_counter() - t

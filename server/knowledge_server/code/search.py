@@ -34,9 +34,11 @@ _MAX_TERMS = 12
 _PRUNE_FROM = 5000
 _MAX_K = 4096  # sqlite-vec's upper bound for k
 
+# Candidate rows leave the text out (column 9 is NULL): a query ranks about 160
+# candidates and returns at most ``limit``; only those texts are read (``_texts``).
 _COLS = (
     "c.id, c.chunk_id, c.workspace, c.path, c.start_line, c.end_line, c.source_kind,"
-    " c.symbol, c.language, c.text, r.rev"
+    " c.symbol, c.language, NULL, r.rev"
 )
 
 
@@ -247,6 +249,18 @@ def _rank_union(
     return rows
 
 
+def _texts(conn: apsw.Connection, ids: list[int]) -> dict[int, str]:
+    """The texts of the chunks returned, in one read (the candidates were ranked without)."""
+    if not ids:
+        return {}
+    return dict(
+        conn.execute(
+            "SELECT id, text FROM chunks WHERE id IN (SELECT value FROM json_each(?))",
+            (_json_list(ids),),
+        ).fetchall()
+    )
+
+
 def _snippet(text: str, terms: list[str], chars: int) -> str:
     if len(text) <= chars:
         return text
@@ -353,14 +367,16 @@ def search(
         )
     order = sorted(by_id, key=lambda i: (-round(score[i], 12), by_id[i][3], by_id[i][4]))[:limit]
     snippet_terms = kept or terms
+    texts = _texts(conn, order)
     hits = []
     for i in order:
         r = by_id[i]
+        text = texts.get(i, "")
         # Explanations only for the hits returned: tokenising every candidate costs more
         # than the query itself.
         why = []
         if i in lex_of:
-            matched = matched_terms(r[9] + " " + r[3] + " " + r[7], terms)
+            matched = matched_terms(text + " " + r[3] + " " + r[7], terms)
             why.append("lex: " + " ".join(matched))
         if i in cos_of:
             why.append(f"vec: {cos_of[i]:.2f}")
@@ -377,7 +393,7 @@ def search(
                 language=r[8],
                 score=round(score[i], 6),
                 why=why,
-                snippet=_snippet(r[9], snippet_terms, snippet_chars),
+                snippet=_snippet(text, snippet_terms, snippet_chars),
                 index_rev=r[10],
             )
         )
