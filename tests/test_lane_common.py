@@ -1,0 +1,39 @@
+"""Lane helpers: ``ts`` gives the same Timestamp as protobuf's own FromDatetime."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+from google.protobuf import timestamp_pb2
+from hypothesis import given
+from hypothesis import strategies as st
+from knowledge_server.lanes.common import ts
+
+_ZONES = st.one_of(
+    st.none(),
+    st.just(UTC),
+    st.builds(
+        lambda m: timezone(timedelta(minutes=m)), st.integers(min_value=-14 * 60, max_value=14 * 60)
+    ),
+)
+
+
+@given(
+    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
+    _ZONES,
+)
+def test_ts_of_datetime_equals_from_datetime(dt: datetime, zone: timezone | None) -> None:
+    value = dt.replace(tzinfo=zone)
+    ref = timestamp_pb2.Timestamp()
+    ref.FromDatetime(value if value.tzinfo else value.replace(tzinfo=UTC))
+    got = ts(value)
+    assert got is not None and (got.seconds, got.nanos) == (ref.seconds, ref.nanos)
+
+
+@given(st.floats(min_value=-1e10, max_value=2.5e11, allow_nan=False))
+def test_ts_of_posix_seconds_equals_from_datetime(seconds: float) -> None:
+    ref = timestamp_pb2.Timestamp()
+    ref.FromDatetime(datetime.fromtimestamp(seconds, tz=UTC))
+    got = ts(seconds)
+    assert got is not None and (got.seconds, got.nanos) == (ref.seconds, ref.nanos)
+    assert ts(None) is None
