@@ -1,8 +1,9 @@
-"""Lane thread pools (knowledge_server.lanes.common.in_thread).
+"""Lane thread pools (knowledge_server.lanes.common.in_thread), which run the blocking work
+that is not a search (document-graph operations; searches read on the loop within their
+deadline, tests/test_lane_deadline.py).
 
-Invariants behind KC-4/KC-5 (a slow or stuck lane degrades alone): a lane whose threads
-are all busy does not delay another lane's work, and a query whose caller gave up before a
-thread was free is never run.
+Invariants: a lane whose threads are all busy does not delay another lane's work, and work
+whose caller gave up before a thread was free is never run.
 """
 
 from __future__ import annotations

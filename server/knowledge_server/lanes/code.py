@@ -20,7 +20,14 @@ from knowledge_server.code.model import Freshness, IndexOptions
 from knowledge_server.code.search import check_freshness
 from knowledge_server.code.store import is_binary, vec_table_for
 from knowledge_server.errors import InvalidRequest, NotFound
-from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread, operation_summary
+from knowledge_server.lanes.common import (
+    Pool,
+    ProgressFn,
+    WriterLock,
+    bound_reader,
+    operation_summary,
+    run_bounded,
+)
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.workspaces import is_under
 
@@ -53,9 +60,7 @@ class CodeLane:
         self.options = options or IndexOptions(workers=1)
         self._writer = CodeIndex(self.path, embedder=embedder, options=self.options)
         self._write_lock = WriterLock(data_dir, "code")
-        self._readers: Pool[CodeIndex] = Pool(
-            lambda: CodeIndex(self.path, embedder=embedder, options=self.options), size=4
-        )
+        self._readers: Pool[CodeIndex] = Pool(self._open_reader, size=4)
         self.last_error = ""
         # Freshness is checked in the background (a walk of a large tree costs hundreds of
         # ms); a query only reads the last result, so the check is cheap at query time.
@@ -66,6 +71,11 @@ class CodeLane:
             target=self._freshness_loop, name="code-freshness", daemon=True
         )
         self._fresh_thread.start()
+
+    def _open_reader(self) -> CodeIndex:
+        idx = CodeIndex(self.path, embedder=self.embedder, options=self.options)
+        bound_reader(idx.conn, busy_ms=10_000)
+        return idx
 
     def close(self) -> None:
         self._stop.set()
@@ -219,7 +229,7 @@ class CodeLane:
         return revs, fresh
 
     async def search(self, q: LaneQuery) -> LaneResult:
-        return await in_thread(self._search_sync, q, pool=self.name)
+        return run_bounded(self._search_sync, q)
 
     # -- GetChunk ------------------------------------------------------------------------
     def get_chunk_sync(

@@ -16,16 +16,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Generic, Self, TypeVar
 
+import apsw
 from google.protobuf import timestamp_pb2
 
 from knowledge_server._gen.knowledge.v1 import index_service_pb2
+from knowledge_server.search.lanes import LANE_DEADLINE
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 class Pool(Generic[T]):
-    """A small pool of read-only store connections, so searches run in parallel threads."""
+    """A small pool of read-only store connections, one per concurrent user (a search on
+    the loop, a GetEpisode in a thread, ...)."""
 
     def __init__(self, factory: Callable[[], T], size: int = 4) -> None:
         self._factory = factory
@@ -131,16 +134,76 @@ def ts(value: datetime | float | None) -> timestamp_pb2.Timestamp | None:
 
 ProgressFn = Callable[[str, int, int, str], None]
 
-# Blocking lane work runs in small thread pools, one per lane (named by ``pool``), not in
-# asyncio's shared default pool:
-# - a lane that overruns its timeout keeps its thread until SQLite returns, and must not
-#   delay the other lanes; its later queries wait for its own threads and time out, so a
-#   stuck lane reads as a degraded lane; a query whose caller gave up before a thread
-#   was free is cancelled, never run;
-# - two threads per lane are enough on any core count here, because the lane queries
-#   hold the GIL for their Python parts anyway: under 16 concurrent searches, 32 shared
-#   threads spent about a tenth of the CPU handing the GIL between each other (measured
-#   with bench/bench_search.py: 152 vs 170 searches/s).
+# Our lanes answer a search on the event loop's own thread (``run_bounded``), not in a
+# thread pool. Their work is short SQLite reads with a little Python around them, and a
+# thread per lane call cost more than it saved: apsw releases the GIL on every step of a
+# query, so two threads (or the loop and one thread) hand the GIL to each other many times
+# per search, and every hop is a future, a wake-up and a context switch. Measured with two
+# servers side by side on the bench data, one process each, 8 clients each (so both saw
+# the same machine): 10.5/11.7/10.8/8.6 ms of server CPU per never-seen search inline
+# against 11.9/13.9/12.5/10.2 ms with lane threads. The lanes of one search now run one
+# after the other; a single client's search took about 0.3 ms longer.
+#
+# What a thread gave for free, ``bound_reader`` gives back: a reader connection stops a
+# query at the lane's deadline (``LANE_DEADLINE``, set by the coordinator) instead of
+# holding the loop, and waits for a busy database no longer than that either. Every other
+# reader use (GetEpisode, GetChunk, document-graph operations) still runs in a thread,
+# outside any deadline.
+
+# SQLite virtual-machine steps between two deadline checks: some tens of microseconds of
+# query work, and well under 1% of it spent in the check.
+PROGRESS_STEPS = 10_000
+
+
+class LaneDeadlineExceeded(TimeoutError):
+    """A lane's query was stopped at its deadline."""
+
+
+def bound_reader(conn: apsw.Connection, busy_ms: int) -> None:
+    """Make a reader connection honour ``LANE_DEADLINE`` of whatever runs on it.
+
+    Within a lane call, a query still running at the deadline is interrupted
+    (``run_bounded`` turns that into ``LaneDeadlineExceeded``), and a busy database is
+    retried until the deadline at most. Outside one (no deadline set), the connection
+    behaves as before: no interruption, busy retries for ``busy_ms``."""
+
+    def past_deadline() -> bool:
+        deadline = LANE_DEADLINE.get()
+        return deadline is not None and time.monotonic() > deadline
+
+    waiting_since = [0.0]
+
+    def busy(count: int) -> bool:
+        now = time.monotonic()
+        if count == 0:
+            waiting_since[0] = now
+        deadline = LANE_DEADLINE.get()
+        if deadline is None:
+            deadline = waiting_since[0] + busy_ms / 1000
+        if now >= deadline:
+            return False
+        time.sleep(min(0.001 * (count + 1), 0.02, deadline - now))
+        return True
+
+    conn.setprogresshandler(past_deadline, PROGRESS_STEPS)
+    conn.setbusyhandler(busy)
+
+
+def run_bounded(fn: Callable[..., R], *args: object) -> R:
+    """Run a lane's blocking read work here, on the calling (event loop) thread, within the
+    deadline its connections enforce (``bound_reader``)."""
+    try:
+        return fn(*args)
+    except apsw.InterruptError:
+        if LANE_DEADLINE.get() is None:
+            raise
+        raise LaneDeadlineExceeded("stopped at the lane deadline") from None
+
+
+# Blocking work that may take long (document-graph operations) runs in small thread pools,
+# one per lane (named by ``pool``), not in asyncio's shared default pool: one lane's work
+# never waits for another lane's, and work whose caller gave up before a thread was free
+# is cancelled, never run.
 POOL_THREADS = 2
 _pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()

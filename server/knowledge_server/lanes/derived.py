@@ -25,7 +25,14 @@ from knowledge_server.derived.lane import InvalidQuery, search_skills
 from knowledge_server.derived.skills import default_roots, load_catalog
 from knowledge_server.derived.store import DerivedStore
 from knowledge_server.episodes.store import EpisodeStore
-from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, in_thread, operation_summary
+from knowledge_server.lanes.common import (
+    Pool,
+    ProgressFn,
+    WriterLock,
+    bound_reader,
+    operation_summary,
+    run_bounded,
+)
 from knowledge_server.memo import RevisionMemo
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.search.validate import ValidSearch
@@ -105,10 +112,13 @@ class DerivedLane:
         # facts (``store.actor``, ``store.skills_of_actor``).
         self._actor_of: RevisionMemo[str, str | None] = RevisionMemo(100_000)
         self._facts: RevisionMemo[str, tuple[Any, list[tuple[str, int]]]] = RevisionMemo(100_000)
-        self._readers: Pool[DerivedStore] = Pool(
-            lambda: DerivedStore(self.path, read_only=True), size=4
-        )
+        self._readers: Pool[DerivedStore] = Pool(self._open_reader, size=4)
         self.last_error = ""
+
+    def _open_reader(self) -> DerivedStore:
+        store = DerivedStore(self.path, read_only=True)
+        bound_reader(store.conn, busy_ms=30_000)
+        return store
 
     def close(self) -> None:
         self._readers.close_all(lambda s: s.close())
@@ -167,7 +177,7 @@ class DerivedLane:
             return store.index_rev()  # "" until the first build
 
     async def search(self, q: LaneQuery) -> LaneResult:
-        return await in_thread(self._search_sync, q, pool=self.name)
+        return run_bounded(self._search_sync, q)
 
     # -- actors ---------------------------------------------------------------------------
     def episode_actors(self, episode_ids: Sequence[str]) -> dict[str, str]:

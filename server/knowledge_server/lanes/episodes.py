@@ -22,8 +22,9 @@ from knowledge_server.lanes.common import (
     Pool,
     ProgressFn,
     WriterLock,
-    in_thread,
+    bound_reader,
     operation_summary,
+    run_bounded,
     ts,
 )
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
@@ -54,13 +55,16 @@ class EpisodesLane:
         self.workspaces = tuple(workspaces)
         self._writer = EpisodeStore(self.path)
         self._write_lock = WriterLock(data_dir, "episodes")
-        self._readers: Pool[EpisodeStore] = Pool(
-            lambda: EpisodeStore(self.path, read_only=True), size=4
-        )
+        self._readers: Pool[EpisodeStore] = Pool(self._open_reader, size=4)
         # Lane counters per (index revision, minute, scope): they change only with either.
         self._counts: dict[tuple[object, ...], dict[str, int]] = {}
         self._counts_lock = threading.Lock()
         self.last_error: str = ""
+
+    def _open_reader(self) -> EpisodeStore:
+        store = EpisodeStore(self.path, read_only=True)
+        bound_reader(store.conn, busy_ms=5000)
+        return store
 
     def close(self) -> None:
         self._readers.close_all(lambda s: s.close())
@@ -158,7 +162,7 @@ class EpisodesLane:
             return store.index_rev(), int(time.time() // 60)
 
     async def search(self, q: LaneQuery) -> LaneResult:
-        return await in_thread(self._search_sync, q, pool=self.name)
+        return run_bounded(self._search_sync, q)
 
     # -- GetEpisode ---------------------------------------------------------------------
     def _episode_pb(

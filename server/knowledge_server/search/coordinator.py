@@ -25,7 +25,7 @@ from google.protobuf import timestamp_pb2
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
 from knowledge_server.search.jsonsize import json_size, json_size_of_string
-from knowledge_server.search.lanes import Lane, LaneQuery, LaneResult, degraded
+from knowledge_server.search.lanes import LANE_DEADLINE, Lane, LaneQuery, LaneResult, degraded
 from knowledge_server.search.routing import route
 from knowledge_server.search.validate import SCHEMA, ValidSearch
 
@@ -102,12 +102,18 @@ class Coordinator:
             if cached is not None:
                 self._cache.move_to_end(key)
                 return _copy_result(cached, cache_hit=True), (time.perf_counter() - started) * 1000
+        timeout = self.timeout_ms / 1000
+        own: list[float] = []
         try:
-            result = await asyncio.wait_for(lane.search(q), timeout=self.timeout_ms / 1000)
+            result = await asyncio.wait_for(_bounded(lane, q, timeout, own), timeout=timeout)
             if key is not None and (not result.lane.degraded or len(result.lane.items) > 0):
                 self._cache[key] = _copy_result(result, cache_hit=False)
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
+            if own[-1] > timeout:
+                # A lane that blocks cannot be cut off by wait_for: an answer after its
+                # timeout is not used (it stays cached for the next asker).
+                raise TimeoutError
         except TimeoutError:
             result = degraded(
                 name,
@@ -119,7 +125,9 @@ class Coordinator:
             if not isinstance(code, str) or not code.isupper():
                 code = "KNOWLEDGE_SOURCE_UNAVAILABLE"
             result = degraded(name, code, f"the {name} source failed ({type(exc).__name__})")
-        return result, (time.perf_counter() - started) * 1000
+        # The lane's own time when it ran (a blocking lane waits for the one before it).
+        ms = own[-1] * 1000 if own else (time.perf_counter() - started) * 1000
+        return result, ms
 
     def _revisions(self, names: Sequence[str]) -> tuple[object, ...] | None:
         """Every queried lane's revision, or None when one cannot say (then no caching)."""
@@ -347,6 +355,22 @@ class Coordinator:
             dst.CopyFrom(src)
         del lane_msg.items[:]
         lane_msg.items.extend(copies)
+
+
+async def _bounded(lane: Lane, q: LaneQuery, timeout: float, own: list[float]) -> LaneResult:
+    """``lane.search(q)`` with its deadline (``LANE_DEADLINE``) counted from when it starts.
+
+    Our lanes block the loop while they read (their connections stop a query at the
+    deadline), so the lanes of one search run one after another; each gets its whole
+    timeout from its own start, and a slow lane does not eat into the next one's time.
+    ``own`` receives the lane's own duration in seconds, also when it fails."""
+    started = time.monotonic()
+    token = LANE_DEADLINE.set(started + timeout)
+    try:
+        return await lane.search(q)
+    finally:
+        LANE_DEADLINE.reset(token)
+        own.append(time.monotonic() - started)
 
 
 def _copy_result(result: LaneResult, *, cache_hit: bool) -> LaneResult:

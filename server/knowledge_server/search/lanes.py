@@ -3,10 +3,16 @@
 
 A lane returns its own protobuf lane message (EpisodesLane, CodeLane or SkillsLane)
 with items ranked best first; the coordinator fuses, limits and budgets them.
+
+The coordinator gives each lane a timeout. It sets ``LANE_DEADLINE`` (a
+``time.monotonic()`` instant) in the context the lane's ``search`` runs in, so a lane that
+blocks instead of awaiting (our own lanes run their SQLite reads on the event loop) can
+stop its own work there: an answer that arrives after the deadline is not used anyway.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -14,6 +20,9 @@ from typing import Protocol
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
 
 LaneMessage = search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane
+
+# When the current lane call must have answered (time.monotonic()); None outside a search.
+LANE_DEADLINE: ContextVar[float | None] = ContextVar("knowledge_lane_deadline", default=None)
 
 
 @dataclass(frozen=True)
