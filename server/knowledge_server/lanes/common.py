@@ -142,7 +142,9 @@ ProgressFn = Callable[[str, int, int, str], None]
 # servers side by side on the bench data, one process each, 8 clients each (so both saw
 # the same machine): 10.5/11.7/10.8/8.6 ms of server CPU per never-seen search inline
 # against 11.9/13.9/12.5/10.2 ms with lane threads. The lanes of one search now run one
-# after the other; a single client's search took about 0.3 ms longer.
+# after the other, which costs a single client about 1 ms (side by side, 4 x 500 never-seen
+# searches: P50 8.8 / P95 12.7 ms inline against 8.1 / 11.6 ms with threads, whose SQLite
+# steps overlapped on the second core); the target there is P95 <= 30 ms.
 #
 # What a thread gave for free, ``bound_reader`` gives back: a reader connection stops a
 # query at the lane's deadline (``LANE_DEADLINE``, set by the coordinator) instead of
