@@ -17,7 +17,7 @@ from .model import (
     IndexReport,
     ProgressCallback,
 )
-from .store import open_store
+from .store import BUSY_MS, open_store
 
 __all__ = ["CodeIndex"]
 
@@ -28,6 +28,8 @@ class CodeIndex:
     One instance owns one connection; use one instance per thread. Several processes
     may open the same file: readers never block on, or see the middle of, a run.
     """
+
+    BUSY_MS = BUSY_MS  # how long the connection waits for another one's lock
 
     def __init__(
         self, db_path: str, *, embedder: Embedder | None = None, options: IndexOptions | None = None

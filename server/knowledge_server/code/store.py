@@ -113,6 +113,8 @@ FTS_RANK = "bm25({}, {})".format(*FTS_WEIGHTS)
 # n in SQLite's sorter; ``ORDER BY rank`` makes FTS5 sort every match first (a third slower).
 FTS_SCORE = "bm25(chunks_fts, {}, {})".format(*FTS_WEIGHTS)
 FTS_AUTOMERGE = 16
+# How long a connection waits for another one's lock.
+BUSY_MS = 10_000
 
 
 def _initialised(cur: apsw.Cursor) -> bool:
@@ -144,7 +146,7 @@ def open_store(path: str) -> apsw.Connection:
     conn.enable_load_extension(True)
     conn.load_extension(sqlite_vec.loadable_path())
     conn.enable_load_extension(False)
-    conn.setbusytimeout(10_000)
+    conn.setbusytimeout(BUSY_MS)
     cur = conn.cursor()
     use_wal(conn)
     # NORMAL in WAL mode still never corrupts on a process kill; it only risks the

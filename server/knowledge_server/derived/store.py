@@ -200,6 +200,8 @@ def assignment_id_for(actor_id: str, task_hash: str) -> str:
 class DerivedStore:
     """Open (and create) ``derived.sqlite``; ``read_only=True`` never writes."""
 
+    BUSY_MS = 30_000  # how long the connection waits for another one's lock
+
     def __init__(self, path: str, *, read_only: bool = False) -> None:
         if os.path.isdir(path):
             path = os.path.join(path, DB_FILE)
@@ -208,7 +210,7 @@ class DerivedStore:
         # apsw serialises calls on one connection, but a transaction spans several calls:
         # this lock keeps two threads sharing the object from interleaving theirs.
         self._lock = threading.RLock()
-        self.conn = open_db(path, _SCHEMA, read_only=read_only, busy_ms=30000)
+        self.conn = open_db(path, _SCHEMA, read_only=read_only, busy_ms=self.BUSY_MS)
 
     def close(self) -> None:
         self.conn.close()

@@ -157,6 +157,8 @@ def _norm_root(root: str) -> str:
 class EpisodeStore:
     """Open (and create) ``episodes.sqlite``. ``read_only=True`` never writes."""
 
+    BUSY_MS = 5000  # how long the connection waits for another one's lock
+
     def __init__(
         self, path: str, *, read_only: bool = False, live_minutes: int = LIVE_MINUTES
     ) -> None:
@@ -165,7 +167,7 @@ class EpisodeStore:
         self.path = path
         self.read_only = read_only
         self.live_minutes = live_minutes
-        self.conn = open_db(path, _SCHEMA, read_only=read_only, busy_ms=5000)
+        self.conn = open_db(path, _SCHEMA, read_only=read_only, busy_ms=self.BUSY_MS)
 
     def close(self) -> None:
         self.conn.close()

@@ -24,7 +24,7 @@ from knowledge_server.lanes.common import (
     Pool,
     ProgressFn,
     WriterLock,
-    bound_reader,
+    bound_store,
     operation_summary,
     run_bounded,
 )
@@ -60,7 +60,10 @@ class CodeLane:
         self.options = options or IndexOptions(workers=1)
         self._writer = CodeIndex(self.path, embedder=embedder, options=self.options)
         self._write_lock = WriterLock(data_dir, "code")
-        self._readers: Pool[CodeIndex] = Pool(self._open_reader, size=4)
+        self._readers: Pool[CodeIndex] = Pool(
+            lambda: bound_store(CodeIndex(self.path, embedder=embedder, options=self.options)),
+            size=4,
+        )
         self.last_error = ""
         # Freshness is checked in the background (a walk of a large tree costs hundreds of
         # ms); a query only reads the last result, so the check is cheap at query time.
@@ -71,11 +74,6 @@ class CodeLane:
             target=self._freshness_loop, name="code-freshness", daemon=True
         )
         self._fresh_thread.start()
-
-    def _open_reader(self) -> CodeIndex:
-        idx = CodeIndex(self.path, embedder=self.embedder, options=self.options)
-        bound_reader(idx.conn, busy_ms=10_000)
-        return idx
 
     def close(self) -> None:
         self._stop.set()

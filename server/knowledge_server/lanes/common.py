@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Generic, Self, TypeVar
+from typing import Generic, Protocol, Self, TypeVar
 
 import apsw
 from google.protobuf import timestamp_pb2
@@ -189,6 +189,21 @@ def bound_reader(conn: apsw.Connection, busy_ms: int) -> None:
 
     conn.setprogresshandler(past_deadline, PROGRESS_STEPS)
     conn.setbusyhandler(busy)
+
+
+class _Store(Protocol):
+    BUSY_MS: int
+    conn: apsw.Connection
+
+
+S = TypeVar("S", bound=_Store)
+
+
+def bound_store(store: S) -> S:
+    """``store`` with its connection bound to lane deadlines (``bound_reader``), waiting
+    for a busy database as long as the store itself would outside a lane call."""
+    bound_reader(store.conn, busy_ms=store.BUSY_MS)
+    return store
 
 
 def run_bounded(fn: Callable[..., R], *args: object) -> R:

@@ -29,7 +29,7 @@ from knowledge_server.lanes.common import (
     Pool,
     ProgressFn,
     WriterLock,
-    bound_reader,
+    bound_store,
     operation_summary,
     run_bounded,
 )
@@ -112,13 +112,10 @@ class DerivedLane:
         # facts (``store.actor``, ``store.skills_of_actor``).
         self._actor_of: RevisionMemo[str, str | None] = RevisionMemo(100_000)
         self._facts: RevisionMemo[str, tuple[Any, list[tuple[str, int]]]] = RevisionMemo(100_000)
-        self._readers: Pool[DerivedStore] = Pool(self._open_reader, size=4)
+        self._readers: Pool[DerivedStore] = Pool(
+            lambda: bound_store(DerivedStore(self.path, read_only=True)), size=4
+        )
         self.last_error = ""
-
-    def _open_reader(self) -> DerivedStore:
-        store = DerivedStore(self.path, read_only=True)
-        bound_reader(store.conn, busy_ms=30_000)
-        return store
 
     def close(self) -> None:
         self._readers.close_all(lambda s: s.close())

@@ -22,7 +22,7 @@ from knowledge_server.lanes.common import (
     Pool,
     ProgressFn,
     WriterLock,
-    bound_reader,
+    bound_store,
     operation_summary,
     run_bounded,
     ts,
@@ -55,16 +55,13 @@ class EpisodesLane:
         self.workspaces = tuple(workspaces)
         self._writer = EpisodeStore(self.path)
         self._write_lock = WriterLock(data_dir, "episodes")
-        self._readers: Pool[EpisodeStore] = Pool(self._open_reader, size=4)
+        self._readers: Pool[EpisodeStore] = Pool(
+            lambda: bound_store(EpisodeStore(self.path, read_only=True)), size=4
+        )
         # Lane counters per (index revision, minute, scope): they change only with either.
         self._counts: dict[tuple[object, ...], dict[str, int]] = {}
         self._counts_lock = threading.Lock()
         self.last_error: str = ""
-
-    def _open_reader(self) -> EpisodeStore:
-        store = EpisodeStore(self.path, read_only=True)
-        bound_reader(store.conn, busy_ms=5000)
-        return store
 
     def close(self) -> None:
         self._readers.close_all(lambda s: s.close())
