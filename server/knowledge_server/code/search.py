@@ -322,11 +322,12 @@ def search(
     scope = _scope_sql(workspaces, path_prefixes)
     terms = query_terms(query)
     pool = max(limit, 30)
+    hybrid = mode == "hybrid"
     lex_rows: list[tuple[Any, ...]] = []
     vec_rows: list[tuple[Any, ...]] = []
     kept, rare = _split_terms(conn, terms)
     if mode in ("hybrid", "lexical"):
-        lex_rows = _lexical(conn, kept, rare, scope, pool if mode == "hybrid" else limit)
+        lex_rows = _lexical(conn, kept, rare, scope, pool if hybrid else limit)
     use_vec = mode in ("hybrid", "vector") and capability == "full" and embedder is not None
     if use_vec and query.strip():
         assert embedder is not None
@@ -335,24 +336,22 @@ def search(
             qv = embedder.embed_query([query])[0]
             # A query without any embeddable feature has no direction: no vector hits.
             if float(np.linalg.norm(qv)) > 0:
-                hybrid_mode = mode == "hybrid"
                 vec_rows, sims = _vector(
                     conn,
                     vtbl,
                     embedder.dim,
                     qv,
                     scope,
-                    pool if hybrid_mode else limit,
-                    also=lex_rows if hybrid_mode else (),
+                    pool if hybrid else limit,
+                    also=lex_rows if hybrid else (),
                 )
-                if hybrid_mode:
+                if hybrid:
                     vec_rows = _rank_union(vec_rows, lex_rows, sims)
 
     by_id: dict[int, tuple[Any, ...]] = {}
     score: dict[int, float] = {}
     lex_of: set[int] = set()
     cos_of: dict[int, float] = {}
-    hybrid = mode == "hybrid"
     for rank, row in enumerate(lex_rows):
         cid = row[0]
         by_id[cid] = row
