@@ -30,6 +30,8 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
             "tls_cert",
         ),
         ({"KNOWLEDGE_AUTH": "off", "KNOWLEDGE_LISTEN": "0.0.0.0:5000"}, "loopback"),
+        ({"KNOWLEDGE_SQLITE_MMAP_MIB": "-1"}, "sqlite_mmap_mib"),
+        ({"KNOWLEDGE_SQLITE_MMAP_MIB": "lots"}, "KNOWLEDGE_SQLITE_MMAP_MIB"),
     ],
 )
 def test_invalid_values_name_the_setting(env: dict[str, str], needle: str) -> None:

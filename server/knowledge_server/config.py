@@ -73,6 +73,8 @@ class Config:
     # Serving processes sharing the listening port (SO_REUSEPORT). The first one runs the
     # background work (bootstrap, licence polling happens in each); more use more cores.
     workers: int = 1
+    # Bytes of each store file read through memory mapping, in MiB (0 = plain reads).
+    sqlite_mmap_mib: int = 256
 
     @property
     def listen_host(self) -> str:
@@ -133,7 +135,7 @@ _PATH_FIELDS = {
     "llm_key_file",
 }
 _TUPLE_FIELDS = {"workspaces", "session_paths", "skill_roots"}
-_INT_FIELDS = {"lane_timeout_ms", "max_file_bytes", "embedder_dim", "workers"}
+_INT_FIELDS = {"lane_timeout_ms", "max_file_bytes", "embedder_dim", "workers", "sqlite_mmap_mib"}
 _FLOAT_FIELDS = {"grace_seconds"}
 _BOOL_FIELDS = {"bootstrap"}
 _CHOICES = {
@@ -190,6 +192,8 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError("max_file_bytes: must be at least 1024")
     if not 1 <= cfg.workers <= 64:
         raise ConfigError(f"workers: {cfg.workers} is out of range 1..64")
+    if not 0 <= cfg.sqlite_mmap_mib <= 1_048_576:
+        raise ConfigError(f"sqlite_mmap_mib: {cfg.sqlite_mmap_mib} is out of range 0..1048576")
     workspaces = []
     for ws in cfg.workspaces:
         p = Path(ws).expanduser()

@@ -23,6 +23,7 @@ from knowledge_server.lanes.code import CodeLane
 from knowledge_server.lanes.derived import DerivedLane
 from knowledge_server.lanes.episodes import EpisodesLane
 from knowledge_server.logs import get_logger
+from knowledge_server.schema import set_mmap_mib
 from knowledge_server.search.lanes import Lane
 from knowledge_server.transport.interceptors import EditionState
 
@@ -138,6 +139,7 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
     """The app a real `serve` runs; ``clock`` lets tests move licence time."""
     licence = WatchedLicence(config, clock)
     config.data_dir.mkdir(parents=True, exist_ok=True)
+    set_mmap_mib(config.sqlite_mmap_mib)  # before any store is opened
     lanes: dict[str, Lane] = {
         "episodes": EpisodesLane(
             config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces

@@ -16,7 +16,28 @@ from contextlib import contextmanager
 
 import apsw
 
-__all__ = ["apply_schema", "immediate", "open_db", "use_wal"]
+__all__ = ["apply_schema", "immediate", "map_pages", "open_db", "set_mmap_mib", "use_wal"]
+
+# Stores are read through memory-mapped I/O (``PRAGMA mmap_size``), up to this many bytes
+# of each file. A page that is not in the connection's own page cache (2 MB by default,
+# far smaller than a code or episodes store) is then a memory access, not a read() system
+# call plus a copy. The mapping is the operating system's file cache, shared by every
+# connection and serving process: it adds no private memory. Set by the ``sqlite_mmap_mib``
+# setting; 0 turns it off.
+_mmap_bytes = 256 * 1024 * 1024
+
+
+def set_mmap_mib(mib: int) -> None:
+    """How much of each store file later connections map (``sqlite_mmap_mib``; 0 = none)."""
+    global _mmap_bytes
+    if mib < 0:
+        raise ValueError("sqlite_mmap_mib must not be negative")
+    _mmap_bytes = mib * 1024 * 1024
+
+
+def map_pages(conn: apsw.Connection) -> None:
+    """Apply the memory-mapping setting to ``conn`` (every store connection gets it)."""
+    conn.execute(f"PRAGMA mmap_size={int(_mmap_bytes)}").fetchall()
 
 
 def open_db(
@@ -40,6 +61,7 @@ def open_db(
             conn.execute("PRAGMA synchronous=NORMAL")
         apply_schema(conn, script)
     conn.setbusytimeout(busy_ms)
+    map_pages(conn)
     return conn
 
 

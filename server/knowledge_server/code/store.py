@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 
-from knowledge_server.schema import immediate, use_wal
+from knowledge_server.schema import immediate, map_pages, use_wal
 
 __all__ = ["SCHEMA_VERSION", "open_store", "vec_table_for"]
 
@@ -158,6 +158,7 @@ def open_store(path: str) -> apsw.Connection:
     if not _initialised(cur):
         with immediate(conn):  # other openers and writers queue, see knowledge_server.schema
             _initialise(cur)
+    map_pages(conn)
     return conn
 
 

@@ -1,0 +1,87 @@
+"""Store connections read through memory mapping (``sqlite_mmap_mib``), and stay correct."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import apsw
+import pytest
+from knowledge_server import schema
+from knowledge_server.code.store import open_store
+from knowledge_server.config import load_config
+from knowledge_server.episodes.store import EpisodeStore
+from knowledge_server.runtime import build_app
+
+
+@pytest.fixture(autouse=True)
+def _restore_setting() -> Iterator[None]:
+    before = schema._mmap_bytes
+    yield
+    schema._mmap_bytes = before
+
+
+def _mapped(conn: apsw.Connection) -> int:
+    return int(conn.execute("PRAGMA mmap_size").fetchall()[0][0])
+
+
+def test_every_kind_of_store_connection_is_mapped(tmp_path: Path) -> None:
+    schema.set_mmap_mib(64)
+    writer = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    reader = EpisodeStore(str(tmp_path / "episodes.sqlite"), read_only=True)
+    code = open_store(str(tmp_path / "code.sqlite"))
+    try:
+        for conn in (writer.conn, reader.conn, code):
+            assert _mapped(conn) == 64 * 1024 * 1024
+    finally:
+        writer.close()
+        reader.close()
+        code.close()
+
+
+def test_zero_turns_mapping_off_and_negative_is_refused(tmp_path: Path) -> None:
+    schema.set_mmap_mib(0)
+    conn = open_store(str(tmp_path / "code.sqlite"))
+    try:
+        assert _mapped(conn) == 0
+    finally:
+        conn.close()
+    with pytest.raises(ValueError, match="sqlite_mmap_mib"):
+        schema.set_mmap_mib(-1)
+
+
+def test_the_setting_reaches_the_stores_of_a_served_app(tmp_path: Path) -> None:
+    cfg = load_config(
+        env={}, overrides={"data_dir": tmp_path, "bootstrap": False, "sqlite_mmap_mib": 8}
+    )
+    app = build_app(cfg)
+    try:
+        with app.lanes["episodes"]._readers.get() as store:  # type: ignore[attr-defined]
+            assert _mapped(store.conn) == 8 * 1024 * 1024
+    finally:
+        app.close()
+
+
+def test_a_mapped_reader_sees_a_file_that_grew_and_was_checkpointed(tmp_path: Path) -> None:
+    """A mapping covers the file as it was; later pages (after the writer grew the file and
+    checkpointed the WAL into it) must still be read, and read right."""
+    schema.set_mmap_mib(1)  # smaller than the file will become: part mapped, part read()
+    path = str(tmp_path / "grow.sqlite")
+    writer = schema.open_db(
+        path, "CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, v BLOB);", busy_ms=1000
+    )
+    reader = schema.open_db(path, "", read_only=True, busy_ms=1000)
+    try:
+        blob = bytes(range(256)) * 16
+        for round_ in range(3):
+            with writer:
+                writer.executemany("INSERT INTO t(v) VALUES (?)", [(blob,) for _ in range(400)])
+            writer.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            rows = reader.execute("SELECT count(*), sum(length(v)) FROM t").fetchall()[0]
+            assert rows == (400 * (round_ + 1), 400 * (round_ + 1) * len(blob))
+            last = reader.execute("SELECT v FROM t ORDER BY id DESC LIMIT 1").fetchall()[0][0]
+            assert last == blob
+        assert Path(path).stat().st_size > 1024 * 1024
+    finally:
+        reader.close()
+        writer.close()
