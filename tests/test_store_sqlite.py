@@ -1,4 +1,4 @@
-"""Store connections read through memory mapping (``sqlite_mmap_mib``), and stay correct."""
+"""How stores use SQLite: memory-mapped reads (``sqlite_mmap_mib``), no memory statistics."""
 
 from __future__ import annotations
 
@@ -85,3 +85,22 @@ def test_a_mapped_reader_sees_a_file_that_grew_and_was_checkpointed(tmp_path: Pa
     finally:
         reader.close()
         writer.close()
+
+
+def test_sqlite_memory_statistics_are_off_and_stores_still_work(tmp_path: Path) -> None:
+    """The stores' module turned SQLite's memory statistics off when it was imported (no
+    connection was open yet): the counter stays at zero while a store is written and read."""
+    store = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    try:
+        store.conn.execute("CREATE TABLE probe(v BLOB)")
+        store.conn.execute("INSERT INTO probe VALUES (zeroblob(100000))")
+        assert store.conn.execute("SELECT length(v) FROM probe").fetchall() == [(100000,)]
+        assert apsw.status(apsw.SQLITE_STATUS_MEMORY_USED)[0] == 0
+    finally:
+        store.close()
+    # With a connection open, the library is left as it is.
+    held = apsw.Connection(":memory:")
+    try:
+        assert schema._skip_memory_statistics() is False
+    finally:
+        held.close()
