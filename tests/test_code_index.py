@@ -313,3 +313,22 @@ def test_document_frequencies_follow_new_revisions(tmp_path: Path) -> None:
             "walrus": 2,
             "narwhal": 1,
         }
+
+
+def test_hits_described_later_equal_hits_described_at_once(index: CodeIndex, ws: Path) -> None:
+    """The code lane ranks without texts and describes only the hits an answer keeps
+    (``describe``): snippets and "lex:"/"vec:" explanations are exactly those of a search
+    that describes every hit, for any subset, in any order."""
+    index.index_workspace(str(ws))
+    for query in ("user name", "parse config file", "rotate session cookie", "getUserName"):
+        whole = index.search(query, limit=10, check_fresh=False)
+        ranked = index.search(query, limit=10, check_fresh=False, describe_hits=False)
+        assert [h.id for h in ranked.hits] == [h.id for h in whole.hits]
+        assert all(h.snippet == "" for h in ranked.hits)
+        assert any(h.snippet for h in whole.hits)
+        subset = list(reversed(ranked.hits[::2]))
+        described = index.describe(ranked, subset, 300)
+        expected = {h.id: h for h in whole.hits}
+        for h in described:
+            assert h.snippet == expected[h.id].snippet
+            assert h.why == expected[h.id].why

@@ -293,3 +293,27 @@ def test_document_frequencies_follow_new_events(store: EpisodeStore, tmp_path: P
         assert [h.seq for h in reader.search("okapi")] == [5, 4]
     finally:
         reader.close()
+
+
+def test_hits_described_later_equal_search(store: EpisodeStore, tmp_path: Path) -> None:
+    """The episodes lane ranks without texts and sessions and describes only the hits an
+    answer keeps: ``describe(search_ranked(...))`` is ``search(...)``; a hit whose event
+    is gone by then keeps an empty snippet and no session."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.jsonl").write_text(
+        "".join(_line("sa", i, f"checkout test failed at step {i} in parser") for i in range(8))
+    )
+    (logs / "b.jsonl").write_text(_line("sb", 1, "the parser test passed after the fix"))
+    ingest(store, [str(logs)])
+    whole = store.search("parser test", k=10, snippet_chars=40)
+    ranked, needles = store.search_ranked("parser test", k=10)
+    assert [h.id for h in ranked] == [h.id for h in whole]
+    assert all(h.snippet == "" and h.session is None for h in ranked)
+    assert store.describe(ranked, needles, 40) == whole
+    (logs / "b.jsonl").unlink()
+    ingest(store, [str(logs)])
+    again = store.describe(ranked, needles, 40)
+    gone = [h for h in again if h.session_id == "sb"]
+    assert gone and all(h.snippet == "" and h.session is None for h in gone)
+    assert [h for h in again if h.session_id == "sa"] == [h for h in whole if h.session_id == "sa"]

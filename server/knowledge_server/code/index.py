@@ -11,6 +11,7 @@ from . import search as _search
 from .embed import Embedder, HashingEmbedder
 from .model import (
     ChunkRecord,
+    CodeHit,
     CodeSearchResult,
     Freshness,
     IndexOptions,
@@ -78,8 +79,10 @@ class CodeIndex:
         mode: str = "hybrid",
         snippet_chars: int = 300,
         check_fresh: bool = True,
+        describe_hits: bool = True,
     ) -> CodeSearchResult:
-        """``mode``: "hybrid" (RRF of lexical and vector), "lexical" or "vector"."""
+        """``mode``: "hybrid" (RRF of lexical and vector), "lexical" or "vector".
+        ``describe_hits=False``: hits without snippets and "lex:" explanations (``describe``)."""
         if mode not in ("hybrid", "lexical", "vector"):
             raise ValueError(f"unknown search mode {mode!r}")
         ws = None if workspaces is None else [_indexer.normalise_root(w) for w in workspaces]
@@ -101,7 +104,14 @@ class CodeIndex:
             mode=mode,
             snippet_chars=snippet_chars,
             freshness=fresh,
+            describe_hits=describe_hits,
         )
+
+    def describe(
+        self, result: CodeSearchResult, hits: Sequence[CodeHit], snippet_chars: int
+    ) -> list[CodeHit]:
+        """``hits`` of ``result`` with their snippets and "lex:" explanations."""
+        return _search.describe(self.conn, hits, result.terms, result.snippet_terms, snippet_chars)
 
     def get_chunk(self, chunk_id: str) -> ChunkRecord | None:
         chunk_id = chunk_id.removeprefix("chunk:")

@@ -98,6 +98,10 @@ class CodeHit:
     snippet: str
     index_rev: str
     provenance: str = "stated"
+    # The chunk's row in the store, and whether the lexical lane found it: what
+    # ``code.search.describe`` needs to add the snippet and the "lex:" explanation later.
+    row_id: int = 0
+    lexical: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,9 @@ class CodeSearchResult:
     degradation_reason: str
     freshness: dict[str, Freshness]
     hits: list[CodeHit]
+    # Query terms: all of them (for "lex:" explanations), and the ones snippets centre on.
+    terms: tuple[str, ...] = ()
+    snippet_terms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import apsw
@@ -20,7 +21,7 @@ from .store import FTS_SCORE, is_binary, scalar, vec_table_for
 from .tokenize import fts_quote, matched_terms, query_terms
 from .walker import walk_workspace
 
-__all__ = ["RRF_K", "check_freshness", "get_chunk", "search"]
+__all__ = ["RRF_K", "check_freshness", "describe", "get_chunk", "search"]
 
 RRF_K = 60
 # Reciprocal-rank fusion weights: score = sum(weight / (RRF_K + rank)) over the lanes.
@@ -315,7 +316,10 @@ def search(
     mode: str = "hybrid",
     snippet_chars: int = 300,
     freshness: dict[str, Freshness] | None = None,
+    describe_hits: bool = True,
 ) -> CodeSearchResult:
+    """Ranked hits for ``query``. With ``describe_hits=False`` they come without snippets
+    and "lex:" explanations, for the caller to add to the ones it keeps (``describe``)."""
     label, capability, reason, _ = _scope_state(conn, workspaces, embedder)
     if workspaces is not None and not workspaces:
         return CodeSearchResult(label, capability, reason or "", freshness or {}, [])
@@ -365,20 +369,9 @@ def search(
             VEC_WEIGHT / (RRF_K + rank + 1) if hybrid else cos_of[cid]
         )
     order = sorted(by_id, key=lambda i: (-round(score[i], 12), by_id[i][3], by_id[i][4]))[:limit]
-    snippet_terms = kept or terms
-    texts = _texts(conn, order)
     hits = []
     for i in order:
         r = by_id[i]
-        text = texts.get(i, "")
-        # Explanations only for the hits returned: tokenising every candidate costs more
-        # than the query itself.
-        why = []
-        if i in lex_of:
-            matched = matched_terms(text + " " + r[3] + " " + r[7], terms)
-            why.append("lex: " + " ".join(matched))
-        if i in cos_of:
-            why.append(f"vec: {cos_of[i]:.2f}")
         hits.append(
             CodeHit(
                 id="chunk:" + r[1],
@@ -391,12 +384,48 @@ def search(
                 symbol=r[7],
                 language=r[8],
                 score=round(score[i], 6),
-                why=why,
-                snippet=_snippet(text, snippet_terms, snippet_chars),
+                why=[f"vec: {cos_of[i]:.2f}"] if i in cos_of else [],
+                snippet="",
                 index_rev=r[10],
+                row_id=i,
+                lexical=i in lex_of,
             )
         )
-    return CodeSearchResult(label, capability, reason or "", freshness or {}, hits)
+    snippet_terms = kept or terms
+    if describe_hits:
+        hits = describe(conn, hits, terms, snippet_terms, snippet_chars)
+    return CodeSearchResult(
+        label,
+        capability,
+        reason or "",
+        freshness or {},
+        hits,
+        terms=tuple(terms),
+        snippet_terms=tuple(snippet_terms),
+    )
+
+
+def describe(
+    conn: apsw.Connection,
+    hits: Sequence[CodeHit],
+    terms: Sequence[str],
+    snippet_terms: Sequence[str],
+    snippet_chars: int,
+) -> list[CodeHit]:
+    """``hits`` with their snippets and, for lexical hits, the query terms they contain
+    ("lex: ..." first in ``why``). The texts are read here, in one query: a search ranks
+    more hits than an answer keeps, and tokenising a chunk costs more than ranking it.
+    A chunk whose row is gone (a later index run dropped it) keeps an empty snippet."""
+    texts = _texts(conn, [h.row_id for h in hits])
+    out = []
+    for h in hits:
+        text = texts.get(h.row_id, "")
+        why = list(h.why)
+        if h.lexical:
+            matched = matched_terms(text + " " + h.path + " " + h.symbol, list(terms))
+            why.insert(0, "lex: " + " ".join(matched))
+        out.append(replace(h, why=why, snippet=_snippet(text, list(snippet_terms), snippet_chars)))
+    return out
 
 
 def get_chunk(conn: apsw.Connection, chunk_id: str) -> ChunkRecord | None:

@@ -136,9 +136,11 @@ class EpisodeHit:
     score: float
     rank: int
     why: list[str]
-    session: SessionInfo
+    # None until described (``EpisodeStore.describe``), like an empty ``snippet``.
+    session: SessionInfo | None
     tool_name: str | None = None
     is_error: bool = False
+    row_id: int = 0  # the event's row in the store
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ import os
 import time as _time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Self
 
@@ -532,23 +533,44 @@ class EpisodeStore:
         snippet_chars: int = 240,
     ) -> list[EpisodeHit]:
         """BM25 search over event text; literal query, filters applied in SQL."""
+        hits, needles = self.search_ranked(
+            query,
+            k=k,
+            workspaces=workspaces,
+            session_ids=session_ids,
+            since=since,
+            until=until,
+            outcome=outcome,
+        )
+        return self.describe(hits, needles, snippet_chars)
+
+    def search_ranked(
+        self,
+        query: str,
+        *,
+        k: int = 10,
+        workspaces: Sequence[str] | None = None,
+        session_ids: Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        outcome: str = "any",
+    ) -> tuple[list[EpisodeHit], list[str]]:
+        """``search`` without snippets and sessions: (hits, the needles snippets centre on).
+        ``describe`` adds them to the hits a caller keeps."""
         if not isinstance(query, str):
             raise InvalidQuery("query must be a string")
         k = max(1, min(int(k), 500))
         flt = self._filters(workspaces, session_ids, since, until, outcome)
         if flt is None:
-            return []
+            return [], []
         conds, fargs = flt
         match, recent_only, needles = self._plan_query(query)
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
-        cols = (
-            "e.session_id, e.seq, e.event_type, e.time, e.text, e.tool_name, e.is_error, f.score, "
-            + ", ".join("s." + c.strip() for c in _SESSION_COLS.split(","))
-        )
-        # Rank and cut to k on narrow rows first; only the k winners' texts are read.
+        cols = "f.id, e.session_id, e.seq, e.event_type, e.time, e.tool_name, e.is_error, f.score"
+        # Rank and cut to k on narrow rows first; texts are read for the hits kept (describe).
         order = (
             " ORDER BY m.score ASC, e.time DESC, e.session_id ASC, e.seq ASC LIMIT ?) "
-            f"SELECT {cols} FROM f JOIN events e ON e.id = f.id JOIN sessions s ON s.session_id = e.session_id "
+            f"SELECT {cols} FROM f JOIN events e ON e.id = f.id "
             "ORDER BY f.score ASC, f.t DESC, f.sid ASC, f.seq ASC"
         )
         narrow = "e.id AS id, m.score AS score, e.time AS t, e.session_id AS sid, e.seq AS seq"
@@ -563,7 +585,7 @@ class EpisodeStore:
         if workspaces is not None or session_ids is not None:
             ranges = self._restrictive_ranges(workspaces, session_ids, outcome)
             if ranges == []:
-                return []
+                return [], needles
         if ranges:
             # Restrictive filter: scan only the allowed sessions' rowid ranges (FTS5 seeks
             # its doclists by rowid), then apply the exact filters to those matches.
@@ -583,7 +605,7 @@ class EpisodeStore:
                 rows = self.conn.execute(sql, [*rargs, *fargs, k]).fetchall()
             except apsw.SQLError as exc:
                 raise InvalidQuery("query could not be parsed") from exc
-            return self._hits(rows, needles, snippet_chars)
+            return self._hits(rows), needles
         sql = (
             f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts WHERE events_fts MATCH ? "
             f"{inner_order} LIMIT ?), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
@@ -607,7 +629,7 @@ class EpisodeStore:
                     rows = self.conn.execute(full, [match, *fargs, k]).fetchall()
         except apsw.SQLError as exc:  # should not happen: every term is quoted
             raise InvalidQuery("query could not be parsed") from exc
-        return self._hits(rows, needles, snippet_chars)
+        return self._hits(rows), needles
 
     def _restrictive_ranges(
         self, workspaces: Sequence[str] | None, session_ids: Sequence[str] | None, outcome: str
@@ -646,29 +668,54 @@ class EpisodeStore:
             del ranges[i + 1]
         return [(lo, hi) for lo, hi in ranges]
 
-    def _hits(self, rows: list[Any], needles: list[str], snippet_chars: int) -> list[EpisodeHit]:
-        now = _time.time()
-        hits: list[EpisodeHit] = []
-        for i, r in enumerate(rows, start=1):
-            sess = self._session_from_row(r[8:], now)
-            sess.source_path = None  # hits are session + seq + snippet, never a file path
-            hits.append(
-                EpisodeHit(
-                    id=make_event_id(r[0], r[1]),
-                    session_id=r[0],
-                    seq=r[1],
-                    event_type=r[2],
-                    time=_dt(r[3]),
-                    snippet=make_snippet(r[4], needles, snippet_chars),
-                    score=round(-float(r[7]), 6),
-                    rank=i,
-                    why=[f"fts: match in {r[2]}"],
-                    session=sess,
-                    tool_name=r[5],
-                    is_error=bool(r[6]),
-                )
+    @staticmethod
+    def _hits(rows: list[Any]) -> list[EpisodeHit]:
+        return [
+            EpisodeHit(
+                id=make_event_id(r[1], r[2]),
+                session_id=r[1],
+                seq=r[2],
+                event_type=r[3],
+                time=_dt(r[4]),
+                snippet="",
+                score=round(-float(r[7]), 6),
+                rank=i,
+                why=[f"fts: match in {r[3]}"],
+                session=None,
+                tool_name=r[5],
+                is_error=bool(r[6]),
+                row_id=r[0],
             )
-        return hits
+            for i, r in enumerate(rows, start=1)
+        ]
+
+    def describe(
+        self, hits: Sequence[EpisodeHit], needles: Sequence[str], snippet_chars: int
+    ) -> list[EpisodeHit]:
+        """``hits`` with their snippets and sessions, read in one query. A hit whose event
+        is gone (its log was forgotten since) keeps an empty snippet and no session."""
+        if not hits:
+            return []
+        rows = self.conn.execute(
+            f"SELECT e.id, e.text, {', '.join('s.' + c.strip() for c in _SESSION_COLS.split(','))}"
+            " FROM events e JOIN sessions s ON s.session_id = e.session_id"
+            " WHERE e.id IN (SELECT value FROM json_each(?))",
+            (json.dumps([h.row_id for h in hits]),),
+        ).fetchall()
+        found = {r[0]: r for r in rows}
+        now = _time.time()
+        out = []
+        for h in hits:
+            r = found.get(h.row_id)
+            if r is None:
+                out.append(h)
+                continue
+            sess = self._session_from_row(r[2:], now)
+            sess.source_path = None  # hits are session + seq + snippet, never a file path
+            out.append(
+                replace(h, snippet=make_snippet(r[1], list(needles), snippet_chars), session=sess)
+            )
+        return out
 
     def get_event(self, event_id: str, neighbours: int = 0) -> EventDetail | None:
         try:

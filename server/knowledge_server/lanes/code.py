@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from knowledge_server._gen.knowledge.v1 import (
@@ -16,7 +16,7 @@ from knowledge_server._gen.knowledge.v1 import (
 from knowledge_server.code import bitknn
 from knowledge_server.code.embed import Embedder
 from knowledge_server.code.index import CodeIndex
-from knowledge_server.code.model import Freshness, IndexOptions
+from knowledge_server.code.model import CodeHit, CodeSearchResult, Freshness, IndexOptions
 from knowledge_server.code.search import check_freshness
 from knowledge_server.code.store import is_binary, vec_table_for
 from knowledge_server.errors import InvalidRequest, NotFound
@@ -25,6 +25,7 @@ from knowledge_server.lanes.common import (
     ProgressFn,
     WriterLock,
     bound_store,
+    finish_kept,
     operation_summary,
     run_bounded,
 )
@@ -153,6 +154,7 @@ class CodeLane:
                 mode="hybrid",
                 snippet_chars=q.snippet_chars,
                 check_fresh=False,
+                describe_hits=False,  # only for the items the coordinator keeps: _finisher
             )
             scoped = [r for r in roots if _visible(r, q.workspaces)]
         fresh = self.freshness(scoped)
@@ -209,12 +211,32 @@ class CodeLane:
                 provenance=h.provenance,
                 score=h.score,
                 why=list(h.why),
-                snippet=h.snippet if q.with_text else "",
                 symbol=h.symbol,
                 language=h.language,
                 workspace=h.workspace,
             )
-        return LaneResult(lane=lane, warnings=warnings)
+        return LaneResult(lane=lane, warnings=warnings, finish=self._finisher(result, hits, q))
+
+    def _finisher(
+        self, result: CodeSearchResult, hits: Sequence[CodeHit], q: LaneQuery
+    ) -> Callable[[Sequence[search_pb2.CodeItem]], None]:
+        """Snippets and "lex:" explanations for the items the coordinator kept (about half
+        of those ranked): reading and tokenising chunk texts is most of what an item costs."""
+
+        def describe(wanted: list[CodeHit]) -> list[CodeHit]:
+            with self._readers.get() as idx:
+                return idx.describe(result, wanted, q.snippet_chars)
+
+        def apply(items: Sequence[search_pb2.CodeItem], described: dict[str, CodeHit]) -> None:
+            for it in items:
+                h = described.get(it.id)
+                if h is not None:
+                    del it.why[:]
+                    it.why.extend(h.why)
+                    if q.with_text:
+                        it.snippet = h.snippet
+
+        return finish_kept(hits, describe, apply)
 
     def revision(self) -> tuple[object, ...]:
         """Cache key part: every workspace's current revision and its freshness state."""

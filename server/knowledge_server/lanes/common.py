@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 import apsw
 from google.protobuf import timestamp_pb2
@@ -24,6 +24,7 @@ from knowledge_server.search.lanes import LANE_DEADLINE
 
 T = TypeVar("T")
 R = TypeVar("R")
+H = TypeVar("H")
 
 
 class Pool(Generic[T]):
@@ -204,6 +205,26 @@ def bound_store(store: S) -> S:
     for a busy database as long as the store itself would outside a lane call."""
     bound_reader(store.conn, busy_ms=store.BUSY_MS)
     return store
+
+
+def finish_kept(
+    hits: Sequence[H],
+    describe: Callable[[list[H]], Sequence[H]],
+    apply: Callable[[Sequence[Any], dict[str, H]], None],
+) -> Callable[[Sequence[Any]], None]:
+    """A ``LaneResult.finish`` for a lane that ranked ``hits`` (each with an ``id``) and
+    returned items without their costly parts: it describes the hits behind the items the
+    coordinator kept, in one call, and ``apply`` copies what it needs onto the items. Holds
+    only the hits, so a cached lane result stays small. Of equal ids the first counts, as
+    in fusion."""
+    by_id = {h.id: h for h in reversed(hits)}  # type: ignore[attr-defined]
+
+    def finish(items: Sequence[Any]) -> None:
+        wanted = [by_id[it.id] for it in items if it.id in by_id]
+        if wanted:
+            apply(items, {h.id: h for h in describe(wanted)})  # type: ignore[attr-defined]
+
+    return finish
 
 
 def run_bounded(fn: Callable[..., R], *args: object) -> R:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from knowledge_server._gen.knowledge.v1 import (
@@ -15,7 +15,7 @@ from knowledge_server._gen.knowledge.v1 import (
     search_pb2,
 )
 from knowledge_server.episodes.ingest import ingest, ingest_sample_if_empty
-from knowledge_server.episodes.model import EventDetail, SessionInfo
+from knowledge_server.episodes.model import EpisodeHit, EventDetail, SessionInfo
 from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
 from knowledge_server.errors import InvalidRequest, NotFound
 from knowledge_server.lanes.common import (
@@ -23,6 +23,7 @@ from knowledge_server.lanes.common import (
     ProgressFn,
     WriterLock,
     bound_store,
+    finish_kept,
     operation_summary,
     run_bounded,
     ts,
@@ -101,7 +102,7 @@ class EpisodesLane:
             if q.workspaces == ():
                 return LaneResult(lane=lane)
             try:
-                hits = store.search(
+                hits, needles = store.search_ranked(
                     q.query,
                     k=q.top_k,
                     workspaces=q.workspaces,
@@ -109,7 +110,6 @@ class EpisodesLane:
                     since=q.since,
                     until=q.until,
                     outcome=q.outcome,
-                    snippet_chars=q.snippet_chars,
                 )
             except InvalidQuery:
                 notice = errors_pb2.Notice(
@@ -124,16 +124,41 @@ class EpisodesLane:
                 session_id=h.session_id,
                 seq=h.seq,
                 event_type=h.event_type,
-                surface="current" if h.session.live else "persisted",
-                snippet=h.snippet if q.with_text else "",
                 why=list(h.why),
                 score=h.score,
             )
             t = ts(h.time)
             if t is not None:
                 item.time.CopyFrom(t)
-            item.session.CopyFrom(self._session_pb(h.session))
-        return LaneResult(lane=lane)
+        return LaneResult(lane=lane, finish=self._finisher(hits, needles, q))
+
+    def _finisher(
+        self, hits: Sequence[EpisodeHit], needles: list[str], q: LaneQuery
+    ) -> Callable[[Sequence[search_pb2.EpisodeItem]], None]:
+        """Snippets, sessions and surfaces for the items the coordinator kept (about half
+        of those ranked), their texts and sessions read in one query."""
+
+        def describe(wanted: list[EpisodeHit]) -> list[EpisodeHit]:
+            with self._readers.get() as store:
+                return store.describe(wanted, needles, q.snippet_chars)
+
+        def apply(
+            items: Sequence[search_pb2.EpisodeItem], described: dict[str, EpisodeHit]
+        ) -> None:
+            sessions: dict[str, search_pb2.SessionInfo] = {}  # hits often share a session
+            for it in items:
+                h = described.get(it.id)
+                if h is None or h.session is None:
+                    continue
+                it.surface = "current" if h.session.live else "persisted"
+                if q.with_text:
+                    it.snippet = h.snippet
+                pb = sessions.get(h.session_id)
+                if pb is None:
+                    pb = sessions[h.session_id] = self._session_pb(h.session)
+                it.session.CopyFrom(pb)
+
+        return finish_kept(hits, describe, apply)
 
     def _counts_of(
         self, store: EpisodeStore, rev: str, workspaces: Sequence[str] | None

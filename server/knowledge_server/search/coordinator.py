@@ -254,6 +254,17 @@ class Coordinator:
                     groups = self.episode_actors(ids)
                 groups = {it.id: groups.get(it.id) or it.session_id for it in lane_msg.items}
             self._fuse_lane(name, lane_msg, weight, v.limit, groups)
+            if result.finish is not None and lane_msg.items:
+                try:
+                    result.finish(lane_msg.items)
+                except Exception:  # noqa: BLE001 - the ranked items still stand
+                    resp.warnings.append(
+                        errors_pb2.Notice(
+                            code="KNOWLEDGE_LANE_DEGRADED",
+                            lane=name,
+                            message=f"the {name} lane could not add snippets and explanations",
+                        )
+                    )
             if name == "episodes":
                 resp.lanes.episodes.CopyFrom(lane_msg)
                 resp.lanes.episodes.observed_at.GetCurrentTime()
@@ -382,6 +393,7 @@ def _copy_result(result: LaneResult, *, cache_hit: bool) -> LaneResult:
         errors=list(result.errors),
         cache_hit=cache_hit,
         extras=dict(result.extras),
+        finish=result.finish,
     )
 
 

@@ -4,6 +4,11 @@
 A lane returns its own protobuf lane message (EpisodesLane, CodeLane or SkillsLane)
 with items ranked best first; the coordinator fuses, limits and budgets them.
 
+A lane may leave the costly parts of its items (snippets, explanations, session details)
+for a second step, ``LaneResult.finish``: the coordinator calls it with the items it
+kept, after fusion. A lane ranks about twice as many items as an answer keeps, so our
+lanes describe only those. A lane that returns complete items leaves ``finish`` unset.
+
 The coordinator gives each lane a timeout. It sets ``LANE_DEADLINE`` (a
 ``time.monotonic()`` instant) in the context the lane's ``search`` runs in, so a lane that
 blocks instead of awaiting (our own lanes run their SQLite reads on the event loop) can
@@ -12,10 +17,11 @@ stop its own work there: an answer that arrives after the deadline is not used a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
 
@@ -54,6 +60,11 @@ class LaneResult:
     cache_hit: bool = False
     # Lane-specific extras for the coordinator (e.g. episode -> actor ids).
     extras: dict[str, object] = field(default_factory=dict)
+    # Completes the kept items in place (see the module docstring). Called once per
+    # answer, also for a cached result (with fresh copies of its items), so it must not
+    # depend on anything it uses up. An exception leaves the items as they are and the
+    # answer says so (KNOWLEDGE_LANE_DEGRADED).
+    finish: Callable[[Sequence[Any]], None] | None = None
 
 
 class Lane(Protocol):
