@@ -104,3 +104,17 @@ def test_sqlite_memory_statistics_are_off_and_stores_still_work(tmp_path: Path) 
         assert schema._skip_memory_statistics() is False
     finally:
         held.close()
+
+
+def test_int_array_binds_a_list_of_ids_and_refuses_an_empty_one() -> None:
+    conn = apsw.Connection(":memory:")
+    conn.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")
+    conn.executemany("INSERT INTO t VALUES (?, ?)", [(i, f"v{i}") for i in range(1, 50)])
+    ids = [7, 3, 42, 3, 2**40]  # duplicates and absent ids are harmless in IN (...)
+    got = conn.execute(
+        "SELECT id FROM t WHERE id IN (SELECT value FROM carray(?)) ORDER BY id",
+        (schema.int_array(ids),),
+    ).fetchall()
+    assert got == [(3,), (7,), (42,)]
+    with pytest.raises(ValueError, match="at least one"):
+        schema.int_array([])

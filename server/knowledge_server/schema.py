@@ -9,14 +9,23 @@ write lock first, waiting through the busy handler, so concurrent openers queue.
 
 from __future__ import annotations
 
+import array
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import apsw
 
-__all__ = ["apply_schema", "immediate", "map_pages", "open_db", "set_mmap_mib", "use_wal"]
+__all__ = [
+    "apply_schema",
+    "immediate",
+    "int_array",
+    "map_pages",
+    "open_db",
+    "set_mmap_mib",
+    "use_wal",
+]
 
 # Stores are read through memory-mapped I/O (``PRAGMA mmap_size``), up to this many bytes
 # of each file. A page that is not in the connection's own page cache (2 MB by default,
@@ -54,6 +63,16 @@ def set_mmap_mib(mib: int) -> None:
     if mib < 0:
         raise ValueError("sqlite_mmap_mib must not be negative")
     _mmap_bytes = mib * 1024 * 1024
+
+
+def int_array(values: Iterable[int]) -> apsw.carray:
+    """Integers bound as one ``carray(?)`` table (``WHERE id IN (SELECT value FROM
+    carray(?))``): no JSON text to build and parse, as ``json_each`` needs. SQLite's
+    carray cannot be empty: callers skip the query when there is nothing to look up."""
+    ints = array.array("q", values)
+    if not ints:
+        raise ValueError("int_array needs at least one value")
+    return apsw.carray(ints)
 
 
 def map_pages(conn: apsw.Connection) -> None:

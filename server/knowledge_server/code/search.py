@@ -13,6 +13,7 @@ import apsw
 import numpy as np
 
 from knowledge_server.memo import RevisionMemo
+from knowledge_server.schema import int_array
 
 from . import bitknn
 from .embed import Embedder
@@ -66,6 +67,12 @@ def _scope_sql(
     if where:
         sql += " WHERE " + " AND ".join(where)
     return sql, params
+
+
+def _scope_and(scope: tuple[str, list[Any]], condition: str) -> str:
+    """The scope's joins and filters (``_scope_sql``) with one more condition."""
+    sql = scope[0]
+    return f"{sql} AND {condition}" if " WHERE " in sql else f"{sql} WHERE {condition}"
 
 
 def _json_list(items: Sequence[object]) -> str:
@@ -180,24 +187,28 @@ def _vector(
     while True:
         if binary:
             # Hamming KNN over an in-memory copy of the bits (code.bitknn), then the
-            # candidates' rows; knn.distance keeps the (distance, rowid) order.
+            # candidates' rows, ordered here by (distance, path, line) as SQL would.
             near, held = bitknn.nearest(conn, vtbl, dim, q, k)
-            knn = (
-                "WITH knn AS MATERIALIZED (SELECT value ->> 0 AS rowid, value ->> 1 AS distance"
-                " FROM json_each(?))"
+            distance = dict(near)
+            rows = (
+                conn.execute(
+                    f"SELECT {_COLS}, NULL FROM chunks c"
+                    + _scope_and(scope, "c.id IN (SELECT value FROM carray(?))"),
+                    [*scope[1], int_array(distance)],
+                ).fetchall()
+                if distance
+                else []
             )
-            args: list[Any] = [json.dumps(near)]
+            rows = [r[:11] + (distance[r[0]],) for r in rows]
+            rows.sort(key=lambda r: (r[11], r[3], r[4]))
         else:
-            knn = (
+            rows = conn.execute(
                 f"WITH knn AS MATERIALIZED (SELECT rowid, distance FROM {vtbl}"
                 " WHERE embedding MATCH ? AND k = ?)"
-            )
-            args = [q.tobytes(), k]
-        rows = conn.execute(
-            f"{knn} SELECT {_COLS}, knn.distance FROM knn JOIN chunks c ON c.id = knn.rowid"
-            f"{scope[0]} ORDER BY knn.distance, c.path, c.start_line",
-            [*args, *scope[1]],
-        ).fetchall()
+                f" SELECT {_COLS}, knn.distance FROM knn JOIN chunks c ON c.id = knn.rowid"
+                f"{scope[0]} ORDER BY knn.distance, c.path, c.start_line",
+                [q.tobytes(), k, *scope[1]],
+            ).fetchall()
         enough = len(rows) >= n or k >= _MAX_K
         # Vectors of other workspaces/old revisions took the places: widen the search,
         # unless the table holds fewer vectors than we asked for.
@@ -212,8 +223,7 @@ def _vector(
     if not ids:
         return [], {}
     found = conn.execute(
-        f"SELECT id, v FROM {vtbl}_f WHERE id IN (SELECT value FROM json_each(?))",
-        (_json_list(ids),),
+        f"SELECT id, v FROM {vtbl}_f WHERE id IN (SELECT value FROM carray(?))", (int_array(ids),)
     ).fetchall()
     sims: dict[int, float] = {}
     if found:
@@ -256,8 +266,8 @@ def _texts(conn: apsw.Connection, ids: list[int]) -> dict[int, str]:
         return {}
     return dict(
         conn.execute(
-            "SELECT id, text FROM chunks WHERE id IN (SELECT value FROM json_each(?))",
-            (_json_list(ids),),
+            "SELECT id, text FROM chunks WHERE id IN (SELECT value FROM carray(?))",
+            (int_array(ids),),
         ).fetchall()
     )
 

@@ -19,7 +19,7 @@ import apsw
 
 from knowledge_server.fts import compact
 from knowledge_server.memo import RevisionMemo
-from knowledge_server.schema import open_db
+from knowledge_server.schema import int_array, open_db
 
 from .model import (
     EpisodeHit,
@@ -699,8 +699,8 @@ class EpisodeStore:
         rows = self.conn.execute(
             f"SELECT e.id, e.text, {', '.join('s.' + c.strip() for c in _SESSION_COLS.split(','))}"
             " FROM events e JOIN sessions s ON s.session_id = e.session_id"
-            " WHERE e.id IN (SELECT value FROM json_each(?))",
-            (json.dumps([h.row_id for h in hits]),),
+            " WHERE e.id IN (SELECT value FROM carray(?))",
+            (int_array([h.row_id for h in hits]),),
         ).fetchall()
         found = {r[0]: r for r in rows}
         now = _time.time()
