@@ -7,6 +7,7 @@ text), extreme numbers, maps and timestamps."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -14,7 +15,7 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_pb2
-from knowledge_server.search.jsonsize import json_size, json_text
+from knowledge_server.search.jsonsize import json_size, json_size_of_string, json_text
 
 _FD = FieldDescriptor
 _TEXT = st.text(
@@ -116,3 +117,17 @@ def test_empty_and_nested_defaults() -> None:
     assert json_size(msg) == len(json_text(msg).encode()) == 2
     msg.limits.SetInParent()  # a present but empty sub-message prints as {}
     assert json_size(msg) == len(json_text(msg).encode())
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from(list('ab \n\r\t\b\f\x00\x01\x0b\x1b\x1f\x7f"\\é世🙂\u2028'))
+        | st.characters(blacklist_categories=("Cs",)),
+        max_size=60,
+    )
+)
+def test_string_size_counts_every_escape(text: str) -> None:
+    """Strings full of escapes (line breaks, quotes, control characters) and non-ASCII
+    characters: the size equals the serialised literal's UTF-8 length."""
+    assert json_size_of_string(text) == len(json.dumps(text, ensure_ascii=False).encode("utf-8"))
