@@ -1,13 +1,17 @@
-"""Lane helpers: ``ts`` gives the same Timestamp as protobuf's own FromDatetime."""
+"""Lane helpers: ``ts`` gives the same Timestamp as protobuf's own FromDatetime;
+``snapshot`` holds a lane call's reads to one state of the store."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
+import apsw
+import pytest
 from google.protobuf import timestamp_pb2
 from hypothesis import given
 from hypothesis import strategies as st
-from knowledge_server.lanes.common import ts
+from knowledge_server.lanes.common import snapshot, ts
 
 _ZONES = st.one_of(
     st.none(),
@@ -37,3 +41,29 @@ def test_ts_of_posix_seconds_equals_from_datetime(seconds: float) -> None:
     got = ts(seconds)
     assert got is not None and (got.seconds, got.nanos) == (ref.seconds, ref.nanos)
     assert ts(None) is None
+
+
+def test_snapshot_reads_one_state_and_ends_its_transaction(tmp_path: Path) -> None:
+    """A lane call's reads see one state of the store: a commit by another connection in
+    between is not seen until the snapshot ends; the transaction ends on success, on
+    error, and a snapshot inside a transaction changes nothing."""
+    path = str(tmp_path / "s.sqlite")
+    writer = apsw.Connection(path)
+    writer.execute("PRAGMA journal_mode=WAL").fetchall()
+    writer.execute("CREATE TABLE t(x)")
+    writer.execute("INSERT INTO t VALUES (1)")
+    reader = apsw.Connection(path)
+    count = "SELECT count(*) FROM t"
+    with snapshot(reader):
+        assert reader.execute(count).fetchone() == (1,)
+        writer.execute("INSERT INTO t VALUES (2)")
+        assert reader.execute(count).fetchone() == (1,)
+        with snapshot(reader):  # nested: the same transaction
+            assert reader.execute(count).fetchone() == (1,)
+        assert not reader.getautocommit()
+    assert reader.getautocommit()
+    assert reader.execute(count).fetchone() == (2,)
+    with pytest.raises(ZeroDivisionError), snapshot(reader):
+        reader.execute(count).fetchone()
+        raise ZeroDivisionError
+    assert reader.getautocommit()

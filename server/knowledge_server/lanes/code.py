@@ -28,6 +28,7 @@ from knowledge_server.lanes.common import (
     finish_kept,
     operation_summary,
     run_bounded,
+    snapshot,
 )
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
 from knowledge_server.workspaces import is_under
@@ -136,7 +137,7 @@ class CodeLane:
 
     # -- search ------------------------------------------------------------------------
     def _search_sync(self, q: LaneQuery) -> LaneResult:
-        with self._readers.get() as idx:
+        with self._readers.get() as idx, snapshot(idx.conn):
             roots = self._roots(idx)
             if not roots:
                 return degraded(

@@ -32,6 +32,7 @@ from knowledge_server.lanes.common import (
     bound_store,
     operation_summary,
     run_bounded,
+    snapshot,
 )
 from knowledge_server.memo import RevisionMemo
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
@@ -123,7 +124,7 @@ class DerivedLane:
 
     # -- skills lane ---------------------------------------------------------------------
     def _search_sync(self, q: LaneQuery) -> LaneResult:
-        with self._readers.get() as store:
+        with self._readers.get() as store, snapshot(store.conn):
             rev = store.index_rev()  # "" until the first build
             if not rev:
                 return degraded(
@@ -215,7 +216,7 @@ class DerivedLane:
         if not ep_items and not skill_items:
             return []
         evidence: dict[str, list[tuple[str, str, float]]] = defaultdict(list)
-        with self._readers.get() as store:
+        with self._readers.get() as store, snapshot(store.conn):
             rev = store.index_rev()  # "" until the first build
             if not rev:
                 return []

@@ -26,6 +26,7 @@ from knowledge_server.lanes.common import (
     finish_kept,
     operation_summary,
     run_bounded,
+    snapshot,
     ts,
 )
 from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
@@ -89,7 +90,7 @@ class EpisodesLane:
 
     def _search_sync(self, q: LaneQuery) -> LaneResult:
         lane = search_pb2.EpisodesLane(source=SOURCE)
-        with self._readers.get() as store:
+        with self._readers.get() as store, snapshot(store.conn):
             lane.index_rev = store.index_rev()
             counts = self._counts_of(store, lane.index_rev, q.workspaces)
             lane.counts.sessions = counts["sessions"]
