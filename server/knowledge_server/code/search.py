@@ -192,14 +192,14 @@ def _vector(
             distance = dict(near)
             rows = (
                 conn.execute(
-                    f"SELECT {_COLS}, NULL FROM chunks c"
+                    f"SELECT {_COLS} FROM chunks c"
                     + _scope_and(scope, "c.id IN (SELECT value FROM carray(?))"),
                     [*scope[1], int_array(distance)],
                 ).fetchall()
                 if distance
                 else []
             )
-            rows = [r[:11] + (distance[r[0]],) for r in rows]
+            rows = [r + (distance[r[0]],) for r in rows]
             rows.sort(key=lambda r: (r[11], r[3], r[4]))
         else:
             rows = conn.execute(
@@ -430,14 +430,15 @@ def describe(
     more hits than an answer keeps, and tokenising a chunk costs more than ranking it.
     A chunk whose row is gone (a later index run dropped it) keeps an empty snippet."""
     texts = _texts(conn, [h.row_id for h in hits])
+    all_terms, centre_on = list(terms), list(snippet_terms)
     out = []
     for h in hits:
         text = texts.get(h.row_id, "")
         why = list(h.why)
         if h.lexical:
-            matched = matched_terms(text + " " + h.path + " " + h.symbol, list(terms))
+            matched = matched_terms(text + " " + h.path + " " + h.symbol, all_terms)
             why.insert(0, "lex: " + " ".join(matched))
-        out.append(replace(h, why=why, snippet=_snippet(text, list(snippet_terms), snippet_chars)))
+        out.append(replace(h, why=why, snippet=_snippet(text, centre_on, snippet_chars)))
     return out
 
 

@@ -712,9 +712,7 @@ class EpisodeStore:
                 continue
             sess = self._session_from_row(r[2:], now)
             sess.source_path = None  # hits are session + seq + snippet, never a file path
-            out.append(
-                replace(h, snippet=make_snippet(r[1], list(needles), snippet_chars), session=sess)
-            )
+            out.append(replace(h, snippet=make_snippet(r[1], needles, snippet_chars), session=sess))
         return out
 
     def get_event(self, event_id: str, neighbours: int = 0) -> EventDetail | None:
