@@ -128,6 +128,8 @@ _SESSION_COLS = (
     "agent_id, is_sidechain, subagent_type, spawn_depth, forked_from_id, source_path, event_count, "
     "last_event_at, source_mtime"
 )
+# The same columns read through the alias ``s`` (queries that join sessions to events).
+_S_SESSION_COLS = ", ".join("s." + c.strip() for c in _SESSION_COLS.split(","))
 
 
 _df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
@@ -697,7 +699,7 @@ class EpisodeStore:
         if not hits:
             return []
         rows = self.conn.execute(
-            f"SELECT e.id, e.text, {', '.join('s.' + c.strip() for c in _SESSION_COLS.split(','))}"
+            f"SELECT e.id, e.text, {_S_SESSION_COLS}"
             " FROM events e JOIN sessions s ON s.session_id = e.session_id"
             " WHERE e.id IN (SELECT value FROM carray(?))",
             (int_array([h.row_id for h in hits]),),
@@ -782,9 +784,9 @@ class EpisodeStore:
         conds, args = flt
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
         now = _time.time()
-        cols = ", ".join("s." + c.strip() for c in _SESSION_COLS.split(","))
         rows = self.conn.execute(
-            f"SELECT {cols} FROM sessions s{where} ORDER BY s.created_at, s.session_id", args
+            f"SELECT {_S_SESSION_COLS} FROM sessions s{where} ORDER BY s.created_at, s.session_id",
+            args,
         ).fetchall()
         return [self._session_from_row(r, now) for r in rows]
 
