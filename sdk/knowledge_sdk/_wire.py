@@ -1,4 +1,6 @@
-"""Protobuf wire format -> betterproto2 messages, about six times faster than ``Message.parse``.
+"""Protobuf wire format <-> betterproto2 messages, faster than betterproto2's own.
+
+Reading (``parse``) is about six times faster than ``Message.parse``.
 
 betterproto2 decodes through a ``BytesIO`` stream one byte per call and builds a record for
 every field; a 11 KB search answer took about 2.9 ms of client CPU, where the server
@@ -7,6 +9,14 @@ plan per message class, built once from betterproto2's own field metadata, and p
 the same objects: the same classes, values, enum members, datetimes for Timestamps,
 map entries, and unknown fields kept byte for byte (``tests/test_sdk_wire.py`` compares
 it with ``Message.parse`` on random messages of every type the service sends).
+
+Writing (``serialize``) gives the bytes of ``bytes(msg)``, about ten times faster:
+betterproto2 enters ``warnings.catch_warnings`` for every field to compare it with its
+default and builds each field through a ``BytesIO``; a search request took about 90 us
+to write, against 9 us here. The writer follows the same rules from a plan per class: fields in
+betterproto2's order, None and default values left out, packed repeated scalars, map
+entries written whole, unknown fields appended (``tests/test_sdk_wire.py`` holds it to
+``bytes(msg)`` on random messages of every type).
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ from typing import Any, TypeVar
 
 import betterproto2
 
-__all__ = ["parse"]
+__all__ = ["deserializer", "parse", "serialize"]
 
 T = TypeVar("T", bound=betterproto2.Message)
 
@@ -228,3 +238,163 @@ def _parse(cls: type, data: bytes, pos: int, end: int) -> Any:
     if unknown:
         msg._unknown_fields = unknown
     return msg
+
+
+# -- writing ------------------------------------------------------------------------------
+
+# Per class, in betterproto2's field order: (attribute, key bytes, kind, repeated, default,
+# extra); extra as in a reading plan, and for maps the (key, value) entry writers.
+_EncPlan = list[tuple[str, bytes, int, bool, Any, Any]]
+_enc_plans: dict[type, _EncPlan | None] = {}
+_PACKED = frozenset(_VARINT_KINDS.values()) | {_FIXED}
+
+
+def serialize(msg: betterproto2.Message) -> bytes:
+    """``bytes(msg)``, written faster."""
+    out = bytearray()
+    _write(msg, out)
+    return bytes(out)
+
+
+def _key(number: int, wire: int) -> bytes:
+    out = bytearray()
+    _put_varint(out, number << 3 | wire)
+    return bytes(out)
+
+
+def _put_varint(out: bytearray, value: int) -> None:
+    if value < 0:
+        if value < -(1 << 63):
+            raise ValueError("Negative value is not representable as a 64-bit integer")
+        value += 1 << 64
+    while value > 0x7F:
+        out.append(0x80 | (value & 0x7F))
+        value >>= 7
+    out.append(value)
+
+
+def _wire_of(kind: int, extra: Any) -> int:
+    if kind in (_STRING, _BYTES, _MESSAGE, _WRAPPED, _MAP):
+        return 2
+    if kind == _FIXED:
+        return 1 if extra.size == 8 else 5
+    return 0
+
+
+def _kind_of(proto_type: str, unwrap: Any, cls: Any) -> tuple[int, Any]:
+    if proto_type == _B.TYPE_STRING:
+        return _STRING, None
+    if proto_type == _B.TYPE_BYTES:
+        return _BYTES, None
+    if proto_type == _B.TYPE_MESSAGE:
+        return (_WRAPPED, unwrap()) if unwrap else (_MESSAGE, cls)
+    if proto_type in _VARINT_KINDS:
+        return _VARINT_KINDS[proto_type], None  # enums write their number
+    if proto_type in _FIXED_FORMATS:
+        return _FIXED, struct.Struct(_FIXED_FORMATS[proto_type][0])
+    raise TypeError(f"unsupported protobuf type {proto_type}")
+
+
+def _enc_plan(cls: type) -> _EncPlan | None:
+    """The class's writing plan; None for a pydantic message (betterproto2 validates it
+    while writing, so it writes those itself)."""
+    if cls in _enc_plans:
+        return _enc_plans[cls]
+    plan: _EncPlan | None = None
+    if not _is_pydantic(cls):
+        meta = cls._betterproto  # type: ignore[attr-defined]
+        plan = []
+        for name, fm in meta.meta_by_field_name.items():
+            default = meta.default_gen[name]()
+            if fm.proto_type == _B.TYPE_MAP:
+                key_fm, value_fm = fm.map_meta
+                entry = []
+                for number, efm, ecls in (
+                    (1, key_fm, None),
+                    (2, value_fm, meta.cls_by_field.get(f"{name}.value")),
+                ):
+                    ekind, eextra = _kind_of(efm.proto_type, efm.unwrap, ecls)
+                    entry.append((_key(number, _wire_of(ekind, eextra)), ekind, eextra))
+                plan.append((name, _key(fm.number, 2), _MAP, False, default, tuple(entry)))
+                continue
+            kind, extra = _kind_of(fm.proto_type, fm.unwrap, meta.cls_by_field.get(name))
+            repeated = bool(fm.repeated)
+            wire = 2 if repeated and kind in _PACKED else _wire_of(kind, extra)
+            plan.append((name, _key(fm.number, wire), kind, repeated, default, extra))
+    _enc_plans[cls] = plan
+    return plan
+
+
+def _is_pydantic(cls: type) -> bool:
+    try:
+        import pydantic.dataclasses
+    except ImportError:
+        return False
+    return bool(pydantic.dataclasses.is_pydantic_dataclass(cls))
+
+
+def _write(msg: Any, out: bytearray) -> None:
+    plan = _enc_plans.get(type(msg), False)
+    if plan is False:
+        plan = _enc_plan(type(msg))
+    if plan is None:
+        out += bytes(msg)
+        return
+    for name, key, kind, repeated, default, extra in plan:
+        value = getattr(msg, name)
+        if value is None or value == default:
+            continue
+        if kind == _MAP:
+            for k, v in value.items():
+                entry = bytearray()
+                for (ekey, ekind, eextra), item in zip(extra, (k, v), strict=True):
+                    _value(entry, ekey, ekind, eextra, item)
+                out += key
+                _put_varint(out, len(entry))
+                out += entry
+        elif repeated:
+            if kind in _PACKED:
+                packed = bytearray()
+                if kind == _FIXED:
+                    for item in value:
+                        packed += extra.pack(item)
+                else:
+                    for item in value:
+                        _put_scalar(packed, kind, item)
+                out += key
+                _put_varint(out, len(packed))
+                out += packed
+            else:
+                for item in value:
+                    _value(out, key, kind, extra, item)
+        else:
+            _value(out, key, kind, extra, value)
+    out += msg._unknown_fields
+
+
+def _put_scalar(out: bytearray, kind: int, value: Any) -> None:
+    if kind == _ZIGZAG:
+        _put_varint(out, value << 1 if value >= 0 else (value << 1) ^ (~0))
+    else:
+        _put_varint(out, int(value))
+
+
+def _value(out: bytearray, key: bytes, kind: int, extra: Any, value: Any) -> None:
+    """One field: its key and its value."""
+    out += key
+    if kind == _STRING:
+        data = value.encode("utf-8")
+        _put_varint(out, len(data))
+        out += data
+    elif kind == _MESSAGE or kind == _WRAPPED:
+        inner = bytearray()
+        _write(extra.from_wrapped(value) if kind == _WRAPPED else value, inner)
+        _put_varint(out, len(inner))
+        out += inner
+    elif kind == _BYTES:
+        _put_varint(out, len(value))
+        out += value
+    elif kind == _FIXED:
+        out += extra.pack(value)
+    else:
+        _put_scalar(out, kind, value)

@@ -154,7 +154,8 @@ def dispatch_request(
 
 
 def _ser(msg: betterproto2.Message) -> bytes:
-    return bytes(msg)
+    # bytes(msg), written about ten times faster (_wire.py).
+    return _wire.serialize(msg)
 
 
 def _de(cls: type[T]) -> Any:
