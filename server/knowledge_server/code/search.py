@@ -47,12 +47,17 @@ _COLS = (
 def _scope_sql(
     workspaces: Sequence[str] | None, prefixes: Sequence[str] | None
 ) -> tuple[str, list[Any]]:
-    """Joins/filters restricting chunks to current revisions of the chosen workspaces."""
+    """Joins/filters restricting chunks to current revisions of the chosen workspaces.
+
+    The chunks come first and the scope tables are looked up per chunk: every query here
+    starts from a few candidate chunks. CROSS JOIN fixes that order; left to itself, the
+    planner starts a workspace filter from the workspace and walks all its files and
+    chunks (7.3 ms instead of 0.13 for 60 KNN candidates at 20,000 chunks)."""
     params: list[Any] = []
     sql = (
-        " JOIN rev_file rf ON rf.file_id = c.file_id"
-        " JOIN workspaces w ON w.current_rev_id = rf.rev_id"
-        " JOIN revisions r ON r.id = rf.rev_id"
+        " CROSS JOIN rev_file rf ON rf.file_id = c.file_id"
+        " CROSS JOIN workspaces w ON w.current_rev_id = rf.rev_id"
+        " CROSS JOIN revisions r ON r.id = rf.rev_id"
     )
     where = []
     if workspaces is not None:
@@ -146,7 +151,7 @@ def _lexical(
         )
         params: list[Any] = [match, fetch]
         rows = conn.execute(
-            f"{lex} SELECT {_COLS}, lex.rank FROM lex JOIN chunks c ON c.id = lex.rowid{scope[0]}"
+            f"{lex} SELECT {_COLS}, lex.rank FROM lex CROSS JOIN chunks c ON c.id = lex.rowid{scope[0]}"
             " ORDER BY lex.rank, c.path, c.start_line LIMIT ?",
             [*params, *scope[1], n],
         ).fetchall()
@@ -205,7 +210,7 @@ def _vector(
             rows = conn.execute(
                 f"WITH knn AS MATERIALIZED (SELECT rowid, distance FROM {vtbl}"
                 " WHERE embedding MATCH ? AND k = ?)"
-                f" SELECT {_COLS}, knn.distance FROM knn JOIN chunks c ON c.id = knn.rowid"
+                f" SELECT {_COLS}, knn.distance FROM knn CROSS JOIN chunks c ON c.id = knn.rowid"
                 f"{scope[0]} ORDER BY knn.distance, c.path, c.start_line",
                 [q.tobytes(), k, *scope[1]],
             ).fetchall()
