@@ -25,3 +25,19 @@ def in_scope(path: str | None, scope: Sequence[str] | None) -> bool:
         return False
     p = os.path.normpath(path)
     return any(is_under(p, os.path.normpath(r)) for r in scope)
+
+
+def under_sql(column: str, roots: Sequence[str]) -> tuple[str, list[str]]:
+    """SQL true where ``column`` (a path) ``is_under`` one of ``roots`` (normalised): equal
+    to a root, or between ``root + "/"`` and ``root + "0"`` ("0" follows "/"), which is
+    exactly the strings starting with ``root + "/"`` in SQLite's binary order.
+
+    A range, not ``LIKE 'root/%'``: an index on ``column`` answers it, and LIKE ignores
+    ASCII case, where paths (and ``is_under``) do not."""
+    parts: list[str] = []
+    args: list[str] = []
+    for root in roots:
+        base = root.rstrip("/")  # "/" -> "": every absolute path
+        parts.append(f"({column} = ? OR ({column} >= ? AND {column} < ?))")
+        args.extend([root, base + "/", base + "0"])
+    return "(" + " OR ".join(parts) + ")", args

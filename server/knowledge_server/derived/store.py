@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Self
 
 from knowledge_server.schema import open_db
+from knowledge_server.workspaces import under_sql
 
 from ..episodes.model import parse_event_id
 
@@ -171,26 +172,17 @@ def _now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def like_escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
 def workspace_clause(column: str, workspaces: Sequence[str] | None) -> tuple[str, list[Any]] | None:
     """SQL restricting ``column`` (a cwd) to workspace roots; ``None`` = nothing matches.
 
-    Same rule as the episodes lane: equal to a root or under it.
+    Same rule as the episodes lane: equal to a root or under it (``under_sql``).
     """
     if workspaces is None:
         return "1", []
     roots = [os.path.normpath(w) for w in workspaces if w]
     if not roots:
         return None
-    parts, args = [], []
-    for r in roots:
-        r = "" if r == "/" else r
-        parts.append(f"({column} = ? OR {column} LIKE ? ESCAPE '\\')")
-        args.extend([r or "/", like_escape(r) + "/%"])
-    return "(" + " OR ".join(parts) + ")", args
+    return under_sql(column, roots)
 
 
 def assignment_id_for(actor_id: str, task_hash: str) -> str:

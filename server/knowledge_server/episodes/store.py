@@ -20,6 +20,7 @@ import apsw
 from knowledge_server.fts import compact
 from knowledge_server.memo import RevisionMemo
 from knowledge_server.schema import int_array, open_db
+from knowledge_server.workspaces import under_sql
 
 from .model import (
     EpisodeHit,
@@ -148,13 +149,22 @@ def _aware(dt: datetime) -> float:
     return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
 
 
-def _like_escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-def _norm_root(root: str) -> str:
-    root = os.path.normpath(root)
-    return root if root != "/" else ""
+def _merge_ranges(ranges: list[list[int]], most: int) -> list[tuple[int, int]]:
+    """Sorted, disjoint ``ranges`` joined into at most ``most``: the smallest gaps are
+    closed (the rows in them are filtered out later). Closing a gap leaves the others as
+    they were, so this keeps the ``most - 1`` widest gaps (of equal gaps, the later ones):
+    the result of closing the smallest gap one at a time, in O(n log n), not O(n^2)
+    (1,188 sessions took 15 ms that way)."""
+    if len(ranges) <= most:
+        return [(lo, hi) for lo, hi in ranges]
+    gaps = sorted(range(len(ranges) - 1), key=lambda i: (ranges[i + 1][0] - ranges[i][1], i))
+    keep = sorted(gaps[len(ranges) - most :])  # the gaps after ranges[i] that stay open
+    out: list[tuple[int, int]] = []
+    start = 0
+    for i in [*keep, len(ranges) - 1]:
+        out.append((ranges[start][0], ranges[i][1]))
+        start = i + 1
+    return out
 
 
 class EpisodeStore:
@@ -442,17 +452,12 @@ class EpisodeStore:
         conds: list[str] = []
         args: list[Any] = []
         if workspaces is not None:
-            roots = [_norm_root(w) for w in workspaces if w]
+            roots = [os.path.normpath(w) for w in workspaces if w]
             if not roots:
                 return None
-            ors = []
-            for r in roots:
-                if r:
-                    ors.append(f"({s_alias}.cwd = ? OR {s_alias}.cwd LIKE ? ESCAPE '\\')")
-                    args.extend([r, _like_escape(r) + "/%"])
-                else:
-                    ors.append(f"{s_alias}.cwd LIKE '/%'")
-            conds.append("(" + " OR ".join(ors) + ")")
+            cond, cond_args = under_sql(f"{s_alias}.cwd", roots)
+            conds.append(cond)
+            args.extend(cond_args)
         if session_ids is not None:
             ids = list(session_ids)
             if not ids:
@@ -662,13 +667,7 @@ class EpisodeStore:
                 ranges[-1][1] = max(ranges[-1][1], hi)
             else:
                 ranges.append([lo, hi])
-        while len(ranges) > MAX_RANGES:
-            # Merge the two neighbours with the smallest gap; extra rows are filtered out later.
-            gaps = [(ranges[i + 1][0] - ranges[i][1], i) for i in range(len(ranges) - 1)]
-            _, i = min(gaps)
-            ranges[i][1] = ranges[i + 1][1]
-            del ranges[i + 1]
-        return [(lo, hi) for lo, hi in ranges]
+        return _merge_ranges(ranges, MAX_RANGES)
 
     @staticmethod
     def _hits(rows: list[Any]) -> list[EpisodeHit]:
