@@ -136,8 +136,15 @@ def server_cpu_s(pid: int) -> float:
 
 
 async def run_clients(
-    address: str, clients: int, requests: int, unique: bool = False
+    address: str,
+    clients: int,
+    requests: int,
+    unique: bool = False,
+    phase: int = 0,
 ) -> tuple[list[float], float]:
+    """``requests`` searches from ``clients`` SDK clients. With ``unique``, each question
+    carries a made-up word from (request, client, ``phase``): give every phase its own
+    number, or a phase repeats another's questions and answers some from the cache."""
     from knowledge_sdk import AsyncKnowledgeClient
 
     latencies: list[float] = []
@@ -152,7 +159,7 @@ async def run_clients(
                     # A distinct made-up word per request, so every search misses the caches.
                     # Letters only: "zq12x3" would also add the tokens "x", "12" and "3", which
                     # occur everywhere and would make the question costlier than a real one.
-                    q = f"{q} {unseen_word(i, n)}"
+                    q = f"{q} {unseen_word(i, n + 100 * phase)}"
                 t = time.perf_counter()
                 resp = await kc.search(q)
                 latencies.append((time.perf_counter() - t) * 1000)
@@ -222,13 +229,13 @@ def main() -> int:
                 "total",
                 r.trace.total_ms,
             )
-        lat, wall = asyncio.run(run_clients(address, 1, args.requests, unique=True))
+        lat, wall = asyncio.run(run_clients(address, 1, args.requests, unique=True, phase=1))
         print(
             f"== 1 client, {len(lat)} unique searches (no cache hits): p50={statistics.median(lat):.1f} ms  "
             f"p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms  ({len(lat) / wall:.0f} searches/s)"
         )
         cpu0 = server_cpu_s(proc.pid)
-        lat, wall = asyncio.run(run_clients(address, 16, args.requests * 2, unique=True))
+        lat, wall = asyncio.run(run_clients(address, 16, args.requests * 2, unique=True, phase=2))
         cpu = server_cpu_s(proc.pid) - cpu0
         print(
             f"== 16 clients, {len(lat)} unique searches (no cache hits): throughput={len(lat) / wall:.0f} searches/s  "
