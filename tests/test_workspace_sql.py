@@ -122,3 +122,105 @@ def test_scoped_episode_search_reads_only_its_sessions(tmp_path: Path) -> None:
         assert steps[0] <= 12, steps[0]
     finally:
         store.close()
+
+
+def _scoped_store(tmp_path: Path) -> EpisodeStore:
+    """150 sessions written one after another (disjoint rowid ranges), odd and even ones
+    in different workspaces, plus 20 sessions whose events interleave (overlapping ranges);
+    texts from a small vocabulary, so queries match many events with varied scores."""
+    import random
+
+    rng = random.Random(7)
+    vocab = ["cookie", "rotate", "deploy", "schema", "timeout", "retry", "parser", "cache"]
+
+    def event(sid: str, seq: int, cwd: str) -> str:
+        words = rng.choices(vocab, k=rng.randint(1, 6)) + ["filler"] * rng.randint(0, 8)
+        rng.shuffle(words)
+        return json.dumps(
+            {
+                "session_id": sid,
+                "seq": seq,
+                "time": f"2026-01-01T00:{seq // 60:02d}:{seq % 60:02d}Z",
+                "role": "user",
+                "text": " ".join(words),
+                "cwd": cwd,
+            }
+        )
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = []
+    for i in range(150):
+        lines += [event(f"s{i:03d}", j, f"/ws/g{i % 2}/n{i // 10}/s{i}") for j in range(4)]
+    (logs / "a.jsonl").write_text("\n".join(lines) + "\n")
+    lines = [event(f"t{i:02d}", j, f"/ws/g{i % 2}/mix") for j in range(3) for i in range(20)]
+    (logs / "b.jsonl").write_text("\n".join(lines) + "\n")
+    store = EpisodeStore(str(tmp_path / "db"))
+    assert not ingest(store, [str(logs)]).errors
+    return store
+
+
+def test_scoped_search_ranks_exactly_on_every_path(tmp_path: Path) -> None:
+    """KC-2/KC-5 groundwork: whatever path a scope takes (rowid ranges pushed into FTS5,
+    many ranges checked per match, a wide scope filtered after ranking), the scores
+    returned are the best ``k`` of all matching events in scope, and nothing outside it."""
+    store = _scoped_store(tmp_path)
+    try:
+        scopes = [
+            ["/ws/g1/n0/s1"],  # one session: one range
+            ["/ws/g0/n1"],  # five sessions: five ranges, checked per match
+            ["/ws/g0"],  # 85 sessions, half the events: more ranges than kept, merged
+            ["/ws/g0", "/ws/g1/n3"],
+            ["/ws/g1/mix"],  # interleaved sessions: overlapping ranges
+            ["/ws"],  # everything: ranked, then filtered
+        ]
+        for scope in scopes:
+            cond, args = under_sql("s.cwd", scope)
+            for query in ["cookie", "rotate deploy", "schema timeout retry", "parser cache"]:
+                match = store._plan_query(query)[0]
+                rows = store.conn.execute(
+                    "SELECT -m.score, s.cwd FROM (SELECT rowid AS rid, bm25(events_fts) AS score"
+                    " FROM events_fts WHERE events_fts MATCH ?) m JOIN events e ON e.id = m.rid"
+                    f" JOIN sessions s ON s.session_id = e.session_id WHERE {cond}",
+                    [match, *args],
+                ).fetchall()
+                best = sorted((round(r[0], 6) for r in rows), reverse=True)
+                for k in (3, 10, 50):
+                    hits = store.search(query, k=k, workspaces=scope)
+                    assert [h.score for h in hits] == best[:k], (scope, query, k)
+                    assert all(
+                        any(is_under(h.session.cwd, r) for r in scope) for h in hits if h.session
+                    )
+        from knowledge_server.episodes.store import _RANGE_SETS
+
+        assert _RANGE_SETS == {}  # every query's ranges were released
+    finally:
+        store.close()
+
+
+def test_scope_memo_follows_new_sessions(tmp_path: Path) -> None:
+    """A scope's ranges are remembered per index revision: sessions ingested later are
+    found by the next scoped search."""
+    store = _scoped_store(tmp_path)
+    try:
+        before = {h.session_id for h in store.search("cookie", k=500, workspaces=["/ws/new"])}
+        assert before == set()
+        log = tmp_path / "logs" / "c.jsonl"
+        log.write_text(
+            json.dumps(
+                {
+                    "session_id": "fresh",
+                    "seq": 0,
+                    "time": "2026-01-02T00:00:00Z",
+                    "role": "user",
+                    "text": "rotate the cookie",
+                    "cwd": "/ws/new/app",
+                }
+            )
+            + "\n"
+        )
+        assert ingest(store, [str(log)]).events_added == 1
+        after = {h.session_id for h in store.search("cookie", k=500, workspaces=["/ws/new"])}
+        assert after == {"fresh"}
+    finally:
+        store.close()
