@@ -279,8 +279,6 @@ class Coordinator:
             if (
                 name in by_name
                 and lane_msg.degraded
-                and name in by_name
-                and lane_msg.degraded
                 and not any(w.code == "KNOWLEDGE_LANE_DEGRADED" for w in result.warnings)
             ):
                 resp.warnings.append(
