@@ -102,6 +102,22 @@ def build(data: Path, events: int, shared: Path) -> None:
     print(f"derived: {r.actors} actors, {r.skills} skills in {time.perf_counter() - t0:.1f}s")
 
 
+def project_roots(data: Path, n: int) -> list[str]:
+    """The ``n`` session directories with the most events (sessions run in them)."""
+    import apsw
+
+    conn = apsw.Connection(str(data / "episodes.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = conn.execute(
+            "SELECT cwd FROM sessions WHERE cwd IS NOT NULL GROUP BY cwd"
+            " ORDER BY sum(event_count) DESC, cwd LIMIT ?",
+            (n,),
+        ).fetchall()
+    finally:
+        conn.close()
+    return [r[0] for r in rows]
+
+
 DEGRADED: list[str] = []
 
 
@@ -141,6 +157,7 @@ async def run_clients(
     requests: int,
     unique: bool = False,
     phase: int = 0,
+    workspaces: tuple[str, ...] = (),
 ) -> tuple[list[float], float]:
     """``requests`` searches from ``clients`` SDK clients. With ``unique``, each question
     carries a made-up word from (request, client, ``phase``): give every phase its own
@@ -161,7 +178,7 @@ async def run_clients(
                     # occur everywhere and would make the question costlier than a real one.
                     q = f"{q} {unseen_word(i, n + 100 * phase)}"
                 t = time.perf_counter()
-                resp = await kc.search(q)
+                resp = await kc.search(q, workspaces=workspaces)
                 latencies.append((time.perf_counter() - t) * 1000)
                 # A lane that timed out under load would make a search cheap and wrong: count them.
                 DEGRADED.extend(
@@ -191,6 +208,8 @@ def main() -> int:
     if not (data / "code.sqlite").exists():
         build(data, args.events, args.shared)
     env = dict(os.environ, KNOWLEDGE_LOG_LEVEL="warning", KNOWLEDGE_LOG_FORMAT="json")
+    workspace = copy_workspace(base / "workspace")
+    scope = (str(workspace), *project_roots(data, 20))
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -203,7 +222,7 @@ def main() -> int:
             "127.0.0.1:0",
             "--no-bootstrap",
             "--workspace",
-            str(copy_workspace(base / "workspace")),
+            str(workspace),
             "--workers",
             str(args.workers),
         ],
@@ -244,6 +263,16 @@ def main() -> int:
         print(
             f"   server CPU per never-seen search: {cpu / len(lat) * 1000:.1f} ms over {args.workers} process(es) "
             f"-> {os.cpu_count()} cores bound it at ~{len(lat) / cpu * (os.cpu_count() or 1):.0f} searches/s"
+        )
+        # A token scoped to some projects (the code workspace and 20 session directories):
+        # every lane filters by workspace, through other query plans than unscoped searches.
+        lat, wall = asyncio.run(
+            run_clients(address, 16, args.requests, unique=True, phase=3, workspaces=scope)
+        )
+        print(
+            f"== 16 clients, {len(lat)} unique searches scoped to {len(scope)} workspaces: "
+            f"throughput={len(lat) / wall:.0f} searches/s  p50={statistics.median(lat):.1f} ms  "
+            f"p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms"
         )
         lat, wall = asyncio.run(run_clients(address, 1, args.requests))
         print(
