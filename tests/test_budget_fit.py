@@ -79,3 +79,56 @@ def test_kc9_fitted_response_states_its_true_size(
     dropped = sum(d.count for d in resp.limits.dropped if d.what == "item" and d.lane != "actors")
     assert remaining + dropped == items_before
     assert resp.limits.truncated == bool(resp.limits.dropped)
+
+
+def test_kc9_many_removals_are_counted_not_named() -> None:
+    """KC-9 with a large limit and a small budget: the first removals are named (lane,
+    id), the rest counted per lane, so the list of removals never crowds out the items.
+    Naming every removal once left 0 of 100 items for limit=50 (each name took the room an
+    item had freed)."""
+    from knowledge_server.search.coordinator import MAX_NAMED_DROPS
+
+    resp = search_pb2.SearchResponse(schema="knowledge.search/v1", found=True)
+    for n in range(50):
+        it = resp.lanes.episodes.items.add(
+            id=f"ep:session-{n:03d}:{n}", session_id=f"session-{n:03d}", seq=n
+        )
+        it.score = 1.0 - n / 100
+        it.why.append("fts: match in assistant/message")
+        code = resp.lanes.code.items.add(
+            id=f"chunk:{n:040d}", path=f"pkg/module_{n}.py", start_line=n, end_line=n + 30
+        )
+        code.score = 0.99 - n / 100
+        code.why.extend(["lex: decoder json", "vec: 0.41"])
+        actor = resp.actors.add(actor_id=f"actor:root_session:session-{n:03d}", score=0.5)
+        actor.evidence.add(lane="episodes", id=it.id)
+    resp.limits.returned = 100
+    _fit_budget(resp, 2000)
+    used = resp.limits.budget.used_tokens
+    assert used == count_tokens(json_text(resp)) and used <= 2000
+    remaining = len(resp.lanes.episodes.items) + len(resp.lanes.code.items)
+    assert remaining >= 20  # about what 2,000 tokens hold
+    named = [d for d in resp.limits.dropped if d.what == "item" and d.id]
+    counted = [d for d in resp.limits.dropped if d.what == "item" and not d.id]
+    assert not named and counted  # past the cap, every item entry is a count
+    assert len(resp.limits.dropped) <= 3  # episodes, code, actors
+    items_dropped = sum(d.count for d in counted if d.lane != "actors")
+    assert remaining + items_dropped == 100
+    actors_dropped = sum(d.count for d in counted if d.lane == "actors")
+    assert len(resp.actors) + actors_dropped == 50
+    assert MAX_NAMED_DROPS < items_dropped
+
+
+def test_kc9_few_removals_are_named() -> None:
+    """A small trim still names what it removed."""
+    resp = search_pb2.SearchResponse(schema="knowledge.search/v1", found=True)
+    for n in range(12):
+        it = resp.lanes.code.items.add(id=f"chunk:{n}", path="src/" + "d/" * 150 + f"m{n}.py")
+        it.snippet = "x" * 600
+        it.score = 1.0 - n / 100
+    resp.limits.returned = 12
+    _fit_budget(resp, 500)
+    named = [d.id for d in resp.limits.dropped if d.what == "item"]
+    assert 0 < len(named) <= 10 and all(d.startswith("chunk:") for d in named)
+    assert len(resp.lanes.code.items) + len(named) == 12
+    assert resp.limits.budget.used_tokens == count_tokens(json_text(resp)) <= 500

@@ -510,54 +510,72 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
                 entries = {d.lane: d for d in resp.limits.dropped if d.what == "snippet"}
     if _settle(resp, size) <= max_tokens:
         return
-    # Phase 2: whole items from the end; evidence pointing at them goes too.
+    # Phase 2: whole items from the end; evidence pointing at them goes too. The first
+    # removals are named one by one (lane, id); past MAX_NAMED_DROPS they are counted per
+    # lane instead, or naming them would eat the budget the items need (a limit of 50 once
+    # left 0 items and 114 names).
+    cites: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for a in resp.actors:
+        for e in a.evidence:
+            cites[(e.lane, e.id)].add(a.actor_id)
+    summarised = False
     for name, item in reversed(_global_order(resp)):
         item_id = _item_id(name, item)
         item_bytes = json_size(item)  # type: ignore[arg-type]
         limits = resp.limits
-        n_dropped = len(limits.dropped)
         returned_before = limits.returned
-        # New entries are appended to a non-empty list and `returned` stays non-zero: the
-        # size of limits changes by the entries, their commas and the count's digits.
-        appending = n_dropped > 0 and returned_before > 0 and _count_items(resp) > 1
-        limits_before = 0 if appending else json_size(limits)
-        # Only the actors citing the item change, and those left without evidence go.
-        citing = {
-            i
-            for i, a in enumerate(resp.actors)
-            if any(e.lane == name and e.id == item_id for e in a.evidence)
-        }
+        # Named entries are few: limits is re-measured. Counted ones change by digits.
+        limits_before = None if summarised else json_size(limits)
+        # Only the actors citing the item change, and those left without evidence go
+        # (with the first such removal, also any actor that had no evidence at all).
+        citing_ids = cites.get((name, item_id), set())
         n_actors = len(resp.actors)
-        kept: list[int] = []
-        actors_before = 0
+        citing = (
+            {i for i, a in enumerate(resp.actors) if a.actor_id in citing_ids}
+            if citing_ids
+            else set()
+        )
+        # Actors that leave (their evidence is only this item, or none at all) count
+        # whole; the others lose the matching evidence entries and their commas.
+        leaving: set[int] = set()
+        leaving_bytes = evidence_bytes = 0
         if citing:
-            kept = [
+            leaving = {
                 i
                 for i, a in enumerate(resp.actors)
-                if any(not (e.lane == name and e.id == item_id) for e in a.evidence)
-            ]
-            changed = citing | (set(range(n_actors)) - set(kept))
-            actors_before = sum(json_size(resp.actors[i]) for i in changed)
+                if (i in citing or not len(a.evidence))
+                and all(e.lane == name and e.id == item_id for e in a.evidence)
+            }
+            leaving_bytes = sum(json_size(resp.actors[i]) for i in leaving)
+            for i in citing - leaving:
+                for e in resp.actors[i].evidence:
+                    if e.lane == name and e.id == item_id:
+                        evidence_bytes += json_size(e) + 1
         lane = getattr(resp.lanes, name)
-        for i, candidate in enumerate(lane.items):
-            if _item_id(name, candidate) == item_id:
+        # A lane's items are in the global order too: the item is usually its last one.
+        for i in range(len(lane.items) - 1, -1, -1):
+            if _item_id(name, lane.items[i]) == item_id:
                 del lane.items[i]
                 break
         # The item and a comma, or the whole '"items":[...]' member once it is empty.
         size -= item_bytes + (1 if lane.items else len('"items":[],'))
-        limits.dropped.append(search_pb2.Dropped(lane=name, id=item_id, what="item", count=1))
-        limits.returned = _count_items(resp)
+        gone = [(name, item_id)]
         if citing:
-            _prune_evidence(resp, name, item_id)
+            gone += [("actors", a) for a in _prune_evidence(resp, name, item_id, citing_ids)]
             if not resp.actors:  # the whole '"actors":[...],' member is gone
-                size -= actors_before + n_actors - 1 + len('"actors":[],')
+                size -= leaving_bytes + n_actors - 1 + len('"actors":[],')
             else:
-                after = sum(json_size(resp.actors[j]) for j, i in enumerate(kept) if i in citing)
-                size += after - actors_before + len(resp.actors) - n_actors
-        if appending:
-            size += sum(json_size(d) + 1 for d in limits.dropped[n_dropped:])
+                size -= evidence_bytes + leaving_bytes + len(leaving)
+        limits.returned = _count_items(resp)
+        if limits_before is None and limits.returned:
+            size += _count_drops(limits, gone)
             size += len(str(limits.returned)) - len(str(returned_before))
         else:
+            if limits_before is None:  # '"returned":N' leaves with the last item
+                limits.returned = returned_before
+                limits_before = json_size(limits)
+                limits.returned = 0
+            summarised = _record_drops(limits, gone, summarised)
             size += json_size(limits) - limits_before
         if _settle(resp, size) <= max_tokens:
             return
@@ -577,12 +595,53 @@ def _set_snippet_entries(resp: search_pb2.SearchResponse, counts: dict[str, int]
 
 
 def _summarise_item_entries(resp: search_pb2.SearchResponse) -> None:
+    _summarise_item_entries_of(resp.limits)
+
+
+def _summarise_item_entries_of(limits: search_pb2.Limits) -> None:
+    """One entry per (lane, what), counting the removals it stands for."""
     counts: dict[tuple[str, str], int] = defaultdict(int)
-    for d in resp.limits.dropped:
+    for d in limits.dropped:
         counts[(d.lane, d.what)] += max(d.count, 1)
-    del resp.limits.dropped[:]
+    del limits.dropped[:]
     for (lane, what), n in counts.items():
-        resp.limits.dropped.append(search_pb2.Dropped(lane=lane, what=what, count=n))
+        limits.dropped.append(search_pb2.Dropped(lane=lane, what=what, count=n))
+
+
+# Removed items (and actors) named one by one in limits.dropped; beyond this, counted per lane.
+MAX_NAMED_DROPS = 10
+
+
+def _record_drops(limits: search_pb2.Limits, gone: list[tuple[str, str]], summarised: bool) -> bool:
+    """Enter removed items as (lane, id) while there are few named ones, then as counts per
+    lane. Returns whether the entries are counts now."""
+    if not summarised:
+        named = sum(1 for d in limits.dropped if d.what == "item")
+        if named + len(gone) <= MAX_NAMED_DROPS:
+            for lane, item_id in gone:
+                limits.dropped.append(
+                    search_pb2.Dropped(lane=lane, id=item_id, what="item", count=1)
+                )
+            return False
+        _summarise_item_entries_of(limits)
+    _count_drops(limits, gone)
+    return True
+
+
+def _count_drops(limits: search_pb2.Limits, gone: list[tuple[str, str]]) -> int:
+    """Add removals to the per-lane counts; returns how many bytes the text grew by (the
+    counts' digits, or a new lane's entry and its comma)."""
+    counts = {d.lane: d for d in limits.dropped if d.what == "item"}
+    grown = 0
+    for lane, _ in gone:
+        entry = counts.get(lane)
+        if entry is None:
+            entry = counts[lane] = limits.dropped.add(lane=lane, what="item", count=1)
+            grown += json_size(entry) + (1 if len(limits.dropped) > 1 else len('"dropped":[],'))
+        else:
+            grown += len(str(entry.count + 1)) - len(str(entry.count))
+            entry.count += 1
+    return grown
 
 
 def _copy(d: search_pb2.Dropped) -> search_pb2.Dropped:
@@ -591,21 +650,21 @@ def _copy(d: search_pb2.Dropped) -> search_pb2.Dropped:
     return out
 
 
-def _prune_evidence(resp: search_pb2.SearchResponse, lane: str, item_id: str) -> None:
-    keep = []
-    for actor in resp.actors:
-        remaining = [e for e in actor.evidence if not (e.lane == lane and e.id == item_id)]
-        if remaining:
-            del actor.evidence[:]
-            actor.evidence.extend(remaining)
-            keep.append(actor)
-        else:
-            resp.limits.dropped.append(
-                search_pb2.Dropped(lane="actors", id=actor.actor_id, what="item", count=1)
-            )
-    if len(keep) != len(resp.actors):
-        kept = [search_pb2.Actor() for _ in keep]
-        for dst, src in zip(kept, keep):
-            dst.CopyFrom(src)
-        del resp.actors[:]
-        resp.actors.extend(kept)
+def _prune_evidence(
+    resp: search_pb2.SearchResponse, lane: str, item_id: str, citing: set[str]
+) -> list[str]:
+    """Remove the evidence pointing at a dropped item (cited by the actors in ``citing``),
+    and the actors left without any; returns the removed actors' ids, in order."""
+    gone = []
+    for i, actor in enumerate(resp.actors):
+        if actor.actor_id in citing:
+            for j in range(len(actor.evidence) - 1, -1, -1):
+                e = actor.evidence[j]
+                if e.lane == lane and e.id == item_id:
+                    del actor.evidence[j]
+        if not len(actor.evidence):
+            gone.append(i)
+    removed = [resp.actors[i].actor_id for i in gone]
+    for i in reversed(gone):
+        del resp.actors[i]
+    return removed
