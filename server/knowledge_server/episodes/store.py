@@ -47,11 +47,9 @@ FREQUENT_MIN_DOCS = 5000
 FREQUENT_FRACTION = 0.05
 RECENT_CAP = 800
 RECENT_MAX_TERMS = 3
-# Session filters that leave at most this share of the events are answered by restricting
-# the FTS scan to those sessions' rowid ranges; wider ones rank the best matches and filter
-# them (a scope of nearly everything would join every match to check it).
+# Session filters that leave at most this share of the events are answered from those
+# sessions' rowid ranges; wider ones rank the best matches and filter them.
 RESTRICTIVE_SHARE = 0.5
-MAX_RANGES = 48
 # Up to this many ranges are each pushed into FTS5; more are checked per match.
 FEW_RANGES = 4
 
@@ -176,24 +174,6 @@ def _in_ranges(rowid: int, token: int) -> int:
     starts, ends = _RANGE_SETS[token]
     i = bisect.bisect_right(starts, rowid) - 1
     return int(i >= 0 and rowid <= ends[i])
-
-
-def _merge_ranges(ranges: list[list[int]], most: int) -> list[tuple[int, int]]:
-    """Sorted, disjoint ``ranges`` joined into at most ``most``: the smallest gaps are
-    closed (the rows in them are filtered out later). Closing a gap leaves the others as
-    they were, so this keeps the ``most - 1`` widest gaps (of equal gaps, the later ones):
-    the result of closing the smallest gap one at a time, in O(n log n), not O(n^2)
-    (1,188 sessions took 15 ms that way)."""
-    if len(ranges) <= most:
-        return [(lo, hi) for lo, hi in ranges]
-    gaps = sorted(range(len(ranges) - 1), key=lambda i: (ranges[i + 1][0] - ranges[i][1], i))
-    keep = sorted(gaps[len(ranges) - most :])  # the gaps after ranges[i] that stay open
-    out: list[tuple[int, int]] = []
-    start = 0
-    for i in [*keep, len(ranges) - 1]:
-        out.append((ranges[start][0], ranges[i][1]))
-        start = i + 1
-    return out
 
 
 class EpisodeStore:
@@ -619,7 +599,7 @@ class EpisodeStore:
         filtered = bool(conds)
         cand = RECENT_CAP if recent_only else (max(k * 20, 200) if filtered else k)
         ranges = None
-        if workspaces is not None or session_ids is not None:
+        if workspaces is not None or session_ids is not None or outcome not in ("any", "", None):
             ranges, allowed = self._scope(workspaces, session_ids, outcome)
             if allowed == 0:
                 return [], needles
@@ -629,11 +609,11 @@ class EpisodeStore:
                 share = allowed / max(self._doc_count(), allowed)
                 cand = min(cand, max(k, math.ceil(3 * k / share)))
         if ranges:
-            # Restrictive filter: FTS5 scans only the allowed sessions' rowid ranges (it
-            # seeks its doclists by rowid), then the exact filters apply to those matches.
-            # One range (or a few) is pushed into FTS5 as is; more are one scan over their
-            # hull, with the ranges checked per match before bm25 is computed: one bm25
-            # setup (a walk over each term's posting list) instead of one per range.
+            # Restrictive filter: only matches in the allowed sessions' rowid ranges are
+            # scored, then the exact filters apply to them. A few ranges are pushed into
+            # FTS5 as they are (it seeks its doclists by rowid); more are one scan over
+            # their hull, each match checked against the ranges (a bisect) before bm25 is
+            # computed: one bm25 setup (a walk over each term's posting list) in all.
             token = None
             if len(ranges) <= FEW_RANGES:
                 parts = " UNION ALL ".join(
@@ -740,7 +720,7 @@ class EpisodeStore:
                 ranges[-1][1] = max(ranges[-1][1], hi)
             else:
                 ranges.append([lo, hi])
-        return _merge_ranges(ranges, MAX_RANGES), total
+        return [(lo, hi) for lo, hi in ranges], total
 
     @staticmethod
     def _hits(rows: list[Any]) -> list[EpisodeHit]:
