@@ -608,6 +608,11 @@ class EpisodeStore:
                 # candidates it should let through (a wide scope needs few more than k).
                 share = allowed / max(self._doc_count(), allowed)
                 cand = min(cand, max(k, math.ceil(3 * k / share)))
+        if ranges and recent_only and len(ranges) > FEW_RANGES:
+            # Frequent terms only, over many ranges: checking every recent match against the
+            # ranges until enough pass costs more (5 vs 1.4 ms for 21% of the events) than
+            # taking the most recent matches and filtering them, as without ranges.
+            ranges = None
         if ranges:
             # Restrictive filter: only matches in the allowed sessions' rowid ranges are
             # scored, then the exact filters apply to them. A few ranges are pushed into
