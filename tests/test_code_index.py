@@ -334,6 +334,17 @@ def test_hits_described_later_equal_hits_described_at_once(index: CodeIndex, ws:
             assert h.why == expected[h.id].why
 
 
+def _many_files(root: Path, n: int = 150) -> None:
+    for i in range(n):
+        _write(
+            root,
+            f"pkg{i % 10}/mod{i}.py",
+            f"def handler_{i}(request, timeout={i}):\n"
+            f"    return parse_headers(request.body, limit={i})\n\n"
+            f"class Store{i}:\n    def load(self, key):\n        return self.cache[key]\n",
+        )
+
+
 def test_workspace_scope_costs_what_the_unscoped_search_costs(tmp_path: Path) -> None:
     """A workspace filter is looked up per candidate chunk, never by walking the workspace:
     scoped and unscoped searches read about as much (SQLite virtual-machine steps, counted
@@ -342,14 +353,7 @@ def test_workspace_scope_costs_what_the_unscoped_search_costs(tmp_path: Path) ->
     here, and growing with the workspace."""
     search_mod._fresh_cache.clear()
     root = tmp_path / "big"
-    for i in range(150):
-        _write(
-            root,
-            f"pkg{i % 10}/mod{i}.py",
-            f"def handler_{i}(request, timeout={i}):\n"
-            f"    return parse_headers(request.body, limit={i})\n\n"
-            f"class Store{i}:\n    def load(self, key):\n        return self.cache[key]\n",
-        )
+    _many_files(root)
     ix = CodeIndex(str(tmp_path / "data" / "code.sqlite"))
     try:
         ix.index_workspace(str(root))
@@ -368,5 +372,58 @@ def test_workspace_scope_costs_what_the_unscoped_search_costs(tmp_path: Path) ->
                 assert res.hits
             cost[label] = steps[0]
         assert cost["scoped"] <= 1.5 * cost["all"] + 50, cost
+    finally:
+        ix.close()
+
+
+def test_path_filter_ranks_only_chunks_under_the_prefixes(tmp_path: Path) -> None:
+    """A path filter ranks the chunks under its prefixes, in the current revision only:
+    lexical results equal a brute-force BM25 ranking of exactly those chunks, every hit
+    of every mode is under a prefix, and the filter costs no more than an unfiltered
+    search (SQLite steps, counted: 368 against 670 unfiltered here; ranking everything and
+    filtering took 3,038, widening the candidate list again and again)."""
+    search_mod._fresh_cache.clear()
+    root = tmp_path / "big"
+    _many_files(root, 600)
+    ix = CodeIndex(str(tmp_path / "data" / "code.sqlite"))
+    try:
+        ix.index_workspace(str(root))
+        # A newer revision of one file under the prefix: its old chunks must not appear.
+        _write(root, "pkg3/mod3.py", "def handler_3(request):\n    return parse_headers(request)\n")
+        ix.index_workspace(str(root))
+        prefixes = ["pkg3/mod3.py", "pkg7/mod17"]  # 3 of 600 files
+        query = "parse request headers store"
+        res = ix.search(query, mode="lexical", path_prefixes=prefixes, limit=50)
+        match = " OR ".join(f'"{t}"' for t in ("parse", "request", "headers", "store"))
+        rows = ix.conn.execute(
+            "SELECT c.id, c.path, c.start_line, bm25(chunks_fts, 1.0, 3.0) AS r"
+            " FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
+            " JOIN rev_file rf ON rf.file_id = c.file_id"
+            " JOIN workspaces w ON w.current_rev_id = rf.rev_id"
+            " WHERE chunks_fts MATCH ? ORDER BY r, c.path, c.start_line",
+            (match,),
+        ).fetchall()
+        want = [r[0] for r in rows if any(r[1].startswith(p) for p in prefixes)][:50]
+        assert [h.row_id for h in res.hits] == want
+        assert any(h.path == "pkg3/mod3.py" for h in res.hits)
+        for mode in ("hybrid", "vector"):
+            hits = ix.search(query, mode=mode, path_prefixes=prefixes, limit=50).hits
+            assert hits and all(any(h.path.startswith(p) for p in prefixes) for h in hits)
+        assert ix.search(query, path_prefixes=["nowhere/"]).hits == []
+
+        steps = [0]
+
+        def count() -> bool:
+            steps[0] += 1
+            return False
+
+        ix.conn.setprogresshandler(count, 100)
+        cost = {}
+        for label, paths in (("all", None), ("paths", prefixes)):
+            steps[0] = 0
+            for mode in ("hybrid", "vector", "lexical"):
+                ix.search(query, mode=mode, path_prefixes=paths)
+            cost[label] = steps[0]
+        assert cost["paths"] <= 1.5 * cost["all"] + 50, cost
     finally:
         ix.close()

@@ -170,9 +170,9 @@ def test_scoped_search_ranks_exactly_on_every_path(tmp_path: Path) -> None:
                     assert all(
                         any(is_under(h.session.cwd, r) for r in scope) for h in hits if h.session
                     )
-        from knowledge_server.episodes.store import _RANGE_SETS
+        from knowledge_server.episodes.store import RANGES
 
-        assert _RANGE_SETS == {}  # every query's ranges were released
+        assert len(RANGES) == 0  # every query's ranges were released
     finally:
         store.close()
 

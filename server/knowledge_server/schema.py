@@ -10,6 +10,7 @@ write lock first, waiting through the busy handler, so concurrent openers queue.
 from __future__ import annotations
 
 import array
+import itertools
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -73,6 +74,35 @@ def int_array(values: Iterable[int]) -> apsw.carray:
     if not ints:
         raise ValueError("int_array needs at least one value")
     return apsw.carray(ints)
+
+
+class QueryValues:
+    """Python values a running statement reads through an SQL function, by token.
+
+    SQL functions are registered once per connection, but what they check (a query's rowid
+    ranges, its set of allowed ids) belongs to one statement: the statement passes the token
+    ``hold`` gave it, and the function looks the value up here. Tokens are unique across
+    threads (``itertools.count``; dict access holds the GIL); ``hold`` releases its value
+    when the statement is done, also on errors and interrupts."""
+
+    def __init__(self) -> None:
+        self._values: dict[int, object] = {}
+        self._tokens = itertools.count(1)
+
+    @contextmanager
+    def hold(self, value: object) -> Iterator[int]:
+        token = next(self._tokens)
+        self._values[token] = value
+        try:
+            yield token
+        finally:
+            del self._values[token]
+
+    def __getitem__(self, token: int) -> object:
+        return self._values[token]
+
+    def __len__(self) -> int:
+        return len(self._values)
 
 
 def map_pages(conn: apsw.Connection) -> None:

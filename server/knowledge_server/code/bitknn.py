@@ -70,16 +70,25 @@ class BitMatrix:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def nearest(self, query: bytes, k: int) -> list[tuple[int, int]]:
-        """The ``k`` nearest rows as (rowid, hamming distance), by (distance, rowid)."""
-        n = len(self.ids)
+    def nearest(
+        self, query: bytes, k: int, among: np.ndarray | None = None
+    ) -> list[tuple[int, int]]:
+        """The ``k`` nearest rows as (rowid, hamming distance), by (distance, rowid);
+        with ``among`` (sorted rowids), only those rows count."""
+        ids = self.ids
+        columns = self.columns
+        if among is not None:
+            pos = np.flatnonzero(np.isin(ids, among, assume_unique=True))
+            ids = ids[pos]
+            columns = tuple(c[pos] for c in columns)
+        n = len(ids)
         if n == 0 or k <= 0:
             return []
-        width = len(self.columns) * 8
+        width = len(columns) * 8
         q = np.frombuffer(query.ljust(width, b"\x00")[:width], dtype=np.uint64)
-        dist = np.bitwise_count(self.columns[0] ^ q[0]).astype(np.int32)
-        for j in range(1, len(self.columns)):
-            dist += np.bitwise_count(self.columns[j] ^ q[j])
+        dist = np.bitwise_count(columns[0] ^ q[0]).astype(np.int32)
+        for j in range(1, len(columns)):
+            dist += np.bitwise_count(columns[j] ^ q[j])
         if k < n:
             # Distances are small integers: the k-th smallest is found from their histogram.
             counts = np.bincount(dist, minlength=width * 8 + 1).cumsum()
@@ -87,8 +96,8 @@ class BitMatrix:
             sel = np.flatnonzero(dist <= cut)
         else:
             sel = np.arange(n)
-        sel = sel[np.lexsort((self.ids[sel], dist[sel]))][:k]
-        return [(int(i), int(d)) for i, d in zip(self.ids[sel], dist[sel], strict=True)]
+        sel = sel[np.lexsort((ids[sel], dist[sel]))][:k]
+        return [(int(i), int(d)) for i, d in zip(ids[sel], dist[sel], strict=True)]
 
 
 _cache: dict[tuple[str, str], tuple[str, BitMatrix]] = {}
@@ -123,9 +132,14 @@ def preload(conn: apsw.Connection, vtbl: str, dim: int) -> int:
 
 
 def nearest(
-    conn: apsw.Connection, vtbl: str, dim: int, query: np.ndarray, k: int
+    conn: apsw.Connection,
+    vtbl: str,
+    dim: int,
+    query: np.ndarray,
+    k: int,
+    among: np.ndarray | None = None,
 ) -> tuple[list[tuple[int, int]], int]:
     """(the ``k`` nearest vectors of ``vtbl`` to ``query`` as (rowid, distance), the
-    number of vectors held)."""
+    number of vectors held); with ``among`` (sorted rowids), only among those."""
     matrix = _matrix(conn, vtbl, dim // 8)
-    return matrix.nearest(quantize(query), k), len(matrix)
+    return matrix.nearest(quantize(query), k, among), len(matrix)

@@ -18,7 +18,7 @@ from knowledge_server.schema import int_array
 from . import bitknn
 from .embed import Embedder
 from .model import ChunkRecord, CodeHit, CodeSearchResult, Freshness, IndexOptions
-from .store import FTS_SCORE, is_binary, scalar, vec_table_for
+from .store import FTS_SCORE, ID_SETS, is_binary, scalar, vec_table_for
 from .tokenize import fts_quote, matched_terms, query_terms
 from .walker import walk_workspace
 
@@ -74,6 +74,33 @@ def _scope_sql(
     return sql, params
 
 
+def _chunks_under(
+    conn: apsw.Connection, workspaces: Sequence[str] | None, prefixes: Sequence[str]
+) -> np.ndarray | None:
+    """Sorted ids of the current revisions' chunks whose path starts with one of
+    ``prefixes`` (within ``workspaces``), read through the (workspace, path) index of
+    file versions; None when a prefix cannot bound a range (the empty prefix)."""
+    bounds = []
+    for p in prefixes:
+        if not p or ord(p[-1]) >= 0x10FFFF:
+            return None
+        bounds.append((p, p[:-1] + chr(ord(p[-1]) + 1)))  # the strings starting with p
+    ranges = " OR ".join("(fv.path >= ? AND fv.path < ?)" for _ in bounds)
+    args: list[Any] = [x for b in bounds for x in b]
+    where = "w.current_rev_id IS NOT NULL"
+    if workspaces is not None:
+        where += " AND w.root IN (SELECT value FROM json_each(?))"
+        args.append(_json_list(workspaces))
+    rows = conn.execute(
+        "SELECT c.id FROM workspaces w"
+        f" CROSS JOIN file_versions fv ON fv.workspace = w.root AND ({ranges})"
+        " CROSS JOIN rev_file rf ON rf.rev_id = w.current_rev_id AND rf.file_id = fv.id"
+        f" CROSS JOIN chunks c ON c.file_id = fv.id WHERE {where}",
+        args,
+    ).fetchall()
+    return np.unique(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+
+
 def _scope_and(scope: tuple[str, list[Any]], condition: str) -> str:
     """The scope's joins and filters (``_scope_sql``) with one more condition."""
     sql = scope[0]
@@ -127,13 +154,36 @@ def _split_terms(conn: apsw.Connection, terms: list[str]) -> tuple[list[str], li
 
 
 def _lexical(
-    conn: apsw.Connection, terms: list[str], rare: list[str], scope: tuple[str, list[Any]], n: int
+    conn: apsw.Connection,
+    terms: list[str],
+    rare: list[str],
+    scope: tuple[str, list[Any]],
+    n: int,
+    among: np.ndarray | None = None,
 ) -> list[tuple[Any, ...]]:
     """BM25 over all ``terms``; when frequent terms were set aside, the rare ones pick
     the candidates first and the full query only scores those (FTS5 cost grows with
-    the number of matching rows, and a frequent term matches most of the table)."""
+    the number of matching rows, and a frequent term matches most of the table).
+    With ``among`` (a path filter's chunk ids), only those chunks are scored."""
     if not terms:
         return []
+    if among is not None:
+        with ID_SETS.hold(frozenset(among.tolist())) as token:
+            return _lexical_in(conn, terms, rare, scope, n, token)
+    return _lexical_in(conn, terms, rare, scope, n, None)
+
+
+def _lexical_in(
+    conn: apsw.Connection,
+    terms: list[str],
+    rare: list[str],
+    scope: tuple[str, list[Any]],
+    n: int,
+    token: int | None,
+) -> list[tuple[Any, ...]]:
+    # A path filter's chunks are checked per match, before bm25 is computed for it.
+    only = "" if token is None else " AND knowledge_in_set(rowid, ?)"
+    extra: list[Any] = [] if token is None else [token]
     expr = " OR ".join(fts_quote(t) for t in terms)
     pick = " OR ".join(fts_quote(t) for t in rare)
     fetch = max(n * 3, 100)
@@ -147,9 +197,9 @@ def _lexical(
             match = f"({pick}) AND ({expr})"
         lex = (
             f"WITH lex AS MATERIALIZED (SELECT rowid, {FTS_SCORE} AS rank FROM chunks_fts"
-            " WHERE chunks_fts MATCH ? ORDER BY rank, rowid LIMIT ?)"
+            f" WHERE chunks_fts MATCH ?{only} ORDER BY rank, rowid LIMIT ?)"
         )
-        params: list[Any] = [match, fetch]
+        params: list[Any] = [match, *extra, fetch]
         rows = conn.execute(
             f"{lex} SELECT {_COLS}, lex.rank FROM lex CROSS JOIN chunks c ON c.id = lex.rowid{scope[0]}"
             " ORDER BY lex.rank, c.path, c.start_line LIMIT ?",
@@ -161,8 +211,9 @@ def _lexical(
             return rows
         got = scalar(
             conn,
-            "SELECT count(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? LIMIT ?)",
-            (pick, fetch),
+            f"SELECT count(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?{only}"
+            " LIMIT ?)",
+            (pick, *extra, fetch),
         )
         if got < fetch:
             return rows
@@ -177,9 +228,11 @@ def _vector(
     scope: tuple[str, list[Any]],
     n: int,
     also: Sequence[tuple[Any, ...]] = (),
+    among: np.ndarray | None = None,
 ) -> tuple[list[tuple[Any, ...]], dict[int, float]]:
     """KNN in sqlite-vec (or code.bitknn for binary tables), then exact cosine
-    rescoring of the candidates.
+    rescoring of the candidates. With ``among`` (a path filter's chunk ids), the binary
+    KNN looks only at those chunks.
 
     Returns the best ``n`` rows, each ending with its cosine distance (1 - similarity),
     and the similarity of every candidate and of every row in ``also`` (the hybrid
@@ -193,7 +246,9 @@ def _vector(
         if binary:
             # Hamming KNN over an in-memory copy of the bits (code.bitknn), then the
             # candidates' rows, ordered here by (distance, path, line) as SQL would.
-            near, held = bitknn.nearest(conn, vtbl, dim, q, k)
+            near, held = bitknn.nearest(conn, vtbl, dim, q, k, among)
+            if among is not None:
+                held = min(held, len(among))
             distance = dict(near)
             rows = (
                 conn.execute(
@@ -341,6 +396,11 @@ def search(
     if workspaces is not None and not workspaces:
         return CodeSearchResult(label, capability, reason or "", freshness or {}, [])
     scope = _scope_sql(workspaces, path_prefixes)
+    # A path filter keeps few chunks: rank only those, rather than ranking everything and
+    # filtering (9.3 against 2.9 ms for two prefixes of the standard library).
+    among = _chunks_under(conn, workspaces, path_prefixes) if path_prefixes else None
+    if among is not None and not len(among):
+        return CodeSearchResult(label, capability, reason or "", freshness or {}, [])
     terms = query_terms(query)
     pool = max(limit, 30)
     hybrid = mode == "hybrid"
@@ -348,7 +408,7 @@ def search(
     vec_rows: list[tuple[Any, ...]] = []
     kept, rare = _split_terms(conn, terms)
     if mode in ("hybrid", "lexical"):
-        lex_rows = _lexical(conn, kept, rare, scope, pool if hybrid else limit)
+        lex_rows = _lexical(conn, kept, rare, scope, pool if hybrid else limit, among)
     use_vec = mode in ("hybrid", "vector") and capability == "full" and embedder is not None
     if use_vec and query.strip():
         assert embedder is not None
@@ -365,6 +425,7 @@ def search(
                     scope,
                     pool if hybrid else limit,
                     also=lex_rows if hybrid else (),
+                    among=among,
                 )
                 if hybrid:
                     vec_rows = _rank_union(vec_rows, lex_rows, sims)

@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 
-from knowledge_server.schema import immediate, map_pages, use_wal
+from knowledge_server.schema import QueryValues, immediate, map_pages, use_wal
 
 __all__ = ["SCHEMA_VERSION", "open_store", "vec_table_for"]
 
@@ -137,6 +137,16 @@ def _initialise(cur: apsw.Cursor) -> None:
     cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('automerge', ?)", (FTS_AUTOMERGE,))
 
 
+# Sets of chunk ids of running queries, read by knowledge_in_set (a path filter's chunks).
+ID_SETS = QueryValues()
+
+
+def _in_set(rowid: int, token: int) -> int:
+    """SQL ``knowledge_in_set(rowid, token)``: whether ``rowid`` is in the set held under
+    ``token``."""
+    return int(rowid in ID_SETS[token])  # type: ignore[operator]
+
+
 def open_store(path: str) -> apsw.Connection:
     """Open (creating if needed) the code store with sqlite-vec loaded."""
     import sqlite_vec
@@ -159,6 +169,7 @@ def open_store(path: str) -> apsw.Connection:
         with immediate(conn):  # other openers and writers queue, see knowledge_server.schema
             _initialise(cur)
     map_pages(conn)
+    conn.create_scalar_function("knowledge_in_set", _in_set, 2)
     return conn
 
 

@@ -7,7 +7,7 @@ Writers hold one connection; readers may open the same file read-only at the sam
 from __future__ import annotations
 
 import bisect
-import itertools
+import contextlib
 import json
 import math
 import os
@@ -22,7 +22,7 @@ import apsw
 
 from knowledge_server.fts import compact
 from knowledge_server.memo import RevisionMemo
-from knowledge_server.schema import int_array, open_db
+from knowledge_server.schema import QueryValues, int_array, open_db
 from knowledge_server.workspaces import under_sql
 
 from .model import (
@@ -157,21 +157,14 @@ def _aware(dt: datetime) -> float:
     return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
 
 
-# Rowid ranges of running queries, by the token a query passes to knowledge_in_ranges.
-_RANGE_SETS: dict[int, tuple[list[int], list[int]]] = {}
-_range_tokens = itertools.count(1)
-
-
-def _register_ranges(ranges: Sequence[tuple[int, int]]) -> int:
-    token = next(_range_tokens)
-    _RANGE_SETS[token] = ([lo for lo, _ in ranges], [hi for _, hi in ranges])
-    return token
+# Rowid ranges of running queries: (starts, ends), read by knowledge_in_ranges.
+RANGES = QueryValues()
 
 
 def _in_ranges(rowid: int, token: int) -> int:
     """SQL ``knowledge_in_ranges(rowid, token)``: whether ``rowid`` lies in one of the
-    sorted, disjoint ranges registered under ``token``."""
-    starts, ends = _RANGE_SETS[token]
+    sorted, disjoint ranges held under ``token``."""
+    starts, ends = RANGES[token]  # type: ignore[misc]
     i = bisect.bisect_right(starts, rowid) - 1
     return int(i >= 0 and rowid <= ends[i])
 
@@ -619,38 +612,37 @@ class EpisodeStore:
             # FTS5 as they are (it seeks its doclists by rowid); more are one scan over
             # their hull, each match checked against the ranges (a bisect) before bm25 is
             # computed: one bm25 setup (a walk over each term's posting list) in all.
-            token = None
-            if len(ranges) <= FEW_RANGES:
-                parts = " UNION ALL ".join(
-                    f"SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
-                    f"WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ?"
-                    for _ in ranges
+            with contextlib.ExitStack() as stack:
+                if len(ranges) <= FEW_RANGES:
+                    parts = " UNION ALL ".join(
+                        f"SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
+                        f"WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ?"
+                        for _ in ranges
+                    )
+                    rargs: list[Any] = []
+                    for lo, hi in ranges:
+                        rargs.extend([match, lo, hi])
+                else:
+                    token = stack.enter_context(
+                        RANGES.hold(([lo for lo, _ in ranges], [hi for _, hi in ranges]))
+                    )
+                    parts = (
+                        f"SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
+                        "WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ? "
+                        "AND knowledge_in_ranges(rowid, ?)"
+                    )
+                    rargs = [match, ranges[0][0], ranges[-1][1], token]
+                if recent_only:
+                    # Frequent terms only: the most recent matches in range, as without a scope.
+                    parts = f"SELECT rid, score FROM ({parts}) ORDER BY rid DESC LIMIT {RECENT_CAP}"
+                sql = (
+                    f"WITH m AS ({parts}), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
+                    f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
                 )
-                rargs: list[Any] = []
-                for lo, hi in ranges:
-                    rargs.extend([match, lo, hi])
-            else:
-                token = _register_ranges(ranges)
-                parts = (
-                    f"SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
-                    "WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ? "
-                    "AND knowledge_in_ranges(rowid, ?)"
-                )
-                rargs = [match, ranges[0][0], ranges[-1][1], token]
-            if recent_only:
-                # Frequent terms only: the most recent matches in range, as without a scope.
-                parts = f"SELECT rid, score FROM ({parts}) ORDER BY rid DESC LIMIT {RECENT_CAP}"
-            sql = (
-                f"WITH m AS ({parts}), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
-                f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
-            )
-            try:
-                rows = self.conn.execute(sql, [*rargs, *fargs, k]).fetchall()
-            except apsw.SQLError as exc:
-                raise InvalidQuery("query could not be parsed") from exc
-            finally:
-                if token is not None:
-                    del _RANGE_SETS[token]
+                try:
+                    rows = self.conn.execute(sql, [*rargs, *fargs, k]).fetchall()
+                except apsw.SQLError as exc:
+                    raise InvalidQuery("query could not be parsed") from exc
             return self._hits(rows), needles
         sql = (
             f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts WHERE events_fts MATCH ? "
