@@ -203,3 +203,38 @@ def test_scope_memo_follows_new_sessions(tmp_path: Path) -> None:
         assert after == {"fresh"}
     finally:
         store.close()
+
+
+def test_frequent_term_query_in_a_scope_whose_range_spans_others(tmp_path: Path) -> None:
+    """A query made only of frequent terms, in the scope of a session whose events span
+    the table (it began before 6,000 other events and ended after them): its rowid range
+    holds the other sessions' events too, so "the most recent matches in range" are all
+    theirs. The search must still find the session's own matches."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def event(sid: str, seq: int, text: str, cwd: str) -> str:
+        return json.dumps(
+            {
+                "session_id": sid,
+                "seq": seq,
+                "time": "2026-01-01T00:00:00Z",
+                "role": "user",
+                "text": text,
+                "cwd": cwd,
+            }
+        )
+
+    lines = [event("target", i, "rotate the cookie", "/ws/target") for i in range(20)]
+    lines += [event(f"o{i % 50}", i, "cookie filler", f"/ws/other{i % 50}") for i in range(6000)]
+    lines.append(event("target", 20, "done", "/ws/target"))
+    (logs / "a.jsonl").write_text("\n".join(lines) + "\n")
+    store = EpisodeStore(str(tmp_path / "db"))
+    try:
+        assert not ingest(store, [str(logs)]).errors
+        assert store._plan_query("cookie")[1]  # frequent terms only
+        for scope in ({"workspaces": ["/ws/target"]}, {"session_ids": ["target"]}):
+            hits = store.search("cookie", k=10, **scope)  # type: ignore[arg-type]
+            assert len(hits) == 10 and {h.session_id for h in hits} == {"target"}
+    finally:
+        store.close()

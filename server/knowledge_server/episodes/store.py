@@ -52,6 +52,9 @@ RECENT_MAX_TERMS = 3
 RESTRICTIVE_SHARE = 0.5
 # Up to this many ranges are each pushed into FTS5; more are checked per match.
 FEW_RANGES = 4
+# A frequent-term query ranks every match in a scope's ranges when they hold at most this
+# many events; more, and it starts from the most recent matches (RECENT_CAP).
+RECENT_SPAN = 16_000
 
 
 class InvalidQuery(ValueError):
@@ -601,48 +604,30 @@ class EpisodeStore:
                 # candidates it should let through (a wide scope needs few more than k).
                 share = allowed / max(self._doc_count(), allowed)
                 cand = min(cand, max(k, math.ceil(3 * k / share)))
-        if ranges and recent_only and len(ranges) > FEW_RANGES:
-            # Frequent terms only, over many ranges: checking every recent match against the
-            # ranges until enough pass costs more (5 vs 1.4 ms for 21% of the events) than
-            # taking the most recent matches and filtering them, as without ranges.
-            ranges = None
+        tail = (
+            f"), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
+            f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
+        )
+        if ranges and recent_only and sum(hi - lo + 1 for lo, hi in ranges) > RECENT_SPAN:
+            # Frequent terms only, over ranges holding many events: the most recent matches
+            # overall (cheap, and enough for a scope that is busy now), then the most recent
+            # in the ranges. Ranges also hold other sessions' events written in between, so
+            # either can come short of k: then every match in the ranges is ranked.
+            rows = self._fetch(
+                f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
+                f"WHERE events_fts MATCH ? ORDER BY rowid DESC LIMIT ?{tail}",
+                [match, RECENT_CAP, *fargs, k],
+            )
+            if len(rows) < k:
+                rows = self._in_ranges(match, ranges, RECENT_CAP, tail, [*fargs, k])
+            if len(rows) < k:
+                rows = self._in_ranges(match, ranges, None, tail, [*fargs, k])
+            return self._hits(rows), needles
         if ranges:
-            # Restrictive filter: only matches in the allowed sessions' rowid ranges are
-            # scored, then the exact filters apply to them. A few ranges are pushed into
-            # FTS5 as they are (it seeks its doclists by rowid); more are one scan over
-            # their hull, each match checked against the ranges (a bisect) before bm25 is
-            # computed: one bm25 setup (a walk over each term's posting list) in all.
-            with contextlib.ExitStack() as stack:
-                if len(ranges) <= FEW_RANGES:
-                    parts = " UNION ALL ".join(
-                        f"SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
-                        f"WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ?"
-                        for _ in ranges
-                    )
-                    rargs: list[Any] = []
-                    for lo, hi in ranges:
-                        rargs.extend([match, lo, hi])
-                else:
-                    token = stack.enter_context(
-                        RANGES.hold(([lo for lo, _ in ranges], [hi for _, hi in ranges]))
-                    )
-                    parts = (
-                        f"SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
-                        "WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ? "
-                        "AND knowledge_in_ranges(rowid, ?)"
-                    )
-                    rargs = [match, ranges[0][0], ranges[-1][1], token]
-                if recent_only:
-                    # Frequent terms only: the most recent matches in range, as without a scope.
-                    parts = f"SELECT rid, score FROM ({parts}) ORDER BY rid DESC LIMIT {RECENT_CAP}"
-                sql = (
-                    f"WITH m AS ({parts}), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
-                    f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
-                )
-                try:
-                    rows = self.conn.execute(sql, [*rargs, *fargs, k]).fetchall()
-                except apsw.SQLError as exc:
-                    raise InvalidQuery("query could not be parsed") from exc
+            # Restrictive filter: every match in the allowed sessions' rowid ranges is
+            # ranked (frequent terms too: the ranges hold few events), then the exact
+            # filters apply.
+            rows = self._in_ranges(match, ranges, None, tail, [*fargs, k])
             return self._hits(rows), needles
         sql = (
             f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts WHERE events_fts MATCH ? "
@@ -668,6 +653,52 @@ class EpisodeStore:
         except apsw.SQLError as exc:  # should not happen: every term is quoted
             raise InvalidQuery("query could not be parsed") from exc
         return self._hits(rows), needles
+
+    def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        try:
+            return self.conn.execute(sql, args).fetchall()
+        except apsw.SQLError as exc:  # should not happen: every term is quoted
+            raise InvalidQuery("query could not be parsed") from exc
+
+    def _in_ranges(
+        self,
+        match: str,
+        ranges: Sequence[tuple[int, int]],
+        recent: int | None,
+        tail: str,
+        args: Sequence[Any],
+    ) -> list[Any]:
+        """The query ``WITH m AS (matches in ``ranges``, with their bm25)`` + ``tail``;
+        with ``recent``, only that many of the most recent matches in the ranges.
+
+        A few ranges are pushed into FTS5 as they are (it seeks its doclists by rowid);
+        more are one scan over their hull, each match checked against the ranges (a
+        bisect) before bm25 is computed: one bm25 setup (a walk over each term's posting
+        list) in all, where one statement per range paid it per range."""
+        score = "bm25(events_fts)"
+        with contextlib.ExitStack() as stack:
+            if len(ranges) <= FEW_RANGES:
+                parts = " UNION ALL ".join(
+                    f"SELECT rowid AS rid, {score} AS score FROM events_fts "
+                    "WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ?"
+                    for _ in ranges
+                )
+                rargs: list[Any] = []
+                for lo, hi in ranges:
+                    rargs.extend([match, lo, hi])
+            else:
+                token = stack.enter_context(
+                    RANGES.hold(([lo for lo, _ in ranges], [hi for _, hi in ranges]))
+                )
+                parts = (
+                    f"SELECT rowid AS rid, {score} AS score FROM events_fts "
+                    "WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ? "
+                    "AND knowledge_in_ranges(rowid, ?)"
+                )
+                rargs = [match, ranges[0][0], ranges[-1][1], token]
+            if recent is not None:
+                parts = f"SELECT rid, score FROM ({parts}) ORDER BY rid DESC LIMIT {int(recent)}"
+            return self._fetch(f"WITH m AS ({parts}{tail}", [*rargs, *args])
 
     def _scope(
         self, workspaces: Sequence[str] | None, session_ids: Sequence[str] | None, outcome: str
