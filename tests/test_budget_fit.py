@@ -132,3 +132,46 @@ def test_kc9_few_removals_are_named() -> None:
     assert 0 < len(named) <= 10 and all(d.startswith("chunk:") for d in named)
     assert len(resp.lanes.code.items) + len(named) == 12
     assert resp.limits.budget.used_tokens == count_tokens(json_text(resp)) <= 500
+
+
+def test_kc9_cached_answer_is_fitted_once() -> None:
+    """KC-9 for cache hits: a repeated question (here with trace, which makes the answer
+    longer) is fitted from the unfitted answer, like a fresh one: one budget notice, and
+    the snippet counts name every item that lost its snippet."""
+    import asyncio
+
+    from knowledge_server.search.coordinator import Coordinator
+    from knowledge_server.search.lanes import LaneQuery, LaneResult, empty_lane
+    from knowledge_server.search.validate import validate_search
+
+    class _Code:
+        name = "code"
+
+        def revision(self) -> str:
+            return "rev-1"
+
+        async def search(self, q: LaneQuery) -> LaneResult:
+            lane = empty_lane("code")
+            lane.capability = "full"
+            for i in range(10):
+                it = lane.items.add(id=f"chunk:c{i}", path=f"f{i}.py", start_line=i + 1)
+                it.snippet = "x" * 400
+            return LaneResult(lane=lane)
+
+    co = Coordinator({"code": _Code()})
+
+    def ask(trace: bool) -> search_pb2.SearchResponse:
+        req = search_pb2.SearchRequest(
+            schema="knowledge.search/v1", query="where is it", include=["code"], trace=trace
+        )
+        req.budget.max_tokens = 900
+        return asyncio.run(co.search(validate_search(req), None))
+
+    for resp in (ask(False), ask(True), ask(True)):
+        notices = [w for w in resp.warnings if w.code == "KNOWLEDGE_BUDGET_EXCEEDED"]
+        assert len(notices) == 1
+        bare = sum(1 for it in resp.lanes.code.items if not it.snippet)
+        counted = sum(d.count for d in resp.limits.dropped if d.what == "snippet")
+        assert bare == counted > 0
+        assert resp.limits.budget.used_tokens == count_tokens(json_text(resp)) <= 900
+    assert ask(True).trace.lanes[0].cache_hit

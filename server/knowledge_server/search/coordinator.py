@@ -177,6 +177,9 @@ class Coordinator:
                 return resp
         resp = await self._search(v, workspaces, started, dict(zip(names, revs or ())))
         if key is not None and resp.found:
+            # Stored before the budget is applied: a hit differs in request id, times and
+            # trace, so it is fitted afresh, as this answer is now (fitting a fitted answer
+            # again would add a second notice and count only the second round's removals).
             stored = search_pb2.SearchResponse()
             stored.CopyFrom(resp)
             stored.ClearField("trace")
@@ -184,6 +187,7 @@ class Coordinator:
             self._cache[key] = stored  # type: ignore[assignment]
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
+        _fit_budget(resp, v.max_tokens)
         return resp
 
     async def _search(
@@ -321,8 +325,7 @@ class Coordinator:
             trace.total_ms = round((time.perf_counter() - started) * 1000, 2)
             resp.trace.CopyFrom(trace)
         resp.limits.returned = _count_items(resp)
-        _fit_budget(resp, v.max_tokens)
-        return resp
+        return resp  # the budget is applied by search()
 
     def _fuse_lane(
         self,
