@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from knowledge_server.code import CodeIndex, HashingEmbedder, IndexOptions
 from knowledge_server.code import search as search_mod
 
@@ -410,6 +412,7 @@ def test_path_filter_ranks_only_chunks_under_the_prefixes(tmp_path: Path) -> Non
             hits = ix.search(query, mode=mode, path_prefixes=prefixes, limit=50).hits
             assert hits and all(any(h.path.startswith(p) for p in prefixes) for h in hits)
         assert ix.search(query, path_prefixes=["nowhere/"]).hits == []
+        assert ix.search(query, path_prefixes=["pkg\ud7ff"]).hits == []  # a bound past U+D7FF
 
         steps = [0]
 
@@ -427,3 +430,30 @@ def test_path_filter_ranks_only_chunks_under_the_prefixes(tmp_path: Path) -> Non
         assert cost["paths"] <= 1.5 * cost["all"] + 50, cost
     finally:
         ix.close()
+
+
+_PATH_CHARS = ["a", "/", "0", "\x7f", "\x80", "\u07ff", "\u0800", "\ud7ff", "\ue000", "\uffff"]
+_PATH_CHARS += ["\U00010000", "é"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefix=st.text(st.sampled_from(_PATH_CHARS), min_size=1, max_size=3),
+    paths=st.lists(st.text(st.sampled_from(_PATH_CHARS), max_size=4), max_size=10),
+)
+def test_prefix_range_is_starts_with(prefix: str, paths: list[str]) -> None:
+    """A path filter's range [p, upper(p)) holds exactly the strings starting with p in
+    SQLite's order, also at UTF-8 length boundaries and before the surrogates (a prefix
+    ending in U+D7FF once made an upper bound SQLite could not take)."""
+    import apsw
+
+    upper = search_mod._prefix_upper(prefix)
+    assert upper is not None
+    conn = apsw.Connection(":memory:")
+    conn.execute("CREATE TABLE t(p TEXT)")
+    for p in paths:
+        conn.execute("INSERT INTO t VALUES(?)", (p,))
+    got = sorted(
+        r[0] for r in conn.execute("SELECT p FROM t WHERE p >= ? AND p < ?", (prefix, upper))
+    )
+    assert got == sorted(p for p in paths if p.startswith(prefix))

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import apsw
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from knowledge_server.episodes import EpisodeStore, ingest
@@ -205,11 +206,19 @@ def test_scope_memo_follows_new_sessions(tmp_path: Path) -> None:
         store.close()
 
 
-def test_frequent_term_query_in_a_scope_whose_range_spans_others(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recent_span", [16_000, 100])
+def test_frequent_term_query_in_a_scope_whose_range_spans_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recent_span: int
+) -> None:
     """A query made only of frequent terms, in the scope of a session whose events span
     the table (it began before 6,000 other events and ended after them): its rowid range
     holds the other sessions' events too, so "the most recent matches in range" are all
-    theirs. The search must still find the session's own matches."""
+    theirs. The search must still find the session's own matches: by ranking every match
+    in the range (a range of few events) or through the fallbacks (``RECENT_SPAN`` lowered:
+    the most recent matches overall, then in the range, then every match in it)."""
+    import knowledge_server.episodes.store as episodes_store
+
+    monkeypatch.setattr(episodes_store, "RECENT_SPAN", recent_span)
     logs = tmp_path / "logs"
     logs.mkdir()
 

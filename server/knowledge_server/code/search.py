@@ -74,6 +74,18 @@ def _scope_sql(
     return sql, params
 
 
+def _prefix_upper(p: str) -> str | None:
+    """The least string above every string that starts with ``p``, in SQLite's binary
+    order of UTF-8 (the order of code points): ``p`` with its last character incremented,
+    skipping the surrogates (no character). None for "" and a last character U+10FFFF."""
+    if not p or ord(p[-1]) >= 0x10FFFF:
+        return None
+    nxt = ord(p[-1]) + 1
+    if 0xD800 <= nxt <= 0xDFFF:
+        nxt = 0xE000
+    return p[:-1] + chr(nxt)
+
+
 def _chunks_under(
     conn: apsw.Connection, workspaces: Sequence[str] | None, prefixes: Sequence[str]
 ) -> np.ndarray | None:
@@ -82,9 +94,10 @@ def _chunks_under(
     file versions; None when a prefix cannot bound a range (the empty prefix)."""
     bounds = []
     for p in prefixes:
-        if not p or ord(p[-1]) >= 0x10FFFF:
+        upper = _prefix_upper(p)
+        if upper is None:
             return None
-        bounds.append((p, p[:-1] + chr(ord(p[-1]) + 1)))  # the strings starting with p
+        bounds.append((p, upper))
     ranges = " OR ".join("(fv.path >= ? AND fv.path < ?)" for _ in bounds)
     args: list[Any] = [x for b in bounds for x in b]
     where = "w.current_rev_id IS NOT NULL"

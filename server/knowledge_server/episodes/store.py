@@ -51,7 +51,7 @@ RECENT_MAX_TERMS = 3
 # sessions' rowid ranges; wider ones rank the best matches and filter them.
 RESTRICTIVE_SHARE = 0.5
 # Up to this many ranges are each pushed into FTS5; more are checked per match.
-FEW_RANGES = 4
+FEW_RANGES = 16
 # A frequent-term query ranks every match in a scope's ranges when they hold at most this
 # many events; more, and it starts from the most recent matches (RECENT_CAP).
 RECENT_SPAN = 16_000
@@ -162,6 +162,14 @@ def _aware(dt: datetime) -> float:
 
 # Rowid ranges of running queries: (starts, ends), read by knowledge_in_ranges.
 RANGES = QueryValues()
+
+
+def _scanned(ranges: Sequence[tuple[int, int]]) -> int:
+    """Rowids an FTS scan over ``ranges`` walks (``EpisodeStore._in_ranges``): each range
+    when they are few, else their hull."""
+    if len(ranges) <= FEW_RANGES:
+        return sum(hi - lo + 1 for lo, hi in ranges)
+    return ranges[-1][1] - ranges[0][0] + 1
 
 
 def _in_ranges(rowid: int, token: int) -> int:
@@ -608,7 +616,7 @@ class EpisodeStore:
             f"), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
             f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
         )
-        if ranges and recent_only and sum(hi - lo + 1 for lo, hi in ranges) > RECENT_SPAN:
+        if ranges and recent_only and _scanned(ranges) > RECENT_SPAN:
             # Frequent terms only, over ranges holding many events: the most recent matches
             # overall (cheap, and enough for a scope that is busy now), then the most recent
             # in the ranges. Ranges also hold other sessions' events written in between, so
@@ -618,7 +626,8 @@ class EpisodeStore:
                 f"WHERE events_fts MATCH ? ORDER BY rowid DESC LIMIT ?{tail}",
                 [match, RECENT_CAP, *fargs, k],
             )
-            if len(rows) < k:
+            if len(rows) < k and sum(hi - lo + 1 for lo, hi in ranges) > RECENT_SPAN:
+                # (Ranges holding few events: ranking all of them costs what this step does.)
                 rows = self._in_ranges(match, ranges, RECENT_CAP, tail, [*fargs, k])
             if len(rows) < k:
                 rows = self._in_ranges(match, ranges, None, tail, [*fargs, k])
