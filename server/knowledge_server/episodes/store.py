@@ -52,8 +52,8 @@ RECENT_MAX_TERMS = 3
 RESTRICTIVE_SHARE = 0.5
 # Up to this many ranges are each pushed into FTS5; more are checked per match.
 FEW_RANGES = 16
-# A frequent-term query ranks every match in a scope's ranges when they hold at most this
-# many events; more, and it starts from the most recent matches (RECENT_CAP).
+# A frequent-term query ranks every match in a scope's ranges when a scan over them walks
+# at most this many rowids (_scanned); more, and it starts from the most recent matches.
 RECENT_SPAN = 16_000
 
 
@@ -638,29 +638,24 @@ class EpisodeStore:
             # filters apply.
             rows = self._in_ranges(match, ranges, None, tail, [*fargs, k])
             return self._hits(rows), needles
-        sql = (
-            f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts WHERE events_fts MATCH ? "
-            f"{inner_order} LIMIT ?), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
-            f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
+        rows = self._fetch(
+            f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
+            f"WHERE events_fts MATCH ? {inner_order} LIMIT ?{tail}",
+            [match, cand, *fargs, k],
         )
-        try:
-            rows = self.conn.execute(sql, [match, cand, *fargs, k]).fetchall()
-            if filtered and len(rows) < k:
-                # Two-phase: the top candidates were filtered away; rank every match that
-                # passes the filters (costlier, only for restrictive filters).
-                full = (
-                    f"WITH m AS MATERIALIZED (SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
-                    f"WHERE events_fts MATCH ?), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
-                    f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
+        if filtered and len(rows) < k:
+            # Two-phase: the top candidates were filtered away; rank every match that
+            # passes the filters (costlier, only for restrictive filters).
+            n_cand = self._fetch(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM events_fts WHERE events_fts MATCH ? LIMIT ?)",
+                (match, cand + 1),
+            )[0][0]
+            if n_cand > cand:
+                rows = self._fetch(
+                    f"WITH m AS MATERIALIZED (SELECT rowid AS rid, {score_expr} AS score "
+                    f"FROM events_fts WHERE events_fts MATCH ?{tail}",
+                    [match, *fargs, k],
                 )
-                n_cand = self.conn.execute(
-                    "SELECT COUNT(*) FROM (SELECT 1 FROM events_fts WHERE events_fts MATCH ? LIMIT ?)",
-                    (match, cand + 1),
-                ).fetchone()[0]
-                if n_cand > cand:
-                    rows = self.conn.execute(full, [match, *fargs, k]).fetchall()
-        except apsw.SQLError as exc:  # should not happen: every term is quoted
-            raise InvalidQuery("query could not be parsed") from exc
         return self._hits(rows), needles
 
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
