@@ -420,6 +420,10 @@ def search(
     lex_rows: list[tuple[Any, ...]] = []
     vec_rows: list[tuple[Any, ...]] = []
     kept, rare = _split_terms(conn, terms)
+    if among is not None:
+        # Frequent across the index says nothing about the chunks under the prefixes: all
+        # terms pick candidates, and only those chunks are scored (knowledge_in_set).
+        rare = kept
     if mode in ("hybrid", "lexical"):
         lex_rows = _lexical(conn, kept, rare, scope, pool if hybrid else limit, among)
     use_vec = mode in ("hybrid", "vector") and capability == "full" and embedder is not None
