@@ -584,7 +584,7 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
             return
     # Nothing left to remove but the list of removals: summarise it per lane.
     if _measure(resp)[0] > max_tokens:
-        _summarise_item_entries(resp)
+        _summarise_item_entries(resp.limits)
     _measure(resp)
 
 
@@ -597,11 +597,7 @@ def _set_snippet_entries(resp: search_pb2.SearchResponse, counts: dict[str, int]
     resp.limits.dropped.extend(entries + [_copy(d) for d in kept])
 
 
-def _summarise_item_entries(resp: search_pb2.SearchResponse) -> None:
-    _summarise_item_entries_of(resp.limits)
-
-
-def _summarise_item_entries_of(limits: search_pb2.Limits) -> None:
+def _summarise_item_entries(limits: search_pb2.Limits) -> None:
     """One entry per (lane, what), counting the removals it stands for."""
     counts: dict[tuple[str, str], int] = defaultdict(int)
     for d in limits.dropped:
@@ -626,7 +622,7 @@ def _record_drops(limits: search_pb2.Limits, gone: list[tuple[str, str]], summar
                     search_pb2.Dropped(lane=lane, id=item_id, what="item", count=1)
                 )
             return False
-        _summarise_item_entries_of(limits)
+        _summarise_item_entries(limits)
     _count_drops(limits, gone)
     return True
 
