@@ -452,8 +452,9 @@ def test_prefix_range_is_starts_with(prefix: str, paths: list[str]) -> None:
     SQLite's order, also at UTF-8 length boundaries and before the surrogates (a prefix
     ending in U+D7FF once made an upper bound SQLite could not take)."""
     import apsw
+    from knowledge_server.schema import prefix_upper
 
-    upper = search_mod._prefix_upper(prefix)
+    upper = prefix_upper(prefix)
     assert upper is not None
     conn = apsw.Connection(":memory:")
     conn.execute("CREATE TABLE t(p TEXT)")

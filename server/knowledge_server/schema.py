@@ -76,6 +76,18 @@ def int_array(values: Iterable[int]) -> apsw.carray:
     return apsw.carray(ints)
 
 
+def prefix_upper(p: str) -> str | None:
+    """The least string above every string that starts with ``p``, in SQLite's binary
+    order of UTF-8 (the order of code points): ``p`` with its last character incremented,
+    skipping the surrogates (no character). None for "" and a last character U+10FFFF."""
+    if not p or ord(p[-1]) >= 0x10FFFF:
+        return None
+    nxt = ord(p[-1]) + 1
+    if 0xD800 <= nxt <= 0xDFFF:
+        nxt = 0xE000
+    return p[:-1] + chr(nxt)
+
+
 class QueryValues:
     """Python values a running statement reads through an SQL function, by token.
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from knowledge_server.schema import prefix_upper
+
 
 def normalise_workspace(path: str) -> str:
     """Absolute, normalised, ``~`` expanded (symlinks left alone)."""
@@ -29,15 +31,15 @@ def in_scope(path: str | None, scope: Sequence[str] | None) -> bool:
 
 def under_sql(column: str, roots: Sequence[str]) -> tuple[str, list[str]]:
     """SQL true where ``column`` (a path) ``is_under`` one of ``roots`` (normalised): equal
-    to a root, or between ``root + "/"`` and ``root + "0"`` ("0" follows "/"), which is
-    exactly the strings starting with ``root + "/"`` in SQLite's binary order.
+    to a root, or in the range of the strings starting with ``root + "/"``
+    (``schema.prefix_upper``: up to ``root + "0"``, as "0" follows "/").
 
     A range, not ``LIKE 'root/%'``: an index on ``column`` answers it, and LIKE ignores
     ASCII case, where paths (and ``is_under``) do not."""
     parts: list[str] = []
     args: list[str] = []
     for root in roots:
-        base = root.rstrip("/")  # "/" -> "": every absolute path
+        under = root.rstrip("/") + "/"  # "/" -> "/": every absolute path
         parts.append(f"({column} = ? OR ({column} >= ? AND {column} < ?))")
-        args.extend([root, base + "/", base + "0"])
+        args.extend([root, under, prefix_upper(under) or ""])
     return "(" + " OR ".join(parts) + ")", args

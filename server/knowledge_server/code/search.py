@@ -13,7 +13,7 @@ import apsw
 import numpy as np
 
 from knowledge_server.memo import RevisionMemo
-from knowledge_server.schema import int_array
+from knowledge_server.schema import int_array, prefix_upper
 
 from . import bitknn
 from .embed import Embedder
@@ -74,18 +74,6 @@ def _scope_sql(
     return sql, params
 
 
-def _prefix_upper(p: str) -> str | None:
-    """The least string above every string that starts with ``p``, in SQLite's binary
-    order of UTF-8 (the order of code points): ``p`` with its last character incremented,
-    skipping the surrogates (no character). None for "" and a last character U+10FFFF."""
-    if not p or ord(p[-1]) >= 0x10FFFF:
-        return None
-    nxt = ord(p[-1]) + 1
-    if 0xD800 <= nxt <= 0xDFFF:
-        nxt = 0xE000
-    return p[:-1] + chr(nxt)
-
-
 def _chunks_under(
     conn: apsw.Connection, workspaces: Sequence[str] | None, prefixes: Sequence[str]
 ) -> np.ndarray | None:
@@ -94,7 +82,7 @@ def _chunks_under(
     file versions; None when a prefix cannot bound a range (the empty prefix)."""
     bounds = []
     for p in prefixes:
-        upper = _prefix_upper(p)
+        upper = prefix_upper(p)
         if upper is None:
             return None
         bounds.append((p, upper))
