@@ -1,4 +1,5 @@
-"""How stores use SQLite: memory-mapped reads (``sqlite_mmap_mib``), no memory statistics."""
+"""How stores use SQLite: memory-mapped reads (``sqlite_mmap_mib``), no memory statistics,
+plans that do not depend on bound values."""
 
 from __future__ import annotations
 
@@ -104,6 +105,59 @@ def test_sqlite_memory_statistics_are_off_and_stores_still_work(tmp_path: Path) 
         assert schema._skip_memory_statistics() is False
     finally:
         held.close()
+
+
+def _plans_fixed(conn: apsw.Connection) -> bool:
+    return bool(conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, -1))
+
+
+def test_every_kind_of_store_connection_keeps_its_plans(tmp_path: Path) -> None:
+    """The query planner stability guarantee is on for every store connection: writers,
+    readers, the code store, and any other store opened through ``schema.open_db``."""
+    writer = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    reader = EpisodeStore(str(tmp_path / "episodes.sqlite"), read_only=True)
+    code = open_store(str(tmp_path / "code.sqlite"))
+    plain = schema.open_db(str(tmp_path / "other.sqlite"), "", busy_ms=1000)
+    try:
+        for conn in (writer.conn, reader.conn, code, plain):
+            assert _plans_fixed(conn)
+    finally:
+        for c in (writer.conn, reader.conn, code, plain):
+            c.close()
+
+
+def test_rebinding_a_parameter_does_not_compile_a_statement_again(tmp_path: Path) -> None:
+    """A full-text query run with new values: no statement, FTS5's own lookups included,
+    reports being prepared again (SQLITE_STMTSTATUS_REPREPARE). Without the guarantee,
+    FTS5's segment-page lookup for each term is compiled anew on every query."""
+    conn = schema.open_db(
+        str(tmp_path / "fts.sqlite"),
+        "CREATE VIRTUAL TABLE IF NOT EXISTS t USING fts5(x);"
+        "CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT);",
+        busy_ms=1000,
+    )
+    try:
+        with conn:
+            conn.executemany(
+                "INSERT INTO t(x) VALUES (?)", [(f"alpha beta w{i}",) for i in range(50)]
+            )
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", [(f"k{i}", "v") for i in range(9)])
+        seen: list[tuple[str, int]] = []
+        conn.trace_v2(
+            apsw.SQLITE_TRACE_PROFILE,
+            lambda ev: seen.append((ev["sql"], ev["stmt_status"]["SQLITE_STMTSTATUS_REPREPARE"])),
+        )
+        for i in range(4):
+            conn.execute(
+                "SELECT rowid, bm25(t) AS s FROM t WHERE t MATCH ? ORDER BY s, rowid LIMIT ?",
+                (f'"alpha" OR "w{i}"', 3 + i),
+            ).fetchall()
+            conn.execute("SELECT v FROM meta WHERE k = ?", (f"k{i}",)).fetchall()
+        conn.trace_v2(0, None)
+        assert any("_idx" in sql for sql, _ in seen)  # FTS5's own lookups were traced
+        assert [sql for sql, n in seen if n] == []
+    finally:
+        conn.close()
 
 
 def test_int_array_binds_a_list_of_ids_and_refuses_an_empty_one() -> None:

@@ -22,9 +22,9 @@ __all__ = [
     "apply_schema",
     "immediate",
     "int_array",
-    "map_pages",
     "open_db",
     "set_mmap_mib",
+    "store_settings",
     "use_wal",
 ]
 
@@ -117,8 +117,20 @@ class QueryValues:
         return len(self._values)
 
 
-def map_pages(conn: apsw.Connection) -> None:
-    """Apply the memory-mapping setting to ``conn`` (every store connection gets it)."""
+def store_settings(conn: apsw.Connection) -> None:
+    """Settings every store connection gets: the memory-mapping size, and plans that do
+    not depend on bound values.
+
+    The second is SQLite's query planner stability guarantee (``SQLITE_DBCONFIG_ENABLE_QPSG``).
+    Without it, a statement whose plan might depend on the value bound to one of its
+    parameters is compiled again each time that parameter is bound. Among those are
+    FTS5's own lookups of a term's segment pages, run for every query term, and several
+    of the lanes' statements: a never-seen search re-compiled about 15 statements, 4%
+    of its instructions (callgrind). What the planner gives up is what those values could
+    offer: STAT4 samples (no store runs ANALYZE), the LIKE prefix optimisation for a
+    bound pattern (no store query uses LIKE), and partial indexes matched by a bound
+    value (no store has one). ``tests/test_store_sqlite.py`` holds the stores to it."""
+    conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, 1)
     conn.execute(f"PRAGMA mmap_size={int(_mmap_bytes)}").fetchall()
 
 
@@ -143,7 +155,7 @@ def open_db(
             conn.execute("PRAGMA synchronous=NORMAL")
         apply_schema(conn, script)
     conn.setbusytimeout(busy_ms)
-    map_pages(conn)
+    store_settings(conn)
     return conn
 
 

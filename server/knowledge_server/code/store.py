@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 
-from knowledge_server.schema import QueryValues, immediate, map_pages, use_wal
+from knowledge_server.schema import QueryValues, immediate, store_settings, use_wal
 
 __all__ = ["SCHEMA_VERSION", "open_store", "vec_table_for"]
 
@@ -168,7 +168,7 @@ def open_store(path: str) -> apsw.Connection:
     if not _initialised(cur):
         with immediate(conn):  # other openers and writers queue, see knowledge_server.schema
             _initialise(cur)
-    map_pages(conn)
+    store_settings(conn)
     conn.create_scalar_function("knowledge_in_set", _in_set, 2)
     return conn
 

@@ -33,7 +33,7 @@ from knowledge_server.docgraph import (
 )
 from knowledge_server.errors import FailedPrecondition, InvalidRequest, PermissionDenied
 from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock
-from knowledge_server.schema import map_pages
+from knowledge_server.schema import store_settings
 from knowledge_server.workspaces import is_under
 
 CODE_DB_FILE = "code.sqlite"
@@ -318,7 +318,7 @@ class DocGraphLane:
             raise FailedPrecondition("no workspace has been indexed yet; run IndexWorkspace first")
         conn = apsw.Connection(self.code_path, flags=apsw.SQLITE_OPEN_READONLY)
         conn.setbusytimeout(5000)
-        map_pages(conn)
+        store_settings(conn)
         return conn
 
     @staticmethod
