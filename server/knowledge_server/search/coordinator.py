@@ -560,8 +560,12 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
             if _item_id(name, lane.items[i]) == item_id:
                 del lane.items[i]
                 break
-        # The item and a comma, or the whole '"items":[...]' member once it is empty.
-        size -= item_bytes + (1 if lane.items else len('"items":[],'))
+        # The item and a comma, or the whole '"items":[...]' member once it is empty (with
+        # the comma that parted it from the lane's other fields, if it has any).
+        if lane.items:
+            size -= item_bytes + 1
+        else:
+            size -= item_bytes + len('"items":[]') + (1 if lane.ListFields() else 0)
         gone = [(name, item_id)]
         if citing:
             gone += [("actors", a) for a in _prune_evidence(resp, name, item_id, citing_ids)]
