@@ -15,6 +15,8 @@ import apsw
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from knowledge_server.derived.build import rebuild
+from knowledge_server.derived.store import DerivedStore
 from knowledge_server.episodes import EpisodeStore, ingest
 from knowledge_server.workspaces import is_under, under_sql
 
@@ -247,3 +249,112 @@ def test_frequent_term_query_in_a_scope_whose_range_spans_others(
             assert len(hits) == 10 and {h.session_id for h in hits} == {"target"}
     finally:
         store.close()
+
+
+def _cookie_log(path: Path, cwds: dict[str, str]) -> None:
+    lines = [
+        json.dumps(
+            {
+                "session_id": sid,
+                "seq": 0,
+                "time": "2026-01-01T00:00:00Z",
+                "role": "user",
+                "text": "rotate the session cookie",
+                "cwd": cwd,
+            }
+        )
+        for sid, cwd in cwds.items()
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_session_directories_are_stored_normalised(tmp_path: Path) -> None:
+    """Isolation invariant: a log's cwd is untrusted. "/work/app/../secret/x" lies in
+    /work/secret, as ``in_scope`` reads it, so a scope of /work/app does not see it in
+    SQL either; "/work/secret/../app/y" is /work/app's."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _cookie_log(
+        logs / "all.jsonl",
+        {
+            "escapes": "/work/app/../secret/x",
+            "returns": "/work/secret/../app/y",
+            "doubled": "/work/app//z/",
+            "plain": "/work/app/w",
+        },
+    )
+    store = EpisodeStore(str(tmp_path / "db"))
+    try:
+        assert not ingest(store, [str(logs)]).errors
+        cwds = {s.session_id: s.cwd for s in store.sessions()}
+        assert cwds == {
+            "escapes": "/work/secret/x",
+            "returns": "/work/app/y",
+            "doubled": "/work/app/z",
+            "plain": "/work/app/w",
+        }
+
+        def seen(root: str) -> set[str]:
+            return {h.session_id for h in store.search("cookie", k=10, workspaces=[root])}
+
+        assert seen("/work/app") == {"returns", "doubled", "plain"}
+        assert seen("/work/secret") == {"escapes"}
+    finally:
+        store.close()
+
+
+def test_a_store_written_before_normalising_is_folded_once(tmp_path: Path) -> None:
+    """A store whose cwds were kept as written: its writer folds them when it opens, in a
+    new index revision (caches and the derived store follow), and only once; a reader
+    opening it writes nothing."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _cookie_log(logs / "all.jsonl", {"s1": "/work/app/w", "s2": "/work/other"})
+    db = str(tmp_path / "db")
+    sql = "SELECT cwd FROM session_actor WHERE session_id = 's1'"
+    store = EpisodeStore(db)
+    try:
+        assert not ingest(store, [str(logs)]).errors
+        # As an older version left it.
+        store.conn.execute(
+            "UPDATE sessions SET cwd = '/work/app/../secret' WHERE session_id = 's1'"
+        )
+        store.conn.execute("DELETE FROM lane_meta WHERE key = 'cwd_normalised'")
+        before = store.index_rev()
+        derived = DerivedStore(str(tmp_path / "derived.sqlite"))
+        try:
+            rebuild(store, derived, catalog_roots=[])
+            assert derived.conn.execute(sql).fetchall() == [("/work/app/../secret",)]
+        finally:
+            derived.close()
+    finally:
+        store.close()
+    reader = EpisodeStore(db, read_only=True)
+    try:
+        assert {s.session_id: s.cwd for s in reader.sessions()}["s1"] == "/work/app/../secret"
+    finally:
+        reader.close()
+    store = EpisodeStore(db)
+    try:
+        assert {s.session_id: s.cwd for s in store.sessions()} == {
+            "s1": "/work/secret",
+            "s2": "/work/other",
+        }
+        folded = store.index_rev()
+        assert folded != before
+        assert {h.session_id for h in store.search("cookie", workspaces=["/work/app"])} == set()
+        # The derived store's copy follows at its next rebuild (the cwd is in a session's
+        # signature).
+        derived = DerivedStore(str(tmp_path / "derived.sqlite"))
+        try:
+            rebuild(store, derived, catalog_roots=[])
+            assert derived.conn.execute(sql).fetchall() == [("/work/secret",)]
+        finally:
+            derived.close()
+    finally:
+        store.close()
+    again = EpisodeStore(db)
+    try:
+        assert again.index_rev() == folded
+    finally:
+        again.close()

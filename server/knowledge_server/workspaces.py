@@ -19,6 +19,14 @@ def is_under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def stored_cwd(path: str | None) -> str | None:
+    """A session's directory as the stores keep it: normalised as ``in_scope`` reads it
+    (``a/./b``, ``a/../b``, ``a//b`` and a trailing ``/`` folded). Logs are untrusted
+    data: kept as written, ``/work/app/../other`` would lie in ``/work/app``'s range for
+    the SQL rule (``under_sql``), while ``in_scope`` puts it in ``/work/other``."""
+    return os.path.normpath(path) if path else path
+
+
 def in_scope(path: str | None, scope: Sequence[str] | None) -> bool:
     """None = unrestricted; otherwise ``path`` equals a scope root or lies under one."""
     if scope is None:

@@ -22,8 +22,8 @@ import apsw
 
 from knowledge_server.fts import compact
 from knowledge_server.memo import RevisionMemo
-from knowledge_server.schema import QueryValues, int_array, open_db
-from knowledge_server.workspaces import under_sql
+from knowledge_server.schema import QueryValues, immediate, int_array, open_db
+from knowledge_server.workspaces import stored_cwd, under_sql
 
 from .model import (
     EpisodeHit,
@@ -195,6 +195,30 @@ class EpisodeStore:
         self.live_minutes = live_minutes
         self.conn = open_db(path, _SCHEMA, read_only=read_only, busy_ms=self.BUSY_MS)
         self.conn.create_scalar_function("knowledge_in_ranges", _in_ranges, 2)
+        if not read_only:
+            self._normalise_cwds()
+
+    def _normalise_cwds(self) -> None:
+        """Once per store: fold the session directories written before they were stored
+        normalised (``workspaces.stored_cwd``), in a new index revision if any changed
+        (the derived store re-derives those sessions: their signature holds the cwd)."""
+        done = "SELECT 1 FROM lane_meta WHERE key = 'cwd_normalised'"
+        if self.conn.execute(done).fetchone():
+            return
+        with immediate(self.conn):
+            cur = self.conn.cursor()
+            if cur.execute(done).fetchone():  # another writer got here first
+                return
+            rows = cur.execute("SELECT session_id, cwd FROM sessions WHERE cwd IS NOT NULL")
+            changed = [
+                (stored_cwd(cwd), sid) for sid, cwd in rows.fetchall() if stored_cwd(cwd) != cwd
+            ]
+            cur.executemany("UPDATE sessions SET cwd = ? WHERE session_id = ?", changed)
+            if changed:
+                self._bump_rev(cur)
+            cur.execute(
+                "INSERT OR REPLACE INTO lane_meta(key, value) VALUES ('cwd_normalised', '1')"
+            )
 
     def close(self) -> None:
         self.conn.close()
@@ -337,7 +361,7 @@ class EpisodeStore:
             (
                 m.session_id,
                 m.harness,
-                m.cwd,
+                stored_cwd(m.cwd),
                 _ts(m.created_at),
                 m.model,
                 m.agent_preset,
