@@ -303,6 +303,17 @@ def test_session_directories_are_stored_normalised(tmp_path: Path) -> None:
         store.close()
 
 
+def _derived_cwd(store: EpisodeStore, tmp_path: Path, session_id: str) -> str:
+    """The session's cwd in the derived store, rebuilt from ``store`` first."""
+    derived = DerivedStore(str(tmp_path / "derived.sqlite"))
+    try:
+        rebuild(store, derived, catalog_roots=[])
+        sql = "SELECT cwd FROM session_actor WHERE session_id = ?"
+        return str(derived.conn.execute(sql, (session_id,)).fetchall()[0][0])
+    finally:
+        derived.close()
+
+
 def test_a_store_written_before_normalising_is_folded_once(tmp_path: Path) -> None:
     """A store whose cwds were kept as written: its writer folds them when it opens, in a
     new index revision (caches and the derived store follow), and only once; a reader
@@ -311,7 +322,6 @@ def test_a_store_written_before_normalising_is_folded_once(tmp_path: Path) -> No
     logs.mkdir()
     _cookie_log(logs / "all.jsonl", {"s1": "/work/app/w", "s2": "/work/other"})
     db = str(tmp_path / "db")
-    sql = "SELECT cwd FROM session_actor WHERE session_id = 's1'"
     store = EpisodeStore(db)
     try:
         assert not ingest(store, [str(logs)]).errors
@@ -321,12 +331,7 @@ def test_a_store_written_before_normalising_is_folded_once(tmp_path: Path) -> No
         )
         store.conn.execute("DELETE FROM lane_meta WHERE key = 'cwd_normalised'")
         before = store.index_rev()
-        derived = DerivedStore(str(tmp_path / "derived.sqlite"))
-        try:
-            rebuild(store, derived, catalog_roots=[])
-            assert derived.conn.execute(sql).fetchall() == [("/work/app/../secret",)]
-        finally:
-            derived.close()
+        assert _derived_cwd(store, tmp_path, "s1") == "/work/app/../secret"
     finally:
         store.close()
     reader = EpisodeStore(db, read_only=True)
@@ -345,12 +350,7 @@ def test_a_store_written_before_normalising_is_folded_once(tmp_path: Path) -> No
         assert {h.session_id for h in store.search("cookie", workspaces=["/work/app"])} == set()
         # The derived store's copy follows at its next rebuild (the cwd is in a session's
         # signature).
-        derived = DerivedStore(str(tmp_path / "derived.sqlite"))
-        try:
-            rebuild(store, derived, catalog_roots=[])
-            assert derived.conn.execute(sql).fetchall() == [("/work/secret",)]
-        finally:
-            derived.close()
+        assert _derived_cwd(store, tmp_path, "s1") == "/work/secret"
     finally:
         store.close()
     again = EpisodeStore(db)
