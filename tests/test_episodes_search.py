@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -238,3 +239,104 @@ def test_operator_soup_queries(store: EpisodeStore, parts: list[str]) -> None:
         store.search("".join(parts), k=3)
     except InvalidQuery:
         pass
+
+
+def _dated_store(tmp_path: Path) -> EpisodeStore:
+    """60 sessions, one per day, 20 events each (1,200 events), texts from a small
+    vocabulary: a query matches hundreds of events spread over every day."""
+    import random
+
+    rng = random.Random(11)
+    vocab = ["cookie", "rotate", "deploy", "schema", "timeout", "retry"]
+    lines = []
+    for day in range(60):
+        for seq in range(20):
+            words = rng.choices(vocab, k=rng.randint(1, 5)) + ["filler"] * rng.randint(0, 6)
+            lines.append(
+                json.dumps(
+                    {
+                        "session_id": f"d{day:02d}",
+                        "seq": seq,
+                        "time": f"2026-03-{1 + day % 30:02d}T{10 + day // 30:02d}:{seq:02d}:00Z",
+                        "role": "user",
+                        "text": " ".join(words),
+                        "cwd": f"/ws/{'a' if day % 3 else 'b'}/d{day}",
+                    }
+                )
+            )
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "all.jsonl").write_text("\n".join(lines) + "\n")
+    store = EpisodeStore(str(tmp_path / "db"))
+    assert not ingest(store, [str(logs)]).errors
+    return store
+
+
+@pytest.mark.parametrize("few_candidates", [False, True])
+def test_time_windows_rank_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, few_candidates: bool
+) -> None:
+    """Filters are exact: with ``since``/``until`` (alone or with a workspace), the scores
+    returned are the best ``k`` of all matching events in the window, whichever path the
+    search takes (the best candidates overall, or every match checked against the
+    window's events when the window holds few of them). An empty window answers at once.
+    With few candidates, the window's own best candidates are cut too, as a store of
+    millions of events would cut them."""
+    from datetime import timedelta
+
+    import knowledge_server.episodes.store as episodes_store
+
+    if few_candidates:
+        monkeypatch.setattr(episodes_store, "CAND_FACTOR", 1)
+        monkeypatch.setattr(episodes_store, "CAND_MIN", 5)
+    store = _dated_store(tmp_path)
+    try:
+        day = datetime(2026, 3, 1, tzinfo=UTC)
+        windows = [
+            (day + timedelta(days=4), day + timedelta(days=4, hours=23)),  # one session
+            (day + timedelta(days=10), day + timedelta(days=13)),
+            (day + timedelta(days=10), day + timedelta(days=18, hours=23)),  # 30%
+            (day, day + timedelta(days=40)),  # most of them
+            (day + timedelta(days=20), None),
+            (None, day + timedelta(days=2)),
+        ]
+        for since, until in windows:
+            for ws in (None, ["/ws/a"]):
+                for query in ["cookie", "rotate deploy", "schema timeout retry"]:
+                    match = store._plan_query(query)[0]
+                    conds, args = ["1"], [match]
+                    if since is not None:
+                        conds.append("e.time >= ?")
+                        args.append(since.timestamp())
+                    if until is not None:
+                        conds.append("e.time <= ?")
+                        args.append(until.timestamp())
+                    if ws is not None:
+                        conds.append("s.cwd >= '/ws/a/' AND s.cwd < '/ws/a0'")
+                    rows = store.conn.execute(
+                        "SELECT -m.score FROM (SELECT rowid AS rid, bm25(events_fts) AS score"
+                        " FROM events_fts WHERE events_fts MATCH ?) m JOIN events e"
+                        " ON e.id = m.rid JOIN sessions s ON s.session_id = e.session_id"
+                        f" WHERE {' AND '.join(conds)}",
+                        args,
+                    ).fetchall()
+                    best = sorted((round(r[0], 6) for r in rows), reverse=True)
+                    for k in (3, 10, 50, 150):
+                        hits = store.search(query, k=k, since=since, until=until, workspaces=ws)
+                        assert [h.score for h in hits] == best[:k], (since, until, ws, query, k)
+                        assert all(
+                            (since is None or h.time >= since)
+                            and (until is None or h.time <= until)
+                            for h in hits
+                        )
+        steps = [0]
+
+        def count() -> bool:
+            steps[0] += 1
+            return False
+
+        store.conn.setprogresshandler(count, 10)
+        assert store.search("cookie", since=day + timedelta(days=365)) == []
+        assert steps[0] <= 3, steps[0]  # one seek in the time index, no full-text query
+    finally:
+        store.close()

@@ -47,6 +47,10 @@ FREQUENT_MIN_DOCS = 5000
 FREQUENT_FRACTION = 0.05
 RECENT_CAP = 800
 RECENT_MAX_TERMS = 3
+# A filtered search first ranks max(k * CAND_FACTOR, CAND_MIN) of the best matches and
+# filters them; if fewer than k pass, every match passing the filters is ranked.
+CAND_FACTOR = 20
+CAND_MIN = 200
 # Session filters that leave at most this share of the events are answered from those
 # sessions' rowid ranges; wider ones rank the best matches and filter them.
 RESTRICTIVE_SHARE = 0.5
@@ -170,6 +174,26 @@ def _scanned(ranges: Sequence[tuple[int, int]]) -> int:
     if len(ranges) <= FEW_RANGES:
         return sum(hi - lo + 1 for lo, hi in ranges)
     return ranges[-1][1] - ranges[0][0] + 1
+
+
+def _in_window(since: datetime | None, until: datetime | None) -> tuple[str, list[float]]:
+    """SQL true for the events (``time``) in the window; "" when there is no window."""
+    conds, args = [], []
+    if since is not None:
+        conds.append("time >= ?")
+        args.append(_aware(since))
+    if until is not None:
+        conds.append("time <= ?")
+        args.append(_aware(until))
+    return " AND ".join(conds), args
+
+
+def _window_sql(since: datetime | None, until: datetime | None) -> tuple[str, list[float]]:
+    """An FTS5 condition keeping the matches whose event lies in the time window ("" for
+    no window). ``+rowid`` keeps SQLite from handing the list to FTS5 as rowids to seek
+    one by one: it checks each match against the window's event ids instead."""
+    cond, args = _in_window(since, until)
+    return (f" AND +rowid IN (SELECT id FROM events WHERE {cond})", args) if cond else ("", [])
 
 
 def _in_ranges(rowid: int, token: int) -> int:
@@ -625,9 +649,14 @@ class EpisodeStore:
         inner_order = "ORDER BY rowid DESC" if recent_only else "ORDER BY score, rowid DESC"
         score_expr = "bm25(events_fts)"
         filtered = bool(conds)
-        cand = RECENT_CAP if recent_only else (max(k * 20, 200) if filtered else k)
+        cand = RECENT_CAP if recent_only else (max(k * CAND_FACTOR, CAND_MIN) if filtered else k)
+        if (since is not None or until is not None) and not self._has_events(since, until):
+            return [], needles  # no event at all in the time window
         ranges = None
-        if workspaces is not None or session_ids is not None or outcome not in ("any", "", None):
+        session_level = (
+            workspaces is not None or session_ids is not None or outcome not in ("any", "", None)
+        )
+        if session_level:
             ranges, allowed = self._scope(workspaces, session_ids, outcome)
             if allowed == 0:
                 return [], needles
@@ -675,12 +704,24 @@ class EpisodeStore:
                 (match, cand + 1),
             )[0][0]
             if n_cand > cand:
+                # A time window is checked per match, against the window's events (one
+                # index range, read once into a lookup table), before bm25 is computed and
+                # before the match is joined; with no session filter left to apply, the
+                # window's best candidates are all the tail needs.
+                window, wargs = _window_sql(since, until)
+                only = "" if not window or session_level else " ORDER BY score, rowid DESC LIMIT ?"
                 rows = self._fetch(
                     f"WITH m AS MATERIALIZED (SELECT rowid AS rid, {score_expr} AS score "
-                    f"FROM events_fts WHERE events_fts MATCH ?{tail}",
-                    [match, *fargs, k],
+                    f"FROM events_fts WHERE events_fts MATCH ?{window}{only}{tail}",
+                    [match, *wargs, *([cand] if only else []), *fargs, k],
                 )
         return self._hits(rows), needles
+
+    def _has_events(self, since: datetime | None, until: datetime | None) -> bool:
+        """Whether any event lies in the time window (one seek in the time index)."""
+        cond, args = _in_window(since, until)
+        sql = f"SELECT 1 FROM events WHERE {cond} LIMIT 1"
+        return self.conn.execute(sql, args).fetchone() is not None
 
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
         try:
