@@ -17,7 +17,9 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from knowledge_server.episodes import EpisodeStore, discover, ingest
 from knowledge_server.episodes.importers import import_full
@@ -195,13 +197,23 @@ def bench_queries(store: EpisodeStore, repeats: int) -> None:
     print(f"== queries (k=10, in-process, {repeats} runs each after 1 warm-up; ms)")
     print(f"{'kind':9s} {'query':42s} {'hits':>4s} {'p50':>7s} {'p95':>7s}")
     everything = []
-    cases = [(kind, q, {}) for kind, q in QUERIES]
+    cases: list[tuple[str, str, dict[str, Any], str]] = [(kind, q, {}, "") for kind, q in QUERIES]
     cases += [
-        ("ws-filter", "file error", {"workspaces": ["/tmp~r7"]}),
-        ("ws-filter", "test", {"workspaces": ["/tmp~r3", "/path/to/Demo~r9"]}),
-        ("outcome", "error", {"outcome": "failure"}),
+        ("ws-filter", "file error", {"workspaces": ["/tmp~r7"]}, ""),
+        ("ws-filter", "test", {"workspaces": ["/tmp~r3", "/path/to/Demo~r9"]}, ""),
+        ("outcome", "error", {"outcome": "failure"}, ""),
     ]
-    for kind, q, kw in cases:
+    # Time windows: the newest 1% of the events, and one after the newest event (empty).
+    times = [r[0] for r in store.conn.execute("SELECT time FROM events ORDER BY time DESC")]
+    if times:
+        newest_1pc = datetime.fromtimestamp(times[len(times) // 100], UTC)
+        after = datetime.fromtimestamp(times[0], UTC) + timedelta(days=1)
+        cases += [
+            ("window", "file error", {"since": newest_1pc}, "since: newest 1%"),
+            ("window", "the", {"since": newest_1pc}, "since: newest 1%"),
+            ("window", "file error", {"since": after}, "since: after the newest"),
+        ]
+    for kind, q, kw, note in cases:
         store.search(q, k=10, **kw)
         lat = []
         for _ in range(repeats):
@@ -209,7 +221,7 @@ def bench_queries(store: EpisodeStore, repeats: int) -> None:
             hits = store.search(q, k=10, **kw)
             lat.append((time.perf_counter() - t0) * 1000)
         everything.extend(lat)
-        label = q if not kw else f"{q} {kw}"
+        label = f"{q} ({note})" if note else (q if not kw else f"{q} {kw}")
         print(
             f"{kind:9s} {label[:42]:42s} {len(hits):4d} {statistics.median(lat):7.2f} {pct(lat, 95):7.2f}"
         )
