@@ -135,3 +135,48 @@ def test_every_command_has_help() -> None:
         )
         assert out.returncode == 0 and "Usage:" in out.stdout, path
         assert len(out.stdout.splitlines()) > 3, path
+
+
+def test_search_time_window_from_the_command_line(served, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """--since/--until reach the episodes lane through the SDK and the service: each window
+    returns the events inside it and only those; a window after the newest event returns
+    none; a malformed time is refused before any call, naming the option."""
+    _proc, env, _port = served
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = [
+        json.dumps(
+            {
+                "session_id": sid,
+                "seq": 0,
+                "time": when,
+                "role": "user",
+                "text": "rotate the session cookie",
+                "cwd": "/work/app",
+            }
+        )
+        for sid, when in (("early", "2026-01-10T08:00:00Z"), ("late", "2026-02-20T08:00:00Z"))
+    ]
+    (logs / "s.jsonl").write_text("\n".join(lines) + "\n")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*KNOWLEDGE, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+
+    assert run("ingest", str(logs), "--json").returncode == 0
+
+    def sessions(*window: str) -> set[str]:
+        out = run("search", "cookie", "--include", "episodes", "--json", *window)
+        assert out.returncode == 0, out.stderr
+        return {i["session_id"] for i in json.loads(out.stdout)["lanes"]["episodes"]["items"]}
+
+    assert sessions() == {"early", "late"}
+    assert sessions("--since", "2026-02-01") == {"late"}
+    assert sessions("--until", "2026-01-31T23:59:59Z") == {"early"}
+    assert sessions("--since", "2026-01-10T08:00:00+00:00", "--until", "2026-01-10T08:00:00Z") == {
+        "early"
+    }
+    assert sessions("--since", "2027-01-01") == set()
+    bad = run("search", "cookie", "--since", "last tuesday")
+    assert bad.returncode == 2 and "--since" in bad.stderr and "RFC 3339" in bad.stderr

@@ -20,6 +20,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -102,13 +103,18 @@ def search_request(
     skills: Sequence[str] = (),
     paths: Sequence[str] = (),
     outcome: str = "any",
+    since: datetime | None = None,
+    until: datetime | None = None,
     max_tokens: int = 4000,
     snippet_chars: int = 240,
     provenance: str = "strict",
     trace: bool = False,
     request_id: str = "",
 ) -> v1.SearchRequest:
-    """Build a ``knowledge.search/v1`` request with the seed's defaults."""
+    """Build a ``knowledge.search/v1`` request with the seed's defaults.
+
+    ``since``/``until`` keep episodes whose event time lies in that window (inclusive; a
+    datetime without a time zone is taken as UTC, as the service takes it)."""
     return v1.SearchRequest(
         schema="knowledge.search/v1",
         request_id=request_id,
@@ -121,6 +127,8 @@ def search_request(
             skills=list(skills),
             paths=list(paths),
             outcome=outcome,
+            since=since,
+            until=until,
         ),
         include=list(include) if include is not None else ["episodes", "code", "skills"],
         limit=limit,

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import sys
 from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +287,19 @@ def _lanes_table(resp: Any) -> None:
     )
 
 
+def _when(ctx: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
+    """``--since``/``--until``: an RFC 3339 time or a date; without a zone, UTC."""
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a time; use RFC 3339 (2026-03-01T09:00:00Z) or a date (2026-03-01)"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
 @main.command()
 @click.argument("query")
 @click.option(
@@ -313,6 +327,12 @@ def _lanes_table(resp: Any) -> None:
     "--path", "paths", multiple=True, help="Restrict code to this path prefix (repeatable)."
 )
 @click.option("--outcome", default="any", show_default=True, help="success, failure or any.")
+@click.option(
+    "--since",
+    callback=_when,
+    help="Episodes from this time on: RFC 3339 (2026-03-01T09:00:00Z) or a date (UTC).",
+)
+@click.option("--until", callback=_when, help="Episodes up to this time (same forms as --since).")
 @click.option("--max-tokens", default=4000, show_default=True, help="Response budget, 500..20000.")
 @click.option("--snippet-chars", default=240, show_default=True, help="Snippet length, 80..1000.")
 @click.option("--locator", is_flag=True, help="Addresses only, no snippets (provenance=locator).")
@@ -332,6 +352,8 @@ def search(
     session_ids: tuple[str, ...],
     paths: tuple[str, ...],
     outcome: str,
+    since: datetime | None,
+    until: datetime | None,
     max_tokens: int,
     snippet_chars: int,
     locator: bool,
@@ -349,6 +371,8 @@ def search(
             session_ids=session_ids,
             paths=paths,
             outcome=outcome,
+            since=since,
+            until=until,
             max_tokens=max_tokens,
             snippet_chars=snippet_chars,
             provenance="locator" if locator else "strict",
