@@ -137,10 +137,11 @@ def test_every_command_has_help() -> None:
         assert len(out.stdout.splitlines()) > 3, path
 
 
-def test_search_time_window_from_the_command_line(served, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_search_filters_from_the_command_line(served, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """--since/--until reach the episodes lane through the SDK and the service: each window
     returns the events inside it and only those; a window after the newest event returns
-    none; a malformed time is refused before any call, naming the option."""
+    none; a malformed time is refused before any call, naming the option. --actor and
+    --skill reach the service too."""
     _proc, env, _port = served
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -180,3 +181,15 @@ def test_search_time_window_from_the_command_line(served, tmp_path: Path) -> Non
     assert sessions("--since", "2027-01-01") == set()
     bad = run("search", "cookie", "--since", "last tuesday")
     assert bad.returncode == 2 and "--since" in bad.stderr and "RFC 3339" in bad.stderr
+
+    # --actor narrows the actors to the ones named; --skill is passed on (no catalog here).
+    def actors(*flags: str) -> set[str]:
+        out = run("search", "who rotated the cookie", "--json", *flags)
+        assert out.returncode == 0, out.stderr
+        return {a["actor_id"] for a in json.loads(out.stdout).get("actors", [])}
+
+    every = actors()
+    assert len(every) == 2, every
+    one = min(every)
+    assert actors("--actor", one) == {one}
+    assert actors("--skill", "no-such-skill") == every

@@ -326,6 +326,12 @@ def _when(ctx: click.Context, param: click.Parameter, value: str | None) -> date
 @click.option(
     "--path", "paths", multiple=True, help="Restrict code to this path prefix (repeatable)."
 )
+@click.option(
+    "--actor", "actor_ids", multiple=True, help="Restrict actors to this actor id (repeatable)."
+)
+@click.option(
+    "--skill", "skills", multiple=True, help="Restrict the skills lane to this name (repeatable)."
+)
 @click.option("--outcome", default="any", show_default=True, help="success, failure or any.")
 @click.option(
     "--since",
@@ -351,6 +357,8 @@ def search(
     workspaces: tuple[str, ...],
     session_ids: tuple[str, ...],
     paths: tuple[str, ...],
+    actor_ids: tuple[str, ...],
+    skills: tuple[str, ...],
     outcome: str,
     since: datetime | None,
     until: datetime | None,
@@ -370,6 +378,8 @@ def search(
             workspaces=workspaces,
             session_ids=session_ids,
             paths=paths,
+            actor_ids=actor_ids,
+            skills=skills,
             outcome=outcome,
             since=since,
             until=until,
