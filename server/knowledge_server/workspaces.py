@@ -33,7 +33,7 @@ def in_scope(path: str | None, scope: Sequence[str] | None) -> bool:
         return True
     if not path:
         return False
-    p = os.path.normpath(path)
+    p = os.path.normpath(path)  # as stored_cwd stores it
     return any(is_under(p, os.path.normpath(r)) for r in scope)
 
 

@@ -176,15 +176,23 @@ def _scanned(ranges: Sequence[tuple[int, int]]) -> int:
     return ranges[-1][1] - ranges[0][0] + 1
 
 
-def _in_window(since: datetime | None, until: datetime | None) -> tuple[str, list[float]]:
-    """SQL true for the events (``time``) in the window; "" when there is no window."""
+def _time_conds(
+    since: datetime | None, until: datetime | None, column: str = "time"
+) -> tuple[list[str], list[float]]:
+    """SQL conditions keeping the events (``column``) in the time window, inclusive."""
     conds, args = [], []
     if since is not None:
-        conds.append("time >= ?")
+        conds.append(f"{column} >= ?")
         args.append(_aware(since))
     if until is not None:
-        conds.append("time <= ?")
+        conds.append(f"{column} <= ?")
         args.append(_aware(until))
+    return conds, args
+
+
+def _in_window(since: datetime | None, until: datetime | None) -> tuple[str, list[float]]:
+    """SQL true for the events in the window; "" when there is no window."""
+    conds, args = _time_conds(since, until)
     return " AND ".join(conds), args
 
 
@@ -532,12 +540,9 @@ class EpisodeStore:
             conds.append(f"{s_alias}.outcome = ?")
             args.append(outcome)
         if e_alias:
-            if since is not None:
-                conds.append(f"{e_alias}.time >= ?")
-                args.append(_aware(since))
-            if until is not None:
-                conds.append(f"{e_alias}.time <= ?")
-                args.append(_aware(until))
+            time_conds, time_args = _time_conds(since, until, f"{e_alias}.time")
+            conds.extend(time_conds)
+            args.extend(time_args)
         return conds, args
 
     def _doc_count(self) -> int:
