@@ -142,6 +142,24 @@ def test_serialize_sdk_requests(
     assert _wire.serialize(task) == bytes(task)
 
 
+def test_search_time_window_without_a_zone_is_utc() -> None:
+    """``since``/``until`` without a time zone are UTC, as the service reads them; the
+    request carries the same instants as with an explicit UTC zone."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from knowledge_sdk.client import search_request
+
+    naive = search_request("x", since=datetime(2026, 3, 1, 9), until=datetime(2026, 3, 2))
+    aware = search_request(
+        "x", since=datetime(2026, 3, 1, 9, tzinfo=UTC), until=datetime(2026, 3, 2, tzinfo=UTC)
+    )
+    assert _wire.serialize(naive) == _wire.serialize(aware) == bytes(aware)
+    tokyo = timezone(timedelta(hours=9))
+    shifted = search_request("x", since=datetime(2026, 3, 1, 18, tzinfo=tokyo))
+    parsed = search_pb2.SearchRequest.FromString(_wire.serialize(shifted))
+    assert parsed.filters.since.ToJsonString() == "2026-03-01T09:00:00Z"
+
+
 def test_serialize_keeps_unknown_fields() -> None:
     extra = _enc_varint(999 << 3) + _enc_varint(7)
     raw = search_pb2.SearchResponse(query="q").SerializeToString() + extra

@@ -20,7 +20,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -91,6 +91,12 @@ class ConnectionSettings:
         return md
 
 
+def _utc(when: datetime | None) -> datetime | None:
+    """A datetime without a time zone is UTC, as the service takes it (protobuf's
+    Timestamp needs an aware one)."""
+    return when if when is None or when.tzinfo else when.replace(tzinfo=UTC)
+
+
 def search_request(
     query: str,
     *,
@@ -127,8 +133,8 @@ def search_request(
             skills=list(skills),
             paths=list(paths),
             outcome=outcome,
-            since=since,
-            until=until,
+            since=_utc(since),
+            until=_utc(until),
         ),
         include=list(include) if include is not None else ["episodes", "code", "skills"],
         limit=limit,
