@@ -190,18 +190,14 @@ def _time_conds(
     return conds, args
 
 
-def _in_window(since: datetime | None, until: datetime | None) -> tuple[str, list[float]]:
-    """SQL true for the events in the window; "" when there is no window."""
-    conds, args = _time_conds(since, until)
-    return " AND ".join(conds), args
-
-
 def _window_sql(since: datetime | None, until: datetime | None) -> tuple[str, list[float]]:
     """An FTS5 condition keeping the matches whose event lies in the time window ("" for
     no window). ``+rowid`` keeps SQLite from handing the list to FTS5 as rowids to seek
     one by one: it checks each match against the window's event ids instead."""
-    cond, args = _in_window(since, until)
-    return (f" AND +rowid IN (SELECT id FROM events WHERE {cond})", args) if cond else ("", [])
+    conds, args = _time_conds(since, until)
+    if not conds:
+        return "", []
+    return f" AND +rowid IN (SELECT id FROM events WHERE {' AND '.join(conds)})", args
 
 
 def _in_ranges(rowid: int, token: int) -> int:
@@ -242,9 +238,8 @@ class EpisodeStore:
             if cur.execute(done).fetchone():  # another writer got here first
                 return
             rows = cur.execute("SELECT session_id, cwd FROM sessions WHERE cwd IS NOT NULL")
-            changed = [
-                (stored_cwd(cwd), sid) for sid, cwd in rows.fetchall() if stored_cwd(cwd) != cwd
-            ]
+            folded = [(stored_cwd(cwd), cwd, sid) for sid, cwd in rows.fetchall()]
+            changed = [(new, sid) for new, cwd, sid in folded if new != cwd]
             cur.executemany("UPDATE sessions SET cwd = ? WHERE session_id = ?", changed)
             if changed:
                 self._bump_rev(cur)
@@ -724,8 +719,8 @@ class EpisodeStore:
 
     def _has_events(self, since: datetime | None, until: datetime | None) -> bool:
         """Whether any event lies in the time window (one seek in the time index)."""
-        cond, args = _in_window(since, until)
-        sql = f"SELECT 1 FROM events WHERE {cond} LIMIT 1"
+        conds, args = _time_conds(since, until)
+        sql = f"SELECT 1 FROM events WHERE {' AND '.join(conds)} LIMIT 1"
         return self.conn.execute(sql, args).fetchone() is not None
 
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
