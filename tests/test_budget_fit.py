@@ -177,3 +177,96 @@ def test_kc9_cached_answer_is_fitted_once() -> None:
         assert bare == counted > 0
         assert resp.limits.budget.used_tokens == count_tokens(json_text(resp)) <= 900
     assert ask(True).trace.lanes[0].cache_hit
+
+
+def test_kc12_cached_answer_is_what_a_fresh_run_returns() -> None:
+    """KC-12 for whole answers: a repeated question returns what a coordinator without a
+    cache returns for the same call, whatever the call's request id (its length moves the
+    budget cut); with a trace too, it is fitted within the budget (KC-9), and every hit
+    carries its own observation time. Calls whose request id takes the room the first
+    call's took get the fitted copy as it is (no second fitting)."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from knowledge_server.search import coordinator as co_mod
+    from knowledge_server.search.coordinator import Coordinator
+    from knowledge_server.search.lanes import LaneQuery, LaneResult, empty_lane
+    from knowledge_server.search.validate import validate_search
+
+    class _Code:
+        name = "code"
+
+        def revision(self) -> str:
+            return "rev-1"
+
+        async def search(self, q: LaneQuery) -> LaneResult:
+            lane = empty_lane("code")
+            lane.capability = "full"
+            for i in range(8):
+                it = lane.items.add(id=f"chunk:c{i}", path=f"f{i}.py", start_line=i + 1)
+                it.snippet = "y" * (150 + 7 * i)
+                it.score = 1.0 - i / 50
+            return LaneResult(lane=lane)
+
+    class _Episodes:
+        name = "episodes"
+
+        def revision(self) -> str:
+            return "ev-1"
+
+        async def search(self, q: LaneQuery) -> LaneResult:
+            lane = empty_lane("episodes")
+            for i in range(6):
+                it = lane.items.add(id=f"s1:{i}", session_id="s1", seq=i, snippet="z" * 120)
+                it.score = 0.9 - i / 40
+                it.time.FromDatetime(datetime(2026, 1, 1, tzinfo=UTC))
+            return LaneResult(lane=lane)
+
+    lanes = {"code": _Code(), "episodes": _Episodes()}
+    cached, fresh = Coordinator(dict(lanes)), Coordinator(dict(lanes), cache_size=0)
+    fits = []
+    real_fit = co_mod._fit_budget
+
+    def counting_fit(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
+        fits.append(max_tokens)
+        real_fit(resp, max_tokens)
+
+    def ask(
+        co: Coordinator, rid: str, trace: bool, include: list[str]
+    ) -> search_pb2.SearchResponse:
+        req = search_pb2.SearchRequest(
+            schema="knowledge.search/v1",
+            query="where is it",
+            include=include,
+            trace=trace,
+            request_id=rid,
+        )
+        req.budget.max_tokens = 700
+        before = datetime.now(UTC).replace(microsecond=0)
+        resp = asyncio.run(co.search(validate_search(req), None))
+        assert resp.limits.budget.used_tokens == count_tokens(json_text(resp)) <= 700
+        # The observation time is the call's own; times differ between runs, nothing else.
+        assert resp.lanes.episodes.observed_at.ToDatetime(tzinfo=UTC) >= before
+        resp.lanes.episodes.ClearField("observed_at")
+        for t in resp.trace.lanes:
+            t.ms, t.cache_hit = 0.0, False
+        resp.trace.total_ms = 0.0
+        return resp
+
+    co_mod._fit_budget = counting_fit
+    try:
+        for include in (["code"], ["code", "episodes"]):
+            ask(cached, "first", False, include)
+            for n in (0, 1, 5, 9, 17, 33, 64, 128):
+                for trace in (False, True):
+                    rid = "r" * n
+                    hit, want = ask(cached, rid, trace, include), ask(fresh, rid, trace, include)
+                    if not trace:  # (a trace's times are the call's own, and take room)
+                        assert hit == want, (include, n)
+            fits.clear()
+            ask(cached, "12345", False, include)  # as long as "first": the fitted copy
+            assert fits == []
+            ask(cached, "123456", False, include)  # longer: fitted again
+            assert fits == [700]
+    finally:
+        co_mod._fit_budget = real_fit
