@@ -151,6 +151,25 @@ def server_cpu_s(pid: int) -> float:
     return total
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(ticks stolen by the hypervisor, all ticks) of the machine so far, from /proc/stat;
+    None where there is none. On a shared virtual machine the cores lose time to other
+    guests, and a phase measured then runs slower by as much."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return None
+    values = [int(v) for v in fields[1:9]]
+    return values[7], sum(values)
+
+
+def steal_share(before: tuple[int, int] | None) -> str:
+    after = cpu_ticks()
+    if before is None or after is None or after[1] == before[1]:
+        return "n/a"
+    return f"{(after[0] - before[0]) / (after[1] - before[1]) * 100:.1f}%"
+
+
 async def run_clients(
     address: str,
     clients: int,
@@ -253,7 +272,7 @@ def main() -> int:
             f"== 1 client, {len(lat)} unique searches (no cache hits): p50={statistics.median(lat):.1f} ms  "
             f"p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms  ({len(lat) / wall:.0f} searches/s)"
         )
-        cpu0, own0 = server_cpu_s(proc.pid), time.process_time()
+        cpu0, own0, ticks0 = server_cpu_s(proc.pid), time.process_time(), cpu_ticks()
         lat, wall = asyncio.run(run_clients(address, 16, args.requests * 2, unique=True, phase=2))
         cpu, own = server_cpu_s(proc.pid) - cpu0, time.process_time() - own0
         print(
@@ -268,6 +287,7 @@ def main() -> int:
         print(
             f"   client CPU per search: {own / len(lat) * 1000:.1f} ms (the 16 SDK clients, this process)"
         )
+        print(f"   CPU time taken by the host (steal) during the phase: {steal_share(ticks0)}")
         # A token scoped to some projects (the code workspace and 20 session directories):
         # every lane filters by workspace, through other query plans than unscoped searches.
         lat, wall = asyncio.run(
