@@ -183,3 +183,18 @@ def _enc_varint(v: int) -> bytes:
         else:
             out.append(b)
             return bytes(out)
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 129, 16383, 16384, 16385, 300_000])
+def test_lengths_and_numbers_at_varint_widths(size: int) -> None:
+    """Lengths and numbers on either side of the one-, two- and three-byte varint widths
+    (the decoder reads one and two bytes inline): the same objects as betterproto2."""
+    msg = search_pb2.SearchResponse(query="q" * size)
+    item = msg.lanes.code.items.add(id="chunk:" + "é" * size, path="p", snippet="s" * size)
+    item.start_line = size
+    item.end_line = size + 1
+    msg.limits.returned = size
+    raw = msg.SerializeToString()
+    assert _wire.parse(v1.SearchResponse, raw) == v1.SearchResponse.parse(raw)
+    with pytest.raises((EOFError, IndexError)):
+        _wire.parse(v1.SearchResponse, raw[:-1] if size else raw + b"\x0a")
