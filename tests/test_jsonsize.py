@@ -131,3 +131,64 @@ def test_string_size_counts_every_escape(text: str) -> None:
     """Strings full of escapes (line breaks, quotes, control characters) and non-ASCII
     characters: the size equals the serialised literal's UTF-8 length."""
     assert json_size_of_string(text) == len(json.dumps(text, ensure_ascii=False).encode("utf-8"))
+
+
+def _odd_message_class() -> type[Message]:
+    """A message type with the field kinds the sizer leaves to the serialiser: bytes,
+    float32, a map with bool keys, and a well-known type other than Timestamp."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, duration_pb2, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(duration_pb2.DESCRIPTOR.serialized_pb)
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="odd_test.proto",
+        package="oddtest",
+        syntax="proto3",
+        dependency=["google/protobuf/duration.proto"],
+    )
+    odd = fdp.message_type.add(name="Odd")
+    entry = odd.nested_type.add(name="FlagsEntry")
+    entry.options.map_entry = True
+    fd = descriptor_pb2.FieldDescriptorProto
+    entry.field.add(name="key", number=1, type=fd.TYPE_BOOL, label=fd.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=fd.TYPE_STRING, label=fd.LABEL_OPTIONAL)
+    odd.field.add(name="name", number=1, type=fd.TYPE_STRING, label=fd.LABEL_OPTIONAL)
+    odd.field.add(name="blob", number=2, type=fd.TYPE_BYTES, label=fd.LABEL_OPTIONAL)
+    odd.field.add(name="ratio", number=3, type=fd.TYPE_FLOAT, label=fd.LABEL_OPTIONAL)
+    odd.field.add(
+        name="flags",
+        number=4,
+        type=fd.TYPE_MESSAGE,
+        label=fd.LABEL_REPEATED,
+        type_name=".oddtest.Odd.FlagsEntry",
+    )
+    odd.field.add(
+        name="wait",
+        number=5,
+        type=fd.TYPE_MESSAGE,
+        label=fd.LABEL_OPTIONAL,
+        type_name=".google.protobuf.Duration",
+    )
+    odd.field.add(
+        name="child",
+        number=6,
+        type=fd.TYPE_MESSAGE,
+        label=fd.LABEL_OPTIONAL,
+        type_name=".oddtest.Odd",
+    )
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("oddtest.Odd"))
+
+
+def test_unmodelled_kinds_are_sized_by_the_serialiser() -> None:
+    """Fields the sizer does not model count only when present, and then the real
+    serialiser sizes the message (the result is exact either way)."""
+    cls = _odd_message_class()
+    cases = [cls(name="plain"), cls(blob=b"\x00\xff"), cls(ratio=0.1), cls(name="x")]
+    cases[3].flags[True] = "on"
+    deep = cls(name="outer")
+    deep.child.wait.seconds = 3
+    cases.append(deep)
+    cases.append(cls(child=cls(ratio=2.5)))
+    for msg in cases:
+        assert json_size(msg) == len(json_text(msg).encode("utf-8"))

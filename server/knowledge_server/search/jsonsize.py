@@ -7,12 +7,23 @@ several times while it fits the budget. :func:`json_size` computes the same byte
 count from the fields directly. Field kinds it does not model (bytes, float32,
 well-known types other than Timestamp) make it fall back to the real serialiser,
 so it is exact for every message; ``tests/test_jsonsize.py`` holds it to that.
+
+Each message type is sized by a function written for it once, from its descriptor
+(``_compile``): one test per field, in field-number order, reading the field as an
+attribute. A field is counted exactly when ``ListFields`` would list it (non-default values
+of fields without presence, set fields with presence, non-empty lists and maps), which is
+when the serialiser writes it. The generic walk over ``ListFields`` it replaces built a
+descriptor and a tuple for each of the ~540 fields of a search answer: fitting an answer to
+its budget took 3.7M instructions with it and 2.9M with these (callgrind, 64 answers).
 """
 
 from __future__ import annotations
 
 import json
+import keyword
 import math
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -47,7 +58,7 @@ def json_text(msg: Message) -> str:
 def json_size(msg: Message) -> int:
     """``len(json_text(msg).encode("utf-8"))``, computed without building the text."""
     try:
-        return _message(msg)
+        return _sizer(msg.DESCRIPTOR)(msg)
     except _Unmodelled:
         return len(json_text(msg).encode("utf-8"))
 
@@ -63,58 +74,17 @@ def _string(s: str) -> int:
     return len(json.dumps(s, ensure_ascii=False).encode("utf-8"))
 
 
-# Per field: (bytes of '"name":', kind, repeated, map value field or None).
-_STRING, _MESSAGE, _BOOL, _INT, _QUOTED, _DOUBLE, _ENUM, _MAP = range(8)
-_plans: dict[Any, tuple[int, int, bool, Any]] = {}
+def _double(value: float) -> int:
+    if math.isnan(value):
+        return 5  # "NaN"
+    if math.isinf(value):
+        return 10 if value > 0 else 11  # "Infinity", "-Infinity"
+    return len(repr(float(value)))
 
 
-def _plan(field: FieldDescriptor) -> tuple[int, int, bool, Any]:
-    plan = _plans.get(field)
-    if plan is not None:
-        return plan
-    t = field.type
-    value_field = None
-    if t == _FD.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
-        kind = _MAP
-        value_field = field.message_type.fields_by_name["value"]
-        if field.message_type.fields_by_name["key"].type == _FD.TYPE_BOOL:
-            raise _Unmodelled(field.full_name)
-    elif t == _FD.TYPE_STRING:
-        kind = _STRING
-    elif t == _FD.TYPE_MESSAGE:
-        kind = _MESSAGE
-    elif t == _FD.TYPE_BOOL:
-        kind = _BOOL
-    elif t in _PLAIN_INTS:
-        kind = _INT
-    elif t in _QUOTED_INTS:
-        kind = _QUOTED
-    elif t == _FD.TYPE_DOUBLE:
-        kind = _DOUBLE
-    elif t == _FD.TYPE_ENUM:
-        kind = _ENUM
-    else:
-        raise _Unmodelled(field.full_name)
-    plan = (len(field.name) + 3, kind, field.is_repeated and kind != _MAP, value_field)
-    _plans[field] = plan
-    return plan
-
-
-_PLAIN, _TIMESTAMP_MSG = 0, 1
-_message_kinds: dict[Any, int] = {}
-
-
-def _message_kind(desc: Descriptor) -> int:
-    kind = _message_kinds.get(desc)
-    if kind is None:
-        if desc.full_name == _TIMESTAMP:
-            kind = _TIMESTAMP_MSG
-        elif desc.file.name.startswith("google/protobuf/"):
-            raise _Unmodelled(desc.full_name)
-        else:
-            kind = _PLAIN
-        _message_kinds[desc] = kind
-    return kind
+def _present_double(value: float) -> bool:
+    # Without presence, a double is in the text unless it is +0.0 (-0.0 is not the default).
+    return bool(value) or math.copysign(1.0, value) < 0
 
 
 # Timestamp JSON is "YYYY-MM-DDTHH:MM:SS[.fff|.ffffff|.fffffffff]Z": 20 characters, the
@@ -133,81 +103,134 @@ def _timestamp(msg: Any) -> int:
     return 29 if nanos % 1000 == 0 else 32
 
 
-def _message(msg: Message) -> int:
-    # The hot loop of budget fitting: string and message fields are sized inline, the
-    # rest through _value (same results, fewer calls).
-    if _message_kind(msg.DESCRIPTOR) == _TIMESTAMP_MSG:
-        return _timestamp(msg)
-    fields = msg.ListFields()
-    if not fields:
-        return 2
-    total = 1 + len(fields)  # braces and the commas between members
-    for field, value in fields:
-        plan = _plans.get(field) or _plan(field)
-        total += plan[0]
-        kind = plan[1]
-        if plan[2]:  # repeated: brackets, commas, items
-            total += 1 + len(value)
-            if kind == _MESSAGE:
-                for v in value:
-                    total += _message(v)
-            elif kind == _STRING:
-                for v in value:
-                    if v.isascii() and v.isprintable() and '"' not in v and "\\" not in v:
-                        total += len(v) + 2
-                    else:
-                        total += _string(v)
-            else:
-                for v in value:
-                    total += _scalar(kind, field, v)
-        elif kind == _STRING:
-            if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
-                total += len(value) + 2
-            else:
-                total += _string(value)
-        elif kind == _MESSAGE:
-            total += _message(value)
-        elif kind == _MAP:
-            total += _map(plan[3], value)
-        else:
-            total += _scalar(kind, field, value)
-    return total
+def _refuse(name: str) -> int:
+    raise _Unmodelled(name)
 
 
-def _map(value_field: FieldDescriptor, value: Any) -> int:
-    if not value:
-        return 2
-    kind = _plan(value_field)[1]
-    # Keys are strings in JSON; each entry is "key":value plus a separating comma.
-    return (
-        1
-        + len(value)
-        + sum(_string(str(k)) + 1 + _value(kind, value_field, v) for k, v in value.items())
+def _unmodelled(name: str) -> Callable[[Any], int]:
+    def size(_: Any) -> int:
+        return _refuse(name)
+
+    return size
+
+
+_Sizer = Callable[[Any], int]
+# Complete sizers only: a type's sizer is published with the sizers of every type it
+# refers to, so another thread never runs one whose references are not filled in yet.
+_sizers: dict[Descriptor, _Sizer] = {}
+_compiling = threading.Lock()
+
+
+def _sizer(desc: Descriptor) -> _Sizer:
+    sizer = _sizers.get(desc)
+    if sizer is None:
+        with _compiling:
+            sizer = _sizers.get(desc)
+            if sizer is None:
+                built: dict[Descriptor, _Sizer] = {}
+                sizer = _compile(desc, built)
+                _sizers.update(built)
+    return sizer
+
+
+def _enum_sizes(field: FieldDescriptor) -> dict[int, int]:
+    # Known values are written as their quoted names; unknown ones as numbers.
+    return {v.number: len(v.name) + 2 for v in field.enum_type.values}
+
+
+def _compile(desc: Descriptor, built: dict[Descriptor, _Sizer]) -> _Sizer:
+    """Write the sizer of one message type into ``built``, and those of the types it refers
+    to. It is entered there before they are compiled, so recursive types refer to it."""
+    if desc.full_name == _TIMESTAMP:
+        built[desc] = _timestamp
+        return _timestamp
+    if desc.file.name.startswith("google/protobuf/"):
+        sizer = _unmodelled(desc.full_name)
+        built[desc] = sizer
+        return sizer
+    env: dict[str, Any] = {
+        "_string": _string,
+        "_double": _double,
+        "_present_double": _present_double,
+        "_refuse": _refuse,
+    }
+    subs: list[tuple[str, Descriptor]] = []
+    body: list[str] = []
+
+    def member(test: str, value: str, size: str) -> None:
+        body.append(f"    {value}\n    if {test}:\n        n += 1\n        t += {size}")
+
+    for i, field in enumerate(sorted(desc.fields, key=lambda f: f.number)):
+        name = field.name
+        get = (
+            f"m.{name}"
+            if name.isidentifier() and not keyword.iskeyword(name)
+            else f"getattr(m, {name!r})"
+        )
+        key = len(name) + 3  # '"name":'
+        t = field.type
+        if t == _FD.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+            key_field = field.message_type.fields_by_name["key"]
+            value_field = field.message_type.fields_by_name["value"]
+            if key_field.type == _FD.TYPE_BOOL:
+                member("v", f"v = {get}", f"_refuse({field.full_name!r})")
+                continue
+            value = _item_expr(value_field, "x", env, subs, f"{i}v")
+            # Keys are strings in JSON; each entry is "key":value plus a separating comma.
+            size = f"{key + 1} + len(v) + sum(_string(str(k)) + 1 + {value} for k, x in v.items())"
+            member("v", f"v = {get}", size)
+            continue
+        if field.is_repeated:
+            item = _item_expr(field, "x", env, subs, str(i))
+            member("v", f"v = {get}", f"{key + 1} + len(v) + sum({item} for x in v)")
+            continue
+        value = _item_expr(field, "v", env, subs, str(i))
+        if t == _FD.TYPE_MESSAGE or field.has_presence:
+            member(f"m.HasField({name!r})", f"v = {get}", f"{key} + {value}")
+        elif t == _FD.TYPE_DOUBLE:
+            member("_present_double(v)", f"v = {get}", f"{key} + {value}")
+        else:  # a string, number, enum or bool without presence: in the text unless default
+            member("v", f"v = {get}", f"{key} + {value}")
+    source = (
+        "def size(m):\n    n = 0\n    t = 1\n"
+        + "\n".join(body)
+        + "\n    return t + n if n else 2\n"
     )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<json sizer {desc.full_name}>", "exec"), env, namespace)  # noqa: S102
+    sizer: _Sizer = namespace["size"]
+    built[desc] = sizer
+    for var, sub in subs:
+        env[var] = _sizers.get(sub) or built.get(sub) or _compile(sub, built)
+    return sizer
 
 
-def _value(kind: int, field: FieldDescriptor, value: Any) -> int:
-    if kind == _STRING:
-        return _string(value)
-    if kind == _MESSAGE:
-        return _message(value)
-    return _scalar(kind, field, value)
-
-
-def _scalar(kind: int, field: FieldDescriptor, value: Any) -> int:
-    if kind == _DOUBLE:
-        if math.isnan(value) or math.isinf(value):
-            return (
-                len("NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")) + 2
-            )
-        return len(repr(float(value)))
-    if kind == _INT:
-        return len(str(value))
-    if kind == _QUOTED:
-        return len(str(value)) + 2
-    if kind == _BOOL:
-        return 4 if value else 5
-    if kind == _ENUM:
-        named = field.enum_type.values_by_number.get(value)
-        return len(named.name) + 2 if named is not None else len(str(value))
-    raise _Unmodelled(field.full_name)
+def _item_expr(
+    field: FieldDescriptor,
+    var: str,
+    env: dict[str, Any],
+    subs: list[tuple[str, Descriptor]],
+    tag: str,
+) -> str:
+    """An expression for the JSON size of one value ``var`` of ``field``."""
+    t = field.type
+    if t == _FD.TYPE_STRING:
+        return (
+            f"(len({var}) + 2 if {var}.isascii() and {var}.isprintable()"
+            f" and '\"' not in {var} and '\\\\' not in {var} else _string({var}))"
+        )
+    if t == _FD.TYPE_MESSAGE:
+        subs.append((f"_m{tag}", field.message_type))
+        return f"_m{tag}({var})"
+    if t == _FD.TYPE_BOOL:
+        return f"(4 if {var} else 5)"
+    if t in _PLAIN_INTS:
+        return f"len(str({var}))"
+    if t in _QUOTED_INTS:
+        return f"(len(str({var})) + 2)"
+    if t == _FD.TYPE_DOUBLE:
+        return f"_double({var})"
+    if t == _FD.TYPE_ENUM:
+        env[f"_e{tag}"] = _enum_sizes(field)
+        return f"(_e{tag}.get({var}) or len(str({var})))"
+    return f"_refuse({field.full_name!r})"  # bytes, float32: sized by the serialiser
