@@ -23,6 +23,7 @@ entries written whole, unknown fields appended (``tests/test_sdk_wire.py`` holds
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -174,7 +175,17 @@ def _packed(kind: int, extra: Any, data: bytes, pos: int, end: int) -> list[Any]
 
 
 def _parse(cls: type, data: bytes, pos: int, end: int) -> Any:
-    return (_parsers.get(cls) or _compile_parser(cls))(data, pos, end)
+    return (_parsers.get(cls) or _parser(cls))(data, pos, end)
+
+
+def _parser(cls: type) -> Callable[[bytes, int, int], Any]:
+    with _compiling:
+        parser = _parsers.get(cls)
+        if parser is None:
+            built: dict[type, Callable[[bytes, int, int], Any]] = {}
+            parser = _compile_parser(cls, built)
+            _parsers.update(built)
+    return parser
 
 
 # Per class, a decoder written for it from its plan (``_compile_parser``): one branch per
@@ -183,7 +194,10 @@ def _parse(cls: type, data: bytes, pos: int, end: int) -> Any:
 # not match) goes through ``_field``, which follows the plan generically. The branches
 # save the plan lookup, the tests on the kind and the attribute access by name that every
 # field paid: about 540 fields in a search answer.
+# Complete decoders only: a class's decoder is published with the decoders of every class
+# it refers to, so a client shared between threads never runs one half filled in.
 _parsers: dict[type, Callable[[bytes, int, int], Any]] = {}
+_compiling = threading.Lock()
 
 _LENGTH_PREFIX = """\
             n = data[pos]
@@ -215,9 +229,11 @@ _CONVERT = {
 }
 
 
-def _compile_parser(cls: type) -> Callable[[bytes, int, int], Any]:
-    """Write the decoder of one class; it is entered in ``_parsers`` before the classes it
-    refers to are compiled, so recursive messages refer to it."""
+def _compile_parser(
+    cls: type, built: dict[type, Callable[[bytes, int, int], Any]]
+) -> Callable[[bytes, int, int], Any]:
+    """Write the decoder of one class into ``built``, and those of the classes it refers
+    to. It is entered there before they are compiled, so recursive messages refer to it."""
     plan = _plans.get(cls) or _plan(cls)
     env: dict[str, Any] = {"cls": cls, "_varint": _varint, "_field": _field}
     subs: list[tuple[str, type]] = []
@@ -287,9 +303,9 @@ def parse(data, pos, end):
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<decoder {cls.__name__}>", "exec"), env, namespace)  # noqa: S102
     parser: Callable[[bytes, int, int], Any] = namespace["parse"]
-    _parsers[cls] = parser
+    built[cls] = parser
     for var, sub in subs:
-        env[var] = _parsers.get(sub) or _compile_parser(sub)
+        env[var] = _parsers.get(sub) or built.get(sub) or _compile_parser(sub, built)
     return parser
 
 
