@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import shutil
 import statistics
@@ -163,6 +164,20 @@ def cpu_ticks() -> tuple[int, int] | None:
     return values[7], sum(values)
 
 
+def cpu_yardstick_ms() -> float:
+    """Best of three runs of a fixed pure-Python loop (about 17 ms on this machine at its fastest):
+    the same work every time, so it shows how fast the machine itself is running now.
+    Shared virtual machines vary by half or more within an hour, without any steal."""
+    best = math.inf
+    for _ in range(3):
+        t = time.process_time()
+        total = 0
+        for i in range(400_000):
+            total += i % 7
+        best = min(best, time.process_time() - t)
+    return best * 1000
+
+
 def steal_share(before: tuple[int, int] | None) -> str:
     after = cpu_ticks()
     if before is None or after is None or after[1] == before[1]:
@@ -287,7 +302,10 @@ def main() -> int:
         print(
             f"   client CPU per search: {own / len(lat) * 1000:.1f} ms (the 16 SDK clients, this process)"
         )
-        print(f"   CPU time taken by the host (steal) during the phase: {steal_share(ticks0)}")
+        print(
+            f"   CPU time taken by the host (steal) during the phase: {steal_share(ticks0)}; "
+            f"fixed-loop yardstick after it: {cpu_yardstick_ms():.1f} ms (lower is a faster machine)"
+        )
         # A token scoped to some projects (the code workspace and 20 session directories):
         # every lane filters by workspace, through other query plans than unscoped searches.
         lat, wall = asyncio.run(
