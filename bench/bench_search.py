@@ -164,18 +164,27 @@ def cpu_ticks() -> tuple[int, int] | None:
     return values[7], sum(values)
 
 
-def cpu_yardstick_ms() -> float:
-    """Best of three runs of a fixed pure-Python loop (about 17 ms on this machine at its fastest):
-    the same work every time, so it shows how fast the machine itself is running now.
-    Shared virtual machines vary by half or more within an hour, without any steal."""
-    best = math.inf
+def yardsticks_ms() -> tuple[float, float]:
+    """Best of three runs of two fixed pieces of work: a pure-Python loop (about 17 ms on
+    this machine at its fastest) and 2M random reads over 64 MB (memory-bound, like the
+    index lookups of a search). The same work every time, so they show how fast the
+    machine itself runs now: shared virtual machines vary by half or more within an hour,
+    without any steal, and the second moves with a search's speed more than the first."""
+    import numpy as np
+
+    table = np.arange(16_000_000, dtype=np.int32)
+    picks = np.random.default_rng(1).integers(0, len(table), 2_000_000)
+    loop = reads = math.inf
     for _ in range(3):
         t = time.process_time()
         total = 0
         for i in range(400_000):
             total += i % 7
-        best = min(best, time.process_time() - t)
-    return best * 1000
+        loop = min(loop, time.process_time() - t)
+        t = time.process_time()
+        int(table[picks].sum())
+        reads = min(reads, time.process_time() - t)
+    return loop * 1000, reads * 1000
 
 
 def steal_share(before: tuple[int, int] | None) -> str:
@@ -302,9 +311,11 @@ def main() -> int:
         print(
             f"   client CPU per search: {own / len(lat) * 1000:.1f} ms (the 16 SDK clients, this process)"
         )
+        loop_ms, reads_ms = yardsticks_ms()
         print(
             f"   CPU time taken by the host (steal) during the phase: {steal_share(ticks0)}; "
-            f"fixed-loop yardstick after it: {cpu_yardstick_ms():.1f} ms (lower is a faster machine)"
+            f"yardsticks after it: loop {loop_ms:.1f} ms, random reads {reads_ms:.1f} ms "
+            "(lower is a faster machine)"
         )
         # A token scoped to some projects (the code workspace and 20 session directories):
         # every lane filters by workspace, through other query plans than unscoped searches.
