@@ -136,6 +136,30 @@ def test_kc9_few_removals_are_named() -> None:
     assert resp.limits.budget.used_tokens == count_tokens(json_text(resp)) <= 500
 
 
+class _CodeLane:
+    """A code lane answering every question with one item per snippet length given, each
+    scored below the one before (a fixed revision: its answers are cached)."""
+
+    name = "code"
+
+    def __init__(self, snippet_lengths: list[int]) -> None:
+        self.snippet_lengths = snippet_lengths
+
+    def revision(self) -> str:
+        return "rev-1"
+
+    async def search(self, q: object) -> object:
+        from knowledge_server.search.lanes import LaneResult, empty_lane
+
+        lane = empty_lane("code")
+        lane.capability = "full"
+        for i, n in enumerate(self.snippet_lengths):
+            it = lane.items.add(id=f"chunk:c{i}", path=f"f{i}.py", start_line=i + 1)
+            it.snippet = "y" * n
+            it.score = 1.0 - i / 50
+        return LaneResult(lane=lane)
+
+
 def test_kc9_cached_answer_is_fitted_once() -> None:
     """KC-9 for cache hits: a repeated question (here with trace, which makes the answer
     longer) is fitted from the unfitted answer, like a fresh one: one budget notice, and
@@ -143,24 +167,9 @@ def test_kc9_cached_answer_is_fitted_once() -> None:
     import asyncio
 
     from knowledge_server.search.coordinator import Coordinator
-    from knowledge_server.search.lanes import LaneQuery, LaneResult, empty_lane
     from knowledge_server.search.validate import validate_search
 
-    class _Code:
-        name = "code"
-
-        def revision(self) -> str:
-            return "rev-1"
-
-        async def search(self, q: LaneQuery) -> LaneResult:
-            lane = empty_lane("code")
-            lane.capability = "full"
-            for i in range(10):
-                it = lane.items.add(id=f"chunk:c{i}", path=f"f{i}.py", start_line=i + 1)
-                it.snippet = "x" * 400
-            return LaneResult(lane=lane)
-
-    co = Coordinator({"code": _Code()})
+    co = Coordinator({"code": _CodeLane([400] * 10)})
 
     def ask(trace: bool) -> search_pb2.SearchResponse:
         req = search_pb2.SearchRequest(
@@ -193,21 +202,6 @@ def test_kc12_cached_answer_is_what_a_fresh_run_returns() -> None:
     from knowledge_server.search.lanes import LaneQuery, LaneResult, empty_lane
     from knowledge_server.search.validate import validate_search
 
-    class _Code:
-        name = "code"
-
-        def revision(self) -> str:
-            return "rev-1"
-
-        async def search(self, q: LaneQuery) -> LaneResult:
-            lane = empty_lane("code")
-            lane.capability = "full"
-            for i in range(8):
-                it = lane.items.add(id=f"chunk:c{i}", path=f"f{i}.py", start_line=i + 1)
-                it.snippet = "y" * (150 + 7 * i)
-                it.score = 1.0 - i / 50
-            return LaneResult(lane=lane)
-
     class _Episodes:
         name = "episodes"
 
@@ -222,7 +216,7 @@ def test_kc12_cached_answer_is_what_a_fresh_run_returns() -> None:
                 it.time.FromDatetime(datetime(2026, 1, 1, tzinfo=UTC))
             return LaneResult(lane=lane)
 
-    lanes = {"code": _Code(), "episodes": _Episodes()}
+    lanes = {"code": _CodeLane([150 + 7 * i for i in range(8)]), "episodes": _Episodes()}
     cached, fresh = Coordinator(dict(lanes)), Coordinator(dict(lanes), cache_size=0)
     fits = []
     real_fit = co_mod._fit_budget

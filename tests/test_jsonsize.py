@@ -152,30 +152,18 @@ def _odd_message_class() -> type[Message]:
     fd = descriptor_pb2.FieldDescriptorProto
     entry.field.add(name="key", number=1, type=fd.TYPE_BOOL, label=fd.LABEL_OPTIONAL)
     entry.field.add(name="value", number=2, type=fd.TYPE_STRING, label=fd.LABEL_OPTIONAL)
-    odd.field.add(name="name", number=1, type=fd.TYPE_STRING, label=fd.LABEL_OPTIONAL)
-    odd.field.add(name="blob", number=2, type=fd.TYPE_BYTES, label=fd.LABEL_OPTIONAL)
-    odd.field.add(name="ratio", number=3, type=fd.TYPE_FLOAT, label=fd.LABEL_OPTIONAL)
-    odd.field.add(
-        name="flags",
-        number=4,
-        type=fd.TYPE_MESSAGE,
-        label=fd.LABEL_REPEATED,
-        type_name=".oddtest.Odd.FlagsEntry",
-    )
-    odd.field.add(
-        name="wait",
-        number=5,
-        type=fd.TYPE_MESSAGE,
-        label=fd.LABEL_OPTIONAL,
-        type_name=".google.protobuf.Duration",
-    )
-    odd.field.add(
-        name="child",
-        number=6,
-        type=fd.TYPE_MESSAGE,
-        label=fd.LABEL_OPTIONAL,
-        type_name=".oddtest.Odd",
-    )
+    fields = [
+        ("name", fd.TYPE_STRING, fd.LABEL_OPTIONAL, ""),
+        ("blob", fd.TYPE_BYTES, fd.LABEL_OPTIONAL, ""),
+        ("ratio", fd.TYPE_FLOAT, fd.LABEL_OPTIONAL, ""),
+        ("flags", fd.TYPE_MESSAGE, fd.LABEL_REPEATED, ".oddtest.Odd.FlagsEntry"),
+        ("wait", fd.TYPE_MESSAGE, fd.LABEL_OPTIONAL, ".google.protobuf.Duration"),
+        ("child", fd.TYPE_MESSAGE, fd.LABEL_OPTIONAL, ".oddtest.Odd"),
+    ]
+    for number, (name, kind, label, type_name) in enumerate(fields, start=1):
+        field = odd.field.add(name=name, number=number, type=kind, label=label)
+        if type_name:
+            field.type_name = type_name
     pool.Add(fdp)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("oddtest.Odd"))
 
