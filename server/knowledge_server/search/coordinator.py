@@ -172,7 +172,8 @@ class Coordinator:
             if not v.trace:
                 fitted = search_pb2.SearchResponse()
                 fitted.CopyFrom(resp)
-            self._cache[key] = _Answer(stored, fitted, _per_call_sizes(resp))
+            sizes = _per_call_sizes(resp.request_id, resp.lanes.episodes.observed_at)
+            self._cache[key] = _Answer(stored, fitted, sizes)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
             return resp
@@ -189,19 +190,19 @@ class Coordinator:
         neither asks for a trace, fitting the stored answer would remove exactly what it
         removed then: the fitted copy is used as it is (about a third of a hit's CPU
         went to fitting it again). Otherwise the stored answer is fitted afresh."""
-
-        def renewed(stored: search_pb2.SearchResponse) -> search_pb2.SearchResponse:
-            out = search_pb2.SearchResponse()
-            out.CopyFrom(stored)
-            out.request_id = v.request_id
-            out.lanes.episodes.observed_at.GetCurrentTime()
-            return out
-
-        if cached.fitted is not None and not v.trace:
-            resp = renewed(cached.fitted)
-            if _per_call_sizes(resp) == cached.sizes:
-                return resp
-        resp = renewed(cached.answer)
+        now = timestamp_pb2.Timestamp()
+        now.GetCurrentTime()
+        reuse = (
+            cached.fitted is not None
+            and not v.trace
+            and _per_call_sizes(v.request_id, now) == cached.sizes
+        )
+        resp = search_pb2.SearchResponse()
+        resp.CopyFrom(cached.fitted if reuse else cached.answer)  # type: ignore[arg-type]
+        resp.request_id = v.request_id
+        resp.lanes.episodes.observed_at.CopyFrom(now)
+        if reuse:
+            return resp
         if v.trace:
             elapsed = round((time.perf_counter() - started) * 1000, 2)
             for name in names:
@@ -437,13 +438,10 @@ class _Answer:
     sizes: tuple[int, int]
 
 
-def _per_call_sizes(resp: search_pb2.SearchResponse) -> tuple[int, int]:
-    """JSON bytes of the request id and of the episodes lane's observation time (0 when
-    absent): the parts of a cached answer that differ from call to call."""
-    rid = json_size_of_string(resp.request_id) if resp.request_id else 0
-    seen = resp.lanes.episodes
-    when = json_size(seen.observed_at) if seen.HasField("observed_at") else 0
-    return rid, when
+def _per_call_sizes(request_id: str, observed_at: timestamp_pb2.Timestamp) -> tuple[int, int]:
+    """JSON bytes of a request id (0 when empty: not in the text) and of the episodes
+    lane's observation time: the parts of a cached answer that differ from call to call."""
+    return (json_size_of_string(request_id) if request_id else 0), json_size(observed_at)
 
 
 def _time_key(item: object) -> float:
