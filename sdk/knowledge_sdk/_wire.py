@@ -193,9 +193,9 @@ def _parser(cls: type) -> Callable[[bytes, int, int], Any]:
 # the value in place. Anything else (unknown fields, packed lists, a wire type that does
 # not match) goes through ``_field``, which follows the plan generically. The branches
 # save the plan lookup, the tests on the kind and the attribute access by name that every
-# field paid: about 540 fields in a search answer.
-# Complete decoders only: a class's decoder is published with the decoders of every class
-# it refers to, so a client shared between threads never runs one half filled in.
+# field paid: about 540 fields in a search answer. Only complete decoders are published
+# here, each with the decoders of every class it refers to, so a client shared between
+# threads never runs one half filled in.
 _parsers: dict[type, Callable[[bytes, int, int], Any]] = {}
 _compiling = threading.Lock()
 
@@ -247,12 +247,10 @@ def _compile_parser(
                 value = "v = bytes(data[pos:stop])"
             else:
                 subs.append((f"_p{number}", extra))
-                value = {
-                    _MESSAGE: f"v = _p{number}(data, pos, stop)",
-                    _WRAPPED: f"v = _p{number}(data, pos, stop).to_wrapped()",
-                    _MAP: f"v = _p{number}(data, pos, stop)",
-                }[kind]
-                if kind == _MAP:
+                value = f"v = _p{number}(data, pos, stop)"
+                if kind == _WRAPPED:
+                    value += ".to_wrapped()"
+                elif kind == _MAP:
                     store = f"msg.{name}[v.key] = v.value"
             body = f"{_LENGTH_PREFIX}\n            {value}\n            {store}\n            pos = stop"
             key = number << 3 | 2
