@@ -167,9 +167,10 @@ def cpu_ticks() -> tuple[int, int] | None:
 def yardsticks_ms() -> tuple[float, float]:
     """Best of three runs of two fixed pieces of work: a pure-Python loop (about 17 ms on
     this machine at its fastest) and 2M random reads over 64 MB (memory-bound, like the
-    index lookups of a search). The same work every time, so they show how fast the
-    machine itself runs now: shared virtual machines vary by half or more within an hour,
-    without any steal, and the second moves with a search's speed more than the first."""
+    index lookups of a search). The same work every time, on one core while the other
+    idles: shared virtual machines vary by half or more within an hour without any steal,
+    and these follow that only loosely (slow search phases were seen with either fast or
+    slow yardsticks), so read them as a hint, not a correction factor."""
     import numpy as np
 
     table = np.arange(16_000_000, dtype=np.int32)
