@@ -34,10 +34,11 @@ SEED_DIR = REPO_ROOT.parent / "shared" / "seeds"
 class RunningServer:
     """A real grpc.aio server on a free loopback port, with its app and config."""
 
-    def __init__(self, server, port: int, app, config) -> None:  # type: ignore[no-untyped-def]
-        self.server = server
-        self.port = port
-        self.app = app
+    def __init__(self, served, config) -> None:  # type: ignore[no-untyped-def]
+        self.served = served
+        self.server = served.server
+        self.port = served.port
+        self.app = served.app
         self.config = config
 
     @property
@@ -55,9 +56,9 @@ async def start_server(tmp_path: Path, app_factory=None, authenticate=None, **ov
     values.update(overrides)
     cfg = load_config(env={}, overrides=values)
     app = app_factory(cfg) if app_factory else build_app(cfg)
-    server, port, app = await create_server(cfg, app, authenticate=authenticate)
-    await server.start()
-    return RunningServer(server, port, app, cfg)
+    served = await create_server(cfg, app, authenticate=authenticate)
+    await served.server.start()
+    return RunningServer(served, cfg)
 
 
 @pytest.fixture

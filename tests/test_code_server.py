@@ -69,7 +69,7 @@ async def test_index_stream_search_chunk_and_stale_warning(tmp_path: Path) -> No
             (ws / "json" / "decoder.py").write_text(
                 (ws / "json" / "decoder.py").read_text() + "\n# touched\n"
             )
-            rs.app.lanes["code"].refresh_freshness()
+            rs.app.lanes.code.refresh_freshness()  # type: ignore[union-attr]
             stale = await kc.search("where is JSONDecodeError raised", include=["code"])
             assert stale.lanes.code.freshness.stale and stale.lanes.code.items
             assert any(w.code == "KNOWLEDGE_STALE_INDEX" for w in stale.warnings)

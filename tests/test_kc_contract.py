@@ -196,11 +196,11 @@ class _swap:
 
     def __enter__(self) -> None:
         for name, lane in self.lanes.items():
-            self.saved[name] = self.world.server.app.lanes[name]
-            self.world.server.app.lanes[name] = lane
+            self.saved[name] = self.world.server.app.coordinator.lanes[name]
+            self.world.server.app.coordinator.lanes[name] = lane
 
     def __exit__(self, *exc: object) -> None:
-        self.world.server.app.lanes.update(self.saved)
+        self.world.server.app.coordinator.lanes.update(self.saved)
 
 
 def test_kc1_valid_request_has_schema_routing_lanes_fusion(world: World) -> None:

@@ -177,3 +177,75 @@ def test_every_built_in_lane_reader_stops_at_the_deadline(tmp_path: Path) -> Non
     finally:
         for lane in lanes:
             lane.close()  # type: ignore[attr-defined]
+
+
+class _HttpBackendLane:
+    """An external backend: awaits a real HTTP service instead of blocking the loop, knows
+    nothing of LANE_DEADLINE, and still fits the coordinator unchanged (KC-3)."""
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name, self.url = name, url
+
+    async def search(self, q: LaneQuery) -> LaneResult:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=30) as client:
+            answer = (await client.get(self.url)).json()
+        lane = empty_lane(self.name)
+        lane.items.add(id=f"ep:{answer['session']}:1", session_id=answer["session"], seq=1)
+        return LaneResult(lane=lane)
+
+    def revision(self) -> None:
+        return None
+
+
+@pytest.fixture
+def slow_http() -> object:
+    """A local HTTP server: /fast answers at once, /slow after 3 s; counts finished answers."""
+    import http.server
+    import json
+    import threading
+
+    finished: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/slow":
+                time.sleep(3)
+            body = json.dumps({"session": self.path.strip("/")}).encode()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                finished.append(self.path)
+            except OSError:
+                pass  # the caller gave up
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", finished
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_kc3_an_async_external_backend_is_cut_off_at_its_timeout(slow_http) -> None:  # type: ignore[no-untyped-def]
+    """The coordinator's timeout does not depend on how a lane waits: an awaiting lane is
+    cancelled at its deadline (no answer used, the search returns within the timeout)
+    while an awaiting lane that answers in time is used as it is."""
+    url, _ = slow_http
+    lanes = {
+        "episodes": _HttpBackendLane("episodes", f"{url}/fast"),
+        "code": _HttpBackendLane("code", f"{url}/slow"),
+    }
+    started = time.monotonic()
+    resp = _search(lanes, timeout_ms=1000)
+    took = time.monotonic() - started
+    assert took < 2.5, took  # the slow backend answers after 3 s
+    assert resp.lanes.code.degraded and "timeout" in resp.lanes.code.degradation_reason
+    assert not resp.lanes.code.items
+    assert [it.id for it in resp.lanes.episodes.items] == ["ep:fast:1"] and resp.found

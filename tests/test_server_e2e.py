@@ -20,6 +20,7 @@ from knowledge_sdk import (
 )
 from knowledge_sdk import types as v1
 from knowledge_server.app import KnowledgeApp
+from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import LaneQuery, LaneResult, empty_lane
 from structlog.testing import capture_logs
 
@@ -110,26 +111,30 @@ class _SlowLane:
         lane.index_rev = "slow-rev"
         return LaneResult(lane=lane)
 
+    def revision(self) -> None:
+        return None
+
 
 async def test_graceful_shutdown_lets_in_flight_calls_finish(tmp_path: Path) -> None:
     """SIGTERM path: health goes NOT_SERVING, the in-flight call still completes."""
     from knowledge_server.server import shutdown
 
     def factory(cfg):  # type: ignore[no-untyped-def]
-        app = KnowledgeApp(cfg)
-        app.lanes["episodes"] = _SlowLane(0.6)
-        return app
+        return KnowledgeApp(
+            cfg,
+            coordinator=Coordinator({"episodes": _SlowLane(0.6)}, timeout_ms=cfg.lane_timeout_ms),
+        )
 
     rs = await start_server(tmp_path, app_factory=factory, lane_timeout_ms=5000)
     async with AsyncKnowledgeClient(rs.address) as kc:
         call = asyncio.create_task(kc.search("slow question", include=["episodes"]))
         await asyncio.sleep(0.2)
-        stopping = asyncio.create_task(shutdown(rs.server, rs.app, grace=5))
+        stopping = asyncio.create_task(shutdown(rs.served, grace=5))
         await asyncio.sleep(0.1)
         resp = await call
         await stopping
     assert resp.lanes.episodes.index_rev == "slow-rev"
-    status = await rs.app.health.Check(health_pb2.HealthCheckRequest(service=""), None)  # type: ignore[attr-defined]
+    status = await rs.served.health.Check(health_pb2.HealthCheckRequest(service=""), None)
     assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
 

@@ -57,7 +57,7 @@ def test_the_setting_reaches_the_stores_of_a_served_app(tmp_path: Path) -> None:
     )
     app = build_app(cfg)
     try:
-        with app.lanes["episodes"]._readers.get() as store:  # type: ignore[attr-defined]
+        with app.lanes.episodes._readers.get() as store:  # type: ignore[attr-defined]
             assert _mapped(store.conn) == 8 * 1024 * 1024
     finally:
         app.close()

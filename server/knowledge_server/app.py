@@ -1,7 +1,9 @@
 """The application layer: plain Python behind the gRPC servicers.
 
-It owns the lanes, the coordinator and the licence/edition state, and knows nothing
-about gRPC except the protobuf messages it takes and returns.
+It owns the lanes (one :class:`~knowledge_server.lanes.contract.Lanes` value, given to its
+constructor), the coordinator and the licence/edition view, and knows nothing about
+gRPC except the protobuf messages it takes and returns: the caller's principal comes
+in as a plain argument (``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -20,16 +22,25 @@ from knowledge_server._gen.knowledge.v1 import (
     knowledge_service_pb2,
     search_pb2,
 )
-from knowledge_server.auth_model import Principal
+from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.config import Config
+from knowledge_server.dispatch import run_dispatch, validate_dispatch
+from knowledge_server.edition import LicenceView
 from knowledge_server.errors import InvalidRequest, PermissionDenied, Unimplemented
-from knowledge_server.lanes.common import run_with_progress
+from knowledge_server.lanes.common import in_thread, run_with_progress
+from knowledge_server.lanes.contract import Lanes
 from knowledge_server.logs import get_logger
 from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import Lane, NotReadyLane
 from knowledge_server.search.validate import validate_search
-from knowledge_server.transport.interceptors import EditionState, current_call
 from knowledge_server.workspaces import in_scope, is_under, normalise_workspace
+
+# Why each search lane is empty when a deployment has no such lane.
+_NOT_READY = {
+    "episodes": "no session logs have been ingested yet",
+    "code": "no workspace has been indexed yet",
+    "skills": "the skill catalog has not been built yet",
+}
 
 
 def effective_workspaces(
@@ -49,102 +60,94 @@ def effective_workspaces(
     return tuple(w for w in wanted if any(is_under(w, a) for a in allowed_n))
 
 
-class LicenceView:
-    """Edition state for the gate and GetStatus. Replaced by the licence watcher at start."""
-
-    def edition(self) -> EditionState:
-        return EditionState("community", frozenset(), "missing")
-
-    def status(self) -> index_service_pb2.EditionStatus:
-        e = self.edition()
-        return index_service_pb2.EditionStatus(
-            edition=e.edition,
-            licence_state=e.licence_state,
-            reason="no licence file",
-            features=sorted(e.features),
-        )
-
-
 class KnowledgeApp:
+    """Everything a serving process answers with. ``lanes`` are the capabilities it has;
+    ``coordinator`` defaults to one over those lanes (tests pass their own to search
+    stand-in lanes)."""
+
     def __init__(
         self,
         config: Config,
         *,
-        lanes: dict[str, Lane] | None = None,
+        lanes: Lanes | None = None,
         licence: LicenceView | None = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.config = config
         self.started_at = datetime.now(UTC)
         self.licence = licence or LicenceView()
-        self.lanes: dict[str, Lane] = lanes or {
-            "episodes": NotReadyLane("episodes", "no session logs have been ingested yet"),
-            "code": NotReadyLane("code", "no workspace has been indexed yet"),
-            "skills": NotReadyLane("skills", "the skill catalog has not been built yet"),
-        }
-        skills = self.lanes.get("skills")
-        self.coordinator = Coordinator(
-            self.lanes,
+        self.lanes = lanes or Lanes()
+        self.coordinator = coordinator or Coordinator(
+            self._search_lanes(),
             timeout_ms=config.lane_timeout_ms,
-            actor_builder=getattr(skills, "build_actors", None),
-            episode_actors=getattr(skills, "episode_actors", None),
+            actor_builder=self.lanes.skills.build_actors if self.lanes.skills else None,
+            episode_actors=self.lanes.skills.episode_actors if self.lanes.skills else None,
         )
 
+    def _search_lanes(self) -> dict[str, Lane]:
+        present: dict[str, Lane | None] = {
+            "episodes": self.lanes.episodes,
+            "code": self.lanes.code,
+            "skills": self.lanes.skills,
+        }
+        return {
+            name: lane if lane is not None else NotReadyLane(name, _NOT_READY[name])
+            for name, lane in present.items()
+        }
+
     # -- KnowledgeService -------------------------------------------------------------
-    async def search(self, req: search_pb2.SearchRequest) -> search_pb2.SearchResponse:
+    async def search(
+        self, req: search_pb2.SearchRequest, principal: Principal
+    ) -> search_pb2.SearchResponse:
         valid = validate_search(req)
-        scope = effective_workspaces(current_call().principal, valid.workspaces)
+        scope = effective_workspaces(principal, valid.workspaces)
         return await self.coordinator.search(valid, scope)
 
-    async def dispatch(self, req: dispatch_pb2.DispatchRequest) -> dispatch_pb2.DispatchResponse:
-        from knowledge_server.dispatch import run_dispatch, validate_dispatch
-
+    async def dispatch(
+        self, req: dispatch_pb2.DispatchRequest, principal: Principal
+    ) -> dispatch_pb2.DispatchResponse:
         valid = validate_dispatch(req)
-        scope = effective_workspaces(current_call().principal, valid.workspaces)
-        return await run_dispatch(self, valid, scope)
+        scope = effective_workspaces(principal, valid.workspaces)
+        return await run_dispatch(self.coordinator, self.lanes, self.config.data_dir, valid, scope)
 
     async def get_episode(
-        self, req: knowledge_service_pb2.GetEpisodeRequest
+        self, req: knowledge_service_pb2.GetEpisodeRequest, principal: Principal
     ) -> knowledge_service_pb2.GetEpisodeResponse:
-        lane = self.lanes.get("episodes")
-        getter = getattr(lane, "get_episode_sync", None)
-        if getter is None:
+        lane = self.lanes.episodes
+        if lane is None:
             raise Unimplemented("GetEpisode needs the built-in episodes lane")
-        scope = effective_workspaces(current_call().principal, ())
-        return await asyncio.to_thread(getter, req.id, req.neighbours, scope)
+        scope = effective_workspaces(principal, ())
+        return await asyncio.to_thread(lane.get_episode_sync, req.id, req.neighbours, scope)
 
     async def get_chunk(
-        self, req: knowledge_service_pb2.GetChunkRequest
+        self, req: knowledge_service_pb2.GetChunkRequest, principal: Principal
     ) -> knowledge_service_pb2.GetChunkResponse:
-        lane = self.lanes.get("code")
-        getter = getattr(lane, "get_chunk_sync", None)
-        if getter is None:
+        lane = self.lanes.code
+        if lane is None:
             raise Unimplemented("GetChunk needs the built-in code lane")
-        scope = effective_workspaces(current_call().principal, ())
-        return await asyncio.to_thread(getter, req.id, scope)
+        scope = effective_workspaces(principal, ())
+        return await asyncio.to_thread(lane.get_chunk_sync, req.id, scope)
 
     # -- DocGraphService ---------------------------------------------------------------
-    async def docgraph(self, op: str, req: object) -> object:
-        from knowledge_server.lanes.common import in_thread
-
-        lane = getattr(self, "docgraph_lane", None)
-        op_sync = getattr(lane, "op_sync", None)
-        if op_sync is None:
+    async def docgraph(self, op: str, req: object, principal: Principal) -> object:
+        lane = self.lanes.docgraph
+        if lane is None:
             raise Unimplemented(f"{op} (document graph) needs the built-in docgraph lane")
-        scope = effective_workspaces(current_call().principal, ())
-        return await in_thread(op_sync, op, req, scope, pool="docgraph")
+        scope = effective_workspaces(principal, ())
+        return await in_thread(lane.op_sync, op, req, scope, pool="docgraph")
 
     # -- IndexService ------------------------------------------------------------------
     async def index_stream(
-        self, op: str, req: Any
+        self, op: str, req: Any, principal: Principal
     ) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
+        scope = effective_workspaces(principal, ())
         if op == "build_doc_graph":
-            build = getattr(getattr(self, "docgraph_lane", None), "build_sync", None)
-            if build is None:
+            graph = self.lanes.docgraph
+            if graph is None:
                 raise Unimplemented("BuildDocGraph needs the built-in docgraph lane")
             root = normalise_workspace(req.root) if req.root else None
-            scope = effective_workspaces(current_call().principal, ())
             async for event in run_with_progress(
-                lambda progress: build(
+                lambda progress: graph.build_sync(
                     root,
                     req.estimate,
                     req.max_chunks,
@@ -157,9 +160,8 @@ class KnowledgeApp:
                 yield event
             return
         if op == "ingest_sessions":
-            lane = self.lanes.get("episodes")
-            ingest = getattr(lane, "ingest_sync", None)
-            if ingest is None:
+            episodes = self.lanes.episodes
+            if episodes is None:
                 raise Unimplemented("IngestSessions needs the built-in episodes lane")
             paths = [normalise_workspace(p) for p in req.paths]
             for p in paths:
@@ -167,35 +169,34 @@ class KnowledgeApp:
                     raise InvalidRequest(
                         f"paths: {p} does not exist on the server", metadata={"field": "paths"}
                     )
-            async for event in run_with_progress(lambda progress: ingest(paths or None, progress)):
+            async for event in run_with_progress(
+                lambda progress: episodes.ingest_sync(paths or None, progress)
+            ):
                 yield event
             await self.after_ingest()
             return
         if op == "index_workspace":
-            lane = self.lanes.get("code")
-            index = getattr(lane, "index_sync", None)
-            if index is None:
+            code = self.lanes.code
+            if code is None:
                 raise Unimplemented("IndexWorkspace needs the built-in code lane")
             if not req.root:
                 raise InvalidRequest(
                     "root: an absolute workspace path is required", metadata={"field": "root"}
                 )
             root = normalise_workspace(req.root)
-            scope = effective_workspaces(current_call().principal, ())
             if scope is not None and not in_scope(root, scope):
                 raise PermissionDenied("root: outside the workspaces this principal may manage")
-            async for event in run_with_progress(lambda progress: index(root, req.full, progress)):
+            async for event in run_with_progress(
+                lambda progress: code.index_sync(root, req.full, progress)
+            ):
                 yield event
             return
         if op == "rebuild_derived":
-            lane = self.lanes.get("skills")
-            episodes = self.lanes.get("episodes")
-            rebuild = getattr(lane, "rebuild_sync", None)
-            episodes_path = getattr(episodes, "path", None)
-            if rebuild is None or episodes_path is None:
+            skills, source = self.lanes.skills, self.lanes.episodes
+            if skills is None or source is None:
                 raise Unimplemented("RebuildDerived needs the built-in skills and episodes lanes")
             async for event in run_with_progress(
-                lambda progress: rebuild(episodes_path, req.full, progress)
+                lambda progress: skills.rebuild_sync(source.path, req.full, progress)
             ):
                 yield event
             return
@@ -204,19 +205,21 @@ class KnowledgeApp:
     async def after_ingest(self) -> None:
         """The derived layer is rebuilt incrementally after each ingestion."""
         async for _ in self.index_stream(
-            "rebuild_derived", index_service_pb2.RebuildDerivedRequest()
+            "rebuild_derived", index_service_pb2.RebuildDerivedRequest(), LOCAL_PRINCIPAL
         ):
             pass
 
     async def bootstrap(self) -> None:
         """Start-up work in the background: ingest logs (or the bundled sample), rebuild
         the derived layer, index the workspaces. Lanes answer KNOWLEDGE_INDEX_NOT_READY
-        until their part is done; a failure is logged and kept for GetStatus."""
+        until their part is done; a failure is logged and kept for GetStatus.
+
+        It runs as the server itself (the local principal), not as any caller."""
         log = get_logger("knowledge.bootstrap")
-        if getattr(self.lanes.get("episodes"), "ingest_sync", None) is not None:
+        if self.lanes.episodes is not None:
             try:
                 async for event in self.index_stream(
-                    "ingest_sessions", index_service_pb2.IngestSessionsRequest()
+                    "ingest_sessions", index_service_pb2.IngestSessionsRequest(), LOCAL_PRINCIPAL
                 ):
                     if isinstance(event, index_service_pb2.OperationSummary):
                         log.info(
@@ -227,11 +230,13 @@ class KnowledgeApp:
                         )
             except Exception as exc:  # noqa: BLE001 - the server keeps serving the other lanes
                 log.error("bootstrap.ingest_failed", error_type=type(exc).__name__)
-        if getattr(self.lanes.get("code"), "index_sync", None) is not None:
+        if self.lanes.code is not None:
             for root in self.config.workspaces:
                 try:
                     async for event in self.index_stream(
-                        "index_workspace", index_service_pb2.IndexWorkspaceRequest(root=root)
+                        "index_workspace",
+                        index_service_pb2.IndexWorkspaceRequest(root=root),
+                        LOCAL_PRINCIPAL,
                     ):
                         if isinstance(event, index_service_pb2.OperationSummary):
                             log.info(
@@ -241,15 +246,14 @@ class KnowledgeApp:
                                 index_rev=event.index_rev,
                                 ms=event.ms,
                             )
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001 - the other workspaces still index
                     log.error(
                         "bootstrap.index_failed", workspace=root, error_type=type(exc).__name__
                     )
 
     async def status(
-        self, req: index_service_pb2.GetStatusRequest
+        self, req: index_service_pb2.GetStatusRequest, principal: Principal
     ) -> index_service_pb2.GetStatusResponse:
-        principal = current_call().principal
         resp = index_service_pb2.GetStatusResponse(version=__version__)
         resp.edition.CopyFrom(self.licence.status())
         resp.principal.id = principal.id
@@ -259,25 +263,25 @@ class KnowledgeApp:
         resp.started_at.FromDatetime(self.started_at)
         scope = effective_workspaces(principal, ())
         resp.workspaces.extend(w for w in self.config.workspaces if scope is None or w in scope)
-        for name, lane in self.lanes.items():
-            status = getattr(lane, "status", None)
-            if status is not None:
-                resp.lanes.append(status(scope))
+        for name, lane in self.lanes.reporting():
+            if lane is not None:
+                resp.lanes.append(lane.status(scope))
             else:
                 resp.lanes.append(
                     index_service_pb2.LaneStatus(
                         lane=name, degraded=True, capability="degraded", reason="not built"
                     )
                 )
-        if getattr(self, "docgraph_lane", None) is not None:
-            resp.lanes.append(self.docgraph_lane.status(scope))
         return resp
 
+    def reload(self) -> None:
+        """SIGHUP: re-read the licence."""
+        self.licence.reload()
+
     def close(self) -> None:
-        for lane in [*self.lanes.values(), getattr(self, "docgraph_lane", None)]:
-            closer = getattr(lane, "close", None)
-            if closer is not None:
-                closer()
+        for _, lane in self.lanes.reporting():
+            if lane is not None:
+                lane.close()
 
     def data_path(self, name: str) -> Path:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)

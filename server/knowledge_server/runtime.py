@@ -13,19 +13,20 @@ from pathlib import Path
 from knowledge_licensing import KeyRingError, LicenceStatus, LicenceWatcher, load_keyring
 
 from knowledge_server._gen.knowledge.v1 import index_service_pb2
-from knowledge_server.app import KnowledgeApp, LicenceView
+from knowledge_server.app import KnowledgeApp
 from knowledge_server.auth import TokenStore
 from knowledge_server.auth_model import Principal
 from knowledge_server.code.embed import E5Embedder, Embedder, HashingEmbedder, OpenAIEmbedder
 from knowledge_server.code.model import IndexOptions
 from knowledge_server.config import Config, ConfigError
+from knowledge_server.edition import EditionState, LicenceView
 from knowledge_server.lanes.code import CodeLane
+from knowledge_server.lanes.contract import Lanes
 from knowledge_server.lanes.derived import DerivedLane
+from knowledge_server.lanes.docgraph import DocGraphLane, llm_settings_from_config
 from knowledge_server.lanes.episodes import EpisodesLane
 from knowledge_server.logs import get_logger
 from knowledge_server.schema import set_mmap_mib
-from knowledge_server.search.lanes import Lane
-from knowledge_server.transport.interceptors import EditionState
 
 log = get_logger("knowledge.runtime")
 
@@ -140,26 +141,22 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
     licence = WatchedLicence(config, clock)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     set_mmap_mib(config.sqlite_mmap_mib)  # before any store is opened
-    lanes: dict[str, Lane] = {
-        "episodes": EpisodesLane(
+    lanes = Lanes(
+        episodes=EpisodesLane(
             config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces
         ),
-        "code": CodeLane(
+        code=CodeLane(
             config.data_dir,
             embedder=make_embedder(config),
             options=IndexOptions(workers=1, max_file_bytes=config.max_file_bytes),
         ),
-        "skills": DerivedLane(
+        skills=DerivedLane(
             config.data_dir, skill_roots=config.skill_roots, workspaces=config.workspaces
         ),
-    }
-    app = KnowledgeApp(config, licence=licence, lanes=lanes)
-    app.reload = licence.reload  # type: ignore[attr-defined]
-    from knowledge_server.lanes.docgraph import DocGraphLane, llm_settings_from_config
-
-    # Kept apart from ``lanes``: the search coordinator must not query the document graph.
-    app.docgraph_lane = DocGraphLane(config.data_dir, llm_settings_from_config(config))  # type: ignore[attr-defined]
-    return app
+        # Not a search lane: the coordinator never queries the document graph.
+        docgraph=DocGraphLane(config.data_dir, llm_settings_from_config(config)),
+    )
+    return KnowledgeApp(config, licence=licence, lanes=lanes)
 
 
 async def start_background(app: KnowledgeApp) -> None:
@@ -168,9 +165,8 @@ async def start_background(app: KnowledgeApp) -> None:
     licence = app.licence
     if isinstance(licence, WatchedLicence):
         tasks.append(asyncio.create_task(licence.watch()))
-    bootstrap = getattr(app, "bootstrap", None)
-    if bootstrap is not None and app.config.bootstrap:
-        tasks.append(asyncio.create_task(bootstrap()))
+    if app.config.bootstrap:
+        tasks.append(asyncio.create_task(app.bootstrap()))
     try:
         await asyncio.gather(*tasks)
     finally:

@@ -13,6 +13,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TextIO
 
 import grpc
@@ -59,12 +60,22 @@ def _credentials(config: Config) -> grpc.ServerCredentials | None:
     )
 
 
+@dataclass(frozen=True)
+class Served:
+    """A bound (not yet started) server with what it serves."""
+
+    server: grpc.aio.Server
+    port: int
+    app: KnowledgeApp
+    health: health.aio.HealthServicer
+
+
 async def create_server(
     config: Config,
     app: KnowledgeApp | None = None,
     *,
     authenticate: Callable[[str], Principal | None] | None = None,
-) -> tuple[grpc.aio.Server, int, KnowledgeApp]:
+) -> Served:
     app = app or KnowledgeApp(config)
     if config.auth_required and authenticate is None:
         raise ConfigError(
@@ -101,22 +112,17 @@ async def create_server(
     bound = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     if bound == 0:
         raise ConfigError(f"listen: could not bind {address}")
-    app.health = health_servicer  # type: ignore[attr-defined]
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, bound, app
+    return Served(server, bound, app, health_servicer)
 
 
-async def shutdown(server: grpc.aio.Server, app: KnowledgeApp, grace: float) -> None:
-    health_servicer = getattr(app, "health", None)
-    if health_servicer is not None:
-        await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace)
-    closer = getattr(app, "close", None)
-    if closer is not None:
-        result = closer()
-        if asyncio.iscoroutine(result):
-            await result
+async def shutdown(served: Served, grace: float) -> None:
+    """Health NOT_SERVING first, then stop accepting calls (in-flight ones get ``grace``
+    seconds), then close the stores."""
+    await served.health.enter_graceful_shutdown()
+    await served.server.stop(grace)
+    served.app.close()
 
 
 async def serve(
@@ -130,7 +136,8 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM/SIGINT; with ``config.workers > 1`` (and ``spawn_workers``)
     also start and stop the extra worker processes (see knowledge_server.workers)."""
-    server, port, app = await create_server(config, app, authenticate=authenticate)
+    served = await create_server(config, app, authenticate=authenticate)
+    server, port, app = served.server, served.port, served.app
     await server.start()
     host = parse_listen(config.listen)[0]
     log.info(
@@ -145,11 +152,9 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     workers = WorkerGroup(config, host, port, spawn=spawn_workers)
-    reload_hook = getattr(app, "reload", None)
 
     def on_hangup() -> None:
-        if reload_hook is not None:
-            reload_hook()
+        app.reload()
         workers.signal(signal.SIGHUP)
 
     loop.add_signal_handler(signal.SIGHUP, on_hangup)
@@ -157,7 +162,7 @@ async def serve(
         await workers.start()
     except ConfigError:
         await workers.stop(0)
-        await shutdown(server, app, 0)
+        await shutdown(served, 0)
         raise
     # Printed only once every process accepts calls and signals are handled.
     print(f"listening on {host}:{port}", file=out, flush=True)
@@ -172,7 +177,5 @@ async def serve(
     watch.cancel()
     if background is not None:
         background.cancel()
-    await asyncio.gather(
-        workers.stop(config.grace_seconds), shutdown(server, app, config.grace_seconds)
-    )
+    await asyncio.gather(workers.stop(config.grace_seconds), shutdown(served, config.grace_seconds))
     log.info("server.stopped")

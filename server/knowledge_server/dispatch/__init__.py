@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from pathlib import Path
 
-from knowledge_server._gen.knowledge.v1 import dispatch_pb2
+from knowledge_server._gen.knowledge.v1 import dispatch_pb2, search_pb2
 from knowledge_server.dispatch.planner import (
     EXECUTION,
     HANDOFF_SCHEMA,
@@ -18,26 +18,39 @@ from knowledge_server.dispatch.planner import (
     task_hash,
     validate_dispatch,
 )
+from knowledge_server.lanes.contract import Lanes
+from knowledge_server.search.coordinator import Coordinator
 
 
-def dispatcher_for(app: Any) -> Dispatcher:
+def dispatcher_for(coordinator: Coordinator, lanes: Lanes, data_dir: Path) -> Dispatcher:
     """A dispatcher over the app's coordinator and lanes (cheap; holds no connections)."""
-    from knowledge_server.lanes.derived import dispatch_info
+    skills = lanes.skills
+
+    def reach(kind: str, harness: str, _outbox: Path) -> search_pb2.DispatchInfo:
+        if skills is None:
+            return search_pb2.DispatchInfo(
+                mode="none", available=False, reason="no derived layer on this server"
+            )
+        return skills.dispatch_info(kind, harness)
 
     return Dispatcher(
-        coordinator=app.coordinator,
-        derived_lane=app.lanes.get("skills"),
-        episodes_lane=app.lanes.get("episodes"),
-        data_dir=app.config.data_dir,
-        dispatch_info=dispatch_info,
+        coordinator=coordinator,
+        derived_lane=skills,
+        episodes_lane=lanes.episodes,
+        data_dir=data_dir,
+        dispatch_info=reach,
     )
 
 
 async def run_dispatch(
-    app: Any, valid: ValidDispatch, scope: tuple[str, ...] | None
+    coordinator: Coordinator,
+    lanes: Lanes,
+    data_dir: Path,
+    valid: ValidDispatch,
+    scope: tuple[str, ...] | None,
 ) -> dispatch_pb2.DispatchResponse:
     """Plan; on commit also record the assignment and write the outbox package."""
-    dispatcher = dispatcher_for(app)
+    dispatcher = dispatcher_for(coordinator, lanes, data_dir)
     plan = await dispatcher.plan(valid, scope)
     if valid.dry_run:
         return plan.response

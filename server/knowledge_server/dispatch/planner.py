@@ -36,7 +36,8 @@ from knowledge_server.derived.store import ActorInfo, DerivedStore
 from knowledge_server.dispatch import outbox
 from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound
 from knowledge_server.lanes.common import WriterLock
-from knowledge_server.search.coordinator import count_tokens
+from knowledge_server.lanes.contract import DerivedLane, EpisodeLane
+from knowledge_server.search.coordinator import Coordinator, count_tokens
 from knowledge_server.search.jsonsize import json_text
 from knowledge_server.search.validate import LANES, ValidSearch
 from knowledge_server.workspaces import in_scope
@@ -227,9 +228,9 @@ class Dispatcher:
     def __init__(
         self,
         *,
-        coordinator: Any,
-        derived_lane: Any,
-        episodes_lane: Any,
+        coordinator: Coordinator,
+        derived_lane: DerivedLane | None,
+        episodes_lane: EpisodeLane | None,
         data_dir: Path,
         dispatch_info: Callable[[str, str, Path], search_pb2.DispatchInfo],
     ) -> None:
@@ -237,7 +238,7 @@ class Dispatcher:
         self.derived_lane = derived_lane
         self.episodes_lane = episodes_lane
         self.data_dir = Path(data_dir)
-        self.outbox = Path(getattr(derived_lane, "outbox", None) or outbox.outbox_dir(data_dir))
+        self.outbox = derived_lane.outbox if derived_lane else outbox.outbox_dir(data_dir)
         self.dispatch_info = dispatch_info
 
     # -- store access ---------------------------------------------------------------------
@@ -348,11 +349,10 @@ class Dispatcher:
         """The event type (and tool) of an episode, or None when it is not visible."""
         if episode_id in known:
             return known[episode_id]
-        getter = getattr(self.episodes_lane, "get_episode_sync", None)
-        if getter is None:
+        if self.episodes_lane is None:
             return ""
         try:
-            ep = getter(episode_id, 0, scope).episode
+            ep = self.episodes_lane.get_episode_sync(episode_id, 0, scope).episode
         except KnowledgeError:
             return None
         return ep.event_type + (f", tool {ep.tool_name}" if ep.tool_name else "")

@@ -178,6 +178,9 @@ class DerivedLane:
         return run_bounded(self._search_sync, q)
 
     # -- actors ---------------------------------------------------------------------------
+    def dispatch_info(self, kind: str, harness: str) -> search_pb2.DispatchInfo:
+        return dispatch_info(kind, harness, self.outbox)
+
     def episode_actors(self, episode_ids: Sequence[str]) -> dict[str, str]:
         with self._readers.get() as store:
             rev = store.index_rev()

@@ -18,7 +18,7 @@ import dataclasses
 import math
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf import timestamp_pb2
@@ -63,14 +63,14 @@ ActorBuilder = Callable[[search_pb2.SearchResponse, ValidSearch], Sequence[searc
 class Coordinator:
     def __init__(
         self,
-        lanes: dict[str, Lane],
+        lanes: Mapping[str, Lane],
         *,
         timeout_ms: int = 250,
         actor_builder: ActorBuilder | None = None,
         episode_actors: Callable[[Sequence[str]], dict[str, str]] | None = None,
         cache_size: int = 512,
     ) -> None:
-        self.lanes = lanes
+        self.lanes = dict(lanes)
         self.timeout_ms = timeout_ms
         self.actor_builder = actor_builder
         # episode ids -> actor ids (for the per-actor diversity cap); default: the session.
@@ -91,12 +91,11 @@ class Coordinator:
         # Results are cached per (lane, lane revision, query); a new revision is a new key,
         # so a cached answer is always the answer the current index would give.
         key = None
-        revision = getattr(lane, "revision", None)
-        if revision is not None and self.cache_size:
+        if self.cache_size:
             try:
                 # The revision read for the whole-answer key a moment ago, when there was one.
-                rev = known_revision if known_revision is not None else revision()
-                key = (name, rev, q)
+                rev = known_revision if known_revision is not None else lane.revision()
+                key = (name, rev, q) if rev is not None else None
             except Exception:  # noqa: BLE001 - no revision, no cache
                 key = None
             cached = self._cache.get(key) if key is not None else None
@@ -134,13 +133,16 @@ class Coordinator:
         """Every queried lane's revision, or None when one cannot say (then no caching)."""
         revs = []
         for name in names:
-            revision = getattr(self.lanes.get(name), "revision", None)
-            if revision is None:
+            lane = self.lanes.get(name)
+            if lane is None:
                 return None
             try:
-                revs.append(revision())
-            except Exception:  # noqa: BLE001
+                rev = lane.revision()
+            except Exception:  # noqa: BLE001 - a lane that cannot say is not cached
                 return None
+            if rev is None:
+                return None
+            revs.append(rev)
         return tuple(revs)
 
     async def search(
@@ -401,10 +403,12 @@ class Coordinator:
 async def _bounded(lane: Lane, q: LaneQuery, timeout: float, own: list[float]) -> LaneResult:
     """``lane.search(q)`` with its deadline (``LANE_DEADLINE``) counted from when it starts.
 
-    Our lanes block the loop while they read (their connections stop a query at the
-    deadline), so the lanes of one search run one after another; each gets its whole
-    timeout from its own start, and a slow lane does not eat into the next one's time.
-    ``own`` receives the lane's own duration in seconds, also when it fails."""
+    The one timeout rule, whatever the lane's call model (``docs/architecture.md``): a
+    lane call has ``timeout`` seconds from its own start. A lane that awaits (an external
+    backend) is cancelled there by ``wait_for``; a lane that blocks the loop (ours: SQLite
+    reads that stop themselves at ``LANE_DEADLINE``) cannot be cancelled, so an answer it
+    returns after its deadline is discarded by the caller. ``own`` receives the lane's own
+    duration in seconds, also when it fails."""
     started = time.monotonic()
     token = LANE_DEADLINE.set(started + timeout)
     try:

@@ -17,7 +17,7 @@ stop its own work there: an answer that arrives after the deadline is not used a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -68,9 +68,17 @@ class LaneResult:
 
 
 class Lane(Protocol):
+    """What the coordinator needs of a lane, and all it sees of one."""
+
     name: str
 
     async def search(self, q: LaneQuery) -> LaneResult: ...
+
+    def revision(self) -> Hashable | None:
+        """What the lane's answers are a function of, besides the query (its index
+        revision): results are cached under it. None = the lane cannot say, and its
+        answers are never cached."""
+        ...
 
 
 def empty_lane(name: str) -> LaneMessage:
@@ -102,3 +110,6 @@ class NotReadyLane:
 
     async def search(self, q: LaneQuery) -> LaneResult:
         return degraded(self.name, "KNOWLEDGE_INDEX_NOT_READY", self._reason)
+
+    def revision(self) -> None:
+        return None

@@ -28,6 +28,7 @@ from google.rpc import error_details_pb2, status_pb2
 from knowledge_server import errors
 from knowledge_server._gen.knowledge.v1 import errors_pb2
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
+from knowledge_server.edition import EditionState
 from knowledge_server.transport.policy import EDITION_NAMES, POLICIES, Policy
 
 log = structlog.get_logger("knowledge.rpc")
@@ -310,13 +311,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
 def _request_id() -> str:
     return str(structlog.contextvars.get_contextvars().get("request_id", ""))
-
-
-@dataclass(frozen=True)
-class EditionState:
-    edition: str
-    features: frozenset[str]
-    licence_state: str
 
 
 class EditionInterceptor(grpc.aio.ServerInterceptor):

@@ -14,6 +14,7 @@ from knowledge_server._gen.knowledge.v1 import (
     knowledge_service_pb2_grpc,
 )
 from knowledge_server.app import KnowledgeApp
+from knowledge_server.transport.interceptors import current_call
 
 
 class KnowledgeServicer(knowledge_service_pb2_grpc.KnowledgeServiceServicer):
@@ -21,16 +22,16 @@ class KnowledgeServicer(knowledge_service_pb2_grpc.KnowledgeServiceServicer):
         self.app = app
 
     async def Search(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.search(request)
+        return await self.app.search(request, current_call().principal)
 
     async def Dispatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.dispatch(request)
+        return await self.app.dispatch(request, current_call().principal)
 
     async def GetEpisode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.get_episode(request)
+        return await self.app.get_episode(request, current_call().principal)
 
     async def GetChunk(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.get_chunk(request)
+        return await self.app.get_chunk(request, current_call().principal)
 
 
 class DocGraphServicer(docgraph_pb2_grpc.DocGraphServiceServicer):
@@ -38,26 +39,26 @@ class DocGraphServicer(docgraph_pb2_grpc.DocGraphServiceServicer):
         self.app = app
 
     async def Themes(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.docgraph("themes", request)
+        return await self.app.docgraph("themes", request, current_call().principal)
 
     async def EntityNeighbors(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.docgraph("entity_neighbors", request)
+        return await self.app.docgraph("entity_neighbors", request, current_call().principal)
 
     async def DocRelations(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.docgraph("doc_relations", request)
+        return await self.app.docgraph("doc_relations", request, current_call().principal)
 
     async def GlobalOverview(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.docgraph("global_overview", request)
+        return await self.app.docgraph("global_overview", request, current_call().principal)
 
     async def SearchLevels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.docgraph("search_levels", request)
+        return await self.app.docgraph("search_levels", request, current_call().principal)
 
 
 def _stream(op: str, response_type: Any):  # type: ignore[no-untyped-def]
     async def method(
         self: IndexServicer, request: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
-        async for event in self.app.index_stream(op, request):
+        async for event in self.app.index_stream(op, request, current_call().principal):
             if isinstance(event, index_service_pb2.Progress):
                 yield response_type(progress=event)
             else:
@@ -76,4 +77,4 @@ class IndexServicer(index_service_pb2_grpc.IndexServiceServicer):
     BuildDocGraph = _stream("build_doc_graph", index_service_pb2.BuildDocGraphResponse)
 
     async def GetStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.status(request)
+        return await self.app.status(request, current_call().principal)
