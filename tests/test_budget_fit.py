@@ -9,8 +9,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
-from knowledge_server.search.coordinator import _fit_budget, count_tokens
-from knowledge_server.search.jsonsize import json_text
+from knowledge_server.search.coordinator import _fit_budget, count_tokens, json_text
 
 _TEXT = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300
