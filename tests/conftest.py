@@ -11,6 +11,48 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# Test tiers, as markers (``./run test -m unit|contract|e2e``):
+# - contract: the published invariants (KC-n, KD-n, the proto and surface contracts);
+# - e2e: a real server on a real port, or real processes (CLI, workers, harness clients);
+# - unit: everything else (one module, real SQLite files, no server).
+TIERS = {
+    "contract": {
+        "test_budget_fit",
+        "test_contract_proto",
+        "test_dispatch_kd",
+        "test_generated",
+        "test_kc_contract",
+        "test_lane_deadline",
+        "test_lane_finish",
+        "test_surface_parity",
+        "test_workspace_sql",
+    },
+    "e2e": {
+        "test_auth_e2e",
+        "test_cli",
+        "test_code_kill",
+        "test_code_server",
+        "test_docgraph_editions",
+        "test_docgraph_server",
+        "test_edition_gate",
+        "test_integrations",
+        "test_integrations_live",
+        "test_mcp_bridge",
+        "test_sdk_standalone",
+        "test_server_e2e",
+        "test_workers",
+    },
+}
+
+
+def tier_of(module: str) -> str:
+    return next((tier for tier, names in TIERS.items() if module in names), "unit")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier_of(item.path.stem)))
+
 
 def _shared_data_dir() -> Path:
     env = os.environ.get("KNOWLEDGE_SHARED_DATA")
