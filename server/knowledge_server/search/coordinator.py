@@ -26,7 +26,14 @@ from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
-from knowledge_server.search.lanes import LANE_DEADLINE, Lane, LaneQuery, LaneResult, degraded
+from knowledge_server.search.lanes import (
+    LANE_DEADLINE,
+    Lane,
+    LaneMessage,
+    LaneQuery,
+    LaneResult,
+    degraded,
+)
 from knowledge_server.search.routing import route
 from knowledge_server.search.validate import SCHEMA, ValidSearch
 
@@ -232,8 +239,8 @@ class Coordinator:
                     search_pb2.LaneTrace(
                         lane=name,
                         ms=0.0,
-                        items=len(getattr(resp.lanes, name).items),
-                        degraded=getattr(resp.lanes, name).degraded,
+                        items=len(_lane_of(resp, name).items),
+                        degraded=_lane_of(resp, name).degraded,
                         cache_hit=True,
                     )
                 )
@@ -301,7 +308,7 @@ class Coordinator:
             weight = r.weights.get(name, 0.0)
             n_before = len(lane_msg.items)
             groups: dict[str, str] = {}
-            if name == "episodes" and lane_msg.items:
+            if isinstance(lane_msg, search_pb2.EpisodesLane) and lane_msg.items:
                 ids = [it.id for it in lane_msg.items]
                 if self.episode_actors is not None:
                     # Inline, like the lanes' revision() calls: remembered per derived
@@ -320,10 +327,10 @@ class Coordinator:
                             message=f"the {name} lane could not add snippets and explanations",
                         )
                     )
-            if name == "episodes":
+            if isinstance(lane_msg, search_pb2.EpisodesLane):
                 resp.lanes.episodes.CopyFrom(lane_msg)
                 resp.lanes.episodes.observed_at.GetCurrentTime()
-            elif name == "code":
+            elif isinstance(lane_msg, search_pb2.CodeLane):
                 resp.lanes.code.CopyFrom(lane_msg)
             else:
                 resp.lanes.skills.CopyFrom(lane_msg)
@@ -357,12 +364,12 @@ class Coordinator:
         # found=false when the sources are down (seed 000 §4.1.8): the primary lanes (episodes,
         # code) when any was asked for, else whatever was asked for. Skills derive from L1,
         # so they cannot stand in for both primary sources.
-        core = [n for n in ("episodes", "code") if n in by_name] or list(by_name)
+        core: list[str] = [n for n in ("episodes", "code") if n in by_name] or list(by_name)
         resp.found = any(n in answered for n in core)
         if not resp.found:
             # No source answered: no items, an explicit code (invariant 8).
             for n in ("episodes", "code", "skills"):
-                del getattr(resp.lanes, n).items[:]
+                del _lane_of(resp, n).items[:]
             resp.errors.append(
                 errors_pb2.Notice(code="KNOWLEDGE_NO_SOURCE", message="no lane could answer")
             )
@@ -388,11 +395,11 @@ class Coordinator:
     ) -> None:
         """RRF within one lane, dedup by id, diversity, stable order, limit."""
         seen: set[str] = set()
-        kept = []
+        kept: list[Item] = []
         per_key: dict[str, int] = defaultdict(int)
         rank = 0
-        for item in list(lane_msg.items):
-            key_id = item.id if name != "skills" else item.name
+        for item in list(_items(lane_msg)):
+            key_id = _item_id(item)
             if key_id in seen:
                 continue
             seen.add(key_id)
@@ -400,24 +407,19 @@ class Coordinator:
             item.score = (
                 round(weight / (RRF_K + rank), 6) if weight else round(1.0 / (RRF_K + rank), 6)
             )
-            if name == "code":
+            if isinstance(item, search_pb2.CodeItem):
                 group = f"{item.workspace}\x00{item.path}"
                 if per_key[group] >= MAX_CODE_PER_PATH:
                     continue
                 per_key[group] += 1
-            elif name == "episodes":
+            elif isinstance(item, search_pb2.EpisodeItem):
                 group = groups.get(item.id, item.session_id)
                 if per_key[group] >= MAX_EPISODES_PER_ACTOR:
                     continue
                 per_key[group] += 1
             kept.append(item)
         kept.sort(key=lambda it: _order_key(name, it))
-        kept = kept[:limit]
-        copies = [type(it)() for it in kept]
-        for dst, src in zip(copies, kept):
-            dst.CopyFrom(src)
-        del lane_msg.items[:]
-        lane_msg.items.extend(copies)
+        _replace_items(lane_msg, kept[:limit])
 
 
 async def _bounded(lane: Lane, q: LaneQuery, timeout: float, own: list[float]) -> LaneResult:
@@ -440,7 +442,7 @@ async def _bounded(lane: Lane, q: LaneQuery, timeout: float, own: list[float]) -
 
 def _copy_result(result: LaneResult, *, cache_hit: bool) -> LaneResult:
     lane = type(result.lane)()
-    lane.CopyFrom(result.lane)
+    lane.CopyFrom(result.lane)  # type: ignore[arg-type]  # a new message of the same type
     return LaneResult(
         lane=lane,
         warnings=list(result.warnings),
@@ -468,20 +470,40 @@ def _per_call_sizes(request_id: str, observed_at: timestamp_pb2.Timestamp) -> tu
     return (json_size_of_string(request_id) if request_id else 0), json_size(observed_at)
 
 
-def _time_key(item: object) -> float:
-    t = getattr(item, "time", None)
-    if isinstance(t, timestamp_pb2.Timestamp):
-        return -(t.seconds + t.nanos / 1e9)
+Item = search_pb2.EpisodeItem | search_pb2.CodeItem | search_pb2.SkillItem
+
+
+def _items(lane: LaneMessage) -> Sequence[Item]:
+    return lane.items
+
+
+def _replace_items(lane: LaneMessage, items: Sequence[Item]) -> None:
+    """The lane's items become copies of ``items``, in that order."""
+    copies = [type(it)() for it in items]
+    for dst, src in zip(copies, items, strict=True):
+        dst.CopyFrom(src)  # type: ignore[arg-type]  # dst is a new message of src's type
+    del lane.items[:]
+    lane.items.extend(copies)  # type: ignore[arg-type]  # items come from this lane
+
+
+def _lane_of(resp: search_pb2.SearchResponse, name: str) -> LaneMessage:
+    lanes = resp.lanes
+    return lanes.episodes if name == "episodes" else lanes.code if name == "code" else lanes.skills
+
+
+def _time_key(item: Item) -> float:
+    if isinstance(item, search_pb2.EpisodeItem) and item.HasField("time"):
+        return -(item.time.seconds + item.time.nanos / 1e9)
     return 0.0
 
 
-def _item_id(name: str, item: object) -> str:
-    return str(getattr(item, "name" if name == "skills" else "id"))
+def _item_id(item: Item) -> str:
+    return item.name if isinstance(item, search_pb2.SkillItem) else item.id
 
 
-def _order_key(name: str, item: object) -> tuple[float, int, float, str]:
+def _order_key(name: str, item: Item) -> tuple[float, int, float, str]:
     """(score desc, lane_priority, time desc, id asc) - seed 000 §4.1.10."""
-    return (-float(item.score), LANE_PRIORITY[name], _time_key(item), _item_id(name, item))
+    return (-float(item.score), LANE_PRIORITY[name], _time_key(item), _item_id(item))
 
 
 _UNAVAILABLE = (
@@ -498,17 +520,17 @@ def _answered(lane: search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.S
 
 
 def _has_items(resp: search_pb2.SearchResponse) -> bool:
-    return any(len(getattr(resp.lanes, n).items) for n in ("episodes", "code", "skills"))
+    return any(len(_lane_of(resp, n).items) for n in ("episodes", "code", "skills"))
 
 
 def _count_items(resp: search_pb2.SearchResponse) -> int:
-    return sum(len(getattr(resp.lanes, n).items) for n in ("episodes", "code", "skills"))
+    return sum(len(_lane_of(resp, n).items) for n in ("episodes", "code", "skills"))
 
 
-def _global_order(resp: search_pb2.SearchResponse) -> list[tuple[str, object]]:
-    entries: list[tuple[str, object]] = []
+def _global_order(resp: search_pb2.SearchResponse) -> list[tuple[str, Item]]:
+    entries: list[tuple[str, Item]] = []
     for name in ("episodes", "code", "skills"):
-        for item in getattr(resp.lanes, name).items:
+        for item in _items(_lane_of(resp, name)):
             entries.append((name, item))
     entries.sort(key=lambda e: _order_key(e[0], e[1]))
     return entries
@@ -566,21 +588,21 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
     for name, item in reversed(_global_order(resp)):
         if _tokens_for(size, resp) <= max_tokens:
             break
-        snippet = getattr(item, "snippet", "")
-        if snippet:
-            # '"snippet":' plus the comma that separated it from the item's other fields.
-            size -= len('"snippet":,') + json_size_of_string(snippet)
-            item.snippet = ""  # type: ignore[attr-defined]
-            snippet_counts[name] += 1
-            n = snippet_counts[name]
-            if n > 1:  # the lane's entry counts one more: only its digits change
-                entries[name].count = n
-                size += len(str(n)) - len(str(n - 1))
-            else:
-                before = json_size(resp.limits)
-                _set_snippet_entries(resp, snippet_counts)
-                size += json_size(resp.limits) - before
-                entries = {d.lane: d for d in resp.limits.dropped if d.what == "snippet"}
+        if isinstance(item, search_pb2.SkillItem) or not item.snippet:
+            continue
+        # '"snippet":' plus the comma that separated it from the item's other fields.
+        size -= len('"snippet":,') + json_size_of_string(item.snippet)
+        item.snippet = ""
+        snippet_counts[name] += 1
+        n = snippet_counts[name]
+        if n > 1:  # the lane's entry counts one more: only its digits change
+            entries[name].count = n
+            size += len(str(n)) - len(str(n - 1))
+        else:
+            before = json_size(resp.limits)
+            _set_snippet_entries(resp, snippet_counts)
+            size += json_size(resp.limits) - before
+            entries = {d.lane: d for d in resp.limits.dropped if d.what == "snippet"}
     if _settle(resp, size) <= max_tokens:
         return
     # Phase 2: whole items from the end; evidence pointing at them goes too. The first
@@ -593,8 +615,8 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
             cites[(e.lane, e.id)].add(a.actor_id)
     summarised = False
     for name, item in reversed(_global_order(resp)):
-        item_id = _item_id(name, item)
-        item_bytes = json_size(item)  # type: ignore[arg-type]
+        item_id = _item_id(item)
+        item_bytes = json_size(item)
         limits = resp.limits
         returned_before = limits.returned
         # Named entries are few: limits is re-measured. Counted ones change by digits.
@@ -624,10 +646,10 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
                 for e in resp.actors[i].evidence:
                     if e.lane == name and e.id == item_id:
                         evidence_bytes += json_size(e) + 1
-        lane = getattr(resp.lanes, name)
+        lane = _lane_of(resp, name)
         # A lane's items are in the global order too: the item is usually its last one.
         for i in range(len(lane.items) - 1, -1, -1):
-            if _item_id(name, lane.items[i]) == item_id:
+            if _item_id(lane.items[i]) == item_id:
                 del lane.items[i]
                 break
         # The item and a comma, or the whole '"items":[...]' member once it is empty (with

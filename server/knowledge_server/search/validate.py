@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal
+
+from google.protobuf import timestamp_pb2
 
 from knowledge_server._gen.knowledge.v1 import search_pb2
 from knowledge_server.errors import InvalidRequest
@@ -38,10 +41,11 @@ class ValidSearch:
     outcome: str
 
 
-def _ts(msg: search_pb2.SearchFilters, name: str) -> datetime | None:
+def _ts(msg: search_pb2.SearchFilters, name: Literal["since", "until"]) -> datetime | None:
     if not msg.HasField(name):
         return None
-    return getattr(msg, name).ToDatetime(tzinfo=UTC)
+    stamp: timestamp_pb2.Timestamp = msg.since if name == "since" else msg.until
+    return stamp.ToDatetime(tzinfo=UTC)
 
 
 def _bad(field: str, why: str) -> InvalidRequest:
