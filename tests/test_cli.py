@@ -1,4 +1,8 @@
-"""The CLI against a real `knowledge serve` process (stable operator interface)."""
+"""The CLI against a real `knowledge serve` process (stable operator interface).
+
+Serving and signals need a real process; every other command runs in process through
+click's CliRunner (same code path, same real server over a real port, no interpreter
+start per call)."""
 
 from __future__ import annotations
 
@@ -10,10 +14,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
+from knowledge_server.cli import main
 
 from tests.conftest import REPO_ROOT
 
 KNOWLEDGE = [sys.executable, "-m", "knowledge_server.cli"]
+
+
+def _invoke(env: dict[str, str], *args: str) -> Result:
+    """One CLI command in this process, with ``env`` as its environment."""
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -49,41 +60,20 @@ def served(tmp_path: Path):  # type: ignore[no-untyped-def]
 def test_serve_prints_bound_port_and_search_json_is_one_document(served) -> None:  # type: ignore[no-untyped-def]
     _proc, env, port = served
     # The address recorded in the data dir is found without --address.
-    out = subprocess.run(
-        [*KNOWLEDGE, "search", "where is the config", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
+    out = _invoke(env, "search", "where is the config", "--json")
+    assert out.exit_code == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["schema"] == "knowledge.search/v1"
     assert set(doc["lanes"]) >= {"episodes", "code"}
     assert "index_rev" in doc["lanes"]["code"] and "degradation_reason" in doc["lanes"]["code"]
-    status = subprocess.run(
-        [*KNOWLEDGE, "--address", f"127.0.0.1:{port}", "status", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    status = _invoke(env, "--address", f"127.0.0.1:{port}", "status", "--json")
     assert json.loads(status.stdout)["edition"]["edition"] == "community"
 
 
 def test_edition_refusal_is_one_line_with_the_edition(served) -> None:  # type: ignore[no-untyped-def]
     _proc, env, _port = served
-    out = subprocess.run(
-        [*KNOWLEDGE, "docgraph", "themes"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 3
+    out = _invoke(env, "docgraph", "themes")
+    assert out.exit_code == 3
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "enterprise" in lines[0]
 
@@ -96,44 +86,23 @@ def test_sigterm_stops_gracefully(served) -> None:  # type: ignore[no-untyped-de
 
 
 def test_unreachable_service_is_a_clear_error(tmp_path: Path) -> None:
-    env = _env(tmp_path)
-    out = subprocess.run(
-        [*KNOWLEDGE, "--address", "127.0.0.1:1", "--timeout", "0.5", "status"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 4 and "cannot reach the service" in out.stderr
+    out = _invoke(_env(tmp_path), "--address", "127.0.0.1:1", "--timeout", "0.5", "status")
+    assert out.exit_code == 4 and "cannot reach the service" in out.stderr
 
 
 def test_bad_configuration_exits_2_with_the_setting(tmp_path: Path) -> None:
     env = _env(tmp_path)
     env["KNOWLEDGE_LANE_TIMEOUT_MS"] = "nope"
-    out = subprocess.run(
-        [*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 2 and "KNOWLEDGE_LANE_TIMEOUT_MS" in out.stderr
+    out = _invoke(env, "serve", "--listen", "127.0.0.1:0")
+    assert out.exit_code == 2 and "KNOWLEDGE_LANE_TIMEOUT_MS" in out.stderr
 
 
 def test_every_command_has_help() -> None:
     from knowledge_server.cli import iter_commands
 
     for path in iter_commands():
-        out = subprocess.run(
-            [*KNOWLEDGE, *path.split(), "--help"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert out.returncode == 0 and "Usage:" in out.stdout, path
+        out = _invoke({}, *path.split(), "--help")
+        assert out.exit_code == 0 and "Usage:" in out.stdout, path
         assert len(out.stdout.splitlines()) > 3, path
 
 
@@ -160,16 +129,14 @@ def test_search_filters_from_the_command_line(served, tmp_path: Path) -> None:  
     ]
     (logs / "s.jsonl").write_text("\n".join(lines) + "\n")
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*KNOWLEDGE, *args], env=env, capture_output=True, text=True, timeout=60, check=False
-        )
+    def run(*args: str) -> Result:
+        return _invoke(env, *args)
 
-    assert run("ingest", str(logs), "--json").returncode == 0
+    assert run("ingest", str(logs), "--json").exit_code == 0
 
     def sessions(*window: str) -> set[str]:
         out = run("search", "cookie", "--include", "episodes", "--json", *window)
-        assert out.returncode == 0, out.stderr
+        assert out.exit_code == 0, out.stderr
         return {i["session_id"] for i in json.loads(out.stdout)["lanes"]["episodes"]["items"]}
 
     assert sessions() == {"early", "late"}
@@ -180,12 +147,12 @@ def test_search_filters_from_the_command_line(served, tmp_path: Path) -> None:  
     }
     assert sessions("--since", "2027-01-01") == set()
     bad = run("search", "cookie", "--since", "last tuesday")
-    assert bad.returncode == 2 and "--since" in bad.stderr and "RFC 3339" in bad.stderr
+    assert bad.exit_code == 2 and "--since" in bad.stderr and "RFC 3339" in bad.stderr
 
     # --actor narrows the actors to the ones named; --skill is passed on (no catalog here).
     def actors(*flags: str) -> set[str]:
         out = run("search", "who rotated the cookie", "--json", *flags)
-        assert out.returncode == 0, out.stderr
+        assert out.exit_code == 0, out.stderr
         return {a["actor_id"] for a in json.loads(out.stdout).get("actors", [])}
 
     every = actors()
