@@ -445,3 +445,26 @@ async def test_dead_service_is_a_tool_error_not_a_crash() -> None:
         result = await session.call_tool("knowledge_status", {})
         assert result.is_error and _text(result).startswith("UNAVAILABLE")
         assert len((await session.list_tools()).tools) == len(EXPECTED_TOOLS)
+
+
+def test_server_checks_agree_with_the_declared_rules() -> None:
+    """The server's own checks and the (knowledge.v1.rules) the bridge publishes say the same."""
+    from knowledge_server._gen.knowledge.v1 import dispatch_pb2, options_pb2, search_pb2
+    from knowledge_server.dispatch import planner
+    from knowledge_server.search import validate
+
+    def rules(message: Any, field: str) -> Any:
+        return message.DESCRIPTOR.fields_by_name[field].GetOptions().Extensions[options_pb2.rules]
+
+    req = search_pb2.SearchRequest
+    assert tuple(rules(req, "mode").values) == validate.MODES
+    assert tuple(rules(req, "include").values) == validate.LANES
+    assert tuple(rules(req, "provenance").values) == validate.PROVENANCE
+    assert tuple(rules(search_pb2.SearchFilters, "outcome").values) == validate.OUTCOMES
+    assert rules(req, "query").max_length == validate.MAX_QUERY
+    assert list(rules(req, "schema").values) == [validate.SCHEMA]
+    task = dispatch_pb2.DispatchTask
+    assert rules(task, "text").max_length == planner.MAX_TASK
+    assert rules(task, "acceptance").max_items == planner.MAX_LIST
+    assert rules(task, "acceptance").max_length == planner.MAX_LIST_ITEM
+    assert list(rules(dispatch_pb2.DispatchRequest, "schema").values) == [planner.SCHEMA]
