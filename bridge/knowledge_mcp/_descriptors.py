@@ -109,5 +109,7 @@ def rules(field: FieldDescriptor) -> Any | None:
     if not raw:
         return None
     options = _field_options_class().FromString(raw)
-    ext = pool().FindExtensionByName(f"{PACKAGE}.rules")
-    return options.Extensions[ext] if options.HasExtension(ext) else None  # type: ignore[attr-defined]
+    # The stubs type extension handles by the generated classes only; this one comes from the
+    # private pool at run time.
+    ext: Any = pool().FindExtensionByName(f"{PACKAGE}.rules")
+    return options.Extensions[ext] if options.HasExtension(ext) else None

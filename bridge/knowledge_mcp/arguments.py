@@ -17,7 +17,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from knowledge_mcp._descriptors import message_class, rules
-from knowledge_mcp.schema import PLUMBING, is_map, is_repeated
+from knowledge_mcp.schema import PLUMBING, is_map, is_repeated, message_type
 
 INVALID = "KNOWLEDGE_INVALID_REQUEST"
 
@@ -49,11 +49,11 @@ def _check_names(desc: Descriptor, args: dict[str, Any], prefix: str, top: bool)
             raise _refuse(where, "must be an array")
         if field.type != FieldDescriptor.TYPE_MESSAGE or is_map(field):
             continue
-        if field.message_type.full_name.startswith("google.protobuf."):
+        if message_type(field).full_name.startswith("google.protobuf."):
             continue
         for item in value if is_repeated(field) and isinstance(value, list) else [value]:
             if isinstance(item, dict):
-                _check_names(field.message_type, item, where + ".", False)
+                _check_names(message_type(field), item, where + ".", False)
 
 
 _PARSE_AT = re.compile(r" at (?P<path>[\w.]+?)\.*$")
@@ -128,8 +128,9 @@ def _check_rules(desc: Descriptor, args: dict[str, Any], msg: Message, prefix: s
 
 def _check_one(field: FieldDescriptor, raw: Any, value: Any, where: str) -> None:
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        if isinstance(raw, dict) and not field.message_type.full_name.startswith("google."):
-            _check_rules(field.message_type, raw, value, where + ".")
+        nested = message_type(field)
+        if isinstance(raw, dict) and not nested.full_name.startswith("google."):
+            _check_rules(nested, raw, value, where + ".")
         return
     _check_value(field, value, where)
 

@@ -47,16 +47,23 @@ def is_repeated(field: FieldDescriptor) -> bool:
     return bool(field.is_repeated)
 
 
+def message_type(field: FieldDescriptor) -> Descriptor:
+    """The message type of a message field (the stubs allow None for other fields)."""
+    if field.message_type is None:
+        raise TypeError(f"{field.full_name} is not a message field")
+    return field.message_type
+
+
 def is_map(field: FieldDescriptor) -> bool:
-    return field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry
+    return field.type == FieldDescriptor.TYPE_MESSAGE and message_type(field).GetOptions().map_entry
 
 
 def _value_schema(field: FieldDescriptor, output: bool) -> dict[str, Any]:
     """Schema of one value of a field (an element, for a repeated one)."""
     t = field.type
     if t == FieldDescriptor.TYPE_MESSAGE:
-        return message_schema(field.message_type, output=output)
-    if t == FieldDescriptor.TYPE_ENUM:
+        return message_schema(message_type(field), output=output)
+    if t == FieldDescriptor.TYPE_ENUM and field.enum_type is not None:
         return {"type": "string", "enum": [v.name for v in field.enum_type.values]}
     if t == FieldDescriptor.TYPE_STRING:
         return {"type": "string"}
@@ -99,7 +106,7 @@ def field_schema(field: FieldDescriptor, *, output: bool = False) -> dict[str, A
     """Schema of a field: maps become objects, repeated fields arrays; an input field also
     carries its declared rules. The proto comment, when there is one, is the description."""
     if is_map(field):
-        value = field.message_type.fields_by_name["value"]
+        value = message_type(field).fields_by_name["value"]
         schema: dict[str, Any] = {
             "type": "object",
             "additionalProperties": _value_schema(value, output),
