@@ -1,9 +1,10 @@
-"""The MCP bridge: parity with the proto, generated schemas, and real stdio sessions against a
-real server (the bridge runs as a subprocess and is driven by the official MCP client)."""
+"""The MCP bridge (package ``knowledge_mcp``): parity with the proto, schemas generated from
+the descriptors, argument checks, the package boundary, and real stdio sessions against a real
+server (the bridge runs as a subprocess and is driven by the official MCP client, which also
+checks every structured result against the tool's output schema)."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import socket
@@ -13,18 +14,23 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 from click.testing import CliRunner
+from google.protobuf import json_format
+from knowledge_mcp import TOOLS, TOOLS_BY_NAME, BridgeError, build_request
+from knowledge_mcp import tools as mt
+from knowledge_mcp.__main__ import parse_args
+from knowledge_mcp.schema import PLUMBING
+from knowledge_mcp.server import response_dict
+from knowledge_sdk import AsyncKnowledgeClient
 from knowledge_sdk import types as v1
 from knowledge_sdk.client import RPC_METHODS
-from knowledge_server import mcp_bridge as mb
+from knowledge_server.cli import main as cli_main
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from tests.conftest import REPO_ROOT, start_server
 
-BRIDGE_FILE = REPO_ROOT / "server" / "knowledge_server" / "mcp_bridge.py"
 EXPECTED_TOOLS = {
     "knowledge_search",
     "knowledge_dispatch",
@@ -37,184 +43,286 @@ EXPECTED_TOOLS = {
     "knowledge_global_overview",
     "knowledge_search_levels",
 }
+PATH = os.pathsep.join(str(REPO_ROOT / d) for d in ("bridge", "sdk", "server", "licensing"))
 
 
 # --- parity and static properties -------------------------------------------------------------
 
 
 def test_every_rpc_has_a_tool_or_an_exclusion_with_reason() -> None:
-    rpcs = set(mb.proto_rpcs())
+    from knowledge_mcp._descriptors import proto_rpcs
+
+    rpcs = set(proto_rpcs())
     assert rpcs == set(RPC_METHODS), "SDK and proto disagree on the RPC list"
-    tool_rpcs = [t.rpc for t in mb.TOOLS]
+    tool_rpcs = [t.rpc for t in TOOLS]
     assert len(tool_rpcs) == len(set(tool_rpcs)), "two tools map to one RPC"
-    assert set(tool_rpcs).isdisjoint(mb.EXCLUDED_RPCS)
-    assert set(tool_rpcs) | set(mb.EXCLUDED_RPCS) == rpcs
-    for rpc, reason in mb.EXCLUDED_RPCS.items():
+    assert set(tool_rpcs).isdisjoint(mt.EXCLUDED_RPCS)
+    assert set(tool_rpcs) | set(mt.EXCLUDED_RPCS) == rpcs
+    for rpc, reason in mt.EXCLUDED_RPCS.items():
         assert len(reason) > 20, rpc
-    assert {t.name for t in mb.TOOLS} == EXPECTED_TOOLS
-    for tool in mb.TOOLS:
-        assert tool.rpc in rpcs and hasattr(mb.AsyncKnowledgeClient, tool.sdk_method)
+    assert {t.name for t in TOOLS} == EXPECTED_TOOLS
+    for tool in TOOLS:
+        assert tool.sdk_method == RPC_METHODS[tool.rpc]
+        assert hasattr(AsyncKnowledgeClient, tool.sdk_method)
 
 
-def test_every_request_field_is_described_and_typed() -> None:
-    for tool in mb.TOOLS:
-
-        def walk(schema: dict[str, Any], where: str) -> None:
-            for name, prop in schema.get("properties", {}).items():
-                assert prop.get("description"), f"{where}.{name} has no description"
-                assert "type" in prop, f"{where}.{name} has no type"
-                if prop["type"] == "object":
-                    walk(prop, f"{where}.{name}")
-
-        walk(tool.input_schema(), tool.name)
+def _walk(schema: dict[str, Any], where: str) -> Any:
+    for name, prop in schema.get("properties", {}).items():
+        yield f"{where}.{name}", prop
+        inner = prop.get("items", prop)
+        if inner.get("type") == "object":
+            yield from _walk(inner, f"{where}.{name}")
 
 
-def test_schema_follows_the_proto_descriptor() -> None:
-    """Adding a field to a request message shows up in the schema without touching the bridge."""
-    for tool in mb.TOOLS:
+def test_every_input_field_is_described_typed_and_no_plumbing_is_shown() -> None:
+    for tool in TOOLS:
         schema = tool.input_schema()
-        assert set(schema["properties"]) == {f.name for f in tool.method.input_type.fields}
+        assert not set(schema["properties"]) & PLUMBING, tool.name
+        for where, prop in _walk(schema, tool.name):
+            assert prop.get("description"), f"{where} has no description"
+            assert "type" in prop, f"{where} has no type"
+
+
+def test_input_schema_follows_the_descriptor_and_its_rules() -> None:
+    """Fields, comments, enums and ranges come from the proto; a new field or rule shows up
+    without touching the bridge."""
+    for tool in TOOLS:
+        schema = tool.input_schema()
+        assert set(schema["properties"]) == {f.name for f in tool.request.fields} - PLUMBING
         assert schema["additionalProperties"] is False
-    search = mb.TOOLS_BY_NAME["knowledge_search"].input_schema()
+    search = TOOLS_BY_NAME["knowledge_search"].input_schema()
+    props = search["properties"]
     assert search["required"] == ["query"]
-    assert search["properties"]["schema"]["default"] == "knowledge.search/v1"
-    assert search["properties"]["filters"]["properties"]["since"] == {
-        "description": mb.FIELD_DOCS["SearchFilters.since"],
-        "type": "string",
-        "format": "date-time",
-    }
-    assert search["properties"]["budget"]["properties"]["max_tokens"]["default"] == 4000
-    assert search["properties"]["include"]["items"] == {"type": "string"}
-    dispatch = mb.TOOLS_BY_NAME["knowledge_dispatch"].input_schema()
+    assert props["query"]["description"].startswith("The question, 1..2000 characters")
+    assert props["query"]["maxLength"] == 2000 and props["query"]["minLength"] == 1
+    assert props["mode"]["enum"] == [
+        "auto", "find_agent", "find_skill", "find_code", "find_knowledge", "docs", "themes"
+    ]  # fmt: skip
+    assert props["include"]["type"] == "array"
+    assert props["include"]["items"]["enum"] == ["episodes", "code", "skills"]
+    assert props["provenance"]["enum"] == ["strict", "locator"]
+    assert (props["limit"]["minimum"], props["limit"]["maximum"]) == (1, 50)
+    budget = props["budget"]["properties"]
+    assert (budget["max_tokens"]["minimum"], budget["max_tokens"]["maximum"]) == (500, 20000)
+    filters = props["filters"]["properties"]
+    assert filters["outcome"]["enum"] == ["success", "failure", "any"]
+    assert filters["since"]["type"] == "string" and filters["since"]["format"] == "date-time"
+    dispatch = TOOLS_BY_NAME["knowledge_dispatch"].input_schema()
+    assert dispatch["required"] == ["task"]
     assert dispatch["properties"]["task"]["required"] == ["text"]
-    assert dispatch["properties"]["dry_run"]["default"] is True
+    assert dispatch["properties"]["task"]["properties"]["acceptance"]["maxItems"] == 20
+    neighbors = TOOLS_BY_NAME["knowledge_entity_neighbors"].input_schema()["properties"]
+    assert neighbors["kind"]["enum"] == ["entity", "theme"]
+    assert (neighbors["depth"]["minimum"], neighbors["depth"]["maximum"]) == (1, 3)
+    episode = TOOLS_BY_NAME["knowledge_get_episode"].input_schema()
+    assert episode["properties"]["neighbours"]["minimum"] == 0
+    assert TOOLS_BY_NAME["knowledge_status"].input_schema()["properties"] == {}
 
 
-def test_map_and_nested_fields_map_to_json_schema() -> None:
-    from knowledge_server._gen.knowledge.v1 import dispatch_pb2, index_service_pb2
+def test_every_tool_has_an_output_schema_from_its_response() -> None:
+    for tool in TOOLS:
+        out = tool.output_schema()
+        assert out["type"] == "object"
+        assert set(out["properties"]) == {f.name for f in tool.response.fields} | {
+            "untrusted",
+            "untrusted_fields",
+        }
+        assert out["required"] == ["untrusted", "untrusted_fields"]
+    status = TOOLS_BY_NAME["knowledge_status"].output_schema()["properties"]
+    counts = status["lanes"]["items"]["properties"]["counts"]
+    assert counts["type"] == "object" and counts["additionalProperties"]["type"] == "string"
+    assert status["started_at"]["format"] == "date-time"
 
-    tool_call = mb.message_schema(dispatch_pb2.ToolCall.DESCRIPTOR)
-    assert tool_call["properties"]["arguments"] == {
-        "type": "object",
-        "additionalProperties": {"type": "string"},
-    }
-    status = mb.message_schema(index_service_pb2.GetStatusResponse.DESCRIPTOR)
-    lanes = status["properties"]["lanes"]
-    assert lanes["type"] == "array" and lanes["items"]["properties"]["counts"][
-        "additionalProperties"
-    ] == {"type": "integer"}
-    assert status["properties"]["started_at"] == {"type": "string", "format": "date-time"}
+
+def test_structured_result_matches_the_output_schema() -> None:
+    """The response as the bridge returns it validates against the published schema (int64
+    as strings, unset messages absent: protobuf's JSON mapping on both sides)."""
+    import jsonschema
+
+    tool = TOOLS_BY_NAME["knowledge_search"]
+    response = v1.SearchResponse(
+        schema="knowledge.search/v1",
+        lanes=v1.Lanes(
+            episodes=v1.EpisodesLane(
+                index_rev="r1", items=[v1.EpisodeItem(id="ep:s:3", session_id="s", seq=3)]
+            )
+        ),
+        found=True,
+    )
+    data = response_dict(tool, response)
+    assert data["lanes"]["episodes"]["items"][0]["seq"] == "3" and "code" not in data["lanes"]
+    structured = {**data, "untrusted": True, "untrusted_fields": list(tool.untrusted_fields)}
+    jsonschema.validate(structured, tool.output_schema())
+    structured["lanes"]["episodes"]["items"][0]["seq"] = 3.5
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(structured, tool.output_schema())
 
 
 def test_untrusted_marks_do_not_collide_with_response_fields() -> None:
-    for tool in mb.TOOLS:
-        fields = {f.name for f in tool.method.output_type.fields}
+    for tool in TOOLS:
+        fields = {f.name for f in tool.response.fields}
         assert not fields & {"untrusted", "untrusted_fields"}
         for path in tool.untrusted_fields:
             head = path.split(".")[0].removesuffix("[]")
             assert head in fields, f"{tool.name}: {path}"
 
 
-def test_bridge_imports_no_server_runtime() -> None:
-    tree = ast.parse(BRIDGE_FILE.read_text())
-    allowed = (
-        "knowledge_sdk",
-        "mcp",
-        "click",
-        "google.protobuf",
-        "betterproto2",
-        "knowledge_server._gen",
-    )
-    for node in ast.walk(tree):
-        names = (
-            [a.name for a in node.names]
-            if isinstance(node, ast.Import)
-            else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-        )
-        for name in names:
-            top = name.split(".")[0]
-            if top in sys.stdlib_module_names or name == "__future__":
-                continue
-            assert name.startswith(allowed), f"bridge imports {name}"
-
-
-def test_bridge_refuses_bad_arguments_locally() -> None:
-    search = mb.TOOLS_BY_NAME["knowledge_search"]
-    with pytest.raises(mb.BridgeError, match="query: is required"):
-        mb.build_request(search, {})
-    with pytest.raises(mb.BridgeError, match="filters.colour: unknown field"):
-        mb.build_request(search, {"query": "x", "filters": {"colour": "red"}})
-    req = mb.build_request(
-        search,
+def test_bridge_builds_the_request_and_fills_the_plumbing() -> None:
+    search = TOOLS_BY_NAME["knowledge_search"]
+    msg = build_request(
+        search.request,
         {"query": "x", "budget": {"max_tokens": 900}, "filters": {"since": "2026-01-01T00:00:00Z"}},
     )
-    assert isinstance(req, v1.SearchRequest)
-    assert (
-        req.schema == "knowledge.search/v1"
-        and req.budget.snippet_chars == 240
-        and req.budget.max_tokens == 900
+    data = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    assert data["schema"] == "knowledge.search/v1" and data["request_id"].startswith("mcp-")
+    assert data["budget"] == {"max_tokens": 900}
+    assert data["filters"]["since"] == "2026-01-01T00:00:00Z"
+    dispatch = build_request(
+        TOOLS_BY_NAME["knowledge_dispatch"].request, {"task": {"text": "fix it"}}
     )
-    assert req.filters.since is not None and req.include == ["episodes", "code", "skills"]
+    assert dispatch.schema == "knowledge.dispatch/v1"  # type: ignore[attr-defined]
+    assert not dispatch.HasField("dry_run")  # unset = dry run, as the proto says
 
 
-def test_cli_help() -> None:
-    result = CliRunner().invoke(mb.mcp_command, ["--help"])
-    assert result.exit_code == 0
-    assert (
-        "--address" in result.output
-        and "--token" in result.output
-        and "KNOWLEDGE_ADDRESS" in result.output
+@pytest.mark.parametrize(
+    ("tool", "arguments", "error"),
+    [
+        ("knowledge_search", {}, "query: is required"),
+        ("knowledge_search", {"query": ""}, "query: is required"),
+        ("knowledge_search", {"query": "x", "colour": "red"}, "colour: unknown field"),
+        ("knowledge_search", {"query": "x", "filters": {"colour": 1}}, "filters.colour: unknown"),
+        ("knowledge_search", {"query": "x", "schema": "x"}, "schema: set by the bridge"),
+        ("knowledge_search", {"query": "x", "request_id": "r"}, "request_id: set by the bridge"),
+        ("knowledge_search", {"query": "x", "mode": "fast"}, "mode: expected one of auto,"),
+        ("knowledge_search", {"query": "x", "include": ["code", "web"]}, "include[1]: expected"),
+        ("knowledge_search", {"query": "x", "include": "code"}, "include: must be an array"),
+        ("knowledge_search", {"query": "x", "limit": 51}, "limit: must be within 1..50"),
+        ("knowledge_search", {"query": "x", "limit": 0}, "limit: must be within 1..50"),
+        ("knowledge_search", {"query": "x", "limit": True}, "limit: Bool value True"),
+        ("knowledge_search", {"query": "x", "limit": "many"}, "limit: "),
+        ("knowledge_search", {"query": "x" * 2001}, "query: is longer than 2000"),
+        (
+            "knowledge_search",
+            {"query": "x", "budget": {"snippet_chars": 5}},
+            "budget.snippet_chars: must be within 80..1000",
+        ),
+        ("knowledge_search", {"query": "x", "filters": {"since": "May"}}, "filters.since: "),
+        ("knowledge_dispatch", {"task": {}}, "task.text: is required"),
+        (
+            "knowledge_dispatch",
+            {"task": {"text": "t", "acceptance": ["a"] * 21}},
+            "task.acceptance: has more than 20",
+        ),
+        ("knowledge_entity_neighbors", {"entity": "e", "depth": 4}, "depth: must be within 1..3"),
+        ("knowledge_entity_neighbors", {"entity": "e", "kind": "x"}, "kind: expected one of"),
+        (
+            "knowledge_get_episode",
+            {"id": "ep:s:1", "neighbours": -1},
+            "neighbours: must be within 0..20",
+        ),
+    ],
+)
+def test_bridge_refuses_bad_arguments_locally(
+    tool: str, arguments: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(BridgeError) as info:
+        build_request(TOOLS_BY_NAME[tool].request, arguments)
+    assert info.value.message.startswith(error), info.value.message
+    assert info.value.code == "KNOWLEDGE_INVALID_REQUEST"
+
+
+def _imports_in_subprocess(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": PATH},
     )
 
 
-def test_module_loads_without_the_mcp_extra() -> None:
-    """`mcp` is an optional extra: the CLI must still import the command without it."""
-    code = (
-        "import sys; sys.modules['mcp'] = None\n"
-        "from click.testing import CliRunner\n"
-        "from knowledge_server.mcp_bridge import mcp_command\n"
-        "r = CliRunner().invoke(mcp_command, [])\n"
-        "print(r.exit_code, r.output)\n"
+_GUARD = """
+import sys
+class Guard:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == {forbidden!r}:
+            raise ImportError("forbidden import: " + name)
+        return None
+sys.meta_path.insert(0, Guard())
+"""
+
+
+def test_bridge_imports_nothing_from_the_server() -> None:
+    code = _GUARD.format(forbidden="knowledge_server") + (
+        "import knowledge_mcp, knowledge_mcp.server, knowledge_mcp.__main__\n"
+        "assert knowledge_mcp.TOOLS[0].input_schema()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('knowledge')))\n"
     )
+    out = _imports_in_subprocess(code)
+    assert out.returncode == 0, out.stderr
+    assert "knowledge_mcp.server" in out.stdout and "knowledge_server" not in out.stdout
+
+
+def test_server_never_imports_the_bridge() -> None:
+    code = _GUARD.format(forbidden="knowledge_mcp") + (
+        "import pkgutil, importlib, knowledge_server\n"
+        "for m in pkgutil.walk_packages(knowledge_server.__path__, 'knowledge_server.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "print('ok')\n"
+    )
+    out = _imports_in_subprocess(code)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_bridge_help_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-m", "knowledge_mcp", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "PYTHONPATH": PATH},
     )
-    assert out.stdout.startswith("1 ") and "knowledge-service[mcp]" in out.stdout
+    assert "--address" in out.stdout and "KNOWLEDGE_ADDRESS" in out.stdout
+    monkeypatch.setenv("KNOWLEDGE_TIMEOUT", "4")
+    args = parse_args(["--address", "10.0.0.1:1"])
+    assert (args.address, args.token, args.timeout) == ("10.0.0.1:1", None, 4.0)
+    monkeypatch.setenv("KNOWLEDGE_TIMEOUT", "soon")
+    with pytest.raises(SystemExit):
+        parse_args([])
 
 
-def test_options_of_the_parent_group_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: dict[str, Any] = {}
+def test_knowledge_mcp_execs_the_bridge_with_the_group_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`knowledge mcp` keeps working for harness configs: it becomes `python -m
+    knowledge_mcp` with the connection options of the command or of the `knowledge` group."""
+    seen: list[list[str]] = []
 
-    class FakeServer:
-        def run(self, transport: str) -> None:
-            seen["transport"] = transport
+    def fake_execv(path: str, argv: list[str]) -> None:
+        seen.append([path, *argv])
 
-    def fake_build(settings: Any) -> FakeServer:
-        seen["settings"] = settings
-        return FakeServer()
-
-    monkeypatch.setattr(mb, "build_server", fake_build)
-    monkeypatch.delenv("KNOWLEDGE_ADDRESS", raising=False)
-
-    @click.group()
-    @click.option("--address")
-    @click.pass_context
-    def root(ctx: click.Context, address: str | None) -> None:
-        ctx.obj = {"address": address, "token": None, "timeout": None}
-
-    root.add_command(mb.mcp_command, "mcp")
+    monkeypatch.setattr(os, "execv", fake_execv)
     result = CliRunner().invoke(
-        root,
-        ["--address", "10.0.0.1:1", "mcp"],
-        env={"KNOWLEDGE_TOKEN": "t0k", "KNOWLEDGE_TIMEOUT": "4"},
+        cli_main, ["--address", "10.0.0.1:1", "mcp", "--token", "t0k", "--timeout", "4"]
     )
     assert result.exit_code == 0, result.output
-    assert seen["transport"] == "stdio"
-    assert (seen["settings"].address, seen["settings"].token, seen["settings"].timeout) == (
-        "10.0.0.1:1",
-        "t0k",
-        4.0,
-    )
+    assert seen == [
+        [
+            sys.executable,
+            sys.executable,
+            "-m",
+            "knowledge_mcp",
+            "--address",
+            "10.0.0.1:1",
+            "--token",
+            "t0k",
+            "--timeout",
+            "4.0",
+        ]
+    ]
 
 
 # --- real stdio sessions -----------------------------------------------------------------------
@@ -223,10 +331,10 @@ def test_options_of_the_parent_group_are_honoured(monkeypatch: pytest.MonkeyPatc
 @asynccontextmanager
 async def bridge_session(address: str, **extra_env: str):  # type: ignore[no-untyped-def]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KNOWLEDGE_")}
-    env.update(KNOWLEDGE_ADDRESS=address, **extra_env)
+    env.update(KNOWLEDGE_ADDRESS=address, PYTHONPATH=PATH, **extra_env)
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "knowledge_server.mcp_bridge"],
+        args=["-m", "knowledge_mcp"],
         env=env,
         cwd=str(REPO_ROOT),
     )
@@ -258,6 +366,10 @@ async def test_stdio_session_against_a_real_server(tmp_path: Path) -> None:
             assert set(by_name) == EXPECTED_TOOLS
             search = by_name["knowledge_search"]
             assert search.input_schema["required"] == ["query"]
+            assert not set(search.input_schema["properties"]) & PLUMBING
+            assert search.input_schema["properties"]["mode"]["enum"][0] == "auto"
+            for tool in listed:
+                assert tool.output_schema == TOOLS_BY_NAME[tool.name].output_schema(), tool.name
             assert (
                 search.input_schema["properties"]["filters"]["properties"]["session_ids"]["type"]
                 == "array"
@@ -275,8 +387,10 @@ async def test_stdio_session_against_a_real_server(tmp_path: Path) -> None:
                 "knowledge_search", {"query": "who fixed the MySQL access?"}
             )
             assert not result.is_error, _text(result)
+            # (the client has checked structured_content against the tool's output schema)
             data = result.structured_content
             assert data is not None and data["schema"] == "knowledge.search/v1"
+            assert data["request_id"].startswith("mcp-")  # filled by the bridge
             assert "index_rev" in data["lanes"]["episodes"] and "index_rev" in data["lanes"]["code"]
             assert "degradation_reason" in data["lanes"]["episodes"]
             assert (
@@ -288,7 +402,7 @@ async def test_stdio_session_against_a_real_server(tmp_path: Path) -> None:
             assert "episodes (index_rev" in text and "code (index_rev" in text
             assert json.loads(result.content[1].text)["schema"] == "knowledge.search/v1"
 
-            # empty query: the service's refusal, passed through with its code
+            # empty query: refused by the bridge with the service's code and format
             result = await session.call_tool("knowledge_search", {"query": ""})
             assert result.is_error and _text(result).startswith("KNOWLEDGE_INVALID_REQUEST:")
             assert "query" in _text(result)
@@ -331,3 +445,26 @@ async def test_dead_service_is_a_tool_error_not_a_crash() -> None:
         result = await session.call_tool("knowledge_status", {})
         assert result.is_error and _text(result).startswith("UNAVAILABLE")
         assert len((await session.list_tools()).tools) == len(EXPECTED_TOOLS)
+
+
+def test_server_checks_agree_with_the_declared_rules() -> None:
+    """The server's own checks and the (knowledge.v1.rules) the bridge publishes say the same."""
+    from knowledge_server._gen.knowledge.v1 import dispatch_pb2, options_pb2, search_pb2
+    from knowledge_server.dispatch import planner
+    from knowledge_server.search import validate
+
+    def rules(message: Any, field: str) -> Any:
+        return message.DESCRIPTOR.fields_by_name[field].GetOptions().Extensions[options_pb2.rules]
+
+    req = search_pb2.SearchRequest
+    assert tuple(rules(req, "mode").values) == validate.MODES
+    assert tuple(rules(req, "include").values) == validate.LANES
+    assert tuple(rules(req, "provenance").values) == validate.PROVENANCE
+    assert tuple(rules(search_pb2.SearchFilters, "outcome").values) == validate.OUTCOMES
+    assert rules(req, "query").max_length == validate.MAX_QUERY
+    assert list(rules(req, "schema").values) == [validate.SCHEMA]
+    task = dispatch_pb2.DispatchTask
+    assert rules(task, "text").max_length == planner.MAX_TASK
+    assert rules(task, "acceptance").max_items == planner.MAX_LIST
+    assert rules(task, "acceptance").max_length == planner.MAX_LIST_ITEM
+    assert list(rules(dispatch_pb2.DispatchRequest, "schema").values) == [planner.SCHEMA]

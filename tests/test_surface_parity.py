@@ -71,16 +71,10 @@ def test_every_cli_command_is_documented() -> None:
 
 
 def test_every_rpc_has_an_mcp_tool_or_a_reasoned_exclusion() -> None:
-    from knowledge_server.mcp_bridge import EXCLUDED_RPCS, TOOLS
+    from knowledge_mcp import EXCLUDED_RPCS, TOOLS
 
-    tool_rpcs = {
-        t.rpc if hasattr(t, "rpc") else t["rpc"]
-        for t in (TOOLS.values() if isinstance(TOOLS, dict) else TOOLS)
-    }
-    excluded = set(EXCLUDED_RPCS)
-    norm = lambda r: r.lstrip("/").removeprefix("knowledge.v1.")
-    rpcs = {norm(r) for r in _rpcs()}
-    assert {norm(r) for r in tool_rpcs} | {norm(r) for r in excluded} == rpcs
-    assert not {norm(r) for r in tool_rpcs} & {norm(r) for r in excluded}
-    for rpc in excluded:
+    tool_rpcs = {t.rpc for t in TOOLS}
+    assert tool_rpcs | set(EXCLUDED_RPCS) == _rpcs()
+    assert not tool_rpcs & set(EXCLUDED_RPCS)
+    for rpc in EXCLUDED_RPCS:
         assert EXCLUDED_RPCS[rpc], rpc  # a reason is given

@@ -657,8 +657,8 @@ def _register_groups() -> None:
 
     from knowledge_server.auth import tokens_group
     from knowledge_server.cli.docgraph import docgraph
+    from knowledge_server.cli.mcp import mcp_command
     from knowledge_server.cli.outbox import outbox
-    from knowledge_server.mcp_bridge import mcp_command
 
     main.add_command(mcp_command, "mcp")
     main.add_command(outbox, "outbox")

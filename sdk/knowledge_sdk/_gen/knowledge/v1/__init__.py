@@ -41,6 +41,7 @@ __all__ = (
     "EpisodesLane",
     "ErrorReason",
     "Evidence",
+    "FieldRules",
     "Freshness",
     "Fusion",
     "GetChunkRequest",
@@ -1777,6 +1778,48 @@ class Evidence(betterproto2.Message):
 
 
 default_message_pool.register_message("knowledge.v1", "Evidence", Evidence)
+
+
+@dataclass(eq=False, repr=False)
+class FieldRules(betterproto2.Message):
+    """
+    Accepted values of one request field, declared once: the server's checks, the docs and
+    clients in any language (the MCP bridge's JSON Schemas) read them from the descriptor.
+    A zero (unset) scalar means "the default" and is not held to the bounds.
+    """
+
+    required: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
+    """
+    The request is refused without a non-empty value.
+    """
+
+    values: "list[str]" = betterproto2.field(2, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Accepted values of a string field (of each element of a repeated one); empty = any.
+    """
+
+    minimum: "int | None" = betterproto2.field(3, betterproto2.TYPE_INT64, optional=True)
+    """
+    Inclusive lower bound of an integer field, when set.
+    """
+
+    maximum: "int | None" = betterproto2.field(4, betterproto2.TYPE_INT64, optional=True)
+    """
+    Inclusive upper bound of an integer field, when set.
+    """
+
+    max_length: "int" = betterproto2.field(5, betterproto2.TYPE_UINT32)
+    """
+    Longest accepted string (each element of a repeated one), in characters; 0 = no limit.
+    """
+
+    max_items: "int" = betterproto2.field(6, betterproto2.TYPE_UINT32)
+    """
+    Most elements of a repeated field; 0 = no limit.
+    """
+
+
+default_message_pool.register_message("knowledge.v1", "FieldRules", FieldRules)
 
 
 @dataclass(eq=False, repr=False)

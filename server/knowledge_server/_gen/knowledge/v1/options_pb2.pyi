@@ -3,9 +3,11 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pb2 as _descriptor_pb2
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf.internal import extension_dict as _extension_dict
 import builtins as _builtins
@@ -104,6 +106,63 @@ class MethodPolicy(_message.Message):
 
 Global___MethodPolicy: _TypeAlias = MethodPolicy  # noqa: Y015
 
+@_typing.final
+class FieldRules(_message.Message):
+    """Accepted values of one request field, declared once: the server's checks, the docs and
+    clients in any language (the MCP bridge's JSON Schemas) read them from the descriptor.
+    A zero (unset) scalar means "the default" and is not held to the bounds.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUIRED_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    MINIMUM_FIELD_NUMBER: _builtins.int
+    MAXIMUM_FIELD_NUMBER: _builtins.int
+    MAX_LENGTH_FIELD_NUMBER: _builtins.int
+    MAX_ITEMS_FIELD_NUMBER: _builtins.int
+    required: _builtins.bool
+    """The request is refused without a non-empty value."""
+    minimum: _builtins.int
+    """Inclusive lower bound of an integer field, when set."""
+    maximum: _builtins.int
+    """Inclusive upper bound of an integer field, when set."""
+    max_length: _builtins.int
+    """Longest accepted string (each element of a repeated one), in characters; 0 = no limit."""
+    max_items: _builtins.int
+    """Most elements of a repeated field; 0 = no limit."""
+    @_builtins.property
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Accepted values of a string field (of each element of a repeated one); empty = any."""
+
+    def __init__(
+        self,
+        *,
+        required: _builtins.bool = ...,
+        values: _abc.Iterable[_builtins.str] | None = ...,
+        minimum: _builtins.int | None = ...,
+        maximum: _builtins.int | None = ...,
+        max_length: _builtins.int = ...,
+        max_items: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_maximum", b"_maximum", "_minimum", b"_minimum", "maximum", b"maximum", "minimum", b"minimum"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_maximum", b"_maximum", "_minimum", b"_minimum", "max_items", b"max_items", "max_length", b"max_length", "maximum", b"maximum", "minimum", b"minimum", "required", b"required", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__maximum: _TypeAlias = _typing.Literal["maximum"]  # noqa: Y015
+    _WhichOneofArgType__maximum: _TypeAlias = _typing.Literal["_maximum", b"_maximum"]  # noqa: Y015
+    _WhichOneofReturnType__minimum: _TypeAlias = _typing.Literal["minimum"]  # noqa: Y015
+    _WhichOneofArgType__minimum: _TypeAlias = _typing.Literal["_minimum", b"_minimum"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__maximum) -> _WhichOneofReturnType__maximum | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__minimum) -> _WhichOneofReturnType__minimum | None: ...
+
+Global___FieldRules: _TypeAlias = FieldRules  # noqa: Y015
+
 POLICY_FIELD_NUMBER: _builtins.int
+RULES_FIELD_NUMBER: _builtins.int
 policy: _extension_dict._ExtensionFieldDescriptor[_descriptor_pb2.MethodOptions, Global___MethodPolicy]
 """Access policy of the RPC (edition gate and role check)."""
+rules: _extension_dict._ExtensionFieldDescriptor[_descriptor_pb2.FieldOptions, Global___FieldRules]
+"""Accepted values of the field."""

@@ -1,0 +1,63 @@
+"""``knowledge-mcp`` / ``python -m knowledge_mcp``: the MCP bridge on stdin/stdout."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from knowledge_sdk import ConnectionSettings
+
+from knowledge_mcp.tools import TOOLS
+
+try:
+    from knowledge_mcp.server import build_server
+except ModuleNotFoundError as exc:  # the one dependency a bare SDK install lacks
+    if (exc.name or "").partition(".")[0] != "mcp":
+        raise
+    sys.exit("knowledge-mcp needs the `mcp` package: pip install knowledge-mcp")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="knowledge-mcp",
+        description=(
+            "Run the Knowledge Service's MCP bridge on stdin/stdout (for agent harnesses). "
+            "Talks to a running `knowledge serve`; TLS files come from KNOWLEDGE_TLS_CA, "
+            "KNOWLEDGE_TLS_CERT and KNOWLEDGE_TLS_KEY."
+        ),
+    )
+    parser.add_argument(
+        "--address",
+        help="Service address HOST:PORT. Env: KNOWLEDGE_ADDRESS (default 127.0.0.1:50151).",
+    )
+    parser.add_argument("--token", help="Bearer token. Env: KNOWLEDGE_TOKEN.")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        help="Deadline in seconds per call (default 30). Env: KNOWLEDGE_TIMEOUT.",
+    )
+    args = parser.parse_args(argv)
+    if args.timeout is None and (env := os.environ.get("KNOWLEDGE_TIMEOUT")):
+        try:
+            args.timeout = float(env)
+        except ValueError:
+            parser.error(f"KNOWLEDGE_TIMEOUT is not a number: {env!r}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = ConnectionSettings.from_env(
+        address=args.address, token=args.token, timeout=args.timeout
+    )
+    print(
+        f"knowledge-mcp: serving {len(TOOLS)} tools over stdio for {settings.address}",
+        file=sys.stderr,
+    )
+    build_server(settings).run("stdio")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

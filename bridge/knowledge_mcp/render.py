@@ -1,0 +1,209 @@
+"""Text rendering of tool results: compact, one line per item, with the addresses an agent
+cites (``path:start_line-end_line``, ``session_id#seq``) and each lane's ``index_rev``.
+
+Each renderer reads the response as ``json_format`` writes it (proto field names; a message
+field that is not set is absent)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+def _one_line(text: Any, limit: int = 200) -> str:
+    s = " ".join(str(text or "").split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def _lines(addr: dict[str, Any] | None) -> str:
+    if not addr:
+        return "?"
+    return f"{addr.get('path', '')}:{addr.get('start_line', 0)}-{addr.get('end_line', 0)}"
+
+
+def _lane_head(name: str, lane: dict[str, Any] | None) -> str:
+    if lane is None:
+        return f"{name}: not requested"
+    head = f"{name} (index_rev {lane.get('index_rev') or '-'}"
+    if lane.get("capability"):
+        head += f", capability {lane['capability']}"
+    if lane.get("degraded"):
+        head += f", degraded: {lane.get('degradation_reason', '')}"
+    return head + f"): {len(lane.get('items') or [])} item(s)"
+
+
+def _notices(d: dict[str, Any], *keys: str) -> list[str]:
+    out = []
+    for key in keys:
+        for n in d.get(key) or []:
+            if n:
+                out.append(f"{key.removesuffix('s')}: {n.get('code', '')}: {n.get('message', '')}")
+    return out
+
+
+def render_search(d: dict[str, Any]) -> list[str]:
+    routing = d.get("routing") or {}
+    out = [
+        f"{d.get('schema', '')} · intent {routing.get('intent', '-')} · found {str(d.get('found')).lower()}"
+    ]
+    lanes = d.get("lanes") or {}
+    ep = lanes.get("episodes")
+    out.append(_lane_head("episodes", ep))
+    for it in (ep or {}).get("items") or []:
+        out.append(
+            f"  {it.get('session_id')}#{it.get('seq')} [{it.get('event_type')}] id={it.get('id')}"
+            f" score={it.get('score', 0):.3f} | {_one_line(it.get('snippet'))}"
+        )
+    code = lanes.get("code")
+    out.append(_lane_head("code", code))
+    for it in (code or {}).get("items") or []:
+        sym = f" {it['symbol']}" if it.get("symbol") else ""
+        out.append(
+            f"  {_lines(it)}{sym} id={it.get('id')} score={it.get('score', 0):.3f}"
+            f" | {_one_line(it.get('snippet'))}"
+        )
+    skills = lanes.get("skills")
+    if skills is not None:
+        out.append(_lane_head("skills", skills))
+        for it in skills.get("items") or []:
+            out.append(
+                f"  {it.get('name')} ({it.get('path')}) uses={it.get('uses')} | {_one_line(it.get('description'))}"
+            )
+    for a in d.get("actors") or []:
+        out.append(f"actor {a.get('actor_id')} ({a.get('kind')}) score={a.get('score', 0):.3f}")
+    return out + _notices(d, "warnings", "errors")
+
+
+def render_dispatch(d: dict[str, Any]) -> list[str]:
+    target = d.get("target") or {}
+    out = [
+        f"{d.get('schema', '')} · mode {d.get('mode', '')} · target {target.get('actor_id') or 'none'}"
+    ]
+    if target.get("dispatch"):
+        info = target["dispatch"]
+        out.append(
+            f"hand-off {info.get('mode')} available={str(info.get('available')).lower()}: {info.get('reason', '')}"
+        )
+    if d.get("assignment"):
+        a = d["assignment"]
+        out.append(
+            f"assignment {a.get('assignment_id')} status={a.get('status')} created={str(a.get('created')).lower()}"
+        )
+    pack = d.get("context_pack") or {}
+    for ep in pack.get("prior_episodes") or []:
+        out.append(
+            f"  episode {ep.get('session_id')}#{ep.get('seq')} | {_one_line(ep.get('snippet'))}"
+        )
+    for ref in pack.get("code_refs") or []:
+        out.append(f"  code {_lines(ref)}")
+    for risk in pack.get("risks") or []:
+        out.append(f"  risk: {_one_line(risk)}")
+    return out + _notices(d, "warnings", "errors")
+
+
+def _episode_line(e: dict[str, Any]) -> str:
+    err = " error" if e.get("is_error") else ""
+    return (
+        f"{e.get('session_id')}#{e.get('seq')} [{e.get('event_type')}{err}] {e.get('time') or ''}"
+    )
+
+
+def render_episode(d: dict[str, Any]) -> list[str]:
+    out = [f"episode (index_rev {d.get('index_rev') or '-'})"]
+    for e in d.get("before") or []:
+        out.append(f"  before {_episode_line(e)} | {_one_line(e.get('text'))}")
+    if d.get("episode"):
+        out.append(_episode_line(d["episode"]))
+        out.append(str(d["episode"].get("text") or ""))
+    for e in d.get("after") or []:
+        out.append(f"  after {_episode_line(e)} | {_one_line(e.get('text'))}")
+    return out
+
+
+def render_chunk(d: dict[str, Any]) -> list[str]:
+    c = d.get("chunk") or {}
+    sym = f" {c['symbol']}" if c.get("symbol") else ""
+    return [
+        f"{_lines(c)}{sym} ({c.get('language') or '-'}, index_rev {d.get('index_rev') or '-'})",
+        str(c.get("text") or ""),
+    ]
+
+
+def render_status(d: dict[str, Any]) -> list[str]:
+    ed = d.get("edition") or {}
+    out = [
+        f"version {d.get('version')} · edition {ed.get('edition')} · licence {ed.get('licence_state')}"
+    ]
+    for lane in d.get("lanes") or []:
+        counts = ", ".join(f"{k}={v}" for k, v in sorted((lane.get("counts") or {}).items()))
+        deg = f", degraded: {lane.get('reason')}" if lane.get("degraded") else ""
+        out.append(f"  {lane.get('lane')} (index_rev {lane.get('index_rev') or '-'}{deg}) {counts}")
+    return out
+
+
+def _envelope(d: dict[str, Any]) -> str:
+    head = (
+        f"{d.get('op')} (index_rev {d.get('index_rev') or '-'}, capability {d.get('capability') or '-'})"
+        f" found={str(d.get('found')).lower()} collected={str(d.get('collected')).lower()}"
+    )
+    if d.get("reason"):
+        head += f" reason: {d['reason']}"
+    if d.get("error"):
+        head += f" error: {d['error'].get('code')}: {d['error'].get('message')}"
+    return head
+
+
+def _theme_lines(themes: Iterable[dict[str, Any]]) -> list[str]:
+    out = []
+    for t in themes:
+        cites = " ".join(_lines(a) for a in (t.get("citations") or [])[:5])
+        out.append(f"  theme {_one_line(t.get('title'), 80)} size={t.get('size')} {cites}".rstrip())
+        for e in (t.get("top_entities") or [])[:5]:
+            addrs = " ".join(_lines(a) for a in (e.get("addresses") or [])[:3])
+            out.append(f"    {_one_line(e.get('name'), 80)} ({e.get('kind')}) {addrs}".rstrip())
+    return out
+
+
+def render_themes(d: dict[str, Any]) -> list[str]:
+    return [_envelope(d), *_theme_lines(d.get("themes") or [])]
+
+
+def render_neighbors(d: dict[str, Any]) -> list[str]:
+    out = [_envelope(d)]
+    for n in d.get("neighbors") or []:
+        out.append(
+            f"  {_one_line(n.get('name'), 80)} ({n.get('kind')}) {n.get('relation')} depth={n.get('depth')}"
+            f" {_lines(n.get('address'))}"
+        )
+    return out
+
+
+def render_relations(d: dict[str, Any]) -> list[str]:
+    out = [_envelope(d)]
+    for r in d.get("relations") or []:
+        cites = " ".join(_lines(a) for a in (r.get("citations") or [])[:5])
+        out.append(f"  {r.get('from')} -> {r.get('to')} ({r.get('kind')}) {cites}".rstrip())
+    return out
+
+
+def render_overview(d: dict[str, Any]) -> list[str]:
+    counts = (
+        f"documents={d.get('documents')} entities={d.get('entities')} "
+        f"relations={d.get('relations')} themes={d.get('themes')}"
+    )
+    out = [_envelope(d), counts]
+    return out + _theme_lines(d.get("top_themes") or [])
+
+
+def render_levels(d: dict[str, Any]) -> list[str]:
+    out = [
+        _envelope(d),
+        f"high_level: {', '.join(d.get('high_level') or [])}",
+        f"low_level: {', '.join(d.get('low_level') or [])}",
+    ]
+    out += _theme_lines(d.get("themes") or [])
+    for h in d.get("items") or []:
+        out.append(
+            f"  {_lines(h.get('address'))} [{h.get('match_kind')}] | {_one_line(h.get('snippet'))}"
+        )
+    return out

@@ -1,0 +1,217 @@
+"""The tools: one per public read operation of the API, each bound to its RPC.
+
+Everything a tool publishes besides its name, title and description comes from the proto: the
+input schema (request message, comments, ``(knowledge.v1.rules)``), the output schema (response
+message) and the read-only / idempotent hints (the RPC's ``idempotency_level``). The
+operator's streaming RPCs are listed in ``EXCLUDED_RPCS`` with the reason, so every RPC of the
+proto is accounted for (a test checks it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.descriptor import Descriptor, MethodDescriptor
+from google.protobuf.descriptor_pb2 import MethodOptions
+
+from knowledge_mcp._descriptors import proto_rpcs
+from knowledge_mcp.render import (
+    render_chunk,
+    render_dispatch,
+    render_episode,
+    render_levels,
+    render_neighbors,
+    render_overview,
+    render_relations,
+    render_search,
+    render_status,
+    render_themes,
+)
+from knowledge_mcp.schema import input_schema, output_schema
+
+Renderer = Callable[[dict[str, Any]], list[str]]
+
+# RPCs deliberately without a tool, with the reason.
+EXCLUDED_RPCS: dict[str, str] = {
+    "knowledge.v1.IndexService/IndexWorkspace": (
+        "operator operation (role operator, RIGHT_MANAGE) that streams progress for minutes and "
+        "writes the code index; run `knowledge index` instead of letting a model trigger it"
+    ),
+    "knowledge.v1.IndexService/IngestSessions": (
+        "operator operation (RIGHT_MANAGE) that streams progress and writes the episodes index; "
+        "run `knowledge ingest`"
+    ),
+    "knowledge.v1.IndexService/RebuildDerived": (
+        "operator operation (RIGHT_MANAGE) that streams progress and rewrites the derived layer; "
+        "run `knowledge rebuild`"
+    ),
+    "knowledge.v1.IndexService/BuildDocGraph": (
+        "operator operation (RIGHT_MANAGE, Enterprise) that streams progress and may spend LLM "
+        "budget; run `knowledge docgraph build`"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One MCP tool: which RPC it calls and how its result is shown."""
+
+    name: str
+    rpc: str
+    title: str
+    description: str
+    untrusted_fields: tuple[str, ...]
+    render: Renderer
+
+    @property
+    def method(self) -> MethodDescriptor:
+        return proto_rpcs()[self.rpc]
+
+    @property
+    def request(self) -> Descriptor:
+        return self.method.input_type
+
+    @property
+    def response(self) -> Descriptor:
+        return self.method.output_type
+
+    @property
+    def sdk_method(self) -> str:
+        """The SDK client's method for the RPC: its name in snake_case (GetEpisode ->
+        get_episode), the SDK's own naming rule."""
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", self.method.name).lower()
+
+    @property
+    def read_only(self) -> bool:
+        return self._idempotency == MethodOptions.NO_SIDE_EFFECTS
+
+    @property
+    def idempotent(self) -> bool:
+        return self._idempotency in (MethodOptions.NO_SIDE_EFFECTS, MethodOptions.IDEMPOTENT)
+
+    @property
+    def _idempotency(self) -> int:
+        return int(self.method.GetOptions().idempotency_level)
+
+    def input_schema(self) -> dict[str, Any]:
+        return input_schema(self.request)
+
+    def output_schema(self) -> dict[str, Any]:
+        return output_schema(self.response)
+
+
+_K = "knowledge.v1.KnowledgeService/"
+_D = "knowledge.v1.DocGraphService/"
+_I = "knowledge.v1.IndexService/"
+_DOCGRAPH_NOTE = (
+    " Enterprise edition (feature doc-graph); other editions answer KNOWLEDGE_EDITION_REQUIRED."
+)
+
+TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        "knowledge_search",
+        _K + "Search",
+        "Search past sessions, code and skills",
+        "Ask one question; get separate lanes of evidence: episodes (what past agent sessions did, "
+        "as session_id#seq), code (path:start_line-end_line) and skills, plus the actors who did "
+        "this kind of work. Each lane reports its own index_rev and whether it is degraded. "
+        "Fetch full texts with knowledge_get_episode / knowledge_get_chunk.",
+        (
+            "lanes.episodes.items[].snippet",
+            "lanes.code.items[].snippet",
+            "lanes.skills.items[].description",
+            "lanes.skills.items[].when_to_use",
+        ),
+        render_search,
+    ),
+    ToolSpec(
+        "knowledge_dispatch",
+        _K + "Dispatch",
+        "Choose an actor for a task",
+        "Choose the best actor (agent, subagent, team member) for a task and prepare a hand-off "
+        "package with references. Never executes anything. dry_run=true (default) writes nothing; "
+        "dry_run=false records the plan (idempotent: the same task and actor give the same "
+        "assignment).",
+        ("context_pack.prior_episodes[].snippet", "handoff.context_pack.prior_episodes[].snippet"),
+        render_dispatch,
+    ),
+    ToolSpec(
+        "knowledge_get_episode",
+        _K + "GetEpisode",
+        "Read one episode",
+        "The full (redacted) text of one session event by id (ep:<session_id>:<seq>), optionally "
+        "with neighbouring events.",
+        ("episode.text", "before[].text", "after[].text"),
+        render_episode,
+    ),
+    ToolSpec(
+        "knowledge_get_chunk",
+        _K + "GetChunk",
+        "Read one code or document chunk",
+        "The full (redacted) text of one code or document chunk by id, with its path and lines.",
+        ("chunk.text",),
+        render_chunk,
+    ),
+    ToolSpec(
+        "knowledge_status",
+        _I + "GetStatus",
+        "Service status",
+        "Edition, licence state, and per-lane status: index_rev, counts, capability, freshness.",
+        (),
+        render_status,
+    ),
+    ToolSpec(
+        "knowledge_themes",
+        _D + "Themes",
+        "Document themes",
+        "Themes (clusters of co-mentioned entities) with top entities and citations as "
+        "path:start_line-end_line." + _DOCGRAPH_NOTE,
+        ("themes[].title", "themes[].summary", "themes[].top_entities[].name"),
+        render_themes,
+    ),
+    ToolSpec(
+        "knowledge_entity_neighbors",
+        _D + "EntityNeighbors",
+        "Entity neighbours",
+        "Neighbours of an entity or theme (up to depth 3), each with the address of a quote that "
+        "shows the connection." + _DOCGRAPH_NOTE,
+        ("entity.name", "neighbors[].name"),
+        render_neighbors,
+    ),
+    ToolSpec(
+        "knowledge_doc_relations",
+        _D + "DocRelations",
+        "Document relations",
+        "Relations between documents through shared entities, with citations. Give doc or "
+        "entity." + _DOCGRAPH_NOTE,
+        ("relations[].via_entities[].name",),
+        render_relations,
+    ),
+    ToolSpec(
+        "knowledge_global_overview",
+        _D + "GlobalOverview",
+        "Corpus overview",
+        "A map of the document corpus: counts and top themes with addresses." + _DOCGRAPH_NOTE,
+        ("top_themes[].title", "top_themes[].summary", "top_themes[].top_entities[].name"),
+        render_overview,
+    ),
+    ToolSpec(
+        "knowledge_search_levels",
+        _D + "SearchLevels",
+        "Dual-level document search",
+        "Dual-level search over documents: high-level (theme) and low-level (entity) keywords, "
+        "matching themes and chunks with addresses." + _DOCGRAPH_NOTE,
+        (
+            "items[].snippet",
+            "themes[].title",
+            "themes[].summary",
+            "items[].matched_entities[].name",
+        ),
+        render_levels,
+    ),
+)
+
+TOOLS_BY_NAME: dict[str, ToolSpec] = {t.name: t for t in TOOLS}

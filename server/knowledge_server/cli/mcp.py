@@ -1,0 +1,66 @@
+"""`knowledge mcp`: starts the MCP bridge (the separate `knowledge_mcp` package).
+
+The bridge is a client of the service; the server package never imports it. This command
+replaces its own process with `python -m knowledge_mcp` (same interpreter), passing the
+connection options given here or to the `knowledge` group, so harness configs written for
+`knowledge mcp` keep working.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import click
+
+BRIDGE_MODULE = "knowledge_mcp"
+
+
+def bridge_argv(address: str | None, token: str | None, timeout: float | None) -> list[str]:
+    argv = [sys.executable, "-m", BRIDGE_MODULE]
+    if address:
+        argv += ["--address", address]
+    if token:
+        argv += ["--token", token]
+    if timeout:
+        argv += ["--timeout", str(timeout)]
+    return argv
+
+
+@click.command("mcp")
+@click.option(
+    "--address",
+    default=None,
+    help="Service address HOST:PORT. Env: KNOWLEDGE_ADDRESS (default 127.0.0.1:50151).",
+)
+@click.option("--token", default=None, help="Bearer token. Env: KNOWLEDGE_TOKEN.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Deadline in seconds per call (default 30). Env: KNOWLEDGE_TIMEOUT.",
+)
+@click.pass_context
+def mcp_command(
+    ctx: click.Context, address: str | None, token: str | None, timeout: float | None
+) -> None:
+    """Run the MCP bridge on stdin/stdout (for agent harnesses); same as `knowledge-mcp`.
+
+    Talks to a running `knowledge serve`; TLS files come from KNOWLEDGE_TLS_CA,
+    KNOWLEDGE_TLS_CERT and KNOWLEDGE_TLS_KEY.
+    """
+    if importlib.util.find_spec(BRIDGE_MODULE) is None:
+        raise click.ClickException(
+            "the MCP bridge is not installed: pip install knowledge-mcp "
+            "(or 'knowledge-service[mcp]')"
+        )
+    parent = ctx.find_root().obj if isinstance(ctx.find_root().obj, dict) else {}
+    argv = bridge_argv(
+        address or parent.get("address"),
+        token or parent.get("token"),
+        timeout or parent.get("timeout"),
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
