@@ -13,7 +13,9 @@ import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from knowledge_server import __version__
 from knowledge_server._gen.knowledge.v1 import (
@@ -34,6 +36,8 @@ from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import Lane, NotReadyLane
 from knowledge_server.search.validate import validate_search
 from knowledge_server.workspaces import in_scope, is_under, normalise_workspace
+
+M = TypeVar("M", bound=Message)
 
 # Why each search lane is empty when a deployment has no such lane.
 _NOT_READY = {
@@ -129,12 +133,16 @@ class KnowledgeApp:
         return await asyncio.to_thread(lane.get_chunk_sync, req.id, scope)
 
     # -- DocGraphService ---------------------------------------------------------------
-    async def docgraph(self, op: str, req: object, principal: Principal) -> object:
+    async def docgraph(self, op: str, req: Message, principal: Principal, response: type[M]) -> M:
+        """One document-graph operation; ``response`` is the message type it answers with."""
         lane = self.lanes.docgraph
         if lane is None:
             raise Unimplemented(f"{op} (document graph) needs the built-in docgraph lane")
         scope = effective_workspaces(principal, ())
-        return await in_thread(lane.op_sync, op, req, scope, pool="docgraph")
+        out = await in_thread(lane.op_sync, op, req, scope, pool="docgraph")
+        if not isinstance(out, response):
+            raise TypeError(f"{op} answered {type(out).__name__}, not {response.__name__}")
+        return out
 
     # -- IndexService ------------------------------------------------------------------
     async def index_stream(

@@ -1,36 +1,53 @@
-"""Thin gRPC servicers: each RPC hands its request to the application layer."""
+"""Thin gRPC servicers: each RPC hands its request and the caller's principal to the
+application layer."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from knowledge_server._gen.knowledge.v1 import (
+    dispatch_pb2,
+    docgraph_pb2,
     docgraph_pb2_grpc,
     index_service_pb2,
     index_service_pb2_grpc,
+    knowledge_service_pb2,
     knowledge_service_pb2_grpc,
+    search_pb2,
 )
 from knowledge_server.app import KnowledgeApp
 from knowledge_server.transport.interceptors import current_call
+
+Context = grpc.aio.ServicerContext[Any, Any]
+R = TypeVar("R", bound=Message)
 
 
 class KnowledgeServicer(knowledge_service_pb2_grpc.KnowledgeServiceServicer):
     def __init__(self, app: KnowledgeApp) -> None:
         self.app = app
 
-    async def Search(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def Search(
+        self, request: search_pb2.SearchRequest, context: Context
+    ) -> search_pb2.SearchResponse:
         return await self.app.search(request, current_call().principal)
 
-    async def Dispatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def Dispatch(
+        self, request: dispatch_pb2.DispatchRequest, context: Context
+    ) -> dispatch_pb2.DispatchResponse:
         return await self.app.dispatch(request, current_call().principal)
 
-    async def GetEpisode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def GetEpisode(
+        self, request: knowledge_service_pb2.GetEpisodeRequest, context: Context
+    ) -> knowledge_service_pb2.GetEpisodeResponse:
         return await self.app.get_episode(request, current_call().principal)
 
-    async def GetChunk(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def GetChunk(
+        self, request: knowledge_service_pb2.GetChunkRequest, context: Context
+    ) -> knowledge_service_pb2.GetChunkResponse:
         return await self.app.get_chunk(request, current_call().principal)
 
 
@@ -38,43 +55,82 @@ class DocGraphServicer(docgraph_pb2_grpc.DocGraphServiceServicer):
     def __init__(self, app: KnowledgeApp) -> None:
         self.app = app
 
-    async def Themes(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.docgraph("themes", request, current_call().principal)
+    async def _op(self, op: str, request: Message, response: type[R]) -> R:
+        return await self.app.docgraph(op, request, current_call().principal, response)
 
-    async def EntityNeighbors(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.docgraph("entity_neighbors", request, current_call().principal)
+    async def Themes(
+        self, request: docgraph_pb2.ThemesRequest, context: Context
+    ) -> docgraph_pb2.ThemesResponse:
+        return await self._op("themes", request, docgraph_pb2.ThemesResponse)
 
-    async def DocRelations(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.docgraph("doc_relations", request, current_call().principal)
+    async def EntityNeighbors(
+        self, request: docgraph_pb2.EntityNeighborsRequest, context: Context
+    ) -> docgraph_pb2.EntityNeighborsResponse:
+        return await self._op("entity_neighbors", request, docgraph_pb2.EntityNeighborsResponse)
 
-    async def GlobalOverview(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.docgraph("global_overview", request, current_call().principal)
+    async def DocRelations(
+        self, request: docgraph_pb2.DocRelationsRequest, context: Context
+    ) -> docgraph_pb2.DocRelationsResponse:
+        return await self._op("doc_relations", request, docgraph_pb2.DocRelationsResponse)
 
-    async def SearchLevels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.app.docgraph("search_levels", request, current_call().principal)
+    async def GlobalOverview(
+        self, request: docgraph_pb2.GlobalOverviewRequest, context: Context
+    ) -> docgraph_pb2.GlobalOverviewResponse:
+        return await self._op("global_overview", request, docgraph_pb2.GlobalOverviewResponse)
 
-
-def _stream(op: str, response_type: Any):  # type: ignore[no-untyped-def]
-    async def method(
-        self: IndexServicer, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
-        async for event in self.app.index_stream(op, request, current_call().principal):
-            if isinstance(event, index_service_pb2.Progress):
-                yield response_type(progress=event)
-            else:
-                yield response_type(summary=event)
-
-    return method
+    async def SearchLevels(
+        self, request: docgraph_pb2.SearchLevelsRequest, context: Context
+    ) -> docgraph_pb2.SearchLevelsResponse:
+        return await self._op("search_levels", request, docgraph_pb2.SearchLevelsResponse)
 
 
 class IndexServicer(index_service_pb2_grpc.IndexServiceServicer):
     def __init__(self, app: KnowledgeApp) -> None:
         self.app = app
 
-    IndexWorkspace = _stream("index_workspace", index_service_pb2.IndexWorkspaceResponse)
-    IngestSessions = _stream("ingest_sessions", index_service_pb2.IngestSessionsResponse)
-    RebuildDerived = _stream("rebuild_derived", index_service_pb2.RebuildDerivedResponse)
-    BuildDocGraph = _stream("build_doc_graph", index_service_pb2.BuildDocGraphResponse)
+    async def _stream(
+        self, op: str, request: Message, response: Callable[..., R]
+    ) -> AsyncIterator[R]:
+        """The app's progress events, then its summary, each wrapped in ``response``."""
+        async for event in self.app.index_stream(op, request, current_call().principal):
+            if isinstance(event, index_service_pb2.Progress):
+                yield response(progress=event)
+            else:
+                yield response(summary=event)
 
-    async def GetStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def IndexWorkspace(
+        self, request: index_service_pb2.IndexWorkspaceRequest, context: Context
+    ) -> AsyncIterator[index_service_pb2.IndexWorkspaceResponse]:
+        async for out in self._stream(
+            "index_workspace", request, index_service_pb2.IndexWorkspaceResponse
+        ):
+            yield out
+
+    async def IngestSessions(
+        self, request: index_service_pb2.IngestSessionsRequest, context: Context
+    ) -> AsyncIterator[index_service_pb2.IngestSessionsResponse]:
+        async for out in self._stream(
+            "ingest_sessions", request, index_service_pb2.IngestSessionsResponse
+        ):
+            yield out
+
+    async def RebuildDerived(
+        self, request: index_service_pb2.RebuildDerivedRequest, context: Context
+    ) -> AsyncIterator[index_service_pb2.RebuildDerivedResponse]:
+        async for out in self._stream(
+            "rebuild_derived", request, index_service_pb2.RebuildDerivedResponse
+        ):
+            yield out
+
+    async def BuildDocGraph(
+        self, request: index_service_pb2.BuildDocGraphRequest, context: Context
+    ) -> AsyncIterator[index_service_pb2.BuildDocGraphResponse]:
+        async for out in self._stream(
+            "build_doc_graph", request, index_service_pb2.BuildDocGraphResponse
+        ):
+            yield out
+
+    async def GetStatus(
+        self, request: index_service_pb2.GetStatusRequest, context: Context
+    ) -> index_service_pb2.GetStatusResponse:
         return await self.app.status(request, current_call().principal)
