@@ -15,7 +15,8 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2, se
 from knowledge_server.derived.build import rebuild
 from knowledge_server.derived.lane import InvalidQuery, search_skills
 from knowledge_server.derived.skills import default_roots, load_catalog
-from knowledge_server.derived.store import DerivedStore
+from knowledge_server.derived.store import Assignment, DerivedStore
 from knowledge_server.episodes.store import EpisodeStore
 from knowledge_server.lanes.common import (
     Pool,
@@ -286,6 +287,23 @@ class DerivedLane:
                 actors.append(actor)
         actors.sort(key=lambda a: (-a.score, a.actor_id))
         return actors[: v.limit]
+
+    # -- dispatch ----------------------------------------------------------------------------
+    @contextmanager
+    def built_store(self) -> Iterator[DerivedStore | None]:
+        """A pooled reader for a few reads outside a lane call (dispatch planning), or
+        None until the first build."""
+        with self._readers.get() as store:
+            yield store if store.is_built() else None
+
+    def record_assignment(
+        self, actor_id: str, task_hash: str, outbox_path: str
+    ) -> tuple[Assignment, bool]:
+        """Record a dispatch's ``recorded_plan`` assignment, once per (actor, task), on
+        this lane's own writer under its writer lock: the store has one writer, so a commit
+        never contends with a rebuild's transaction (it waits for the rebuild instead)."""
+        with self._write_lock:
+            return self._writer.record_assignment(actor_id, task_hash, outbox_path)
 
     # -- rebuild ---------------------------------------------------------------------------
     def rebuild_sync(
