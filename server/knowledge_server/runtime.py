@@ -140,15 +140,16 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
     licence = WatchedLicence(config, clock)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     set_mmap_mib(config.sqlite_mmap_mib)  # before any store is opened
+    code = CodeLane(
+        config.data_dir,
+        embedder=make_embedder(config),
+        options=IndexOptions(workers=1, max_file_bytes=config.max_file_bytes),
+    )
     lanes: dict[str, Lane] = {
         "episodes": EpisodesLane(
             config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces
         ),
-        "code": CodeLane(
-            config.data_dir,
-            embedder=make_embedder(config),
-            options=IndexOptions(workers=1, max_file_bytes=config.max_file_bytes),
-        ),
+        "code": code,
         "skills": DerivedLane(
             config.data_dir, skill_roots=config.skill_roots, workspaces=config.workspaces
         ),
@@ -158,7 +159,9 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
     from knowledge_server.lanes.docgraph import DocGraphLane, llm_settings_from_config
 
     # Kept apart from ``lanes``: the search coordinator must not query the document graph.
-    app.docgraph_lane = DocGraphLane(config.data_dir, llm_settings_from_config(config))  # type: ignore[attr-defined]
+    app.docgraph_lane = DocGraphLane(  # type: ignore[attr-defined]
+        config.data_dir, llm_settings_from_config(config), code=code
+    )
     return app
 
 
