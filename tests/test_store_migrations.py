@@ -4,6 +4,8 @@ a store a newer version wrote is refused with a clear message."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import apsw
@@ -150,6 +152,22 @@ def test_every_store_declares_its_steps_in_order() -> None:
     ):
         assert m.names[0] == "001_initial" and m.legacy is not None
         assert [n[:4] for n in m.names] == [f"{i:03d}_" for i in range(1, len(m.names) + 1)]
+
+
+def test_concurrent_openers_of_a_fresh_store_run_each_step_once(tmp_path: Path) -> None:
+    """Serving processes open every store at once: the openers queue on the write lock and
+    the later ones find the steps recorded."""
+    path = tmp_path / "episodes.sqlite"
+    start = threading.Barrier(8)
+
+    def open_one() -> None:
+        start.wait()
+        EpisodeStore(str(path)).close()
+
+    with ThreadPoolExecutor(8) as pool:
+        for done in [pool.submit(open_one) for _ in range(8)]:
+            done.result()  # re-raises an opener's error
+    assert _recorded(path) == list(episodes_store.MIGRATIONS.names)
 
 
 # --------------------------------------------------------------------------- stores of the previous version
