@@ -133,6 +133,27 @@ def test_incremental_reuse_drift_and_unchanged(index: CodeIndex, ws: Path) -> No
     assert r4.unchanged and r4.files_indexed == 0 and r4.files_reused == 4
 
 
+def test_document_chunks_are_the_current_revisions_documents(index: CodeIndex, ws: Path) -> None:
+    """What other layers read of this store: the documents of a workspace's current
+    revision only, in path and line order, with that revision."""
+    assert index.indexed_roots() == [] and index.document_chunks(str(ws), ["markdown"]) == ("", [])
+    r1 = index.index_workspace(str(ws))
+    assert index.indexed_roots() == [str(ws)]
+    rev, docs = index.document_chunks(str(ws), ["MarkDown"])
+    assert rev == r1.index_rev
+    assert [(c.path, c.language, c.index_rev) for c in docs] == [
+        ("docs/guide.md", "markdown", r1.index_rev)
+    ]
+    assert "rotate the session cookie" in docs[0].text and docs[0].workspace == str(ws)
+    assert index.document_chunks(str(ws), ["rst"]) == (r1.index_rev, [])
+    _write(ws, "docs/a.md", "# A\nFirst.\n")
+    os.remove(ws / "docs" / "guide.md")
+    r2 = index.index_workspace(str(ws))
+    rev, docs = index.document_chunks(str(ws), ["markdown"])
+    assert rev == r2.index_rev != r1.index_rev
+    assert [c.path for c in docs] == ["docs/a.md"]
+
+
 def test_embedder_change_is_drift(index: CodeIndex, ws: Path) -> None:
     index.index_workspace(str(ws))
     rep = index.index_workspace(str(ws), embedder=HashingEmbedder(dim=128))

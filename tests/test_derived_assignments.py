@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 from knowledge_server.derived import DerivedStore, assignment_id_for
+from knowledge_server.lanes.derived import DerivedLane
 
 
 def test_idempotent_sequential(tmp_path: Path) -> None:
@@ -70,3 +71,32 @@ def test_processes(tmp_path: Path) -> None:
     assert len({g[0] for g in got}) == 1
     assert sum(1 for g in got if g[1]) == 1
     assert len(DerivedStore(str(tmp_path)).assignments()) == 1
+
+
+def test_the_lane_records_on_its_own_writer_under_its_writer_lock(tmp_path: Path) -> None:
+    """Dispatch records through the derived lane: the row is written by the lane's one
+    writer, and waits while the lane's writer lock is held (a rebuild in progress)."""
+    lane = DerivedLane(tmp_path, skill_roots=[str(tmp_path / "no-skills")])
+    try:
+        done = threading.Event()
+        got: list[tuple[str, bool]] = []
+
+        def commit() -> None:
+            row, created = lane.record_assignment("actor:l", "sha256:lane", "/o/l")
+            got.append((row.assignment_id, created))
+            done.set()
+
+        with lane._write_lock:
+            t = threading.Thread(target=commit)
+            t.start()
+            assert not done.wait(0.3)  # queued behind the holder
+        t.join(timeout=10)
+        assert got == [(assignment_id_for("actor:l", "sha256:lane"), True)]
+        again, created = lane.record_assignment("actor:l", "sha256:lane", "/o/other")
+        assert not created and again.outbox_path == "/o/l"
+        assert [a.assignment_id for a in lane._writer.assignments()] == [got[0][0]]
+        # Nothing has been built yet: planning reads nothing from the store.
+        with lane.built_store() as store:
+            assert store is None
+    finally:
+        lane.close()

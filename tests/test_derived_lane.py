@@ -100,14 +100,16 @@ def test_remembered_actor_facts_follow_the_derived_revision(tmp_path: Path) -> N
     """Actor facts (name, outcome counts, skills with uses) are remembered per derived
     revision: once the revision moves, searches read the facts afresh."""
     from knowledge_server.lanes.derived import DerivedLane
+    from knowledge_server.lanes.episodes import EpisodesLane
 
     shutil.copytree(FIX / "logs", tmp_path / "logs")
     eps = EpisodeStore(str(tmp_path))
     ingest(eps, [str(tmp_path / "logs")])
     eps.close()
     lane = DerivedLane(tmp_path, skill_roots=[str(FIX / "skills")])
+    source = EpisodesLane(tmp_path)
     try:
-        lane.rebuild_sync(str(tmp_path), True, lambda *a: None)
+        lane.rebuild_sync(source, True, lambda *a: None)
         with lane._readers.get() as store:
             info, skills = lane._actor_facts(store, store.index_rev(), ROOT1)
         assert info is not None and skills
@@ -125,6 +127,7 @@ def test_remembered_actor_facts_follow_the_derived_revision(tmp_path: Path) -> N
             assert lane._actor_facts(store, store.index_rev(), ROOT1)[1] == []
     finally:
         lane.close()
+        source.close()
 
 
 def test_stop_words_do_not_select_skills(ds) -> None:  # type: ignore[no-untyped-def]

@@ -270,7 +270,7 @@ def test_operations_answer_only_from_workspaces_in_scope(shared_data: Path, tmp_
             shutil.copy(shared_data / "docs" / "eips" / f, ws / f)
         roots.append(str(ws))
     code = CodeLane(data)
-    dg = DocGraphLane(data)
+    dg = DocGraphLane(data, code=code)
     try:
         for root in roots:
             code.index_sync(root, False, lambda *a: None)

@@ -63,15 +63,18 @@ def test_the_setting_reaches_the_stores_of_a_served_app(tmp_path: Path) -> None:
         app.close()
 
 
+def _steps(script: str) -> schema.Migrations:
+    return schema.Migrations("test.sqlite", (schema.Step("001_initial", script),))
+
+
 def test_a_mapped_reader_sees_a_file_that_grew_and_was_checkpointed(tmp_path: Path) -> None:
     """A mapping covers the file as it was; later pages (after the writer grew the file and
     checkpointed the WAL into it) must still be read, and read right."""
     schema.set_mmap_mib(1)  # smaller than the file will become: part mapped, part read()
     path = str(tmp_path / "grow.sqlite")
-    writer = schema.open_db(
-        path, "CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, v BLOB);", busy_ms=1000
-    )
-    reader = schema.open_db(path, "", read_only=True, busy_ms=1000)
+    steps = _steps("CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);")
+    writer = schema.open_db(path, steps, busy_ms=1000)
+    reader = schema.open_db(path, steps, read_only=True, busy_ms=1000)
     try:
         blob = bytes(range(256)) * 16
         for round_ in range(3):
@@ -117,7 +120,9 @@ def test_every_kind_of_store_connection_keeps_its_plans(tmp_path: Path) -> None:
     writer = EpisodeStore(str(tmp_path / "episodes.sqlite"))
     reader = EpisodeStore(str(tmp_path / "episodes.sqlite"), read_only=True)
     code = open_store(str(tmp_path / "code.sqlite"))
-    plain = schema.open_db(str(tmp_path / "other.sqlite"), "", busy_ms=1000)
+    plain = schema.open_db(
+        str(tmp_path / "other.sqlite"), _steps("CREATE TABLE t(v);"), busy_ms=1000
+    )
     try:
         for conn in (writer.conn, reader.conn, code, plain):
             assert _plans_fixed(conn)
@@ -132,8 +137,9 @@ def test_rebinding_a_parameter_does_not_compile_a_statement_again(tmp_path: Path
     FTS5's segment-page lookup for each term is compiled anew on every query."""
     conn = schema.open_db(
         str(tmp_path / "fts.sqlite"),
-        "CREATE VIRTUAL TABLE IF NOT EXISTS t USING fts5(x);"
-        "CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT);",
+        _steps(
+            "CREATE VIRTUAL TABLE t USING fts5(x); CREATE TABLE meta(k TEXT PRIMARY KEY, v TEXT);"
+        ),
         busy_ms=1000,
     )
     try:

@@ -204,7 +204,7 @@ class KnowledgeApp:
             if skills is None or source is None:
                 raise Unimplemented("RebuildDerived needs the built-in skills and episodes lanes")
             async for event in run_with_progress(
-                lambda progress: skills.rebuild_sync(source.path, req.full, progress)
+                lambda progress: skills.rebuild_sync(source, req.full, progress)
             ):
                 yield event
             return

@@ -141,20 +141,22 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
     licence = WatchedLicence(config, clock)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     set_mmap_mib(config.sqlite_mmap_mib)  # before any store is opened
+    code = CodeLane(
+        config.data_dir,
+        embedder=make_embedder(config),
+        options=IndexOptions(workers=1, max_file_bytes=config.max_file_bytes),
+    )
     lanes = Lanes(
         episodes=EpisodesLane(
             config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces
         ),
-        code=CodeLane(
-            config.data_dir,
-            embedder=make_embedder(config),
-            options=IndexOptions(workers=1, max_file_bytes=config.max_file_bytes),
-        ),
+        code=code,
         skills=DerivedLane(
             config.data_dir, skill_roots=config.skill_roots, workspaces=config.workspaces
         ),
-        # Not a search lane: the coordinator never queries the document graph.
-        docgraph=DocGraphLane(config.data_dir, llm_settings_from_config(config)),
+        # Not a search lane: the coordinator never queries the document graph. It reads
+        # its input documents through the code lane.
+        docgraph=DocGraphLane(config.data_dir, llm_settings_from_config(config), code=code),
     )
     return KnowledgeApp(config, licence=licence, lanes=lanes)
 

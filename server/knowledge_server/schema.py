@@ -1,10 +1,19 @@
-"""Creating a store's schema safely when several processes open it at once.
+"""Opening a store: its settings, and its schema as named, recorded migrations.
+
+A store's schema is an ordered list of named steps (``Migrations``). Each step runs once,
+in order, inside the transaction that records it in the store's ``migrations`` table
+(name, applied_at), as sqlite-utils' migrations do. A later change to a store is a new
+step at the end of its list, never an edit of a recorded one. A store whose table names a
+step this code does not know was written by a newer version: opening it fails with
+``StoreTooNew`` instead of misreading it. Stores written before steps were recorded are
+adopted: the steps they already have are recorded without running (``Migrations.legacy``).
 
 Serving processes (``workers > 1``) open every store at the same moment. A schema
 script run in an ordinary transaction starts as a reader and upgrades to a writer at
 its first write; if another process wrote in between, SQLite refuses the upgrade at
 once (SQLITE_BUSY, the busy timeout does not apply). ``BEGIN IMMEDIATE`` takes the
-write lock first, waiting through the busy handler, so concurrent openers queue.
+write lock first, waiting through the busy handler, so concurrent openers queue; the
+second finds the steps recorded and runs none.
 """
 
 from __future__ import annotations
@@ -13,13 +22,19 @@ import array
 import itertools
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import apsw
 
 __all__ = [
-    "apply_schema",
+    "MigrationError",
+    "Migrations",
+    "Step",
+    "StoreTooNew",
+    "has_schema",
     "immediate",
     "int_array",
     "open_db",
@@ -136,25 +151,32 @@ def store_settings(conn: apsw.Connection) -> None:
 
 def open_db(
     path: str,
-    script: str,
+    migrations: Migrations,
     *,
     read_only: bool = False,
     busy_ms: int,
     synchronous_normal: bool = True,
 ) -> apsw.Connection:
     """A store's connection: read-only, or a writer whose folder, WAL mode and schema
-    are ensured first (``synchronous=NORMAL`` unless told otherwise)."""
+    (``migrations``, brought up to date) are ensured first (``synchronous=NORMAL`` unless
+    told otherwise). Either way, a store written by a newer version is refused."""
     if read_only:
         conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
     else:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         conn = apsw.Connection(path)
+    try:
         conn.setbusytimeout(busy_ms)
-        use_wal(conn)
-        if synchronous_normal:
-            conn.execute("PRAGMA synchronous=NORMAL")
-        apply_schema(conn, script)
-    conn.setbusytimeout(busy_ms)
+        if read_only:
+            migrations.check(conn, path)
+        else:
+            use_wal(conn)
+            if synchronous_normal:
+                conn.execute("PRAGMA synchronous=NORMAL")
+            migrations.migrate(conn, path)
+    except BaseException:
+        conn.close()
+        raise
     store_settings(conn)
     return conn
 
@@ -189,9 +211,148 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
-def apply_schema(conn: apsw.Connection, script: str, *, busy_ms: int = 30_000) -> None:
-    """Run ``script`` (CREATE ... IF NOT EXISTS, INSERT OR IGNORE ...) as one write
-    transaction, waiting up to ``busy_ms`` for another writer to finish."""
-    conn.setbusytimeout(busy_ms)
-    with immediate(conn):
-        conn.execute(script)
+# --------------------------------------------------------------------------- migrations
+
+MIGRATIONS_TABLE = "migrations"
+
+
+class MigrationError(RuntimeError):
+    """A store's recorded schema steps do not fit this code's list (out of order, or a
+    step failed); the message names the store and the step."""
+
+
+class StoreTooNew(MigrationError):
+    """The store records schema steps this version does not know: a newer version wrote it."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One named schema change: an SQL script, or a function of the open write
+    transaction's cursor (for data changes that need Python)."""
+
+    name: str
+    apply: str | Callable[[apsw.Cursor], None]
+
+
+@dataclass(frozen=True)
+class Migrations:
+    """The ordered schema steps of one kind of store (``store`` names it in messages).
+
+    ``legacy`` serves stores written before steps were recorded (they have no
+    ``migrations`` table but do have tables): given the cursor, it returns the names of
+    the leading steps such a store already has, which are recorded without running. The
+    first step is always its baseline (the schema those versions created); later names
+    stand for the one-off upgrades they applied behind ad-hoc flags."""
+
+    store: str
+    steps: tuple[Step, ...]
+    legacy: Callable[[apsw.Cursor], Sequence[str]] | None = None
+    names: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        names = tuple(step.name for step in self.steps)
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.store}: two schema steps share a name")
+        object.__setattr__(self, "names", names)
+
+    def recorded(self, conn: apsw.Connection) -> list[str]:
+        """The steps recorded in the store, in the order they were applied."""
+        if not _has_table(conn, MIGRATIONS_TABLE):
+            return []
+        return [r[0] for r in conn.execute(f"SELECT name FROM {MIGRATIONS_TABLE} ORDER BY rowid")]
+
+    def pending(self, conn: apsw.Connection, where: str) -> list[Step]:
+        """The steps still to apply, in order; raises ``StoreTooNew`` for a store a newer
+        version wrote and ``MigrationError`` for steps recorded out of order."""
+        done = self.recorded(conn)
+        unknown = [name for name in done if name not in self.names]
+        if unknown:
+            raise StoreTooNew(
+                f"{where} was written by a newer version of the Knowledge Service: it records "
+                f"schema migration(s) {', '.join(map(repr, unknown))} that this version does not "
+                f"know ({self.store} here knows up to {self.names[-1]!r}). Run the newer "
+                "version, or move the data directory aside to start afresh."
+            )
+        if done != list(self.names[: len(done)]):
+            raise MigrationError(
+                f"{where}: schema migrations recorded out of order ({', '.join(done)}); "
+                f"{self.store} expects {', '.join(self.names)}"
+            )
+        return list(self.steps[len(done) :])
+
+    def check(self, conn: apsw.Connection, where: str) -> None:
+        """For a read-only connection: refuse a store a newer version wrote. A store
+        behind this code is left as it is (its writer brings it up to date)."""
+        self.pending(conn, where)
+
+    def migrate(self, conn: apsw.Connection, where: str) -> list[str]:
+        """Bring the store up to date; returns the names of the steps run now. Reads only
+        when nothing is pending, so opening an up-to-date store writes nothing."""
+        if not self.pending(conn, where):
+            return []
+        ran: list[str] = []
+        with immediate(conn):
+            cur = conn.cursor()
+            if not _has_table(conn, MIGRATIONS_TABLE):
+                cur.execute(
+                    f"CREATE TABLE {MIGRATIONS_TABLE}(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+                )
+                self._adopt(cur, where)
+            for step in self.pending(conn, where):  # again: another opener may have run them
+                try:
+                    if isinstance(step.apply, str):
+                        cur.execute(step.apply)
+                    else:
+                        step.apply(cur)
+                except apsw.Error as exc:
+                    raise MigrationError(
+                        f"{where}: schema migration {step.name!r} failed: {exc}"
+                    ) from exc
+                _record(cur, step.name)
+                ran.append(step.name)
+        return ran
+
+    def _adopt(self, cur: apsw.Cursor, where: str) -> None:
+        """Record the steps a store written before migrations were recorded already has."""
+        has_tables = cur.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name NOT IN (?, 'sqlite_sequence')",
+            (MIGRATIONS_TABLE,),
+        ).fetchone()
+        if has_tables is None or self.legacy is None:
+            return
+        present = list(self.legacy(cur))
+        if present != list(self.names[: len(present)]):
+            raise MigrationError(
+                f"{where}: an unrecorded store was judged to have steps {present}, "
+                f"which are not the first steps of {self.store}"
+            )
+        for name in present:
+            _record(cur, name)
+
+
+def _record(cur: apsw.Cursor, name: str) -> None:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    cur.execute(f"INSERT INTO {MIGRATIONS_TABLE}(name, applied_at) VALUES (?, ?)", (name, now))
+
+
+def _has_table(conn: apsw.Connection | apsw.Cursor, name: str) -> bool:
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    return conn.execute(sql, (name,)).fetchone() is not None
+
+
+def has_schema(cur: apsw.Cursor, script: str) -> bool:
+    """Whether the store already holds every table, index and trigger ``script`` creates
+    (for ``Migrations.legacy``: a baseline step is present in an unrecorded store)."""
+    scratch = apsw.Connection(":memory:")
+    try:
+        scratch.execute(script)
+        wanted = {
+            (kind, name)
+            for kind, name in scratch.execute(
+                "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+            )
+        }
+    finally:
+        scratch.close()
+    have = set(cur.execute("SELECT type, name FROM sqlite_master"))
+    return wanted <= have

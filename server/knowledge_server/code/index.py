@@ -133,6 +133,57 @@ class CodeIndex:
         ).fetchone()
         return None if row is None else str(row[0])
 
+    def indexed_roots(self) -> list[str]:
+        """The workspaces that have a current revision, in root order."""
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT root FROM workspaces WHERE current_rev_id IS NOT NULL ORDER BY root"
+            )
+        ]
+
+    def document_chunks(self, root: str, languages: Sequence[str]) -> tuple[str, list[ChunkRecord]]:
+        """The current revision of ``root`` and its chunks whose language is one of
+        ``languages`` (compared in lower case), by path and line, read in one transaction;
+        ("", []) when ``root`` has no current revision."""
+        ws = _indexer.normalise_root(root)
+        wanted = sorted({lang.lower() for lang in languages})
+        with self.conn:
+            row = self.conn.execute(
+                "SELECT r.rev FROM workspaces w JOIN revisions r ON r.id = w.current_rev_id"
+                " WHERE w.root = ?",
+                (ws,),
+            ).fetchone()
+            if row is None or not wanted:
+                return ("", []) if row is None else (str(row[0]), [])
+            rev = str(row[0])
+            marks = ",".join("?" * len(wanted))
+            chunks = [
+                ChunkRecord(
+                    chunk_id=c[0],
+                    workspace=c[1],
+                    path=c[2],
+                    start_line=int(c[3]),
+                    end_line=int(c[4]),
+                    source_kind=c[5],
+                    symbol=c[6],
+                    language=c[7],
+                    content_hash=c[8],
+                    text=c[9],
+                    index_rev=rev,
+                )
+                for c in self.conn.execute(
+                    "SELECT c.chunk_id, c.workspace, c.path, c.start_line, c.end_line,"
+                    " c.source_kind, c.symbol, c.language, c.content_hash, c.text"
+                    " FROM workspaces w JOIN rev_file rf ON rf.rev_id = w.current_rev_id"
+                    " JOIN chunks c ON c.file_id = rf.file_id"
+                    f" WHERE w.root = ? AND lower(c.language) IN ({marks})"
+                    " ORDER BY c.path, c.start_line, c.chunk_id",
+                    (ws, *wanted),
+                )
+            ]
+        return rev, chunks
+
     def drift(self, root: str) -> list[dict[str, object]]:
         cols = ("rev", "previous_fingerprint", "new_fingerprint", "reason", "created_ns")
         return [

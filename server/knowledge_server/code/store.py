@@ -15,19 +15,24 @@ from typing import Any
 
 import apsw
 
-from knowledge_server.schema import QueryValues, immediate, store_settings, use_wal
+from knowledge_server.schema import (
+    Migrations,
+    QueryValues,
+    Step,
+    has_schema,
+    store_settings,
+    use_wal,
+)
 
-__all__ = ["SCHEMA_VERSION", "open_store", "vec_table_for"]
+__all__ = ["MIGRATIONS", "open_store", "vec_table_for"]
 
-SCHEMA_VERSION = "1"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS workspaces(
+_BASELINE = """
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE workspaces(
   root TEXT PRIMARY KEY,
   current_rev_id INTEGER
 );
-CREATE TABLE IF NOT EXISTS revisions(
+CREATE TABLE revisions(
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   rev TEXT NOT NULL UNIQUE,
   workspace TEXT NOT NULL,
@@ -41,8 +46,8 @@ CREATE TABLE IF NOT EXISTS revisions(
   walk_max_mtime_ns INTEGER NOT NULL,
   vec_missing INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS revisions_ws ON revisions(workspace, id);
-CREATE TABLE IF NOT EXISTS file_versions(
+CREATE INDEX revisions_ws ON revisions(workspace, id);
+CREATE TABLE file_versions(
   id INTEGER PRIMARY KEY,
   workspace TEXT NOT NULL,
   path TEXT NOT NULL,
@@ -55,13 +60,13 @@ CREATE TABLE IF NOT EXISTS file_versions(
   n_chunks INTEGER NOT NULL,
   UNIQUE(workspace, path, file_hash, chunker)
 );
-CREATE TABLE IF NOT EXISTS rev_file(
+CREATE TABLE rev_file(
   rev_id INTEGER NOT NULL,
   file_id INTEGER NOT NULL,
   PRIMARY KEY(rev_id, file_id)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS rev_file_file ON rev_file(file_id, rev_id);
-CREATE TABLE IF NOT EXISTS chunks(
+CREATE INDEX rev_file_file ON rev_file(file_id, rev_id);
+CREATE TABLE chunks(
   id INTEGER PRIMARY KEY,
   chunk_id TEXT NOT NULL,
   file_id INTEGER NOT NULL,
@@ -75,13 +80,13 @@ CREATE TABLE IF NOT EXISTS chunks(
   content_hash TEXT NOT NULL,
   text TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS chunks_file ON chunks(file_id);
-CREATE INDEX IF NOT EXISTS chunks_cid ON chunks(chunk_id);
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
+CREATE INDEX chunks_file ON chunks(file_id);
+CREATE INDEX chunks_cid ON chunks(chunk_id);
+CREATE VIRTUAL TABLE chunks_fts USING fts5(
   tokens, meta, content='', contentless_delete=1, tokenize='unicode61 remove_diacritics 2'
 );
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts_vocab USING fts5vocab(chunks_fts, 'row');
-CREATE TABLE IF NOT EXISTS drift(
+CREATE VIRTUAL TABLE chunks_fts_vocab USING fts5vocab(chunks_fts, 'row');
+CREATE TABLE drift(
   id INTEGER PRIMARY KEY,
   workspace TEXT NOT NULL,
   rev TEXT NOT NULL,
@@ -92,17 +97,18 @@ CREATE TABLE IF NOT EXISTS drift(
 );
 -- Files the last run could not index (binary, undecodable) with the stat it saw, so an
 -- unchanged one is not read again on every run.
-CREATE TABLE IF NOT EXISTS skipped_files(
+CREATE TABLE skipped_files(
   workspace TEXT NOT NULL, path TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
   reason TEXT NOT NULL, PRIMARY KEY(workspace, path)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS embedders(identity TEXT PRIMARY KEY, dim INTEGER NOT NULL,
+CREATE TABLE embedders(identity TEXT PRIMARY KEY, dim INTEGER NOT NULL,
   tbl TEXT NOT NULL);
 -- A file version whose chunks all have vectors in vec table `tbl` (written in the
 -- same transaction as the vectors, so an interrupted fill never half-counts a file).
-CREATE TABLE IF NOT EXISTS file_vec(
+CREATE TABLE file_vec(
   file_id INTEGER NOT NULL, tbl TEXT NOT NULL, PRIMARY KEY(file_id, tbl)
 ) WITHOUT ROWID;
+INSERT INTO meta(key, value) VALUES('schema_version', '1');
 """
 
 
@@ -117,24 +123,35 @@ FTS_AUTOMERGE = 16
 BUSY_MS = 10_000
 
 
-def _initialised(cur: apsw.Cursor) -> bool:
-    if cur.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() is None:
-        return False
-    if cur.execute("SELECT 1 FROM meta WHERE key = 'schema_version'").fetchone() is None:
-        return False
-    settings = dict(cur.execute("SELECT k, v FROM chunks_fts_config").fetchall())
-    return settings.get("rank") == FTS_RANK and settings.get("automerge") == FTS_AUTOMERGE
-
-
-def _initialise(cur: apsw.Cursor) -> None:
-    cur.execute(_SCHEMA)
-    cur.execute(
-        "INSERT OR IGNORE INTO meta(key, value) VALUES('schema_version', ?)", (SCHEMA_VERSION,)
-    )
+def _fts_settings(cur: apsw.Cursor) -> None:
     cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('rank', ?)", (FTS_RANK,))
     # Merge segments 16 at a time instead of 4: a full index run spends a fifth less
     # time in the writer (measured on the standard library), at a query cost within noise.
     cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('automerge', ?)", (FTS_AUTOMERGE,))
+
+
+def _legacy(cur: apsw.Cursor) -> list[str]:
+    """The steps a store written before they were recorded has: the baseline (its
+    tables and the ``schema_version`` row), and the full-text settings when they are the
+    ones that step sets."""
+    if (
+        not has_schema(cur, _BASELINE)
+        or not cur.execute("SELECT 1 FROM meta WHERE key = 'schema_version'").fetchone()
+    ):
+        return []
+    settings: dict[object, object] = dict(cur.execute("SELECT k, v FROM chunks_fts_config"))
+    if settings.get("rank") == FTS_RANK and settings.get("automerge") == FTS_AUTOMERGE:
+        return ["001_initial", "002_fts_rank_and_automerge"]
+    return ["001_initial"]
+
+
+# The schema as named steps (``knowledge_server.schema.Migrations``): add new ones at the
+# end. A new ranking or merge setting is a new step, not an edit of step 002.
+MIGRATIONS = Migrations(
+    "code.sqlite",
+    (Step("001_initial", _BASELINE), Step("002_fts_rank_and_automerge", _fts_settings)),
+    legacy=_legacy,
+)
 
 
 # Sets of chunk ids of running queries, read by knowledge_in_set (a path filter's chunks).
@@ -164,10 +181,12 @@ def open_store(path: str) -> apsw.Connection:
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=OFF")
     # Readers open this store too (one per pooled connection, in every serving process):
-    # when the schema and settings are in place, opening writes nothing.
-    if not _initialised(cur):
-        with immediate(conn):  # other openers and writers queue, see knowledge_server.schema
-            _initialise(cur)
+    # when every step is recorded, opening writes nothing.
+    try:
+        MIGRATIONS.migrate(conn, path)
+    except BaseException:
+        conn.close()
+        raise
     store_settings(conn)
     conn.create_scalar_function("knowledge_in_set", _in_set, 2)
     return conn

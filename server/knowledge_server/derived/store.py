@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Self
 
-from knowledge_server.schema import open_db
+import apsw
+
+from knowledge_server.schema import Migrations, Step, has_schema, open_db
 from knowledge_server.workspaces import under_sql
 
 from ..episodes.model import parse_event_id
@@ -24,8 +26,8 @@ DB_FILE = "derived.sqlite"
 ASSIGNMENT_STATUS = "recorded_plan"
 ACTOR_KINDS = ("root_session", "subagent", "team_member", "autoclaw_agent")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS actor (
+_BASELINE = """
+CREATE TABLE actor (
     actor_id TEXT PRIMARY KEY,
     kind TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -41,10 +43,10 @@ CREATE TABLE IF NOT EXISTS actor (
     last_seen TEXT,
     workspace_cwd TEXT
 );
-CREATE INDEX IF NOT EXISTS actor_kind ON actor(kind);
+CREATE INDEX actor_kind ON actor(kind);
 -- One row per (actor, session) with that session's contribution; actor rows are
 -- aggregated from it so an incremental rebuild only rewrites the changed sessions.
-CREATE TABLE IF NOT EXISTS actor_session (
+CREATE TABLE actor_session (
     actor_id TEXT NOT NULL,
     session_id TEXT NOT NULL,
     event_count INTEGER NOT NULL DEFAULT 0,
@@ -53,42 +55,42 @@ CREATE TABLE IF NOT EXISTS actor_session (
     last_seen TEXT,
     PRIMARY KEY (actor_id, session_id)
 );
-CREATE INDEX IF NOT EXISTS actor_session_sid ON actor_session(session_id);
+CREATE INDEX actor_session_sid ON actor_session(session_id);
 -- The actor a whole session belongs to (+ its cwd for workspace filters).
-CREATE TABLE IF NOT EXISTS session_actor (
+CREATE TABLE session_actor (
     session_id TEXT PRIMARY KEY,
     actor_id TEXT NOT NULL,
     harness TEXT NOT NULL,
     cwd TEXT
 );
-CREATE INDEX IF NOT EXISTS session_actor_actor ON session_actor(actor_id);
-CREATE INDEX IF NOT EXISTS session_actor_cwd ON session_actor(cwd);
+CREATE INDEX session_actor_actor ON session_actor(actor_id);
+CREATE INDEX session_actor_cwd ON session_actor(cwd);
 -- Runs of 1.x inline sidechain events inside a root session (seq bounds inclusive).
-CREATE TABLE IF NOT EXISTS sidechain_span (
+CREATE TABLE sidechain_span (
     session_id TEXT NOT NULL,
     seq_from INTEGER NOT NULL,
     seq_to INTEGER NOT NULL,
     actor_id TEXT NOT NULL,
     PRIMARY KEY (session_id, seq_from)
 );
-CREATE TABLE IF NOT EXISTS failed_event (
+CREATE TABLE failed_event (
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
     actor_id TEXT NOT NULL,
     PRIMARY KEY (session_id, seq)
 );
-CREATE INDEX IF NOT EXISTS failed_event_actor ON failed_event(actor_id);
-CREATE TABLE IF NOT EXISTS skill (
+CREATE INDEX failed_event_actor ON failed_event(actor_id);
+CREATE TABLE skill (
     name TEXT PRIMARY KEY,
     path TEXT NOT NULL,
     description TEXT NOT NULL,
     when_to_use TEXT,
     content_hash TEXT NOT NULL
 );
-CREATE VIRTUAL TABLE IF NOT EXISTS skill_fts USING fts5(
+CREATE VIRTUAL TABLE skill_fts USING fts5(
     name, description, when_to_use, tokenize = "unicode61 remove_diacritics 2"
 );
-CREATE TABLE IF NOT EXISTS skill_use (
+CREATE TABLE skill_use (
     actor_id TEXT NOT NULL,
     skill TEXT NOT NULL,
     episode_id TEXT NOT NULL,
@@ -99,10 +101,10 @@ CREATE TABLE IF NOT EXISTS skill_use (
     via TEXT NOT NULL,
     PRIMARY KEY (episode_id, skill)
 );
-CREATE INDEX IF NOT EXISTS skill_use_skill ON skill_use(skill, actor_id);
-CREATE INDEX IF NOT EXISTS skill_use_actor ON skill_use(actor_id);
-CREATE INDEX IF NOT EXISTS skill_use_session ON skill_use(session_id);
-CREATE TABLE IF NOT EXISTS assignment (
+CREATE INDEX skill_use_skill ON skill_use(skill, actor_id);
+CREATE INDEX skill_use_actor ON skill_use(actor_id);
+CREATE INDEX skill_use_session ON skill_use(session_id);
+CREATE TABLE assignment (
     assignment_id TEXT PRIMARY KEY,
     actor_id TEXT NOT NULL,
     task_hash TEXT NOT NULL,
@@ -111,14 +113,23 @@ CREATE TABLE IF NOT EXISTS assignment (
     outbox_path TEXT,
     UNIQUE (actor_id, task_hash)
 );
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
 -- Incremental state: per session a signature of what the derivation depended on.
-CREATE TABLE IF NOT EXISTS build_state (
+CREATE TABLE build_state (
     session_id TEXT PRIMARY KEY,
     signature TEXT NOT NULL,
     last_seq INTEGER
 );
 """
+
+
+def _legacy(cur: apsw.Cursor) -> list[str]:
+    """A store written before its steps were recorded had the baseline, nothing more."""
+    return ["001_initial"] if has_schema(cur, _BASELINE) else []
+
+
+# The schema as named steps (``knowledge_server.schema.Migrations``): add new ones at the end.
+MIGRATIONS = Migrations("derived.sqlite", (Step("001_initial", _BASELINE),), legacy=_legacy)
 
 
 @dataclass(slots=True, frozen=True)
@@ -202,7 +213,7 @@ class DerivedStore:
         # apsw serialises calls on one connection, but a transaction spans several calls:
         # this lock keeps two threads sharing the object from interleaving theirs.
         self._lock = threading.RLock()
-        self.conn = open_db(path, _SCHEMA, read_only=read_only, busy_ms=self.BUSY_MS)
+        self.conn = open_db(path, MIGRATIONS, read_only=read_only, busy_ms=self.BUSY_MS)
 
     def close(self) -> None:
         self.conn.close()
@@ -483,6 +494,7 @@ def dumps(value: Any) -> str:
 __all__ = [
     "ACTOR_KINDS",
     "DB_FILE",
+    "MIGRATIONS",
     "ActorInfo",
     "Assignment",
     "DerivedStore",

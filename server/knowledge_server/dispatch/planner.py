@@ -22,7 +22,6 @@ import asyncio
 import hashlib
 import json
 import re
-import threading
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,7 +34,6 @@ from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_
 from knowledge_server.derived.store import ActorInfo, DerivedStore
 from knowledge_server.dispatch import outbox
 from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound
-from knowledge_server.lanes.common import WriterLock
 from knowledge_server.lanes.contract import DerivedLane, EpisodeLane
 from knowledge_server.search.coordinator import Coordinator, count_tokens, json_text
 from knowledge_server.search.validate import LANES, ValidSearch
@@ -220,7 +218,8 @@ class Plan:
 class Dispatcher:
     """Plans dispatches for one app; reads through the lanes' own read-only pools.
 
-    ``derived_lane`` is the skills lane (``DerivedLane``: ``_readers``, ``outbox``, ``path``);
+    ``derived_lane`` is the skills lane (``DerivedLane``: ``built_store``,
+    ``record_assignment``, ``outbox``), the only writer of ``derived.sqlite``;
     ``episodes_lane`` provides ``get_episode_sync`` for the event type of past failures.
     """
 
@@ -243,12 +242,13 @@ class Dispatcher:
     # -- store access ---------------------------------------------------------------------
     @contextmanager
     def _store(self) -> Iterator[DerivedStore | None]:
-        readers = getattr(self.derived_lane, "_readers", None)
-        if readers is None:
+        """A reader of the derived store, through its lane; None when there is no skills
+        lane or nothing has been built yet."""
+        if self.derived_lane is None:
             yield None
             return
-        with readers.get() as store:
-            yield store if store.is_built() else None
+        with self.derived_lane.built_store() as store:
+            yield store
 
     # -- target choice ------------------------------------------------------------------
     def _explicit(self, actor_id: str, scope: tuple[str, ...] | None) -> Choice:
@@ -540,12 +540,8 @@ class Dispatcher:
         digest = task_hash(v, actor_id)
         assignment_id = _assignment_id(actor_id, digest)
         path = outbox.package_path(self.outbox, assignment_id)
-        with _path_lock(str(self.derived_path)):
-            store = DerivedStore(self.derived_path)
-            try:
-                row, created = store.record_assignment(actor_id, digest, str(path))
-            finally:
-                store.close()
+        # The derived lane owns derived.sqlite: it records the row on its own writer.
+        row, created = self.derived_lane.record_assignment(actor_id, digest, str(path))
         package = build_package(out, v, assignment_id=row.assignment_id)
         written, recorded = outbox.write_once(self.outbox, row.assignment_id, package)
         out.handoff.CopyFrom(recorded)
@@ -561,26 +557,11 @@ class Dispatcher:
             pass
         return out
 
-    @property
-    def derived_path(self) -> str:
-        return str(getattr(self.derived_lane, "path", None) or (self.data_dir / "derived.sqlite"))
-
 
 def _assignment_id(actor_id: str, digest: str) -> str:
     from knowledge_server.derived.store import assignment_id_for
 
     return assignment_id_for(actor_id, digest)
-
-
-_PATH_LOCKS: dict[str, WriterLock] = {}
-_PATH_LOCKS_GUARD = threading.Lock()
-
-
-def _path_lock(path: str) -> WriterLock:
-    """One lock per store file, held across threads and serving processes: concurrent
-    commits queue instead of contending."""
-    with _PATH_LOCKS_GUARD:
-        return _PATH_LOCKS.setdefault(path, WriterLock(Path(path).parent, "dispatch"))
 
 
 def _pack_tokens(pack: dispatch_pb2.ContextPack) -> int:

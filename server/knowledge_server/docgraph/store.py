@@ -14,14 +14,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from knowledge_server.schema import open_db
+import apsw
 
-__all__ = ["DB_FILENAME", "LAYER_TABLES", "DocGraphStore"]
+from knowledge_server.schema import Migrations, Step, has_schema, open_db
+
+__all__ = ["DB_FILENAME", "LAYER_TABLES", "MIGRATIONS", "DocGraphStore"]
 
 DB_FILENAME = "docgraph.sqlite"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS layer_rev(
+_BASELINE = """
+CREATE TABLE layer_rev(
   rev_id INTEGER PRIMARY KEY,
   workspace TEXT NOT NULL,
   source_index_rev TEXT NOT NULL,
@@ -29,8 +31,8 @@ CREATE TABLE IF NOT EXISTS layer_rev(
   created_at TEXT NOT NULL,
   stats_json TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS layer_rev_ws ON layer_rev(workspace, rev_id);
-CREATE TABLE IF NOT EXISTS drift(
+CREATE INDEX layer_rev_ws ON layer_rev(workspace, rev_id);
+CREATE TABLE drift(
   drift_id INTEGER PRIMARY KEY,
   rev_id INTEGER NOT NULL,
   prev_rev_id INTEGER,
@@ -39,59 +41,68 @@ CREATE TABLE IF NOT EXISTS drift(
   created_at TEXT NOT NULL,
   changes_json TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS doc_chunk(
+CREATE TABLE doc_chunk(
   rev_id INTEGER NOT NULL, chunk_id TEXT NOT NULL, path TEXT NOT NULL,
   start_line INTEGER NOT NULL, end_line INTEGER NOT NULL, content_hash TEXT NOT NULL,
   PRIMARY KEY(rev_id, chunk_id)
 );
-CREATE TABLE IF NOT EXISTS entity(
+CREATE TABLE entity(
   rev_id INTEGER NOT NULL, entity_id TEXT NOT NULL, name TEXT NOT NULL, norm_name TEXT NOT NULL,
   kind TEXT NOT NULL, mentions INTEGER NOT NULL, first_path TEXT NOT NULL, built_by TEXT NOT NULL,
   PRIMARY KEY(rev_id, entity_id)
 );
-CREATE INDEX IF NOT EXISTS entity_norm ON entity(rev_id, norm_name);
-CREATE TABLE IF NOT EXISTS entity_mention(
+CREATE INDEX entity_norm ON entity(rev_id, norm_name);
+CREATE TABLE entity_mention(
   rev_id INTEGER NOT NULL, entity_id TEXT NOT NULL, chunk_id TEXT NOT NULL, path TEXT NOT NULL,
   start_line INTEGER NOT NULL, end_line INTEGER NOT NULL,
   char_start INTEGER NOT NULL, char_end INTEGER NOT NULL, quote_hash TEXT NOT NULL,
   built_by TEXT NOT NULL,
   PRIMARY KEY(rev_id, entity_id, chunk_id, char_start, char_end)
 );
-CREATE INDEX IF NOT EXISTS mention_chunk ON entity_mention(rev_id, chunk_id);
-CREATE INDEX IF NOT EXISTS mention_path ON entity_mention(rev_id, path);
-CREATE TABLE IF NOT EXISTS entity_relation(
+CREATE INDEX mention_chunk ON entity_mention(rev_id, chunk_id);
+CREATE INDEX mention_path ON entity_mention(rev_id, path);
+CREATE TABLE entity_relation(
   rev_id INTEGER NOT NULL, rel_id TEXT NOT NULL, src_entity_id TEXT NOT NULL,
   dst_entity_id TEXT NOT NULL, kind TEXT NOT NULL, quote_hash TEXT NOT NULL,
   chunk_id TEXT NOT NULL, path TEXT NOT NULL, start_line INTEGER NOT NULL,
   end_line INTEGER NOT NULL, weight INTEGER NOT NULL, built_by TEXT NOT NULL,
   PRIMARY KEY(rev_id, rel_id)
 );
-CREATE INDEX IF NOT EXISTS relation_src ON entity_relation(rev_id, src_entity_id);
-CREATE INDEX IF NOT EXISTS relation_dst ON entity_relation(rev_id, dst_entity_id);
-CREATE TABLE IF NOT EXISTS theme(
+CREATE INDEX relation_src ON entity_relation(rev_id, src_entity_id);
+CREATE INDEX relation_dst ON entity_relation(rev_id, dst_entity_id);
+CREATE TABLE theme(
   rev_id INTEGER NOT NULL, theme_id TEXT NOT NULL, title TEXT NOT NULL,
   seed_entity_id TEXT NOT NULL, size INTEGER NOT NULL, built_by TEXT NOT NULL,
   PRIMARY KEY(rev_id, theme_id)
 );
-CREATE TABLE IF NOT EXISTS theme_member(
+CREATE TABLE theme_member(
   rev_id INTEGER NOT NULL, theme_id TEXT NOT NULL, entity_id TEXT NOT NULL, weight INTEGER NOT NULL,
   PRIMARY KEY(rev_id, theme_id, entity_id)
 );
-CREATE INDEX IF NOT EXISTS member_entity ON theme_member(rev_id, entity_id);
-CREATE TABLE IF NOT EXISTS theme_summary(
+CREATE INDEX member_entity ON theme_member(rev_id, entity_id);
+CREATE TABLE theme_summary(
   rev_id INTEGER NOT NULL, theme_id TEXT NOT NULL, model TEXT NOT NULL,
   prompt_version TEXT NOT NULL, text TEXT NOT NULL, citations_json TEXT NOT NULL,
   PRIMARY KEY(rev_id, theme_id)
 );
-CREATE TABLE IF NOT EXISTS extraction_cache(
+CREATE TABLE extraction_cache(
   cache_key TEXT PRIMARY KEY, result_json TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS query_keywords(
+CREATE TABLE query_keywords(
   norm_query_hash TEXT NOT NULL, model TEXT NOT NULL, prompt_version TEXT NOT NULL,
   result_json TEXT NOT NULL,
   PRIMARY KEY(norm_query_hash, model, prompt_version)
 );
 """
+
+
+def _legacy(cur: apsw.Cursor) -> list[str]:
+    """A store written before its steps were recorded had the baseline, nothing more."""
+    return ["001_initial"] if has_schema(cur, _BASELINE) else []
+
+
+# The schema as named steps (``knowledge_server.schema.Migrations``): add new ones at the end.
+MIGRATIONS = Migrations("docgraph.sqlite", (Step("001_initial", _BASELINE),), legacy=_legacy)
 
 # Versioned tables and their columns in dump order (rev_id excluded: it is a counter).
 LAYER_TABLES: dict[str, tuple[str, ...]] = {
@@ -135,7 +146,7 @@ class DocGraphStore:
         if p.suffix not in (".sqlite", ".db"):
             p = p / DB_FILENAME
         self.path = p
-        self.conn = open_db(str(p), _SCHEMA, busy_ms=5000, synchronous_normal=False)
+        self.conn = open_db(str(p), MIGRATIONS, busy_ms=5000, synchronous_normal=False)
 
     def close(self) -> None:
         self.conn.close()

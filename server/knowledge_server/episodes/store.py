@@ -22,7 +22,14 @@ import apsw
 
 from knowledge_server.fts import compact
 from knowledge_server.memo import RevisionMemo
-from knowledge_server.schema import QueryValues, immediate, int_array, open_db
+from knowledge_server.schema import (
+    Migrations,
+    QueryValues,
+    Step,
+    has_schema,
+    int_array,
+    open_db,
+)
 from knowledge_server.workspaces import stored_cwd, under_sql
 
 from .model import (
@@ -37,7 +44,7 @@ from .model import (
 from .model import event_id as make_event_id
 from .text import aux_terms, query_terms
 
-__all__ = ["DB_FILE", "EpisodeStore", "InvalidQuery"]
+__all__ = ["DB_FILE", "MIGRATIONS", "EpisodeStore", "InvalidQuery"]
 
 DB_FILE = "episodes.sqlite"
 LIVE_MINUTES = 10
@@ -65,8 +72,8 @@ class InvalidQuery(ValueError):
     """The query cannot be searched (empty after tokenisation, too long, bad filter)."""
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
+_BASELINE = """
+CREATE TABLE sessions (
   session_id TEXT PRIMARY KEY,
   harness TEXT NOT NULL,
   cwd TEXT,
@@ -89,8 +96,8 @@ CREATE TABLE IF NOT EXISTS sessions (
   min_event_id INTEGER,
   max_event_id INTEGER
 );
-CREATE INDEX IF NOT EXISTS sessions_cwd ON sessions(cwd);
-CREATE TABLE IF NOT EXISTS events (
+CREATE INDEX sessions_cwd ON sessions(cwd);
+CREATE TABLE events (
   id INTEGER PRIMARY KEY,
   session_id TEXT NOT NULL,
   seq INTEGER NOT NULL,
@@ -105,20 +112,20 @@ CREATE TABLE IF NOT EXISTS events (
   source_path TEXT NOT NULL,
   UNIQUE(session_id, seq)
 );
-CREATE INDEX IF NOT EXISTS events_source ON events(source_path);
-CREATE INDEX IF NOT EXISTS events_time ON events(time);
-CREATE VIRTUAL TABLE IF NOT EXISTS events_fts USING fts5(
+CREATE INDEX events_source ON events(source_path);
+CREATE INDEX events_time ON events(time);
+CREATE VIRTUAL TABLE events_fts USING fts5(
   text, aux, content='events', content_rowid='id',
   tokenize='unicode61 remove_diacritics 2'
 );
-CREATE VIRTUAL TABLE IF NOT EXISTS events_vocab USING fts5vocab(events_fts, 'row');
-CREATE TRIGGER IF NOT EXISTS events_ai AFTER INSERT ON events BEGIN
+CREATE VIRTUAL TABLE events_vocab USING fts5vocab(events_fts, 'row');
+CREATE TRIGGER events_ai AFTER INSERT ON events BEGIN
   INSERT INTO events_fts(rowid, text, aux) VALUES (new.id, new.text, new.aux);
 END;
-CREATE TRIGGER IF NOT EXISTS events_ad AFTER DELETE ON events BEGIN
+CREATE TRIGGER events_ad AFTER DELETE ON events BEGIN
   INSERT INTO events_fts(events_fts, rowid, text, aux) VALUES ('delete', old.id, old.text, old.aux);
 END;
-CREATE TABLE IF NOT EXISTS sources (
+CREATE TABLE sources (
   path TEXT PRIMARY KEY,
   format TEXT NOT NULL,
   size INTEGER NOT NULL,
@@ -132,7 +139,7 @@ CREATE TABLE IF NOT EXISTS sources (
   ctx TEXT,
   sessions TEXT
 );
-CREATE TABLE IF NOT EXISTS lane_meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE lane_meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
 _SESSION_COLS = (
@@ -221,31 +228,8 @@ class EpisodeStore:
         self.path = path
         self.read_only = read_only
         self.live_minutes = live_minutes
-        self.conn = open_db(path, _SCHEMA, read_only=read_only, busy_ms=self.BUSY_MS)
+        self.conn = open_db(path, MIGRATIONS, read_only=read_only, busy_ms=self.BUSY_MS)
         self.conn.create_scalar_function("knowledge_in_ranges", _in_ranges, 2)
-        if not read_only:
-            self._normalise_cwds()
-
-    def _normalise_cwds(self) -> None:
-        """Once per store: fold the session directories written before they were stored
-        normalised (``workspaces.stored_cwd``), in a new index revision if any changed
-        (the derived store re-derives those sessions: their signature holds the cwd)."""
-        done = "SELECT 1 FROM lane_meta WHERE key = 'cwd_normalised'"
-        if self.conn.execute(done).fetchone():
-            return
-        with immediate(self.conn):
-            cur = self.conn.cursor()
-            if cur.execute(done).fetchone():  # another writer got here first
-                return
-            rows = cur.execute("SELECT session_id, cwd FROM sessions WHERE cwd IS NOT NULL")
-            folded = [(stored_cwd(cwd), cwd, sid) for sid, cwd in rows.fetchall()]
-            changed = [(new, sid) for new, cwd, sid in folded if new != cwd]
-            cur.executemany("UPDATE sessions SET cwd = ? WHERE session_id = ?", changed)
-            if changed:
-                self._bump_rev(cur)
-            cur.execute(
-                "INSERT OR REPLACE INTO lane_meta(key, value) VALUES ('cwd_normalised', '1')"
-            )
 
     def close(self) -> None:
         self.conn.close()
@@ -436,7 +420,8 @@ class EpisodeStore:
             (count, last, outcome, lo, hi, sid),
         )
 
-    def _bump_rev(self, cur: apsw.Cursor) -> None:
+    @staticmethod
+    def _bump_rev(cur: apsw.Cursor) -> None:
         row = cur.execute("SELECT value FROM lane_meta WHERE key = 'rev_counter'").fetchone()
         counter = int(row[0]) + 1 if row else 1
         now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -1000,3 +985,31 @@ def make_snippet(text: str, needles: Sequence[str], width: int) -> str:
     if end < len(text):
         out = out[:-1] + "…"
     return out
+
+
+def _fold_session_cwds(cur: apsw.Cursor) -> None:
+    """Fold the session directories written before they were stored normalised
+    (``workspaces.stored_cwd``), in a new index revision if any changed (the derived store
+    re-derives those sessions: their signature holds the cwd)."""
+    rows = cur.execute("SELECT session_id, cwd FROM sessions WHERE cwd IS NOT NULL").fetchall()
+    changed = [(new, sid) for sid, cwd in rows if (new := stored_cwd(str(cwd))) != cwd]
+    cur.executemany("UPDATE sessions SET cwd = ? WHERE session_id = ?", changed)
+    if changed:
+        EpisodeStore._bump_rev(cur)
+
+
+def _legacy(cur: apsw.Cursor) -> list[str]:
+    """The steps a store written before they were recorded has: the baseline, and the
+    cwd folding where its ``lane_meta`` flag says it ran."""
+    if not has_schema(cur, _BASELINE):
+        return []
+    folded = cur.execute("SELECT 1 FROM lane_meta WHERE key = 'cwd_normalised'").fetchone()
+    return ["001_initial", "002_fold_session_cwds"] if folded else ["001_initial"]
+
+
+# The schema as named steps (``knowledge_server.schema.Migrations``): add new ones at the end.
+MIGRATIONS = Migrations(
+    "episodes.sqlite",
+    (Step("001_initial", _BASELINE), Step("002_fold_session_cwds", _fold_session_cwds)),
+    legacy=_legacy,
+)

@@ -16,7 +16,13 @@ from knowledge_server._gen.knowledge.v1 import (
 from knowledge_server.code import bitknn
 from knowledge_server.code.embed import Embedder
 from knowledge_server.code.index import CodeIndex
-from knowledge_server.code.model import CodeHit, CodeSearchResult, Freshness, IndexOptions
+from knowledge_server.code.model import (
+    ChunkRecord,
+    CodeHit,
+    CodeSearchResult,
+    Freshness,
+    IndexOptions,
+)
 from knowledge_server.code.search import check_freshness
 from knowledge_server.code.store import is_binary, vec_table_for
 from knowledge_server.errors import InvalidRequest, NotFound
@@ -128,12 +134,19 @@ class CodeLane:
 
     @staticmethod
     def _roots(idx: CodeIndex) -> list[str]:
-        return [
-            r[0]
-            for r in idx.conn.execute(
-                "SELECT root FROM workspaces WHERE current_rev_id IS NOT NULL ORDER BY root"
-            )
-        ]
+        return idx.indexed_roots()
+
+    # -- documents for other layers (the document graph) --------------------------------
+    def indexed_roots(self) -> list[str]:
+        """The workspaces that have a current revision, in root order."""
+        with self._readers.get() as idx:
+            return idx.indexed_roots()
+
+    def document_chunks(self, root: str, languages: Sequence[str]) -> tuple[str, list[ChunkRecord]]:
+        """The current revision of ``root`` and its chunks in ``languages``
+        (``CodeIndex.document_chunks``): other layers read this store only through here."""
+        with self._readers.get() as idx:
+            return idx.document_chunks(root, languages)
 
     # -- search ------------------------------------------------------------------------
     def _search_sync(self, q: LaneQuery) -> LaneResult:

@@ -15,6 +15,7 @@ bounds with the lane timeout.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,6 +25,9 @@ from knowledge_server._gen.knowledge.v1 import (
     knowledge_service_pb2,
     search_pb2,
 )
+from knowledge_server.code.model import ChunkRecord
+from knowledge_server.derived.store import Assignment, DerivedStore
+from knowledge_server.episodes.store import EpisodeStore
 from knowledge_server.lanes.common import ProgressFn
 from knowledge_server.search.lanes import Lane
 from knowledge_server.search.validate import ValidSearch
@@ -43,7 +47,9 @@ class Reporting(Protocol):
 class EpisodeLane(Lane, Reporting, Protocol):
     """L1: past agent sessions (the built-in implementation: ``lanes/episodes.py``)."""
 
-    path: str
+    def snapshot(self) -> AbstractContextManager[EpisodeStore]:
+        """A read-only view of the store for long reads (the derived rebuild)."""
+        ...
 
     def get_episode_sync(
         self, episode_id: str, neighbours: int, workspaces: Scope
@@ -65,6 +71,15 @@ class CodeLane(Lane, Reporting, Protocol):
         self, root: str, full: bool, progress: ProgressFn
     ) -> index_service_pb2.OperationSummary: ...
 
+    def indexed_roots(self) -> list[str]:
+        """The workspaces that have a current revision."""
+        ...
+
+    def document_chunks(self, root: str, languages: Sequence[str]) -> tuple[str, list[ChunkRecord]]:
+        """The current revision of ``root`` and its chunks in ``languages`` (the document
+        graph's input)."""
+        ...
+
 
 class DerivedLane(Lane, Reporting, Protocol):
     """L3: skills, actors and assignments derived from L1 (``lanes/derived.py``)."""
@@ -72,8 +87,10 @@ class DerivedLane(Lane, Reporting, Protocol):
     outbox: Path
 
     def rebuild_sync(
-        self, episodes_path: str, full: bool, progress: ProgressFn
-    ) -> index_service_pb2.OperationSummary: ...
+        self, source: EpisodeLane, full: bool, progress: ProgressFn
+    ) -> index_service_pb2.OperationSummary:
+        """Rebuild from ``source``'s store, read through ``source.snapshot()``."""
+        ...
 
     def build_actors(
         self, resp: search_pb2.SearchResponse, v: ValidSearch
@@ -83,6 +100,16 @@ class DerivedLane(Lane, Reporting, Protocol):
 
     def dispatch_info(self, kind: str, harness: str) -> search_pb2.DispatchInfo:
         """How an actor of ``kind`` on ``harness`` could receive a task here."""
+        ...
+
+    def built_store(self) -> AbstractContextManager[DerivedStore | None]:
+        """A reader for dispatch planning; None until the first build."""
+        ...
+
+    def record_assignment(
+        self, actor_id: str, task_hash: str, outbox_path: str
+    ) -> tuple[Assignment, bool]:
+        """Record a committed dispatch, on the lane's own writer (the store's one writer)."""
         ...
 
 

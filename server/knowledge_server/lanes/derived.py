@@ -15,15 +15,16 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2, search_pb2
 from knowledge_server.derived.build import rebuild
 from knowledge_server.derived.lane import InvalidQuery, search_skills
 from knowledge_server.derived.skills import default_roots, load_catalog
-from knowledge_server.derived.store import DerivedStore
+from knowledge_server.derived.store import Assignment, DerivedStore
 from knowledge_server.episodes.store import EpisodeStore
 from knowledge_server.lanes.common import (
     Pool,
@@ -93,6 +94,12 @@ def dispatch_info(kind: str, harness: str, outbox: Path) -> search_pb2.DispatchI
 def _writable(path: Path) -> bool:
     probe = path if path.exists() else path.parent
     return probe.exists() and os.access(probe, os.W_OK)
+
+
+class EpisodeSource(Protocol):
+    """What the rebuild needs of the episodes lane (``lanes/episodes.py``)."""
+
+    def snapshot(self) -> AbstractContextManager[EpisodeStore]: ...
 
 
 class DerivedLane:
@@ -290,25 +297,39 @@ class DerivedLane:
         actors.sort(key=lambda a: (-a.score, a.actor_id))
         return actors[: v.limit]
 
+    # -- dispatch ----------------------------------------------------------------------------
+    @contextmanager
+    def built_store(self) -> Iterator[DerivedStore | None]:
+        """A pooled reader for a few reads outside a lane call (dispatch planning), or
+        None until the first build."""
+        with self._readers.get() as store:
+            yield store if store.is_built() else None
+
+    def record_assignment(
+        self, actor_id: str, task_hash: str, outbox_path: str
+    ) -> tuple[Assignment, bool]:
+        """Record a dispatch's ``recorded_plan`` assignment, once per (actor, task), on
+        this lane's own writer under its writer lock: the store has one writer, so a commit
+        never contends with a rebuild's transaction (it waits for the rebuild instead)."""
+        with self._write_lock:
+            return self._writer.record_assignment(actor_id, task_hash, outbox_path)
+
     # -- rebuild ---------------------------------------------------------------------------
     def rebuild_sync(
-        self, episodes_path: str, full: bool, progress: ProgressFn
+        self, source: EpisodeSource, full: bool, progress: ProgressFn
     ) -> index_service_pb2.OperationSummary:
+        """Rebuild from the episodes lane's store, read through the lane (its owner)."""
         started = time.perf_counter()
-        with self._write_lock:
-            episodes = EpisodeStore(episodes_path, read_only=True)
-            try:
-                catalog = load_catalog(self.roots)
-                report = rebuild(
-                    episodes,
-                    self._writer,
-                    self.roots,
-                    full=full,
-                    progress_callback=lambda d, t: progress("rebuild", d, t, ""),
-                    catalog=catalog,
-                )
-            finally:
-                episodes.close()
+        with self._write_lock, source.snapshot() as episodes:
+            catalog = load_catalog(self.roots)
+            report = rebuild(
+                episodes,
+                self._writer,
+                self.roots,
+                full=full,
+                progress_callback=lambda d, t: progress("rebuild", d, t, ""),
+                catalog=catalog,
+            )
         summary = operation_summary(
             report,
             ("actors", "skills", "skill_uses", "sessions_processed"),

@@ -1,8 +1,9 @@
 """The document graph (Enterprise) behind DocGraphService and IndexService.BuildDocGraph.
 
-Input chunks come from the code lane's ``code.sqlite`` (read-only connection, the current
-revision of each workspace, document chunks only); the layer lives in ``docgraph.sqlite``
-(owned by :mod:`knowledge_server.docgraph`). The edition gate is the transport's job.
+Input chunks come from the code lane, which owns ``code.sqlite`` (``CodeLane.document_chunks``:
+the current revision of each workspace, document chunks only); the layer lives in
+``docgraph.sqlite`` (owned by :mod:`knowledge_server.docgraph`). The edition gate is the
+transport's job.
 
 Workspaces: each workspace has its own layer. An operation queries every workspace in the
 caller's scope that has a layer, in root order, and answers from the first one with a result
@@ -15,12 +16,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import apsw
+from typing import Any, Protocol
 
 from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
+from knowledge_server.code.model import ChunkRecord
 from knowledge_server.docgraph import (
     BuildSettings,
     DocChunk,
@@ -33,10 +34,8 @@ from knowledge_server.docgraph import (
 )
 from knowledge_server.errors import FailedPrecondition, InvalidRequest, PermissionDenied
 from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock
-from knowledge_server.schema import store_settings
 from knowledge_server.workspaces import is_under
 
-CODE_DB_FILE = "code.sqlite"
 PROVENANCE = "stated"
 # Languages the code lane gives document files (the graph never reads code chunks).
 DOC_LANGUAGES = ("markdown", "md", "text", "txt", "rst", "asciidoc", "org")
@@ -57,6 +56,16 @@ _RESPONSES = {
     "global_overview": docgraph_pb2.GlobalOverviewResponse,
     "search_levels": docgraph_pb2.SearchLevelsResponse,
 }
+
+
+class DocumentSource(Protocol):
+    """Where the graph's input comes from: the code lane, which owns ``code.sqlite``."""
+
+    def indexed_roots(self) -> list[str]: ...
+
+    def document_chunks(
+        self, root: str, languages: Sequence[str]
+    ) -> tuple[str, list[ChunkRecord]]: ...
 
 
 def llm_settings_from_config(config: Any) -> LLMSettings | None:
@@ -294,9 +303,15 @@ def validate(op: str, req: Any) -> dict[str, Any]:
 class DocGraphLane:
     name = "docgraph"
 
-    def __init__(self, data_dir: Path, llm_settings: LLMSettings | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        llm_settings: LLMSettings | None = None,
+        *,
+        code: DocumentSource,
+    ) -> None:
         self.data_dir = Path(data_dir)
-        self.code_path = str(self.data_dir / CODE_DB_FILE)
+        self.code = code
         self.llm_settings = (
             llm_settings if llm_settings is not None and llm_settings.configured else None
         )
@@ -313,55 +328,22 @@ class DocGraphLane:
 
     # -- inputs ------------------------------------------------------------------------------
 
-    def _code_conn(self) -> apsw.Connection:
-        if not os.path.exists(self.code_path):
-            raise FailedPrecondition("no workspace has been indexed yet; run IndexWorkspace first")
-        conn = apsw.Connection(self.code_path, flags=apsw.SQLITE_OPEN_READONLY)
-        conn.setbusytimeout(5000)
-        store_settings(conn)
-        return conn
-
-    @staticmethod
-    def _indexed_roots(conn: apsw.Connection) -> list[str]:
-        return [
-            r[0]
-            for r in conn.execute(
-                "SELECT root FROM workspaces WHERE current_rev_id IS NOT NULL ORDER BY root"
+    def _read_chunks(self, root: str) -> tuple[str, list[DocChunk]]:
+        """The current code revision of ``root`` and its document chunks, from the code lane."""
+        rev, records = self.code.document_chunks(root, DOC_LANGUAGES)
+        return rev, [
+            DocChunk(
+                chunk_id=c.chunk_id,
+                path=c.path,
+                start_line=c.start_line,
+                end_line=c.end_line,
+                text=c.text,
+                language=c.language,
+                source_kind=c.source_kind,
+                content_hash=c.content_hash,
             )
+            for c in records
         ]
-
-    @staticmethod
-    def _read_chunks(conn: apsw.Connection, root: str) -> tuple[str, list[DocChunk]]:
-        """The current code revision of ``root`` and its document chunks (one read transaction)."""
-        marks = ",".join("?" * len(DOC_LANGUAGES))
-        with conn:
-            row = conn.execute(
-                "SELECT r.rev FROM workspaces w JOIN revisions r ON r.id = w.current_rev_id WHERE w.root = ?",
-                (root,),
-            ).fetchone()
-            if row is None:
-                return "", []
-            chunks = [
-                DocChunk(
-                    chunk_id=c[0],
-                    path=c[1],
-                    start_line=int(c[2]),
-                    end_line=int(c[3]),
-                    text=c[4],
-                    language=c[5],
-                    source_kind=c[6],
-                    content_hash=c[7],
-                )
-                for c in conn.execute(
-                    "SELECT c.chunk_id, c.path, c.start_line, c.end_line, c.text, c.language, c.source_kind, c.content_hash"
-                    " FROM workspaces w JOIN rev_file rf ON rf.rev_id = w.current_rev_id"
-                    " JOIN chunks c ON c.file_id = rf.file_id"
-                    f" WHERE w.root = ? AND lower(c.language) IN ({marks})"
-                    " ORDER BY c.path, c.start_line, c.chunk_id",
-                    (root, *DOC_LANGUAGES),
-                )
-            ]
-        return str(row[0]), chunks
 
     # -- BuildDocGraph -----------------------------------------------------------------------
 
@@ -386,27 +368,23 @@ class DocGraphLane:
             )
         if root is not None and not _in_scope(root, scope):
             raise PermissionDenied("root: outside the workspaces this principal may manage")
-        conn = self._code_conn()
-        try:
-            indexed = self._indexed_roots(conn)
-            if root is not None:
-                if root not in indexed:
-                    raise FailedPrecondition(
-                        f"root: {root} has not been indexed; run IndexWorkspace first"
-                    )
-                roots = [root]
-            else:
-                roots = [r for r in indexed if _in_scope(r, scope)]
-                if not roots:
-                    raise FailedPrecondition(
-                        "no workspace in scope has been indexed yet; run IndexWorkspace first"
-                    )
-            inputs = []
-            for i, r in enumerate(roots):
-                progress("read", i, len(roots), r)
-                inputs.append((r, *self._read_chunks(conn, r)))
-        finally:
-            conn.close()
+        indexed = self.code.indexed_roots()
+        if root is not None:
+            if root not in indexed:
+                raise FailedPrecondition(
+                    f"root: {root} has not been indexed; run IndexWorkspace first"
+                )
+            roots = [root]
+        else:
+            roots = [r for r in indexed if _in_scope(r, scope)]
+            if not roots:
+                raise FailedPrecondition(
+                    "no workspace in scope has been indexed yet; run IndexWorkspace first"
+                )
+        inputs = []
+        for i, r in enumerate(roots):
+            progress("read", i, len(roots), r)
+            inputs.append((r, *self._read_chunks(r)))
 
         use_llm = not structural_only and self._llm is not None
         settings = BuildSettings(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from knowledge_server._gen.knowledge.v1 import (
@@ -68,6 +69,16 @@ class EpisodesLane:
     def close(self) -> None:
         self._readers.close_all(lambda s: s.close())
         self._writer.close()
+
+    @contextmanager
+    def snapshot(self) -> Iterator[EpisodeStore]:
+        """A read-only view of the store for long reads outside a search (the derived
+        layer's rebuild): its own connection, with no lane deadline, closed after."""
+        store = EpisodeStore(self.path, read_only=True)
+        try:
+            yield store
+        finally:
+            store.close()
 
     # -- search ------------------------------------------------------------------------
     def _session_pb(self, s: SessionInfo) -> search_pb2.SessionInfo:
