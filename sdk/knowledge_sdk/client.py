@@ -55,13 +55,13 @@ DEFAULT_TIMEOUT = 30.0
 RPC_METHODS: dict[str, str] = {rpc.full_name: rpc.method for rpc in RPCS}
 
 # UNAVAILABLE (server not reachable yet, or a source it needs down) is retried by gRPC:
-# 4 attempts with jittered backoff of at most 0.05 + 0.1 + 0.2 s, so an address where
-# nothing listens fails in well under 2 s, not at the deadline. Streams are not retried
-# (index builds write; a caller restarts them on purpose).
+# 3 attempts with backoffs of about 0.05 and 0.1 s, so an address where nothing listens
+# fails in well under a second (also within a short --timeout), not at the deadline.
+# Streams are not retried (index builds write; a caller restarts them on purpose).
 _RETRY_POLICY = {
-    "maxAttempts": 4,
+    "maxAttempts": 3,
     "initialBackoff": "0.05s",
-    "maxBackoff": "0.2s",
+    "maxBackoff": "0.1s",
     "backoffMultiplier": 2,
     "retryableStatusCodes": ["UNAVAILABLE"],
 }
