@@ -1,43 +1,93 @@
 """Typed clients for the Knowledge Service (sync and async).
 
 Both speak grpcio over one channel and exchange the typed betterproto2 messages in
-``knowledge_sdk.types``. Every RPC has one method; unary calls retry UNAVAILABLE
-with backoff within their deadline; every failure is a ``knowledge_sdk.errors``
-exception.
+``knowledge_sdk.types``. Every RPC has one method with real keyword parameters, written
+once in ``_calls.py`` for both clients. Unary calls are retried on UNAVAILABLE by gRPC
+itself (the channel's service config: a few attempts with backoff), so a client that
+cannot reach the server fails within about a second instead of waiting out its
+deadline. Every failure is a ``knowledge_sdk.errors`` exception.
 
     from knowledge_sdk import KnowledgeClient
     with KnowledgeClient("127.0.0.1:50151") as kc:
         resp = kc.search("who fixed the MySQL access?")
-        for item in resp.lanes.code.items:
-            print(f"{item.path}:{item.start_line}")
+        if resp.lanes and resp.lanes.code:
+            for item in resp.lanes.code.items:
+                print(f"{item.path}:{item.start_line}")
 """
 
 from __future__ import annotations
 
-import asyncio
+import inspect
+import json
 import os
-import random
-import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+import typing
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from types import GenericAlias
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar, overload
 
 import betterproto2
 import grpc
 
-from knowledge_sdk import _wire, errors
-from knowledge_sdk._gen.knowledge import v1
+from knowledge_sdk import _calls, errors
+from knowledge_sdk._calls import RPCS, StreamCall, UnaryCall, dispatch_request, search_request
 
-T = TypeVar("T", bound=betterproto2.Message)
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "DEFAULT_ADDRESS",
+    "DEFAULT_TIMEOUT",
+    "RPC_METHODS",
+    "AsyncKnowledgeClient",
+    "ConnectionSettings",
+    "KnowledgeClient",
+    "dispatch_request",
+    "search_request",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R", bound=betterproto2.Message)
 
 DEFAULT_ADDRESS = "127.0.0.1:50151"
 DEFAULT_TIMEOUT = 30.0
 
-_K = "/knowledge.v1.KnowledgeService/"
-_D = "/knowledge.v1.DocGraphService/"
-_I = "/knowledge.v1.IndexService/"
+# RPC name -> SDK method name; the parity test checks it covers every RPC in the proto.
+RPC_METHODS: dict[str, str] = {rpc.full_name: rpc.method for rpc in RPCS}
+
+# UNAVAILABLE (server not reachable yet, or a source it needs down) is retried by gRPC:
+# 3 attempts with backoffs of about 0.05 and 0.1 s, so an address where nothing listens
+# fails in well under a second (also within a short --timeout), not at the deadline.
+# Streams are not retried (index builds write; a caller restarts them on purpose).
+_RETRY_POLICY = {
+    "maxAttempts": 3,
+    "initialBackoff": "0.05s",
+    "maxBackoff": "0.1s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [
+                    {"service": rpc.service, "method": rpc.name}
+                    for rpc in RPCS
+                    if not rpc.streaming
+                ],
+                "retryPolicy": _RETRY_POLICY,
+            }
+        ]
+    }
+)
+
+# Each client has its own connection: gRPC otherwise shares one connection between all
+# channels of a process to the same address, so several clients in one process would all
+# land on one serving process of a server running with workers > 1.
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", SERVICE_CONFIG),
+)
 
 
 @dataclass(frozen=True)
@@ -91,108 +141,32 @@ class ConnectionSettings:
         return md
 
 
-def _utc(when: datetime | None) -> datetime | None:
-    """A datetime without a time zone is UTC, as the service takes it (protobuf's
-    Timestamp needs an aware one)."""
-    return when if when is None or when.tzinfo else when.replace(tzinfo=UTC)
+def _serialize(message: betterproto2.Message) -> bytes:
+    return bytes(message)
 
 
-def search_request(
-    query: str,
-    *,
-    mode: str = "auto",
-    include: Sequence[str] | None = None,
-    limit: int = 10,
-    workspaces: Sequence[str] = (),
-    session_ids: Sequence[str] = (),
-    actor_ids: Sequence[str] = (),
-    skills: Sequence[str] = (),
-    paths: Sequence[str] = (),
-    outcome: str = "any",
-    since: datetime | None = None,
-    until: datetime | None = None,
-    max_tokens: int = 4000,
-    snippet_chars: int = 240,
-    provenance: str = "strict",
-    trace: bool = False,
-    request_id: str = "",
-) -> v1.SearchRequest:
-    """Build a ``knowledge.search/v1`` request with the seed's defaults.
+def _call_kind(op: Callable[..., object]) -> tuple[type, type]:
+    """(UnaryCall or StreamCall, response class) from an operation's return annotation."""
+    hint = typing.get_type_hints(op)["return"]
+    return typing.get_origin(hint), typing.get_args(hint)[0]
 
-    ``since``/``until`` keep episodes whose event time lies in that window (inclusive; a
-    datetime without a time zone is taken as UTC, as the service takes it)."""
-    return v1.SearchRequest(
-        schema="knowledge.search/v1",
-        request_id=request_id,
-        query=query,
-        mode=mode,
-        filters=v1.SearchFilters(
-            workspaces=list(workspaces),
-            session_ids=list(session_ids),
-            actor_ids=list(actor_ids),
-            skills=list(skills),
-            paths=list(paths),
-            outcome=outcome,
-            since=_utc(since),
-            until=_utc(until),
-        ),
-        include=list(include) if include is not None else ["episodes", "code", "skills"],
-        limit=limit,
-        budget=v1.SearchBudget(max_tokens=max_tokens, snippet_chars=snippet_chars),
-        provenance=provenance,
-        trace=trace,
+
+def _as_method(
+    method: Callable[..., Any], op: Callable[..., object], owner: str, returns: object
+) -> None:
+    """Give ``method`` the name, docs and signature of ``op``, with ``self`` first."""
+    sig = inspect.signature(op)
+    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    method.__name__ = op.__name__
+    method.__qualname__ = f"{owner}.{op.__name__}"
+    method.__doc__ = op.__doc__
+    method.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[this, *sig.parameters.values()], return_annotation=returns
     )
 
 
-def dispatch_request(
-    task: str,
-    *,
-    acceptance: Sequence[str] = (),
-    constraints: Sequence[str] = (),
-    target: str = "auto",
-    actor_id: str = "",
-    commit: bool = False,
-    workspaces: Sequence[str] = (),
-    request_id: str = "",
-) -> v1.DispatchRequest:
-    """Build a ``knowledge.dispatch/v1`` request; a dry run unless ``commit=True``."""
-    return v1.DispatchRequest(
-        schema="knowledge.dispatch/v1",
-        task=v1.DispatchTask(text=task, acceptance=list(acceptance), constraints=list(constraints)),
-        target=target,
-        actor_id=actor_id,
-        dry_run=not commit,
-        workspaces=list(workspaces),
-        request_id=request_id,
-    )
-
-
-def _ser(msg: betterproto2.Message) -> bytes:
-    # bytes(msg), written about ten times faster (_wire.py).
-    return _wire.serialize(msg)
-
-
-def _de(cls: type[T]) -> Any:
-    # The same messages as cls.parse builds, decoded about six times faster (_wire.py).
-    return _wire.deserializer(cls)
-
-
-_RETRY_BASE = 0.05
-_RETRY_MAX = 2.0
-
-
-# Each client has its own connection: gRPC otherwise shares one connection between all
-# channels of a process to the same address, so several clients in one process would all
-# land on one serving process of a server running with workers > 1.
-CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
-
-
-def _backoff(attempt: int) -> float:
-    return min(_RETRY_MAX, _RETRY_BASE * (2**attempt)) * (0.5 + random.random() / 2)
-
-
-class KnowledgeClient:
-    """Synchronous client. One method per RPC; see the module docstring."""
+class _Client:
+    """What both clients share: settings, the channel's options, call metadata, errors."""
 
     def __init__(
         self,
@@ -205,8 +179,89 @@ class KnowledgeClient:
         self.settings = settings or ConnectionSettings.from_env(
             address=address, token=token, timeout=timeout
         )
-        creds = self.settings.credentials()
-        target = self.settings.address
+        self._credentials = self.settings.credentials()
+
+    def _deadline(self, call: UnaryCall[Any] | StreamCall[Any]) -> float | None:
+        if isinstance(call, StreamCall):
+            return call.timeout
+        return call.timeout if call.timeout is not None else self.settings.timeout
+
+    def _metadata(self, call: UnaryCall[Any] | StreamCall[Any]) -> tuple[tuple[str, str], ...]:
+        request_id = call.request_id if isinstance(call, UnaryCall) else None
+        return tuple(self.settings.metadata(request_id))
+
+    def _error(self, exc: grpc.RpcError) -> errors.RPCError:
+        return errors.from_rpc_error(exc, address=self.settings.address)
+
+
+@overload
+def _sync(
+    op: Callable[P, UnaryCall[R]],
+) -> Callable[Concatenate[KnowledgeClient, P], R]: ...
+@overload
+def _sync(
+    op: Callable[P, StreamCall[R]],
+) -> Callable[Concatenate[KnowledgeClient, P], Iterator[R]]: ...
+def _sync(op: Callable[..., Any]) -> Callable[..., Any]:
+    """The sync client's method for an operation of ``_calls``."""
+    kind, response = _call_kind(op)
+
+    def method(self: KnowledgeClient, *args: Any, **kwargs: Any) -> Any:
+        call = op(*args, **kwargs)
+        if isinstance(call, StreamCall):
+            return self._stream(call)
+        return self._unary(call)
+
+    _as_method(
+        method,
+        op,
+        "KnowledgeClient",
+        GenericAlias(Iterator, (response,)) if kind is StreamCall else response,
+    )
+    return method
+
+
+@overload
+def _async(
+    op: Callable[P, UnaryCall[R]],
+) -> Callable[Concatenate[AsyncKnowledgeClient, P], Coroutine[Any, Any, R]]: ...
+@overload
+def _async(
+    op: Callable[P, StreamCall[R]],
+) -> Callable[Concatenate[AsyncKnowledgeClient, P], AsyncIterator[R]]: ...
+def _async(op: Callable[..., Any]) -> Callable[..., Any]:
+    """The async client's method for an operation of ``_calls``: a coroutine function
+    for a unary RPC, a function returning an async iterator for a streaming one."""
+    kind, response = _call_kind(op)
+    method: Callable[..., Any]
+    if kind is StreamCall:
+
+        def method(self: AsyncKnowledgeClient, *args: Any, **kwargs: Any) -> Any:
+            return self._stream(op(*args, **kwargs))
+
+        _as_method(method, op, "AsyncKnowledgeClient", GenericAlias(AsyncIterator, (response,)))
+    else:
+
+        async def method(self: AsyncKnowledgeClient, *args: Any, **kwargs: Any) -> Any:
+            return await self._unary(op(*args, **kwargs))
+
+        _as_method(method, op, "AsyncKnowledgeClient", response)
+    return method
+
+
+class KnowledgeClient(_Client):
+    """Synchronous client. One method per RPC; see the module docstring."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        token: str | None = None,
+        settings: ConnectionSettings | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__(address, token=token, settings=settings, timeout=timeout)
+        target, creds = self.settings.address, self._credentials
         self._channel = (
             grpc.secure_channel(target, creds, options=CHANNEL_OPTIONS)
             if creds
@@ -222,171 +277,51 @@ class KnowledgeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _unary(
-        self,
-        path: str,
-        request: betterproto2.Message,
-        response: type[T],
-        timeout: float | None,
-        request_id: str | None = None,
-    ) -> T:
-        call = self._channel.unary_unary(
-            path, request_serializer=_ser, response_deserializer=_de(response)
-        )
-        deadline = time.monotonic() + (timeout or self.settings.timeout)
-        attempt = 0
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                return call(
-                    request,
-                    timeout=max(remaining, 0.001),
-                    metadata=self.settings.metadata(request_id),
-                )  # type: ignore[no-any-return]
-            except grpc.RpcError as exc:
-                err = errors.from_rpc_error(exc)
-                pause = _backoff(attempt)
-                if isinstance(err, errors.Unavailable) and time.monotonic() + pause < deadline:
-                    attempt += 1
-                    time.sleep(pause)
-                    continue
-                raise err from None
-
-    def _stream(
-        self, path: str, request: betterproto2.Message, response: type[T], timeout: float | None
-    ) -> Iterator[T]:
-        call = self._channel.unary_stream(
-            path, request_serializer=_ser, response_deserializer=_de(response)
+    def _unary(self, call: UnaryCall[R]) -> R:
+        rpc = call.rpc
+        send = self._channel.unary_unary(
+            rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
         )
         try:
-            yield from call(request, timeout=timeout, metadata=self.settings.metadata())
+            response: R = send(
+                call.request, timeout=self._deadline(call), metadata=self._metadata(call)
+            )
         except grpc.RpcError as exc:
-            raise errors.from_rpc_error(exc) from None
+            raise self._error(exc) from None
+        return response
+
+    def _stream(self, call: StreamCall[R]) -> Iterator[R]:
+        rpc = call.rpc
+        send = self._channel.unary_stream(
+            rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
+        )
+        try:
+            yield from send(
+                call.request, timeout=self._deadline(call), metadata=self._metadata(call)
+            )
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
 
     # KnowledgeService
-    def search(
-        self, query: str | v1.SearchRequest, *, timeout: float | None = None, **kwargs: Any
-    ) -> v1.SearchResponse:
-        req = query if isinstance(query, v1.SearchRequest) else search_request(query, **kwargs)
-        return self._unary(_K + "Search", req, v1.SearchResponse, timeout, req.request_id or None)
-
-    def dispatch(
-        self, task: str | v1.DispatchRequest, *, timeout: float | None = None, **kwargs: Any
-    ) -> v1.DispatchResponse:
-        req = task if isinstance(task, v1.DispatchRequest) else dispatch_request(task, **kwargs)
-        return self._unary(
-            _K + "Dispatch", req, v1.DispatchResponse, timeout, req.request_id or None
-        )
-
-    def get_episode(
-        self, id: str, *, neighbours: int = 0, timeout: float | None = None
-    ) -> v1.GetEpisodeResponse:
-        return self._unary(
-            _K + "GetEpisode",
-            v1.GetEpisodeRequest(id=id, neighbours=neighbours),
-            v1.GetEpisodeResponse,
-            timeout,
-        )
-
-    def get_chunk(self, id: str, *, timeout: float | None = None) -> v1.GetChunkResponse:
-        return self._unary(_K + "GetChunk", v1.GetChunkRequest(id=id), v1.GetChunkResponse, timeout)
-
+    search = _sync(_calls.search)
+    dispatch = _sync(_calls.dispatch)
+    get_episode = _sync(_calls.get_episode)
+    get_chunk = _sync(_calls.get_chunk)
     # DocGraphService
-    def themes(
-        self, *, scope: str = "", limit: int = 10, timeout: float | None = None
-    ) -> v1.ThemesResponse:
-        return self._unary(
-            _D + "Themes", v1.ThemesRequest(scope=scope, limit=limit), v1.ThemesResponse, timeout
-        )
-
-    def entity_neighbors(
-        self,
-        entity: str,
-        *,
-        depth: int = 1,
-        kind: str = "entity",
-        limit: int = 25,
-        timeout: float | None = None,
-    ) -> v1.EntityNeighborsResponse:
-        req = v1.EntityNeighborsRequest(entity=entity, depth=depth, kind=kind, limit=limit)
-        return self._unary(_D + "EntityNeighbors", req, v1.EntityNeighborsResponse, timeout)
-
-    def doc_relations(
-        self, *, doc: str = "", entity: str = "", limit: int = 25, timeout: float | None = None
-    ) -> v1.DocRelationsResponse:
-        return self._unary(
-            _D + "DocRelations",
-            v1.DocRelationsRequest(doc=doc, entity=entity, limit=limit),
-            v1.DocRelationsResponse,
-            timeout,
-        )
-
-    def global_overview(
-        self, *, limit: int = 10, timeout: float | None = None
-    ) -> v1.GlobalOverviewResponse:
-        return self._unary(
-            _D + "GlobalOverview",
-            v1.GlobalOverviewRequest(limit=limit),
-            v1.GlobalOverviewResponse,
-            timeout,
-        )
-
-    def search_levels(
-        self, query: str, *, limit: int = 10, timeout: float | None = None
-    ) -> v1.SearchLevelsResponse:
-        return self._unary(
-            _D + "SearchLevels",
-            v1.SearchLevelsRequest(query=query, limit=limit),
-            v1.SearchLevelsResponse,
-            timeout,
-        )
-
+    themes = _sync(_calls.themes)
+    entity_neighbors = _sync(_calls.entity_neighbors)
+    doc_relations = _sync(_calls.doc_relations)
+    global_overview = _sync(_calls.global_overview)
+    search_levels = _sync(_calls.search_levels)
     # IndexService
-    def index_workspace(
-        self, root: str, *, full: bool = False, timeout: float | None = None
-    ) -> Iterator[v1.IndexWorkspaceResponse]:
-        return self._stream(
-            _I + "IndexWorkspace",
-            v1.IndexWorkspaceRequest(root=root, full=full),
-            v1.IndexWorkspaceResponse,
-            timeout,
-        )
-
-    def ingest_sessions(
-        self, paths: Sequence[str] = (), *, timeout: float | None = None
-    ) -> Iterator[v1.IngestSessionsResponse]:
-        return self._stream(
-            _I + "IngestSessions",
-            v1.IngestSessionsRequest(paths=list(paths)),
-            v1.IngestSessionsResponse,
-            timeout,
-        )
-
-    def rebuild_derived(
-        self, *, full: bool = False, timeout: float | None = None
-    ) -> Iterator[v1.RebuildDerivedResponse]:
-        return self._stream(
-            _I + "RebuildDerived",
-            v1.RebuildDerivedRequest(full=full),
-            v1.RebuildDerivedResponse,
-            timeout,
-        )
-
-    def build_doc_graph(
-        self, request: v1.BuildDocGraphRequest | None = None, *, timeout: float | None = None
-    ) -> Iterator[v1.BuildDocGraphResponse]:
-        return self._stream(
-            _I + "BuildDocGraph",
-            request or v1.BuildDocGraphRequest(),
-            v1.BuildDocGraphResponse,
-            timeout,
-        )
-
-    def get_status(self, *, timeout: float | None = None) -> v1.GetStatusResponse:
-        return self._unary(_I + "GetStatus", v1.GetStatusRequest(), v1.GetStatusResponse, timeout)
+    index_workspace = _sync(_calls.index_workspace)
+    ingest_sessions = _sync(_calls.ingest_sessions)
+    rebuild_derived = _sync(_calls.rebuild_derived)
+    build_doc_graph = _sync(_calls.build_doc_graph)
+    get_status = _sync(_calls.get_status)
 
 
-class AsyncKnowledgeClient:
+class AsyncKnowledgeClient(_Client):
     """Asynchronous client (grpc.aio). Same methods as KnowledgeClient, awaited;
     streaming methods are async iterators."""
 
@@ -398,11 +333,8 @@ class AsyncKnowledgeClient:
         settings: ConnectionSettings | None = None,
         timeout: float | None = None,
     ) -> None:
-        self.settings = settings or ConnectionSettings.from_env(
-            address=address, token=token, timeout=timeout
-        )
-        creds = self.settings.credentials()
-        target = self.settings.address
+        super().__init__(address, token=token, settings=settings, timeout=timeout)
+        target, creds = self.settings.address, self._credentials
         self._channel = (
             grpc.aio.secure_channel(target, creds, options=CHANNEL_OPTIONS)
             if creds
@@ -418,188 +350,46 @@ class AsyncKnowledgeClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _unary(
-        self,
-        path: str,
-        request: betterproto2.Message,
-        response: type[T],
-        timeout: float | None,
-        request_id: str | None = None,
-    ) -> T:
-        call = self._channel.unary_unary(
-            path, request_serializer=_ser, response_deserializer=_de(response)
-        )
-        deadline = time.monotonic() + (timeout or self.settings.timeout)
-        attempt = 0
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                return await call(
-                    request,
-                    timeout=max(remaining, 0.001),
-                    metadata=self.settings.metadata(request_id),
-                )  # type: ignore[no-any-return]
-            except grpc.RpcError as exc:
-                err = errors.from_rpc_error(exc)
-                pause = _backoff(attempt)
-                if isinstance(err, errors.Unavailable) and time.monotonic() + pause < deadline:
-                    attempt += 1
-                    await asyncio.sleep(pause)
-                    continue
-                raise err from None
-
-    async def _stream(
-        self, path: str, request: betterproto2.Message, response: type[T], timeout: float | None
-    ) -> AsyncIterator[T]:
-        call = self._channel.unary_stream(
-            path, request_serializer=_ser, response_deserializer=_de(response)
+    async def _unary(self, call: UnaryCall[R]) -> R:
+        rpc = call.rpc
+        send = self._channel.unary_unary(
+            rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
         )
         try:
-            async for item in call(request, timeout=timeout, metadata=self.settings.metadata()):
+            response: R = await send(
+                call.request, timeout=self._deadline(call), metadata=self._metadata(call)
+            )
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        return response
+
+    async def _stream(self, call: StreamCall[R]) -> AsyncIterator[R]:
+        rpc = call.rpc
+        send = self._channel.unary_stream(
+            rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
+        )
+        try:
+            async for item in send(
+                call.request, timeout=self._deadline(call), metadata=self._metadata(call)
+            ):
                 yield item
         except grpc.RpcError as exc:
-            raise errors.from_rpc_error(exc) from None
+            raise self._error(exc) from None
 
-    async def search(
-        self, query: str | v1.SearchRequest, *, timeout: float | None = None, **kwargs: Any
-    ) -> v1.SearchResponse:
-        req = query if isinstance(query, v1.SearchRequest) else search_request(query, **kwargs)
-        return await self._unary(
-            _K + "Search", req, v1.SearchResponse, timeout, req.request_id or None
-        )
-
-    async def dispatch(
-        self, task: str | v1.DispatchRequest, *, timeout: float | None = None, **kwargs: Any
-    ) -> v1.DispatchResponse:
-        req = task if isinstance(task, v1.DispatchRequest) else dispatch_request(task, **kwargs)
-        return await self._unary(
-            _K + "Dispatch", req, v1.DispatchResponse, timeout, req.request_id or None
-        )
-
-    async def get_episode(
-        self, id: str, *, neighbours: int = 0, timeout: float | None = None
-    ) -> v1.GetEpisodeResponse:
-        return await self._unary(
-            _K + "GetEpisode",
-            v1.GetEpisodeRequest(id=id, neighbours=neighbours),
-            v1.GetEpisodeResponse,
-            timeout,
-        )
-
-    async def get_chunk(self, id: str, *, timeout: float | None = None) -> v1.GetChunkResponse:
-        return await self._unary(
-            _K + "GetChunk", v1.GetChunkRequest(id=id), v1.GetChunkResponse, timeout
-        )
-
-    async def themes(
-        self, *, scope: str = "", limit: int = 10, timeout: float | None = None
-    ) -> v1.ThemesResponse:
-        return await self._unary(
-            _D + "Themes", v1.ThemesRequest(scope=scope, limit=limit), v1.ThemesResponse, timeout
-        )
-
-    async def entity_neighbors(
-        self,
-        entity: str,
-        *,
-        depth: int = 1,
-        kind: str = "entity",
-        limit: int = 25,
-        timeout: float | None = None,
-    ) -> v1.EntityNeighborsResponse:
-        req = v1.EntityNeighborsRequest(entity=entity, depth=depth, kind=kind, limit=limit)
-        return await self._unary(_D + "EntityNeighbors", req, v1.EntityNeighborsResponse, timeout)
-
-    async def doc_relations(
-        self, *, doc: str = "", entity: str = "", limit: int = 25, timeout: float | None = None
-    ) -> v1.DocRelationsResponse:
-        return await self._unary(
-            _D + "DocRelations",
-            v1.DocRelationsRequest(doc=doc, entity=entity, limit=limit),
-            v1.DocRelationsResponse,
-            timeout,
-        )
-
-    async def global_overview(
-        self, *, limit: int = 10, timeout: float | None = None
-    ) -> v1.GlobalOverviewResponse:
-        return await self._unary(
-            _D + "GlobalOverview",
-            v1.GlobalOverviewRequest(limit=limit),
-            v1.GlobalOverviewResponse,
-            timeout,
-        )
-
-    async def search_levels(
-        self, query: str, *, limit: int = 10, timeout: float | None = None
-    ) -> v1.SearchLevelsResponse:
-        return await self._unary(
-            _D + "SearchLevels",
-            v1.SearchLevelsRequest(query=query, limit=limit),
-            v1.SearchLevelsResponse,
-            timeout,
-        )
-
-    def index_workspace(
-        self, root: str, *, full: bool = False, timeout: float | None = None
-    ) -> AsyncIterator[v1.IndexWorkspaceResponse]:
-        return self._stream(
-            _I + "IndexWorkspace",
-            v1.IndexWorkspaceRequest(root=root, full=full),
-            v1.IndexWorkspaceResponse,
-            timeout,
-        )
-
-    def ingest_sessions(
-        self, paths: Sequence[str] = (), *, timeout: float | None = None
-    ) -> AsyncIterator[v1.IngestSessionsResponse]:
-        return self._stream(
-            _I + "IngestSessions",
-            v1.IngestSessionsRequest(paths=list(paths)),
-            v1.IngestSessionsResponse,
-            timeout,
-        )
-
-    def rebuild_derived(
-        self, *, full: bool = False, timeout: float | None = None
-    ) -> AsyncIterator[v1.RebuildDerivedResponse]:
-        return self._stream(
-            _I + "RebuildDerived",
-            v1.RebuildDerivedRequest(full=full),
-            v1.RebuildDerivedResponse,
-            timeout,
-        )
-
-    def build_doc_graph(
-        self, request: v1.BuildDocGraphRequest | None = None, *, timeout: float | None = None
-    ) -> AsyncIterator[v1.BuildDocGraphResponse]:
-        return self._stream(
-            _I + "BuildDocGraph",
-            request or v1.BuildDocGraphRequest(),
-            v1.BuildDocGraphResponse,
-            timeout,
-        )
-
-    async def get_status(self, *, timeout: float | None = None) -> v1.GetStatusResponse:
-        return await self._unary(
-            _I + "GetStatus", v1.GetStatusRequest(), v1.GetStatusResponse, timeout
-        )
-
-
-# RPC name -> SDK method name; the parity test checks it covers every RPC in the proto.
-RPC_METHODS: dict[str, str] = {
-    "knowledge.v1.KnowledgeService/Search": "search",
-    "knowledge.v1.KnowledgeService/Dispatch": "dispatch",
-    "knowledge.v1.KnowledgeService/GetEpisode": "get_episode",
-    "knowledge.v1.KnowledgeService/GetChunk": "get_chunk",
-    "knowledge.v1.DocGraphService/Themes": "themes",
-    "knowledge.v1.DocGraphService/EntityNeighbors": "entity_neighbors",
-    "knowledge.v1.DocGraphService/DocRelations": "doc_relations",
-    "knowledge.v1.DocGraphService/GlobalOverview": "global_overview",
-    "knowledge.v1.DocGraphService/SearchLevels": "search_levels",
-    "knowledge.v1.IndexService/IndexWorkspace": "index_workspace",
-    "knowledge.v1.IndexService/IngestSessions": "ingest_sessions",
-    "knowledge.v1.IndexService/RebuildDerived": "rebuild_derived",
-    "knowledge.v1.IndexService/BuildDocGraph": "build_doc_graph",
-    "knowledge.v1.IndexService/GetStatus": "get_status",
-}
+    # KnowledgeService
+    search = _async(_calls.search)
+    dispatch = _async(_calls.dispatch)
+    get_episode = _async(_calls.get_episode)
+    get_chunk = _async(_calls.get_chunk)
+    # DocGraphService
+    themes = _async(_calls.themes)
+    entity_neighbors = _async(_calls.entity_neighbors)
+    doc_relations = _async(_calls.doc_relations)
+    global_overview = _async(_calls.global_overview)
+    search_levels = _async(_calls.search_levels)
+    # IndexService
+    index_workspace = _async(_calls.index_workspace)
+    ingest_sessions = _async(_calls.ingest_sessions)
+    rebuild_derived = _async(_calls.rebuild_derived)
+    build_doc_graph = _async(_calls.build_doc_graph)
+    get_status = _async(_calls.get_status)

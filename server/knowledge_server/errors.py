@@ -44,6 +44,13 @@ class PermissionDenied(KnowledgeError):
     reason = "KNOWLEDGE_PERMISSION_DENIED"
 
 
+class EditionRequired(PermissionDenied):
+    """The server's edition lacks the feature the call needs (sent with an
+    ``EditionRefusal`` detail)."""
+
+    reason = "KNOWLEDGE_EDITION_REQUIRED"
+
+
 class Unimplemented(KnowledgeError):
     code = grpc.StatusCode.UNIMPLEMENTED
     reason = "KNOWLEDGE_UNIMPLEMENTED"

@@ -24,6 +24,7 @@ import grpc
 import structlog
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from knowledge_server import errors
 from knowledge_server._gen.knowledge.v1 import errors_pb2
@@ -80,12 +81,7 @@ def status_for(err: errors.KnowledgeError, extra: list[Any] | None = None) -> st
 async def abort(
     context: grpc.aio.ServicerContext, err: errors.KnowledgeError, extra: list[Any] | None = None
 ) -> None:
-    st = status_for(err, extra)
-    await context.abort(
-        err.code,
-        err.message,
-        trailing_metadata=(("grpc-status-details-bin", st.SerializeToString()),),
-    )
+    await context.abort_with_status(rpc_status.to_status(status_for(err, extra)))
 
 
 Behavior = Callable[..., Any]
@@ -353,7 +349,7 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
             method=method,
             message=message,
         )
-        err = errors.PermissionDenied(
+        err = errors.EditionRequired(
             message,
             metadata={
                 "feature": policy.feature,
@@ -361,5 +357,4 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
                 "current_edition": state.edition,
             },
         )
-        err.reason = "KNOWLEDGE_EDITION_REQUIRED"
         return refusing_handler(handler, err, [refusal])

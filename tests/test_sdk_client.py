@@ -1,0 +1,226 @@
+"""The SDK's clients against a scripted gRPC server: retries come from the channel's
+service config, an unreachable address fails fast, and every status code the server can
+send arrives as its own typed error (with the rich details read from the trailer)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from knowledge_sdk import AsyncKnowledgeClient, KnowledgeClient, errors
+from knowledge_sdk import types as v1
+from knowledge_sdk.client import RPC_METHODS
+from knowledge_server._gen.knowledge.v1 import errors_pb2
+
+CODES = [c for c in grpc.StatusCode if c is not grpc.StatusCode.OK]
+
+
+@dataclass
+class Script:
+    """What the scripted server answers: ``fail`` statuses first, then a success."""
+
+    fail: list[grpc.Status] = field(default_factory=list)
+    calls: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_failure(self) -> grpc.Status | None:
+        with self.lock:
+            self.calls += 1
+            return self.fail.pop(0) if self.fail else None
+
+
+def _status(
+    code: grpc.StatusCode, message: str = "scripted", details: list[Any] | None = None
+) -> grpc.Status:
+    packed = []
+    for msg in details or []:
+        item = any_pb2.Any()
+        item.Pack(msg)
+        packed.append(item)
+    return rpc_status.to_status(
+        status_pb2.Status(code=code.value[0], message=message, details=packed)
+    )
+
+
+@pytest.fixture
+def scripted() -> Iterator[tuple[str, Script]]:
+    script = Script()
+
+    def get_status(request: bytes, context: grpc.ServicerContext) -> bytes:
+        failure = script.next_failure()
+        if failure is not None:
+            context.abort_with_status(failure)
+        return bytes(v1.GetStatusResponse(version="scripted"))
+
+    def index_workspace(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        failure = script.next_failure()
+        if failure is not None:
+            context.abort_with_status(failure)
+        yield bytes(v1.IndexWorkspaceResponse(progress=v1.Progress(phase="done")))
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "knowledge.v1.IndexService",
+                {
+                    "GetStatus": grpc.unary_unary_rpc_method_handler(get_status),
+                    "IndexWorkspace": grpc.unary_stream_rpc_method_handler(index_workspace),
+                },
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", script
+    finally:
+        server.stop(0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_rpc_table_names_every_method_once() -> None:
+    assert len(set(RPC_METHODS.values())) == len(RPC_METHODS) == 14
+
+
+def test_unavailable_is_retried_by_the_channel(scripted: tuple[str, Script]) -> None:
+    address, script = scripted
+    script.fail = [_status(grpc.StatusCode.UNAVAILABLE)] * 2
+    with KnowledgeClient(address, timeout=10) as kc:
+        assert kc.get_status().version == "scripted"
+    assert script.calls == 3
+
+
+async def test_async_unavailable_is_retried_by_the_channel(scripted: tuple[str, Script]) -> None:
+    address, script = scripted
+    script.fail = [_status(grpc.StatusCode.UNAVAILABLE)] * 2
+    async with AsyncKnowledgeClient(address, timeout=10) as kc:
+        assert (await kc.get_status()).version == "scripted"
+    assert script.calls == 3
+
+
+def test_retries_are_bounded(scripted: tuple[str, Script]) -> None:
+    address, script = scripted
+    script.fail = [_status(grpc.StatusCode.UNAVAILABLE, "down")] * 10
+    started = time.monotonic()
+    with KnowledgeClient(address, timeout=10) as kc, pytest.raises(errors.Unavailable) as info:
+        kc.get_status()
+    assert time.monotonic() - started < 2.0
+    assert script.calls == 3
+    # The server answered (with details): the message is its own, not "cannot reach".
+    assert info.value.message == "down"
+
+
+def test_other_codes_and_streams_are_not_retried(scripted: tuple[str, Script]) -> None:
+    address, script = scripted
+    script.fail = [_status(grpc.StatusCode.INTERNAL)]
+    with KnowledgeClient(address, timeout=10) as kc:
+        with pytest.raises(errors.InternalError):
+            kc.get_status()
+        assert script.calls == 1
+        script.fail = [_status(grpc.StatusCode.UNAVAILABLE)]
+        with pytest.raises(errors.Unavailable):
+            list(kc.index_workspace("/ws"))
+        assert script.calls == 2
+        assert [p.progress.phase for p in kc.index_workspace("/ws") if p.progress] == ["done"]
+
+
+@pytest.mark.parametrize("where", ["refused", "unresolvable"])
+def test_unreachable_fails_fast_with_the_address(where: str) -> None:
+    address = f"127.0.0.1:{_free_port()}" if where == "refused" else "no-such-host.invalid:50151"
+    started = time.monotonic()
+    with KnowledgeClient(address, timeout=30) as kc, pytest.raises(errors.Unavailable) as info:
+        kc.get_status()
+    assert time.monotonic() - started < 2.0
+    assert address in str(info.value) and info.value.reason == ""
+
+
+@pytest.mark.parametrize("where", ["refused", "unresolvable"])
+async def test_async_unreachable_fails_fast_with_the_address(where: str) -> None:
+    address = f"127.0.0.1:{_free_port()}" if where == "refused" else "no-such-host.invalid:50151"
+    started = time.monotonic()
+    async with AsyncKnowledgeClient(address, timeout=30) as kc:
+        with pytest.raises(errors.Unavailable) as info:
+            await kc.search("anything")
+        with pytest.raises(errors.Unavailable):
+            async for _ in kc.rebuild_derived():
+                pass
+    assert time.monotonic() - started < 4.0  # two calls
+    assert address in str(info.value)
+
+
+@pytest.mark.parametrize("code", CODES, ids=lambda c: c.name)
+def test_every_status_code_has_its_error_class(
+    scripted: tuple[str, Script], code: grpc.StatusCode
+) -> None:
+    address, script = scripted
+    info = error_details_pb2.ErrorInfo(
+        reason=f"KNOWLEDGE_{code.name}", domain="knowledge.v1", metadata={"k": "v"}
+    )
+    script.fail = [_status(code, "why", [info])] * 4
+    with KnowledgeClient(address, timeout=10) as kc, pytest.raises(errors.RPCError) as raised:
+        kc.get_status()
+    err = raised.value
+    assert type(err) is errors.BY_CODE[code] and type(err).status is code
+    assert isinstance(err, errors.KnowledgeError)
+    assert (err.code, err.message, err.reason, err.metadata) == (
+        code,
+        "why",
+        f"KNOWLEDGE_{code.name}",
+        {"k": "v"},
+    )
+
+
+def test_the_error_classes_cover_every_code_once() -> None:
+    assert set(errors.BY_CODE) == set(CODES)
+    assert len(set(errors.BY_CODE.values())) == len(CODES)
+    assert errors.FailedPrecondition.status is grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_edition_refusal_detail_is_edition_refused(scripted: tuple[str, Script]) -> None:
+    address, script = scripted
+    refusal = errors_pb2.EditionRefusal(
+        feature="doc-graph",
+        required_edition="enterprise",
+        current_edition="community",
+        licence_state="none",
+        message="needs enterprise",
+    )
+    info = error_details_pb2.ErrorInfo(reason="KNOWLEDGE_EDITION_REQUIRED", domain="knowledge.v1")
+    script.fail = [_status(grpc.StatusCode.PERMISSION_DENIED, "denied", [info, refusal])]
+    async with AsyncKnowledgeClient(address, timeout=10) as kc:
+        with pytest.raises(errors.EditionRefused) as raised:
+            await kc.get_status()
+    err = raised.value
+    assert isinstance(err, errors.PermissionDenied)
+    assert (err.reason, err.feature, err.required_edition, str(err)) == (
+        "KNOWLEDGE_EDITION_REQUIRED",
+        "doc-graph",
+        "enterprise",
+        "needs enterprise",
+    )
+
+
+def test_undecodable_details_keep_the_code() -> None:
+    trailer = [("grpc-status-details-bin", b"\x0a\xff\xff")]
+    err = errors.from_status(grpc.StatusCode.NOT_FOUND, "gone", trailer)
+    assert type(err) is errors.NotFound and err.reason == ""
+    unknown_detail = any_pb2.Any(type_url="type.googleapis.com/x.v1.Unknown", value=b"\x08\x01")
+    raw = status_pb2.Status(code=5, message="gone", details=[unknown_detail]).SerializeToString()
+    err = errors.from_status(grpc.StatusCode.NOT_FOUND, "gone", [("grpc-status-details-bin", raw)])
+    assert type(err) is errors.NotFound and err.message == "gone"
