@@ -106,10 +106,8 @@ def error_from_exception(exc: BaseException, address: str) -> CallToolResult:
         detail: dict[str, Any] = {"status": exc.code.name, "metadata": dict(exc.metadata)}
         if exc.request_id:
             detail["request_id"] = exc.request_id
-        message = exc.message
-        if exc.code.name == "UNAVAILABLE" and not exc.reason:
-            message = f"cannot reach the service at {address}: {exc.message}"
-        return error_result(exc.reason or exc.code.name, message, detail)
+        # The SDK's UNAVAILABLE already names the address it tried.
+        return error_result(exc.reason or exc.code.name, exc.message, detail)
     if isinstance(exc, kerrors.ConnectionConfigError):
         return error_result(
             "KNOWLEDGE_CONNECTION_CONFIG", str(exc), {"status": "FAILED_PRECONDITION"}
