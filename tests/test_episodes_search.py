@@ -113,6 +113,41 @@ def test_russian_question_finds_inflected_word(store: EpisodeStore) -> None:
     assert "ep:ru1:2" in [h.id for h in store.search("чинили доступа")]
 
 
+def test_store_stemmed_by_another_stemmer_is_restemmed_on_open(tmp_path: Path) -> None:
+    p = tmp_path / "ru.jsonl"
+    rows = [e for e in EVENTS if e[0] == "ru1"]
+    with open(p, "w", encoding="utf-8") as fh:
+        for sid, seq, t, cwd, role, text, _ in rows:
+            obj = {"session_id": sid, "seq": seq, "time": t, "cwd": cwd, "role": role, "text": text}
+            fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    db = str(tmp_path / "db")
+    with EpisodeStore(db) as s:
+        ingest(s, [str(p)])
+        # What another stemmer left behind: whole words as terms, and no stemmer recorded.
+        cur = s.conn.cursor()
+        for rowid, text, aux in cur.execute("SELECT id, text, aux FROM events").fetchall():
+            old = " ".join(w.lower() for w in text.split() if w.isalpha() and not w.isascii())
+            cur.execute(
+                "INSERT INTO events_fts(events_fts, rowid, text, aux) VALUES ('delete', ?, ?, ?)",
+                (rowid, text, aux),
+            )
+            cur.execute("UPDATE events SET aux = ? WHERE id = ?", (old, rowid))
+            cur.execute(
+                "INSERT INTO events_fts(rowid, text, aux) VALUES (?, ?, ?)", (rowid, text, old)
+            )
+        cur.execute("DELETE FROM lane_meta WHERE key = 'aux_stemmer'")
+        rev = s.index_rev()
+    with EpisodeStore(db, read_only=True) as r:  # a reader never rewrites the store
+        assert "ep:ru1:2" not in [h.id for h in r.search("чинили")]
+    with EpisodeStore(db) as s:
+        assert [h.id for h in s.search("чинили")] == ["ep:ru1:2"]
+        assert s.index_rev() != rev
+        stemmer = s.conn.execute("SELECT value FROM lane_meta WHERE key = 'aux_stemmer'")
+        assert stemmer.fetchone()[0].startswith("snowball-russian-")
+        # Raises when the index no longer agrees with the rows it was built from.
+        s.conn.execute("INSERT INTO events_fts(events_fts, rank) VALUES ('integrity-check', 1)")
+
+
 def test_chinese_question_matches_bigrams(store: EpisodeStore) -> None:
     hits = store.search("会员退款多久到账？")
     assert {h.id for h in hits[:2]} == {"ep:zh1:1", "ep:zh1:2"}
