@@ -13,7 +13,7 @@ import pytest
 from knowledge_licensing import generate_keypair, issue_licence
 from knowledge_sdk import AsyncKnowledgeClient, InvalidRequest
 from knowledge_sdk import types as v1
-from knowledge_server.docgraph.fake_llm import FakeLLMServer
+from knowledge_server.testing.fake_llm import FakeLLMServer
 
 from tests.conftest import start_server
 
