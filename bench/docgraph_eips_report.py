@@ -2,7 +2,7 @@
 
     python bench/docgraph_eips_report.py [--eips PATH] [--keep DIR]
 
-The fake LLM is started as a separate process (``python -m knowledge_server.docgraph.fake_llm``)
+The fake LLM is started as a separate process (``python -m knowledge_server.testing.fake_llm``)
 so the real HTTP client path is measured. Prints figures; asserts nothing about time.
 """
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     fake = subprocess.Popen(
-        [sys.executable, "-m", "knowledge_server.docgraph.fake_llm", "--port", "0"],
+        [sys.executable, "-m", "knowledge_server.testing.fake_llm", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )

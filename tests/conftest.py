@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from knowledge_licensing import FEATURE_DOC_GRAPH, generate_keypair, issue_licence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,6 +75,66 @@ def shared_data() -> Path:
 
 
 SEED_DIR = REPO_ROOT.parent / "shared" / "seeds"
+
+
+@dataclass(frozen=True)
+class LicenceVendor:
+    """A vendor key pair that signs licences and installs them where a server reads them."""
+
+    private: Path
+    public: Path
+
+    def issue(
+        self,
+        *,
+        edition: str = "enterprise",
+        features: tuple[str, ...] | None = None,
+        not_before: datetime | timedelta = timedelta(days=-1),
+        expires_at: datetime | timedelta = timedelta(days=30),
+        issued_at: datetime | None = None,
+        licence_id: str = "lic-1",
+        licensee: str = "Example",
+    ) -> bytes:
+        """A signed licence. A ``timedelta`` is relative to the moment of issue, not of
+        import, so a long test session cannot turn "not yet valid" into valid. Features
+        default to doc-graph for every edition but Community."""
+        now = datetime.now(UTC)
+        if features is None:
+            features = (FEATURE_DOC_GRAPH,) if edition != "community" else ()
+        return issue_licence(
+            self.private,
+            licence_id=licence_id,
+            licensee=licensee,
+            edition=edition,
+            features=features,
+            not_before=now + not_before if isinstance(not_before, timedelta) else not_before,
+            expires_at=now + expires_at if isinstance(expires_at, timedelta) else expires_at,
+            issued_at=issued_at,
+        )
+
+    def trust(self, ring: Path) -> Path:
+        """Put the public key into the key-ring directory ``ring``; returns ``ring``."""
+        ring.mkdir(parents=True, exist_ok=True)
+        (ring / self.public.name).write_bytes(self.public.read_bytes())
+        return ring
+
+    def install(self, data_dir: Path, licence: bytes | None = None) -> Path:
+        """Trust this vendor in a server's data dir and write ``licence`` (by default a
+        valid Enterprise one) as its licence file; returns the file's path."""
+        self.trust(data_dir / "licence-keys")
+        path = data_dir / "licence.json"
+        path.write_bytes(self.issue() if licence is None else licence)
+        return path
+
+
+def make_vendor(keys_dir: Path, key_id: str = "vendor-1") -> LicenceVendor:
+    return LicenceVendor(*generate_keypair(key_id, keys_dir))
+
+
+@pytest.fixture
+def licence_vendor(tmp_path: Path) -> LicenceVendor:
+    """A fresh vendor key pair (key id ``vendor-1``) under ``tmp_path/vendor``."""
+    return make_vendor(tmp_path / "vendor")
 
 
 class RunningServer:

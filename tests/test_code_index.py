@@ -158,7 +158,7 @@ def test_embedder_change_is_drift(index: CodeIndex, ws: Path) -> None:
     index.index_workspace(str(ws))
     rep = index.index_workspace(str(ws), embedder=HashingEmbedder(dim=128))
     assert rep.drift_written and rep.files_indexed == 0
-    assert "embedder hashing-v3-256 -> hashing-v3-128" in str(index.drift(str(ws))[-1]["reason"])
+    assert "embedder hashing-v4-256 -> hashing-v4-128" in str(index.drift(str(ws))[-1]["reason"])
     # The index's own embedder no longer matches the revision: lexical only, and it says why.
     res = index.search("user name")
     assert res.capability == "degraded" and "another embedder" in res.degradation_reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -70,7 +71,11 @@ def test_invalid_queries(ds, bad: str) -> None:  # type: ignore[no-untyped-def]
     "q", ['brainstorming"', "NEAR(pdf tools)", "pdf*", "name:pdf", "pdf AND OR NOT", "^review"]
 )
 def test_fts_syntax_is_literal(ds, q: str) -> None:  # type: ignore[no-untyped-def]
-    search_skills(ds, q, limit=5)
+    """Operator characters and words change nothing: the query's words alone find the same."""
+    hits = [h.name for h in search_skills(ds, q, limit=5)]
+    assert hits and hits == [
+        h.name for h in search_skills(ds, " ".join(re.findall(r"\w+", q)), limit=5)
+    ]
 
 
 @settings(
@@ -112,7 +117,8 @@ def test_remembered_actor_facts_follow_the_derived_revision(tmp_path: Path) -> N
         lane.rebuild_sync(source, True, lambda *a: None)
         with lane._readers.get() as store:
             info, skills = lane._actor_facts(store, store.index_rev(), ROOT1)
-        assert info is not None and skills
+        assert info is not None and (info.actor_id, info.kind) == (ROOT1, "root_session")
+        assert dict(skills) == {"brainstorming": 1, "pdf-tools": 1, "review-helper": 1}
         # What a rebuild that dropped this actor's skill uses commits: new rows, new revision.
         with lane._writer.conn:
             lane._writer.conn.execute("DELETE FROM skill_use WHERE actor_id = ?", (ROOT1,))

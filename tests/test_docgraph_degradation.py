@@ -8,7 +8,6 @@ from pathlib import Path
 import httpx
 import pytest
 from knowledge_server.docgraph.build import BuildSettings, DocGraphBuilder
-from knowledge_server.docgraph.fake_llm import FakeLLMServer
 from knowledge_server.docgraph.llm import (
     NOT_CONFIGURED_REASON,
     LLMClient,
@@ -20,6 +19,7 @@ from knowledge_server.docgraph.model import DocChunk
 from knowledge_server.docgraph.ops import NOT_BUILT, DocGraphOps
 from knowledge_server.docgraph.sample import load_markdown_chunks, write_sample_corpus
 from knowledge_server.docgraph.store import DocGraphStore
+from knowledge_server.testing.fake_llm import FakeLLMServer
 
 _PAYLOAD_LISTS = (
     "themes",

@@ -4,16 +4,14 @@ they execute."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from knowledge_licensing import generate_keypair, issue_licence
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused
 from knowledge_sdk import types as v1
 
-from tests.conftest import start_server
+from tests.conftest import LicenceVendor, start_server
 
 DOC = """---
 eip: 9001
@@ -30,27 +28,6 @@ EIP-9001 extends EIP-1559 with an example parameter.
 
 Example text that refers to [EIP-1559](./eip-1559.md).
 """
-
-
-def _write_licence(tmp_path: Path, edition: str | None) -> None:
-    """``None``: no licence file at all (Community)."""
-    if edition is None:
-        return
-    now = datetime.now(UTC)
-    private, public = generate_keypair("vendor-1", tmp_path / "vendor")
-    ring = tmp_path / "data" / "licence-keys"
-    ring.mkdir(parents=True, exist_ok=True)
-    (ring / public.name).write_bytes(public.read_bytes())
-    blob = issue_licence(
-        private,
-        licence_id=f"lic-{edition}",
-        licensee="Example",
-        edition=edition,
-        features=["doc-graph"] if edition == "enterprise" else [],
-        not_before=now - timedelta(days=1),
-        expires_at=now + timedelta(days=30),
-    )
-    (tmp_path / "data" / "licence.json").write_bytes(blob)
 
 
 def _workspace(tmp_path: Path) -> Path:
@@ -75,8 +52,11 @@ def _ops(kc: AsyncKnowledgeClient) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("edition", [None, "community"])
-async def test_community_refuses_every_docgraph_rpc(tmp_path: Path, edition: str | None) -> None:
-    _write_licence(tmp_path, edition)
+async def test_community_refuses_every_docgraph_rpc(
+    tmp_path: Path, licence_vendor: LicenceVendor, edition: str | None
+) -> None:
+    if edition is not None:  # None: no licence file at all
+        licence_vendor.install(tmp_path / "data", licence_vendor.issue(edition=edition))
     ws = _workspace(tmp_path)
     rs = await start_server(tmp_path, workspaces=[str(ws)])
     try:
@@ -97,8 +77,10 @@ async def test_community_refuses_every_docgraph_rpc(tmp_path: Path, edition: str
         await rs.server.stop(0)
 
 
-async def test_enterprise_executes_every_docgraph_rpc(tmp_path: Path) -> None:
-    _write_licence(tmp_path, "enterprise")
+async def test_enterprise_executes_every_docgraph_rpc(
+    tmp_path: Path, licence_vendor: LicenceVendor
+) -> None:
+    licence_vendor.install(tmp_path / "data")
     ws = _workspace(tmp_path)
     rs = await start_server(tmp_path, workspaces=[str(ws)])
     try:

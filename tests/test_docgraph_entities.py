@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from knowledge_server.docgraph.build import BuildSettings, DocGraphBuilder
 from knowledge_server.docgraph.extract import ExtractionSettings, validate_extraction
-from knowledge_server.docgraph.fake_llm import FakeLLMServer
 from knowledge_server.docgraph.llm import LLMClient, LLMSettings
 from knowledge_server.docgraph.model import (
     DocChunk,
@@ -23,6 +22,7 @@ from knowledge_server.docgraph.model import (
 from knowledge_server.docgraph.ops import DocGraphOps
 from knowledge_server.docgraph.sample import SAMPLE_DOCS, load_markdown_chunks, write_sample_corpus
 from knowledge_server.docgraph.store import DocGraphStore
+from knowledge_server.testing.fake_llm import FakeLLMServer
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from knowledge_server.docgraph.build import DocGraphBuilder
-from knowledge_server.docgraph.fake_llm import FakeLLMServer
 from knowledge_server.docgraph.llm import LLMClient, LLMSettings
 from knowledge_server.docgraph.ops import INVALID_REQUEST, OPS, DocGraphOps
 from knowledge_server.docgraph.sample import load_markdown_chunks, write_sample_corpus
 from knowledge_server.docgraph.store import DocGraphStore
+from knowledge_server.testing.fake_llm import FakeLLMServer
 
 ENVELOPE = {
     "op",

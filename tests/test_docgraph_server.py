@@ -5,38 +5,17 @@ from __future__ import annotations
 
 import shutil
 import socket
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from knowledge_licensing import generate_keypair, issue_licence
 from knowledge_sdk import AsyncKnowledgeClient, InvalidRequest
 from knowledge_sdk import types as v1
-from knowledge_server.docgraph.fake_llm import FakeLLMServer
+from knowledge_server.testing.fake_llm import FakeLLMServer
 
-from tests.conftest import start_server
+from tests.conftest import make_vendor, start_server
 
 EIPS = ("eip-1559.md", "eip-2718.md", "eip-2930.md", "eip-2929.md", "eip-4844.md")
-
-
-def enterprise_licence(tmp_path: Path) -> None:
-    """A valid Enterprise licence (doc-graph) and its public key in the server's data dir."""
-    now = datetime.now(UTC)
-    private, public = generate_keypair("vendor-1", tmp_path / "vendor")
-    ring = tmp_path / "data" / "licence-keys"
-    ring.mkdir(parents=True, exist_ok=True)
-    (ring / public.name).write_bytes(public.read_bytes())
-    blob = issue_licence(
-        private,
-        licence_id="lic-dg",
-        licensee="Example",
-        edition="enterprise",
-        features=["doc-graph"],
-        not_before=now - timedelta(days=1),
-        expires_at=now + timedelta(days=30),
-    )
-    (tmp_path / "data" / "licence.json").write_bytes(blob)
 
 
 def eips_workspace(shared_data: Path, tmp_path: Path) -> Path:
@@ -93,7 +72,7 @@ def _envelope(resp: Any, op: str) -> None:
 
 
 async def _server(tmp_path: Path, ws: Path, **llm: str):  # type: ignore[no-untyped-def]
-    enterprise_licence(tmp_path)
+    make_vendor(tmp_path / "vendor").install(tmp_path / "data")  # Enterprise: doc-graph
     return await start_server(tmp_path, workspaces=[str(ws)], **llm)
 
 

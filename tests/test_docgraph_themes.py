@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from knowledge_server.docgraph.build import BuildSettings, DocGraphBuilder
-from knowledge_server.docgraph.fake_llm import FakeLLMServer
 from knowledge_server.docgraph.llm import LLMClient, LLMSettings
 from knowledge_server.docgraph.model import DocChunk
 from knowledge_server.docgraph.ops import DocGraphOps
 from knowledge_server.docgraph.sample import load_markdown_chunks, write_sample_corpus
 from knowledge_server.docgraph.store import DocGraphStore
 from knowledge_server.docgraph.themes import ThemeEntity, ThemeSettings, build_themes
+from knowledge_server.testing.fake_llm import FakeLLMServer
 
 
 @pytest.fixture()

@@ -15,40 +15,10 @@ from pathlib import Path
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
-from knowledge_licensing import generate_keypair, issue_licence
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused, RPCError
 from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
 
-from tests.conftest import REPO_ROOT, serve_process, start_server
-
-
-def _vendor(tmp_path: Path) -> tuple[Path, Path]:
-    private, public = generate_keypair("vendor-1", tmp_path / "vendor")
-    ring = tmp_path / "data" / "licence-keys"
-    ring.mkdir(parents=True)
-    (ring / public.name).write_bytes(public.read_bytes())
-    return private, ring
-
-
-def _licence(
-    private: Path,
-    *,
-    edition: str = "enterprise",
-    nb: timedelta = timedelta(days=-1),
-    exp: timedelta = timedelta(days=30),
-) -> bytes:
-    # Times relative to the moment of issue, not of import: a long test session must not
-    # turn "not yet valid" (one minute ahead) into valid.
-    now = datetime.now(UTC)
-    return issue_licence(
-        private,
-        licence_id="lic-1",
-        licensee="Example",
-        edition=edition,
-        features=["doc-graph"] if edition != "community" else [],
-        not_before=now + nb,
-        expires_at=now + exp,
-    )
+from tests.conftest import REPO_ROOT, LicenceVendor, make_vendor, serve_process, start_server
 
 
 def _tamper_payload(blob: bytes) -> bytes:
@@ -59,16 +29,16 @@ def _tamper_payload(blob: bytes) -> bytes:
     return json.dumps(doc).encode()
 
 
-def _states(private: Path, other_private: Path) -> dict[str, bytes | None]:
+def _states(vendor: LicenceVendor, other: LicenceVendor) -> dict[str, bytes | None]:
     return {
         "missing": None,
-        "valid": _licence(private),
-        "expired": _licence(private, exp=timedelta(seconds=-1)),
-        "not_yet_valid": _licence(private, nb=timedelta(minutes=1)),
-        "bad_signature": _tamper_payload(_licence(private)),
-        "unknown_key": _licence(other_private),
+        "valid": vendor.issue(),
+        "expired": vendor.issue(expires_at=timedelta(seconds=-1)),
+        "not_yet_valid": vendor.issue(not_before=timedelta(minutes=1)),
+        "bad_signature": _tamper_payload(vendor.issue()),
+        "unknown_key": other.issue(),
         "malformed": b"\x00not a licence{",
-        "valid_community": _licence(private, edition="community"),
+        "valid_community": vendor.issue(edition="community"),
     }
 
 
@@ -168,15 +138,15 @@ async def _sdk_call(address: str, method: str) -> str:
     return "OK"
 
 
-async def test_gate_matrix(tmp_path: Path) -> None:
+async def test_gate_matrix(tmp_path: Path, licence_vendor: LicenceVendor) -> None:
     """Every licence state x gated/ungated x unary/streaming x SDK/raw: only a valid
     enterprise licence opens doc-graph; ungated RPCs are never refused by the gate."""
-    private, _ = _vendor(tmp_path)
-    other, _ = generate_keypair("stranger", tmp_path / "other")
+    licence_vendor.trust(tmp_path / "data" / "licence-keys")
+    other = make_vendor(tmp_path / "other", "stranger")
     licence_file = tmp_path / "data" / "licence.json"
     rs = await start_server(tmp_path)
     try:
-        for state, blob in _states(private, other).items():
+        for state, blob in _states(licence_vendor, other).items():
             if blob is None:
                 licence_file.unlink(missing_ok=True)
             else:
@@ -201,20 +171,21 @@ async def test_gate_matrix(tmp_path: Path) -> None:
 
 
 async def test_licence_file_change_upgrades_and_expiry_downgrades_without_restart(
-    tmp_path: Path,
+    tmp_path: Path, licence_vendor: LicenceVendor
 ) -> None:
     """A running server goes Community -> Enterprise when the file appears (noticed by the
     watcher's poll), and back to Community when the licence expires (licence time is moved
     forward, no file change, no restart)."""
     from knowledge_server.runtime import build_app, start_background
 
-    private, _ = _vendor(tmp_path)
+    licence_vendor.trust(tmp_path / "data" / "licence-keys")
     now = [datetime.now(UTC)]
     rs = await start_server(tmp_path, app_factory=lambda cfg: build_app(cfg, clock=lambda: now[0]))
     watcher = asyncio.create_task(start_background(rs.app))
     try:
         assert await _sdk_call(rs.address, GATED_UNARY) == "refused:missing"
-        (tmp_path / "data" / "licence.json").write_bytes(_licence(private, exp=timedelta(hours=1)))
+        licence = licence_vendor.issue(expires_at=timedelta(hours=1))
+        (tmp_path / "data" / "licence.json").write_bytes(licence)
         result = ""
         for _ in range(100):
             await asyncio.sleep(0.1)
@@ -234,8 +205,11 @@ async def test_licence_file_change_upgrades_and_expiry_downgrades_without_restar
         await rs.server.stop(0)
 
 
-def test_sighup_reloads_the_licence_of_a_serving_process(tmp_path: Path) -> None:
-    private, _ = _vendor(tmp_path)
+def test_sighup_reloads_the_licence_of_a_serving_process(
+    tmp_path: Path, licence_vendor: LicenceVendor
+) -> None:
+    licence_vendor.trust(tmp_path / "data" / "licence-keys")
+    licence = licence_vendor.issue()
     proc = serve_process(tmp_path / "data")
     env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"))
     env.pop("KNOWLEDGE_ADDRESS", None)
@@ -263,7 +237,7 @@ def test_sighup_reloads_the_licence_of_a_serving_process(tmp_path: Path) -> None
             return json.loads(out.stdout)["edition"]
 
         assert status()["edition"] == "community"
-        (tmp_path / "data" / "licence.json").write_bytes(_licence(private))
+        (tmp_path / "data" / "licence.json").write_bytes(licence)
         proc.send_signal(signal.SIGHUP)
         edition = {}
         for _ in range(30):
@@ -276,8 +250,8 @@ def test_sighup_reloads_the_licence_of_a_serving_process(tmp_path: Path) -> None
         proc.wait(timeout=20)
     log = proc.stderr.read() if proc.stderr else ""
     assert "licence.changed" in log or "licence.reloaded" in log
-    # The licence blob itself never appears in the logs.
-    assert json.loads(_licence(private))["signature"] not in log
+    # The licence the server loaded never appears in the logs.
+    assert json.loads(licence)["signature"] not in log
 
 
 def test_startup_log_names_the_licence_state(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import stat
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,30 +23,38 @@ from knowledge_licensing import (
     edition_has_feature,
     feature_refusal,
     generate_keypair,
-    issue_licence,
     load_licence_file,
     required_edition_for,
     verify_licence,
 )
 from knowledge_licensing.cli import license_group
 
+from tests.conftest import LicenceVendor, make_vendor
+
 NOW = datetime(2027, 3, 1, 12, 0, 0, tzinfo=UTC)
 
 
+@dataclass(frozen=True)
+class Vendors:
+    """Two vendor keys, both trusted by the key-ring directory ``ring``."""
+
+    a: LicenceVendor
+    b: LicenceVendor
+    ring: Path
+
+
 @pytest.fixture()
-def vendor(tmp_path: Path) -> dict[str, Path]:
-    keys = tmp_path / "vendor"
-    private_a, public_a = generate_keypair("vendor-a", keys)
-    private_b, public_b = generate_keypair("vendor-b", keys)
-    ring_dir = tmp_path / "ring"
-    ring_dir.mkdir()
-    (ring_dir / public_a.name).write_bytes(public_a.read_bytes())
-    (ring_dir / public_b.name).write_bytes(public_b.read_bytes())
-    return {"a": private_a, "b": private_b, "ring": ring_dir}
+def vendor(tmp_path: Path) -> Vendors:
+    a = make_vendor(tmp_path / "vendor", "vendor-a")
+    b = make_vendor(tmp_path / "vendor", "vendor-b")
+    ring = tmp_path / "ring"
+    a.trust(ring)
+    b.trust(ring)
+    return Vendors(a, b, ring)
 
 
 def _issue(
-    key: Path,
+    vendor: LicenceVendor,
     *,
     edition: str = "enterprise",
     features: tuple[str, ...] = (FEATURE_DOC_GRAPH,),
@@ -53,8 +62,8 @@ def _issue(
     expires_at: datetime = NOW + timedelta(days=30),
     licence_id: str = "lic_test",
 ) -> bytes:
-    return issue_licence(
-        key,
+    """A licence issued at a fixed time, checked against the fixed ``NOW``."""
+    return vendor.issue(
         licence_id=licence_id,
         licensee="Example Org",
         edition=edition,
@@ -80,11 +89,11 @@ def _b64e(data: bytes) -> str:
 # -- keys ----------------------------------------------------------------------
 
 
-def test_private_key_is_0600_and_public_key_loads(vendor: dict[str, Path]) -> None:
-    mode = stat.S_IMODE(os.stat(vendor["a"]).st_mode)
+def test_private_key_is_0600_and_public_key_loads(vendor: Vendors) -> None:
+    mode = stat.S_IMODE(os.stat(vendor.a.private).st_mode)
     assert mode == 0o600
-    assert b"PRIVATE KEY" in vendor["a"].read_bytes()
-    ring = KeyRing.from_directory(vendor["ring"])
+    assert b"PRIVATE KEY" in vendor.a.private.read_bytes()
+    ring = KeyRing.from_directory(vendor.ring)
     assert sorted(ring) == ["vendor-a", "vendor-b"]
 
 
@@ -105,9 +114,9 @@ def test_broken_public_key_file_is_an_error(tmp_path: Path) -> None:
 # -- states ----------------------------------------------------------------------
 
 
-def test_valid_licence(vendor: dict[str, Path]) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
-    status = verify_licence(_issue(vendor["a"]), ring, NOW)
+def test_valid_licence(vendor: Vendors) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
+    status = verify_licence(_issue(vendor.a), ring, NOW)
     assert status.state is LicenceState.VALID
     assert status.licence is not None and status.licence.licensee == "Example Org"
     assert status.licence.key_id == "vendor-a"
@@ -128,29 +137,29 @@ def test_unreadable_file_is_malformed(tmp_path: Path) -> None:
     assert "could not be read" in status.reason
 
 
-def test_expired_one_second_ago(vendor: dict[str, Path]) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
-    data = _issue(vendor["a"], expires_at=NOW - timedelta(seconds=1))
+def test_expired_one_second_ago(vendor: Vendors) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
+    data = _issue(vendor.a, expires_at=NOW - timedelta(seconds=1))
     status = verify_licence(data, ring, NOW)
     assert status.state is LicenceState.EXPIRED
     assert status.licence is not None
     assert status.effective_edition == "community" and not status.effective_features
     # the boundary itself is already expired
-    exact = verify_licence(_issue(vendor["a"], expires_at=NOW), ring, NOW)
+    exact = verify_licence(_issue(vendor.a, expires_at=NOW), ring, NOW)
     assert exact.state is LicenceState.EXPIRED
 
 
-def test_not_yet_valid_one_minute_ahead(vendor: dict[str, Path]) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
-    data = _issue(vendor["a"], not_before=NOW + timedelta(minutes=1))
+def test_not_yet_valid_one_minute_ahead(vendor: Vendors) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
+    data = _issue(vendor.a, not_before=NOW + timedelta(minutes=1))
     status = verify_licence(data, ring, NOW)
     assert status.state is LicenceState.NOT_YET_VALID
     assert not status.effective_features
 
 
-def test_flipped_payload_byte_is_bad_signature(vendor: dict[str, Path]) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
-    doc = _envelope(_issue(vendor["a"]))
+def test_flipped_payload_byte_is_bad_signature(vendor: Vendors) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
+    doc = _envelope(_issue(vendor.a))
     payload = bytearray(_b64d(doc["payload"]))
     index = payload.index(b"enterprise")
     payload[index] ^= 0x01
@@ -160,9 +169,9 @@ def test_flipped_payload_byte_is_bad_signature(vendor: dict[str, Path]) -> None:
     assert status.licence is None and not status.effective_features
 
 
-def test_flipped_signature_byte_is_bad_signature(vendor: dict[str, Path]) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
-    doc = _envelope(_issue(vendor["a"]))
+def test_flipped_signature_byte_is_bad_signature(vendor: Vendors) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
+    doc = _envelope(_issue(vendor.a))
     signature = bytearray(_b64d(doc["signature"]))
     signature[10] ^= 0x80
     doc["signature"] = _b64e(bytes(signature))
@@ -170,9 +179,9 @@ def test_flipped_signature_byte_is_bad_signature(vendor: dict[str, Path]) -> Non
     assert status.state is LicenceState.BAD_SIGNATURE
 
 
-def test_swapped_key_id(vendor: dict[str, Path]) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
-    doc = _envelope(_issue(vendor["a"]))
+def test_swapped_key_id(vendor: Vendors) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
+    doc = _envelope(_issue(vendor.a))
     doc["key_id"] = "vendor-b"  # a trusted key, but not the signer
     assert verify_licence(json.dumps(doc).encode(), ring, NOW).state is LicenceState.BAD_SIGNATURE
     doc["key_id"] = "vendor-z"
@@ -181,9 +190,9 @@ def test_swapped_key_id(vendor: dict[str, Path]) -> None:
     assert "vendor-z" in status.reason
 
 
-def test_malformed_inputs(vendor: dict[str, Path]) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
-    good = _envelope(_issue(vendor["a"]))
+def test_malformed_inputs(vendor: Vendors) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
+    good = _envelope(_issue(vendor.a))
     cases: list[bytes] = [
         b"",
         b"not json",
@@ -200,25 +209,25 @@ def test_malformed_inputs(vendor: dict[str, Path]) -> None:
         assert status.effective_edition == "community"
 
 
-def test_signed_but_invalid_payload_is_malformed(vendor: dict[str, Path]) -> None:
+def test_signed_but_invalid_payload_is_malformed(vendor: Vendors) -> None:
     from knowledge_licensing.keys import load_private_key
 
-    ring = KeyRing.from_directory(vendor["ring"])
-    key = load_private_key(vendor["a"])
+    ring = KeyRing.from_directory(vendor.ring)
+    key = load_private_key(vendor.a.private)
     payload = canonical_payload({"licence_id": "x", "key_id": "vendor-a"})
     doc = {"key_id": "vendor-a", "payload": _b64e(payload), "signature": _b64e(key.sign(payload))}
     status = verify_licence(json.dumps(doc).encode(), ring, NOW)
     assert status.state is LicenceState.MALFORMED
     # correctly signed but not canonical (extra whitespace)
-    body = json.loads(_b64d(_envelope(_issue(vendor["a"]))["payload"]))
+    body = json.loads(_b64d(_envelope(_issue(vendor.a))["payload"]))
     loose = json.dumps(body, indent=1).encode()
     doc = {"key_id": "vendor-a", "payload": _b64e(loose), "signature": _b64e(key.sign(loose))}
     assert verify_licence(json.dumps(doc).encode(), ring, NOW).state is LicenceState.MALFORMED
 
 
-def test_reason_never_contains_the_blob(vendor: dict[str, Path]) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
-    data = _issue(vendor["a"])
+def test_reason_never_contains_the_blob(vendor: Vendors) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
+    data = _issue(vendor.a)
     doc = _envelope(data)
     for status in (
         verify_licence(data, ring, NOW),
@@ -230,8 +239,8 @@ def test_reason_never_contains_the_blob(vendor: dict[str, Path]) -> None:
         assert len(status.reason) < 200
 
 
-def test_status_is_frozen(vendor: dict[str, Path]) -> None:
-    status = verify_licence(_issue(vendor["a"]), KeyRing(), NOW)
+def test_status_is_frozen(vendor: Vendors) -> None:
+    status = verify_licence(_issue(vendor.a), KeyRing(), NOW)
     with pytest.raises(AttributeError):
         status.state = LicenceState.VALID  # type: ignore[misc]
 
@@ -239,14 +248,14 @@ def test_status_is_frozen(vendor: dict[str, Path]) -> None:
 # -- rotation ----------------------------------------------------------------------
 
 
-def test_rotation_two_keys_then_removal(vendor: dict[str, Path]) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
-    old = _issue(vendor["a"], licence_id="lic_old")
-    new = _issue(vendor["b"], licence_id="lic_new")
+def test_rotation_two_keys_then_removal(vendor: Vendors) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
+    old = _issue(vendor.a, licence_id="lic_old")
+    new = _issue(vendor.b, licence_id="lic_new")
     assert verify_licence(old, ring, NOW).state is LicenceState.VALID
     assert verify_licence(new, ring, NOW).state is LicenceState.VALID
-    (vendor["ring"] / "vendor-a.pub").unlink()
-    rotated = KeyRing.from_directory(vendor["ring"])
+    (vendor.ring / "vendor-a.pub").unlink()
+    rotated = KeyRing.from_directory(vendor.ring)
     assert verify_licence(old, rotated, NOW).state is LicenceState.UNKNOWN_KEY
     assert verify_licence(new, rotated, NOW).state is LicenceState.VALID
 
@@ -254,7 +263,7 @@ def test_rotation_two_keys_then_removal(vendor: dict[str, Path]) -> None:
 # -- editions ----------------------------------------------------------------------
 
 
-def test_edition_rules(vendor: dict[str, Path]) -> None:
+def test_edition_rules(vendor: Vendors) -> None:
     assert required_edition_for(FEATURE_DOC_GRAPH) == "enterprise"
     assert "enterprise" in feature_refusal(FEATURE_DOC_GRAPH)
     assert edition_has_feature("enterprise", (), FEATURE_DOC_GRAPH)
@@ -264,20 +273,20 @@ def test_edition_rules(vendor: dict[str, Path]) -> None:
     assert not edition_has_feature("enterprise", (), "no-such-feature")
     with pytest.raises(ValueError):
         required_edition_for("no-such-feature")
-    ring = KeyRing.from_directory(vendor["ring"])
-    pro_plain = verify_licence(_issue(vendor["a"], edition="pro", features=()), ring, NOW)
+    ring = KeyRing.from_directory(vendor.ring)
+    pro_plain = verify_licence(_issue(vendor.a, edition="pro", features=()), ring, NOW)
     assert pro_plain.state is LicenceState.VALID and not pro_plain.has_feature(FEATURE_DOC_GRAPH)
-    pro_graph = verify_licence(_issue(vendor["a"], edition="pro"), ring, NOW)
+    pro_graph = verify_licence(_issue(vendor.a, edition="pro"), ring, NOW)
     assert pro_graph.has_feature(FEATURE_DOC_GRAPH)
 
 
-def test_issue_rejects_bad_arguments(vendor: dict[str, Path]) -> None:
+def test_issue_rejects_bad_arguments(vendor: Vendors) -> None:
     with pytest.raises(ValueError):
-        _issue(vendor["a"], edition="platinum")
+        _issue(vendor.a, edition="platinum")
     with pytest.raises(ValueError):
-        _issue(vendor["a"], features=("teleport",))
+        _issue(vendor.a, features=("teleport",))
     with pytest.raises(ValueError):
-        _issue(vendor["a"], expires_at=NOW - timedelta(days=5))
+        _issue(vendor.a, expires_at=NOW - timedelta(days=5))
 
 
 # -- watcher ----------------------------------------------------------------------
@@ -291,8 +300,8 @@ class _Clock:
         return self.now
 
 
-def test_watcher_picks_up_replaced_file(vendor: dict[str, Path], tmp_path: Path) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
+def test_watcher_picks_up_replaced_file(vendor: Vendors, tmp_path: Path) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
     path = tmp_path / "licence.json"
     clock = _Clock(NOW)
     watcher = LicenceWatcher(path, ring, clock=clock)
@@ -301,7 +310,7 @@ def test_watcher_picks_up_replaced_file(vendor: dict[str, Path], tmp_path: Path)
     assert watcher.check() is None
 
     tmp = tmp_path / "licence.tmp"
-    tmp.write_bytes(_issue(vendor["a"], edition="pro", licence_id="lic_one"))
+    tmp.write_bytes(_issue(vendor.a, edition="pro", licence_id="lic_one"))
     os.replace(tmp, path)
     assert watcher.changed()
     result = watcher.check()
@@ -310,7 +319,7 @@ def test_watcher_picks_up_replaced_file(vendor: dict[str, Path], tmp_path: Path)
     assert old.state is LicenceState.MISSING and new.state is LicenceState.VALID
     assert not watcher.changed()
 
-    tmp.write_bytes(_issue(vendor["b"], edition="enterprise", licence_id="lic_two"))
+    tmp.write_bytes(_issue(vendor.b, edition="enterprise", licence_id="lic_two"))
     os.replace(tmp, path)
     assert watcher.changed()
     old, new = watcher.reload()
@@ -325,12 +334,12 @@ def test_watcher_picks_up_replaced_file(vendor: dict[str, Path], tmp_path: Path)
     assert result is not None and result[1].state is LicenceState.MISSING
 
 
-def test_watcher_time_based_expiry(vendor: dict[str, Path], tmp_path: Path) -> None:
-    ring = KeyRing.from_directory(vendor["ring"])
+def test_watcher_time_based_expiry(vendor: Vendors, tmp_path: Path) -> None:
+    ring = KeyRing.from_directory(vendor.ring)
     path = tmp_path / "licence.json"
     path.write_bytes(
         _issue(
-            vendor["a"], not_before=NOW + timedelta(seconds=10), expires_at=NOW + timedelta(hours=1)
+            vendor.a, not_before=NOW + timedelta(seconds=10), expires_at=NOW + timedelta(hours=1)
         )
     )
     clock = _Clock(NOW)
@@ -350,12 +359,12 @@ def test_watcher_time_based_expiry(vendor: dict[str, Path], tmp_path: Path) -> N
     assert watcher.status.effective_edition == "community"
 
 
-def test_watcher_is_thread_safe(vendor: dict[str, Path], tmp_path: Path) -> None:
+def test_watcher_is_thread_safe(vendor: Vendors, tmp_path: Path) -> None:
     import threading
 
-    ring = KeyRing.from_directory(vendor["ring"])
+    ring = KeyRing.from_directory(vendor.ring)
     path = tmp_path / "licence.json"
-    good = _issue(vendor["a"])
+    good = _issue(vendor.a)
     path.write_bytes(good)
     watcher = LicenceWatcher(path, ring, clock=_Clock(NOW))
     errors: list[BaseException] = []
@@ -454,30 +463,30 @@ def test_cli_round_trip(tmp_path: Path) -> None:
     assert result.exit_code == 2
 
 
-def test_cli_verify_failures(vendor: dict[str, Path], tmp_path: Path) -> None:
+def test_cli_verify_failures(vendor: Vendors, tmp_path: Path) -> None:
     runner = CliRunner()
     expired = tmp_path / "expired.json"
     real_now = datetime.now(UTC)
     expired.write_bytes(
         _issue(
-            vendor["a"],
+            vendor.a,
             not_before=real_now - timedelta(days=2),
             expires_at=real_now - timedelta(seconds=1),
         )
     )
-    result = runner.invoke(license_group, ["verify", str(expired), "--keys", str(vendor["ring"])])
+    result = runner.invoke(license_group, ["verify", str(expired), "--keys", str(vendor.ring)])
     assert result.exit_code == 1 and "EXPIRED" in result.output
 
     result = runner.invoke(
         license_group,
-        ["verify", str(tmp_path / "none.json"), "--keys", str(vendor["ring"]), "--json"],
+        ["verify", str(tmp_path / "none.json"), "--keys", str(vendor.ring), "--json"],
     )
     assert result.exit_code == 1 and json.loads(result.output)["state"] == "missing"
 
     garbage = tmp_path / "garbage.json"
     garbage.write_bytes(b"\x00\x01\x02")
     result = runner.invoke(
-        license_group, ["verify", str(garbage), "--keys", str(vendor["ring"]), "--json"]
+        license_group, ["verify", str(garbage), "--keys", str(vendor.ring), "--json"]
     )
     assert result.exit_code == 1 and json.loads(result.output)["state"] == "malformed"
 
@@ -487,10 +496,10 @@ def test_cli_verify_failures(vendor: dict[str, Path], tmp_path: Path) -> None:
     assert result.exit_code == 2 and "error" in json.loads(result.output)
 
 
-def test_cli_issue_option_errors(vendor: dict[str, Path], tmp_path: Path) -> None:
+def test_cli_issue_option_errors(vendor: Vendors, tmp_path: Path) -> None:
     runner = CliRunner()
     out = tmp_path / "l.json"
-    base = ["issue", "--key", str(vendor["a"]), "--licensee", "X", "--out", str(out)]
+    base = ["issue", "--key", str(vendor.a.private), "--licensee", "X", "--out", str(out)]
     result = runner.invoke(
         license_group,
         [*base, "--edition", "pro", "--days", "3", "--expires", "2030-01-01T00:00:00Z"],
@@ -514,7 +523,7 @@ def test_cli_issue_option_errors(vendor: dict[str, Path], tmp_path: Path) -> Non
     )
     assert result.exit_code == 0, result.output
     status = load_licence_file(
-        out, KeyRing.from_directory(vendor["ring"]), datetime(2030, 6, 1, tzinfo=UTC)
+        out, KeyRing.from_directory(vendor.ring), datetime(2030, 6, 1, tzinfo=UTC)
     )
     assert status.state is LicenceState.VALID
     assert status.licence is not None
@@ -534,25 +543,23 @@ def test_cli_help_texts() -> None:
         assert result.exit_code == 0 and "Usage" in result.output
 
 
-def test_load_keyring_combines_default_and_directory(
-    vendor: dict[str, Path], tmp_path: Path
-) -> None:
+def test_load_keyring_combines_default_and_directory(vendor: Vendors, tmp_path: Path) -> None:
     from knowledge_licensing import load_keyring
 
     assert len(load_keyring(tmp_path / "absent")) == 0
-    assert sorted(load_keyring(vendor["ring"])) == ["vendor-a", "vendor-b"]
+    assert sorted(load_keyring(vendor.ring)) == ["vendor-a", "vendor-b"]
 
 
-def test_cli_unreadable_licence_is_malformed(vendor: dict[str, Path], tmp_path: Path) -> None:
+def test_cli_unreadable_licence_is_malformed(vendor: Vendors, tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(
-        license_group, ["verify", str(tmp_path), "--keys", str(vendor["ring"]), "--json"]
+        license_group, ["verify", str(tmp_path), "--keys", str(vendor.ring), "--json"]
     )
     assert result.exit_code == 1 and json.loads(result.output)["state"] == "malformed"
     result = runner.invoke(license_group, ["inspect", str(tmp_path / "absent.json")])
     assert result.exit_code == 0 and "MISSING" in result.output
 
 
-def test_issue_rejects_features_as_a_single_string(vendor: dict[str, Path]) -> None:
+def test_issue_rejects_features_as_a_single_string(vendor: Vendors) -> None:
     with pytest.raises(TypeError):
-        _issue(vendor["a"], features="doc-graph")  # type: ignore[arg-type]
+        _issue(vendor.a, features="doc-graph")  # type: ignore[arg-type]

@@ -15,12 +15,12 @@ from knowledge_licensing import (
     KeyRing,
     LicenceState,
     canonical_payload,
-    generate_keypair,
-    issue_licence,
     load_licence_file,
     load_private_key,
     verify_licence,
 )
+
+from tests.conftest import make_vendor
 
 NOW = datetime(2027, 3, 1, 12, 0, 0, tzinfo=UTC)
 PROFILE = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -33,19 +33,16 @@ def _b64e(data: bytes) -> str:
 @pytest.fixture(scope="module")
 def material(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("props")
-    private, public = generate_keypair("prop-key", base / "keys")
-    ring = KeyRing.from_files([public])
-    good = issue_licence(
-        private,
+    vendor = make_vendor(base / "keys", "prop-key")
+    ring = KeyRing.from_files([vendor.public])
+    good = vendor.issue(
         licence_id="lic_prop",
         licensee="Prop Org",
-        edition="enterprise",
-        features=["doc-graph"],
         not_before=NOW - timedelta(days=1),
         expires_at=NOW + timedelta(days=1),
     )
     assert verify_licence(good, ring, NOW).state is LicenceState.VALID
-    return {"ring": ring, "good": good, "key": load_private_key(private), "dir": base}
+    return {"ring": ring, "good": good, "key": load_private_key(vendor.private), "dir": base}
 
 
 def _assert_rejected(data: bytes, ring: KeyRing) -> None:

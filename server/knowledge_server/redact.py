@@ -15,70 +15,119 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SECRET_FILE_PATTERNS", "looks_like_secret", "redact", "redact_counted"]
+__all__ = ["RULES", "SECRET_FILE_PATTERNS", "Rule", "looks_like_secret", "redact", "redact_counted"]
 
 
 @dataclass(frozen=True, slots=True)
-class _Rule:
+class Rule:
+    """One kind of secret, and what text it can possibly match.
+
+    Every match contains one of ``literals`` once case-folded, or one of the ``assigned`` key
+    words continued by word characters and an assignment (``=`` or ``:``). The indexers'
+    pre-check (:mod:`knowledge_server.code._redact_gate`) is built from these declarations and
+    sends a text to :func:`redact` only when one of them occurs, so a rule must declare them:
+    one without any is refused here instead of being skipped there.
+    """
+
     kind: str
     pattern: re.Pattern[str]
+    literals: tuple[str, ...] = ()
+    assigned: tuple[str, ...] = ()
     # Which regex group holds the secret value; 0 = the whole match.
     group: int = 0
+    # A match may span lines, so its replacement may change the line count.
+    multiline: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.literals and not self.assigned:
+            raise ValueError(
+                f"redaction rule {self.kind!r} declares no literals or assigned key words: "
+                "the redaction pre-check could never send it a text"
+            )
+        for trigger in self.literals + self.assigned:
+            if not trigger or trigger != trigger.casefold():
+                raise ValueError(
+                    f"redaction rule {self.kind!r}: trigger {trigger!r} must be non-empty and "
+                    "case-folded"
+                )
+        if self.multiline and not self.literals:
+            raise ValueError(f"redaction rule {self.kind!r}: a multi-line rule needs literals")
 
 
-_RULES: tuple[_Rule, ...] = (
-    _Rule(
+# Key words of the assignment-shaped rules: ``api_key = ...``, ``"password": ...``.
+_ASSIGNED_WORDS = ("key", "secret", "passw", "pwd", "token", "auth")
+
+RULES: tuple[Rule, ...] = (
+    Rule(
         "private-key",
         re.compile(
             r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
             r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
             re.DOTALL,
         ),
+        literals=("private key",),
+        multiline=True,
     ),
-    _Rule(
-        "aws-access-key", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b")
+    Rule(
+        "aws-access-key",
+        re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"),
+        literals=("akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa"),
     ),
-    _Rule(
+    Rule(
         "aws-secret-key",
         re.compile(
             r"(?i)(aws_?secret_?(?:access_?)?key[\"']?\s*[:=]\s*[\"']?)([A-Za-z0-9/+=]{40})"
         ),
+        assigned=("key",),
         group=2,
     ),
-    _Rule(
+    Rule(
         "github-token",
         re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
+        literals=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
     ),
-    _Rule("gitlab-token", re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}\b")),
-    _Rule("slack-token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b")),
-    _Rule("openai-key", re.compile(r"\bsk-(?:proj-|ant-(?:api\d\d-)?)?[A-Za-z0-9_\-]{20,}\b")),
-    _Rule("google-api-key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),
-    _Rule("stripe-key", re.compile(r"\b(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}\b")),
-    _Rule(
+    Rule("gitlab-token", re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}\b"), literals=("glpat-",)),
+    Rule("slack-token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"), literals=("xox",)),
+    Rule(
+        "openai-key",
+        re.compile(r"\bsk-(?:proj-|ant-(?:api\d\d-)?)?[A-Za-z0-9_\-]{20,}\b"),
+        literals=("sk-",),
+    ),
+    Rule("google-api-key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b"), literals=("aiza",)),
+    Rule(
+        "stripe-key",
+        re.compile(r"\b(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}\b"),
+        literals=("_live_", "_test_"),
+    ),
+    Rule(
         "jwt",
         re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\b"),
+        literals=("eyj",),
     ),
     # scheme://user:password@host -> keep user and host, drop the password.
-    _Rule(
+    Rule(
         "url-password",
         re.compile(r"([a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@'\"]+:)([^\s@/'\"]+)(@)"),
+        literals=("://",),
         group=2,
     ),
-    _Rule(
+    Rule(
         "bearer-token",
         re.compile(
             r"(?i)(\bauthorization\s*[:=]\s*[\"']?(?:bearer|token|basic)\s+)([A-Za-z0-9._~+/=\-]{8,})"
         ),
+        assigned=("auth",),
         group=2,
     ),
     # NAME_KEY=value, "password": "value", secret: value ... in env files, configs, shell.
-    _Rule(
+    Rule(
         "assignment",
         re.compile(
             r"(?i)(\b[A-Z0-9_.\-]*(?:api[_\-]?key|apikey|secret|passwd|password|pwd|token|"
             r"access[_\-]?key|private[_\-]?key|client[_\-]?secret|auth(?!or))[A-Z0-9_\-]*[\"']?"
             r"\s*(?::=|=|:)\s*[\"']?)([^\s\"',;}{)]{6,})"
         ),
+        assigned=_ASSIGNED_WORDS,
         group=2,
     ),
 )
@@ -128,9 +177,9 @@ def redact_counted(text: str) -> tuple[str, int]:
     if not text:
         return text, 0
     count = 0
-    for rule in _RULES:
+    for rule in RULES:
 
-        def _sub(m: re.Match[str], rule: _Rule = rule) -> str:
+        def _sub(m: re.Match[str], rule: Rule = rule) -> str:
             nonlocal count
             value = m.group(rule.group)
             if rule.group and _PLACEHOLDER.match(value):

@@ -1,74 +1,36 @@
 """A cheap pre-check in front of :func:`knowledge_server.redact.redact`.
 
 Running every redaction rule over every chunk dominated indexing time. Each rule
-can only match text that contains one of a few literals (a key word such as
-``token`` or a prefix such as ``AKIA``), so a single case-insensitive scan for
-those literals decides whether the full rule set must run. ``redact`` stays the
-only authority: when its rule set is not the one this gate was written against,
-the gate switches itself off and every text goes through ``redact``.
+declares the literals (a prefix such as ``AKIA``) or the assigned key words (``token =``)
+that every one of its matches contains, so a single case-insensitive scan for those
+decides whether the full rule set must run. The scan is built from the rules' own
+declarations: a new rule is covered as soon as it exists (``Rule`` refuses one that
+declares nothing), and ``redact`` stays the only authority on what a secret is.
 """
 
 from __future__ import annotations
 
 import re
 
-from knowledge_server import redact as _redact_mod
+from knowledge_server.redact import RULES, redact
 
-_KNOWN_KINDS = frozenset(
-    {
-        "private-key",
-        "aws-access-key",
-        "aws-secret-key",
-        "github-token",
-        "gitlab-token",
-        "slack-token",
-        "openai-key",
-        "google-api-key",
-        "stripe-key",
-        "jwt",
-        "url-password",
-        "bearer-token",
-        "assignment",
-    }
-)
+# Checked on case-folded text with `in`, which is far cheaper than a regex alternation.
+_LITERALS = tuple(dict.fromkeys(lit for rule in RULES for lit in rule.literals))
+_WORDS = tuple(dict.fromkeys(word for rule in RULES for word in rule.assigned))
 
-# Literals of which every token-shaped rule needs at least one (checked on case-folded
-# text with `in`, which is far cheaper than a regex alternation).
-_LITERALS = (
-    "private key",
-    "akia",
-    "asia",
-    "agpa",
-    "aida",
-    "aroa",
-    "anpa",
-    "anva",
-    "aipa",
-    "ghp_",
-    "gho_",
-    "ghu_",
-    "ghs_",
-    "ghr_",
-    "github_pat_",
-    "glpat-",
-    "xox",
-    "sk-",
-    "aiza",
-    "_live_",
-    "_test_",
-    "eyj",
-    "://",
-)
-# The assignment-shaped rules (assignment, aws-secret-key, bearer-token) need one of
-# these words followed by an assignment operator.
-_WORDS = ("key", "secret", "passw", "pwd", "token", "auth")
-_ASSIGN = re.compile(r"(?:key|secret|passw|pwd|token|auth)[a-z0-9_\-]*[\"']?\s*[:=]")
-# The same shape on text that is not lower-cased, folding case exactly as the rules'
-# ``(?i)`` does (lower-casing is not the same: "İ" becomes two characters, "ſ" stays).
-_ASSIGN_ANY_CASE = re.compile(_ASSIGN.pattern, re.IGNORECASE)
 
-_rules = getattr(_redact_mod, "_RULES", None)
-_ENABLED = _rules is not None and frozenset(r.kind for r in _rules) == _KNOWN_KINDS
+def _assigned_shape(words: tuple[str, ...]) -> re.Pattern[str]:
+    """A key word, the rest of its name, then an assignment operator, folding case exactly
+    as the rules' ``(?i)`` does (lower-casing is not the same: "İ" becomes two characters,
+    "ſ" stays)."""
+    return re.compile(
+        "(?:" + "|".join(map(re.escape, words)) + r")[a-z0-9_\-]*[\"']?\s*[:=]", re.IGNORECASE
+    )
+
+
+_ASSIGN_ANY_CASE = _assigned_shape(_WORDS)
+# Literals of the rules whose match may span lines (a private key block).
+_SPANNING = tuple(lit for rule in RULES if rule.multiline for lit in rule.literals)
 
 
 def _may_hold_secret(text: str) -> bool:
@@ -86,9 +48,9 @@ def _may_hold_secret(text: str) -> bool:
 
 
 def redact_text(text: str) -> str:
-    if _ENABLED and not _may_hold_secret(text):
+    if not _may_hold_secret(text):
         return text
-    return _redact_mod.redact(text)
+    return redact(text)
 
 
 def _by_first_char(literals: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
@@ -113,11 +75,9 @@ def redact_lines(lines: list[str]) -> list[str] | None:
     replacement would change the line count (a multi-line private key), so the
     caller can redact its chunks one by one instead.
     """
-    if not _ENABLED:
-        return None
     text = "\n".join(lines)
     folded = text.casefold()
-    if "private key" in folded:
+    if any(lit in folded for lit in _SPANNING):
         return None
     positions = sorted({m.start() for pattern in _HOT for m in pattern.finditer(folded)})
     if not positions:
@@ -147,7 +107,7 @@ def redact_lines(lines: list[str]) -> list[str] | None:
         seg = "\n".join(lines[a : b + 1])
         if not _may_hold_secret(seg):  # e.g. a key word that is not assigned: "for key in d"
             continue
-        red = _redact_mod.redact(seg)
+        red = redact(seg)
         if red == seg:
             continue
         parts = red.split("\n")

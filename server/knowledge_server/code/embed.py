@@ -19,7 +19,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .tokenize import STOPWORDS, split_identifier
+from knowledge_server.textlang import STOP_WORDS
+
+from .tokenize import split_identifier
 
 __all__ = ["E5Embedder", "Embedder", "EmbeddingError", "HashingEmbedder", "OpenAIEmbedder"]
 
@@ -97,7 +99,9 @@ class HashingEmbedder:
 
     @property
     def identity(self) -> str:
-        return f"hashing-v3-{self._dim}"
+        # A new version whenever the features change (v4: the shared stop-word list), so
+        # vectors stored by the old features are recomputed instead of mixed with new ones.
+        return f"hashing-v4-{self._dim}"
 
     @property
     def dim(self) -> int:
@@ -130,7 +134,7 @@ class HashingEmbedder:
             for word in _WORD.findall(text):
                 counts.update(split_identifier(word))
                 low = word.lower()
-                if low in STOPWORDS or low.isdigit():
+                if low in STOP_WORDS or low.isdigit():
                     continue
                 if prev:
                     pairs[prev + " " + low] += 1

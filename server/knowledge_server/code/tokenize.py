@@ -11,35 +11,10 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from knowledge_server.textlang import STOP_WORDS
+
 _WORD = re.compile(r"\w+")
 _PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+|[^\W\d_]+")
-
-# Query words that match nearly every chunk and carry no meaning for "where is it".
-STOPWORDS = frozenset(
-    [
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "by",
-        "for",
-        "from",
-        "in",
-        "is",
-        "it",
-        "of",
-        "on",
-        "or",
-        "that",
-        "the",
-        "this",
-        "to",
-        "with",
-    ]
-)
 
 
 def _split(word: str) -> tuple[str, ...]:
@@ -97,7 +72,7 @@ def query_terms(text: str) -> list[str]:
         for tok in split_identifier(word):
             seen.setdefault(tok, None)
     terms = list(seen)
-    kept = [t for t in terms if t not in STOPWORDS]
+    kept = [t for t in terms if t not in STOP_WORDS]
     return kept or terms
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from knowledge_server.episodes.text import STOP_WORDS
+from knowledge_server.textlang import STOP_WORDS
 
 from .store import DerivedStore, workspace_clause
 

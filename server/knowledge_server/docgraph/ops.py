@@ -25,6 +25,7 @@ from collections import defaultdict
 from typing import Any
 
 from ..redact import redact
+from ..textlang import REQUEST_WORDS, STOP_WORDS
 from .extract import unfence
 from .llm import NOT_CONFIGURED_REASON, LLMClient, LLMUnavailable
 from .model import norm_name
@@ -41,59 +42,8 @@ NOT_BUILT = "DOCGRAPH_NOT_BUILT: document graph layer not built"
 _WEAK_KINDS = ("status", "doc_type", "category")
 _MAX_LIMIT = 200
 _WORD = re.compile(r"[\w][\w\-\.]*", re.UNICODE)
-_STOP = frozenset(
-    [
-        "the",
-        "and",
-        "for",
-        "with",
-        "about",
-        "what",
-        "which",
-        "how",
-        "why",
-        "who",
-        "where",
-        "when",
-        "are",
-        "was",
-        "from",
-        "that",
-        "this",
-        "these",
-        "those",
-        "into",
-        "over",
-        "under",
-        "than",
-        "then",
-        "there",
-        "their",
-        "them",
-        "they",
-        "not",
-        "all",
-        "any",
-        "some",
-        "more",
-        "most",
-        "such",
-        "only",
-        "also",
-        "does",
-        "did",
-        "can",
-        "could",
-        "should",
-        "would",
-        "will",
-        "show",
-        "list",
-        "find",
-        "give",
-        "tell",
-    ]
-)
+# Words that phrase the question rather than name what it is about.
+_STOP = STOP_WORDS | REQUEST_WORDS
 
 
 def _addr(path: str, start: int, end: int, chunk_id: str | None = None) -> dict[str, Any]:

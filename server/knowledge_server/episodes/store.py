@@ -27,9 +27,11 @@ from knowledge_server.schema import (
     QueryValues,
     Step,
     has_schema,
+    immediate,
     int_array,
     open_db,
 )
+from knowledge_server.textlang import RU_STEMMER
 from knowledge_server.workspaces import stored_cwd, under_sql
 
 from .model import (
@@ -230,6 +232,47 @@ class EpisodeStore:
         self.live_minutes = live_minutes
         self.conn = open_db(path, MIGRATIONS, read_only=read_only, busy_ms=self.BUSY_MS)
         self.conn.create_scalar_function("knowledge_in_ranges", _in_ranges, 2)
+        if not read_only:
+            self._restem()
+
+    def _restem(self) -> None:
+        """When the Russian stemmer changed since the events were stored (the key is absent
+        in stores written with the hand-written one before it): recompute the ``aux`` terms
+        of every event whose text has them and re-index those rows, in a new index revision.
+
+        Not a schema migration: the stems depend on the installed stemmer's version, so a
+        new release of it re-derives them too."""
+        current = "SELECT value FROM lane_meta WHERE key = 'aux_stemmer'"
+        row = self.conn.execute(current).fetchone()
+        if row and row[0] == RU_STEMMER:
+            return
+        with immediate(self.conn):
+            cur = self.conn.cursor()
+            row = cur.execute(current).fetchone()
+            if row and row[0] == RU_STEMMER:  # another writer got here first
+                return
+            changed = []
+            for rowid, text, aux in cur.execute("SELECT id, text, aux FROM events WHERE aux != ''"):
+                new = aux_terms(text)
+                if new != aux:
+                    changed.append((rowid, text, aux, new))
+            for rowid, text, aux, new in changed:
+                # The index keeps no copy of its content: delete the row with the terms it
+                # was indexed with, then index it again with the new ones.
+                cur.execute(
+                    "INSERT INTO events_fts(events_fts, rowid, text, aux) VALUES ('delete', ?, ?, ?)",
+                    (rowid, text, aux),
+                )
+                cur.execute("UPDATE events SET aux = ? WHERE id = ?", (new, rowid))
+                cur.execute(
+                    "INSERT INTO events_fts(rowid, text, aux) VALUES (?, ?, ?)", (rowid, text, new)
+                )
+            if changed:
+                self._bump_rev(cur)
+            cur.execute(
+                "INSERT OR REPLACE INTO lane_meta(key, value) VALUES ('aux_stemmer', ?)",
+                (RU_STEMMER,),
+            )
 
     def close(self) -> None:
         self.conn.close()

@@ -1,7 +1,7 @@
 """A deterministic, rule-driven OpenAI-compatible chat server for tests and demos.
 
 It is a real HTTP server (``http.server`` in a thread), so the production client path runs end
-to end. It answers the three prompts of :mod:`.prompts` by simple rules over the framed text:
+to end. It answers the three prompts of :mod:`knowledge_server.docgraph.prompts` by simple rules over the framed text:
 
 * entities: ``EIP-n``/``ERC-n`` (standard), upper-case opcode-like words (operation),
   back-ticked ``snake_case``/``camelCase`` identifiers (parameter), capitalised multi-word terms
@@ -15,7 +15,7 @@ Failures are simulated either for every request (``mode``) or for one chunk by a
 its text (``FAKE_LLM:<mode>``): ``http_503``, ``http_429``, ``malformed_json``,
 ``invent_entity``, ``unknown_kind``, ``bad_evidence``, ``no_citations``.
 
-``python -m knowledge_server.docgraph.fake_llm --port 0`` prints its base URL and serves.
+``python -m knowledge_server.testing.fake_llm --port 0`` prints its base URL and serves.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
-from .prompts import (
+from knowledge_server.docgraph.prompts import (
     CHUNK_CLOSE,
     CHUNK_OPEN,
     MEMBERS_CLOSE,
@@ -37,6 +37,7 @@ from .prompts import (
     QUERY_OPEN,
     between,
 )
+from knowledge_server.textlang import REQUEST_WORDS, STOP_WORDS
 
 __all__ = ["FakeLLMServer", "fake_extract", "fake_keywords", "main"]
 
@@ -131,85 +132,8 @@ _CUES: tuple[tuple[str, str], ...] = (
     ("similar to", "related_to"),
     ("compatible with", "related_to"),
 )
-_STOPWORDS = frozenset(
-    [
-        "a",
-        "an",
-        "the",
-        "and",
-        "or",
-        "of",
-        "to",
-        "in",
-        "on",
-        "for",
-        "with",
-        "about",
-        "what",
-        "which",
-        "how",
-        "why",
-        "who",
-        "where",
-        "when",
-        "is",
-        "are",
-        "was",
-        "be",
-        "by",
-        "from",
-        "that",
-        "this",
-        "these",
-        "those",
-        "it",
-        "its",
-        "as",
-        "at",
-        "do",
-        "does",
-        "did",
-        "can",
-        "could",
-        "should",
-        "would",
-        "will",
-        "into",
-        "over",
-        "under",
-        "than",
-        "then",
-        "there",
-        "their",
-        "them",
-        "they",
-        "we",
-        "our",
-        "you",
-        "your",
-        "i",
-        "me",
-        "my",
-        "not",
-        "no",
-        "yes",
-        "all",
-        "any",
-        "some",
-        "more",
-        "most",
-        "such",
-        "only",
-        "also",
-        "just",
-        "very",
-        "find",
-        "show",
-        "list",
-        "give",
-        "tell",
-    ]
-)
+# Keywords leave out what the service's own lexical fallback leaves out.
+_STOPWORDS = STOP_WORDS | REQUEST_WORDS
 MAX_ENTITIES = 15
 MAX_RELATIONS = 10
 

@@ -1,0 +1,117 @@
+"""The redaction pre-check is built from the rules: every rule is covered, none can opt out."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from knowledge_server import redact as redact_mod
+from knowledge_server.code import _redact_gate as gate
+from knowledge_server.redact import RULES, Rule, redact
+
+# One text per rule kind holding a secret of that kind (values are made up).
+EXAMPLES = {
+    "private-key": "x\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----\n",
+    "aws-access-key": "id: AKIAZ3QX7LMN4PRS2TUV in the log",
+    "aws-secret-key": "aws_secret_access_key = Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcdEFGH",
+    "github-token": "push with ghp_Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcd now",
+    "gitlab-token": "glpat-Zq9vLmX2pR7tK4wBZq9v",
+    "slack-token": "xoxb-1234567890-Zq9vLmX2pR",
+    "openai-key": "key sk-proj-Zq9vLmX2pR7tK4wBZq9vLmX2 here",
+    "google-api-key": "AIzaZq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabc",
+    "stripe-key": "charge with rk_live_Zq9vLmX2pR7tK4wB",
+    "jwt": "eyJhbGciOiJIUzI1.eyJzdWIiOiIxMjM0.SflKxwRJSMeKKF2QT4",
+    "url-password": "postgres://app:Zq9vLmX2pR@db.local/shop",
+    "bearer-token": "Authorization: Bearer Zq9vLmX2pR7tK4wB",
+    "assignment": 'client_secret: "Zq9vLmX2pR7tK4wB"',
+}
+
+
+def test_every_rule_has_an_example() -> None:
+    assert set(EXAMPLES) == {rule.kind for rule in RULES}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.kind)
+def test_every_rule_is_covered_by_the_gate(rule: Rule) -> None:
+    text = EXAMPLES[rule.kind]
+    assert f"[REDACTED:{rule.kind}]" in redact(text)
+    # The rule's own declaration explains each of its matches ...
+    matches = list(rule.pattern.finditer(text))
+    assert matches
+    assigned = gate._assigned_shape(rule.assigned) if rule.assigned else None
+    for m in matches:
+        found = m.group(0)
+        assert any(lit in found.casefold() for lit in rule.literals) or (
+            assigned is not None and assigned.search(found)
+        )
+    # ... and the gate sends the text on, whole or line by line.
+    assert gate._may_hold_secret(text)
+    assert gate.redact_text(text) == redact(text)
+    lines = gate.redact_lines(text.split("\n"))
+    assert lines is None if rule.multiline else lines == redact(text).split("\n")
+
+
+def test_a_rule_without_a_trigger_is_refused() -> None:
+    with pytest.raises(ValueError, match="declares no literals or assigned key words"):
+        Rule("new-kind", re.compile(r"\bnk_[0-9a-f]{32}\b"))
+    with pytest.raises(ValueError, match="case-folded"):
+        Rule("new-kind", re.compile(r"\bNK_[0-9a-f]{32}\b"), literals=("NK_",))
+    with pytest.raises(ValueError, match="multi-line"):
+        Rule("new-kind", re.compile(r"nk=.*", re.DOTALL), assigned=("nk",), multiline=True)
+
+
+@pytest.fixture
+def one_more_rule(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    rule = Rule("new-kind", re.compile(r"\bnk_[0-9a-f]{32}\b"), literals=("nk_",))
+    monkeypatch.setattr(redact_mod, "RULES", (*RULES, rule))
+    importlib.reload(gate)
+    yield
+    monkeypatch.undo()
+    importlib.reload(gate)
+
+
+def test_a_new_rule_is_covered_without_touching_the_gate(one_more_rule: None) -> None:
+    text = "deploy nk_" + "0123456789abcdef" * 2 + " done"
+    assert gate.redact_text(text) == "deploy [REDACTED:new-kind] done"
+    assert gate.redact_lines(["a", text]) == ["a", "deploy [REDACTED:new-kind] done"]
+
+
+_PIECES = st.sampled_from(
+    [
+        *EXAMPLES.values(),
+        "key",
+        "Token",
+        "ſecret",
+        "İ",
+        "passwd",
+        "auth",
+        "author",
+        "=",
+        ": ",
+        "\n",
+        "\n\n",
+        " ",
+        '"',
+        "'",
+        "Zq9vLmX2pR7tK4wB",
+        "AKIA",
+        "xox",
+        "://",
+        "@",
+        "for key in d:",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PIECES, max_size=12))
+def test_the_gate_never_changes_what_redact_returns(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    assert gate.redact_text(text) == redact(text)
+    lines = gate.redact_lines(text.split("\n"))
+    if lines is not None:
+        assert "\n".join(lines) == redact(text)
