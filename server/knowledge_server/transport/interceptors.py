@@ -79,49 +79,58 @@ def status_for(err: errors.KnowledgeError, extra: list[Any] | None = None) -> st
 
 
 async def abort(
-    context: grpc.aio.ServicerContext, err: errors.KnowledgeError, extra: list[Any] | None = None
+    context: Context, err: errors.KnowledgeError, extra: list[Any] | None = None
 ) -> None:
     await context.abort_with_status(rpc_status.to_status(status_for(err, extra)))
 
 
 Behavior = Callable[..., Any]
+Context = grpc.aio.ServicerContext[Any, Any]
+Handler = grpc.RpcMethodHandler[Any, Any]
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]
 
 
 def _rewrap(
-    handler: grpc.RpcMethodHandler,
+    handler: Handler,
     unary: Callable[[Behavior], Behavior],
     stream: Callable[[Behavior], Behavior],
-) -> grpc.RpcMethodHandler:
+) -> Handler | None:
     """Same kind of handler with its behaviour wrapped."""
     if handler.request_streaming:
         return handler  # knowledge.v1 has no client-streaming RPCs
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(
-            stream(handler.unary_stream),
+            stream(_present(handler.unary_stream)),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
     return grpc.unary_unary_rpc_method_handler(
-        unary(handler.unary_unary),
+        unary(_present(handler.unary_unary)),
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
 
 
+def _present(behavior: Behavior | None) -> Behavior:
+    if behavior is None:
+        raise TypeError("a handler of this kind has no behaviour of that kind")
+    return behavior
+
+
 def refusing_handler(
-    handler: grpc.RpcMethodHandler, err: errors.KnowledgeError, extra: list[Any] | None = None
-) -> grpc.RpcMethodHandler:
+    handler: Handler, err: errors.KnowledgeError, extra: list[Any] | None = None
+) -> Handler | None:
     """An aborting handler of the same kind as ``handler``."""
 
     def unary(_: Behavior) -> Behavior:
-        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def refuse(request: Any, context: Context) -> Any:
             _log_refusal(err)
             await abort(context, err, extra)
 
         return refuse
 
     def stream(_: Behavior) -> Behavior:
-        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def refuse(request: Any, context: Context) -> AsyncIterator[Any]:
             _log_refusal(err)
             await abort(context, err, extra)
             yield  # pragma: no cover - abort raises
@@ -135,7 +144,7 @@ def _log_refusal(err: errors.KnowledgeError) -> None:
     log.info("rpc.refused", code=err.code.name, reason=err.reason)
 
 
-async def _call_unary(fn: Behavior, request: Any, context: grpc.aio.ServicerContext) -> Any:
+async def _call_unary(fn: Behavior, request: Any, context: Context) -> Any:
     result = fn(request, context)
     if inspect.isawaitable(result):
         result = await result
@@ -152,9 +161,9 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Continuation,
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> Handler | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or not method.startswith(PREFIX):
@@ -163,7 +172,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         request_id = md.get("x-request-id", "")[:128] or uuid.uuid4().hex[:16]
 
         def begin(
-            context: grpc.aio.ServicerContext,
+            context: Context,
         ) -> tuple[float, contextvars.Token[CallContext | None] | None]:
             structlog.contextvars.clear_contextvars()
             structlog.contextvars.bind_contextvars(
@@ -171,9 +180,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
             )
             return time.perf_counter(), None
 
-        async def fail(
-            context: grpc.aio.ServicerContext, exc: BaseException, started: float
-        ) -> None:
+        async def fail(context: Context, exc: BaseException, started: float) -> None:
             if isinstance(exc, errors.KnowledgeError):
                 log.info("rpc.error", code=exc.code.name, reason=exc.reason, ms=_ms(started))
                 await abort(context, exc)
@@ -186,7 +193,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
             )
 
         def unary(fn: Behavior) -> Behavior:
-            async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def run(request: Any, context: Context) -> Any:
                 started, _ = begin(context)
                 context.set_trailing_metadata((("x-request-id", request_id),))
                 try:
@@ -202,7 +209,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
             return run
 
         def stream(fn: Behavior) -> Behavior:
-            async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async def run(request: Any, context: Context) -> AsyncIterator[Any]:
                 started, _ = begin(context)
                 sent = 0
                 try:
@@ -220,7 +227,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         return _rewrap(handler, unary, stream)
 
 
-def _is_abort(exc: BaseException, context: grpc.aio.ServicerContext) -> bool:
+def _is_abort(exc: BaseException, context: Context) -> bool:
     # context.abort() raises an internal exception type; let it through untouched.
     return type(exc).__name__ == "AbortError" or isinstance(exc, grpc.aio.AbortError)
 
@@ -247,9 +254,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Continuation,
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> Handler | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or not method.startswith(PREFIX):
@@ -276,7 +283,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         ctx_principal = principal
 
         def unary(fn: Behavior) -> Behavior:
-            async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def run(request: Any, context: Context) -> Any:
                 token = _current.set(
                     CallContext(_request_id(), method, context.peer(), ctx_principal)
                 )
@@ -289,7 +296,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return run
 
         def stream(fn: Behavior) -> Behavior:
-            async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async def run(request: Any, context: Context) -> AsyncIterator[Any]:
                 token = _current.set(
                     CallContext(_request_id(), method, context.peer(), ctx_principal)
                 )
@@ -322,9 +329,9 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Continuation,
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> Handler | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or not method.startswith(PREFIX):

@@ -31,7 +31,7 @@ MANAGE = "manage"
 @dataclass(frozen=True)
 class Policy:
     feature: str = ""
-    edition: int = options_pb2.EDITION_COMMUNITY
+    edition: options_pb2.Edition.ValueType = options_pb2.EDITION_COMMUNITY
     right: str = READ
 
 
