@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import structlog
@@ -85,9 +85,10 @@ async def abort(
 
 
 Behavior = Callable[..., Any]
-Context = grpc.aio.ServicerContext[Any, Any]
-Handler = grpc.RpcMethodHandler[Any, Any]
-Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]
+# grpc's classes are generic in its type stubs only; at run time they are not subscriptable.
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+Continuation: TypeAlias = "Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]"
 
 
 def _rewrap(
