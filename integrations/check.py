@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from smoke_common import (
+from smoke_common import (  # noqa: E402 - importable after the sys.path entry above
     PATH_LINE,
     TemplateError,
     check_bridge_launch,

@@ -173,7 +173,7 @@ class KnowledgeApp:
                 raise Unimplemented("IngestSessions needs the built-in episodes lane")
             paths = [normalise_workspace(p) for p in req.paths]
             for p in paths:
-                if not os.path.exists(p):
+                if not os.path.exists(p):  # noqa: ASYNC240 - one stat per path, before any work
                     raise InvalidRequest(
                         f"paths: {p} does not exist on the server", metadata={"field": "paths"}
                     )

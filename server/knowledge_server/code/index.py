@@ -187,7 +187,7 @@ class CodeIndex:
     def drift(self, root: str) -> list[dict[str, object]]:
         cols = ("rev", "previous_fingerprint", "new_fingerprint", "reason", "created_ns")
         return [
-            dict(zip(cols, r))
+            dict(zip(cols, r, strict=True))
             for r in self.conn.execute(
                 "SELECT rev, previous_fingerprint, new_fingerprint, reason, created_ns FROM drift"
                 " WHERE workspace = ? ORDER BY id",

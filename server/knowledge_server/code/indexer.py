@@ -123,7 +123,7 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
             )
             file_id = conn.last_insert_rowid()
             f["file_id"] = file_id
-            for row, (tokens, meta) in zip(f["chunks"], f["tokens"]):
+            for row, (tokens, meta) in zip(f["chunks"], f["tokens"], strict=True):
                 conn.execute(_INSERT_CHUNK, (*row, file_id, workspace))
                 conn.execute(
                     "INSERT INTO chunks_fts(rowid, tokens, meta) VALUES(?,?,?)",
@@ -429,7 +429,7 @@ def fill_vectors(
             f" WHERE 1=1{ws_filter}"
             " AND NOT EXISTS (SELECT 1 FROM file_vec v WHERE v.file_id = rf.file_id AND v.tbl = ?)"
             " ORDER BY rf.file_id",
-            params + (vtbl,),
+            (*params, vtbl),
         )
     ]
     done = 0
@@ -441,7 +441,7 @@ def fill_vectors(
         if batch:
             vecs = embedder.embed([f"{p} {s}\n{t}" for _, p, s, t in batch])
         with conn:
-            for (cid, *_), v in zip(batch, vecs if batch else []):
+            for (cid, *_), v in zip(batch, vecs if batch else [], strict=True):
                 blob = np.ascontiguousarray(v, dtype=np.float32).tobytes()
                 conn.execute(f"DELETE FROM {vtbl} WHERE rowid = ?", (cid,))
                 conn.execute(

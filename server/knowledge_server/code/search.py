@@ -260,7 +260,7 @@ def _vector(
                 if distance
                 else []
             )
-            rows = [r + (distance[r[0]],) for r in rows]
+            rows = [(*r, distance[r[0]]) for r in rows]
             rows.sort(key=lambda r: (r[11], r[3], r[4]))
         else:
             rows = conn.execute(
@@ -293,7 +293,7 @@ def _vector(
     # A candidate without its float vector (an interrupted fill) is no vector hit.
     rows = [r for r in rows if r[0] in sims]
     rows.sort(key=lambda r: (-sims[r[0]], r[3], r[4]))
-    return [r[:11] + (1.0 - sims[r[0]],) for r in rows[:n]], sims
+    return [(*r[:11], 1.0 - sims[r[0]]) for r in rows[:n]], sims
 
 
 def _rank_union(
@@ -316,7 +316,7 @@ def _rank_union(
     for r in missing:
         sim = sims.get(r[0])
         if sim is not None:
-            rows.append(r[:11] + (1.0 - sim,))
+            rows.append((*r[:11], 1.0 - sim))
     # Distances equal to 9 decimals tie (then path, line). round(x * 1e9) buckets as
     # round(x, 9) does at a quarter of its cost; ~160 keys per query.
     rows.sort(key=lambda r: (round(float(r[11]) * 1e9), r[3], r[4]))
@@ -414,9 +414,8 @@ def search(
         rare = kept
     if mode in ("hybrid", "lexical"):
         lex_rows = _lexical(conn, kept, rare, scope, pool if hybrid else limit, among)
-    use_vec = mode in ("hybrid", "vector") and capability == "full" and embedder is not None
-    if use_vec and query.strip():
-        assert embedder is not None
+    use_vec = mode in ("hybrid", "vector") and capability == "full"
+    if use_vec and embedder is not None and query.strip():
         vtbl = vec_table_for(conn, embedder.identity, embedder.dim, create=False)
         if vtbl is not None:
             qv = embedder.embed_query([query])[0]

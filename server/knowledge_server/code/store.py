@@ -205,7 +205,7 @@ def vec_table_for(conn: apsw.Connection, identity: str, dim: int, *, create: boo
         return str(row[0])
     if not create:
         return None
-    tbl = "vec_" + hashlib.sha1(identity.encode()).hexdigest()[:12]
+    tbl = "vec_" + hashlib.sha1(identity.encode(), usedforsecurity=False).hexdigest()[:12]
     column = f"bit[{int(dim)}]" if is_binary(dim) else f"float[{int(dim)}] distance_metric=cosine"
     with conn:
         conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {tbl} USING vec0(embedding {column})")

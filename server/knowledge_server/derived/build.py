@@ -106,10 +106,8 @@ def detect_skill_uses(e: EventMeta, catalog: dict[str, Skill]) -> list[tuple[str
         n = _norm_skill(m.get("skill") or m.get("command"))
         if n:
             out.append((_catalog_name(n, catalog) or n, "skill_tool"))
-    elif _norm_skill(m.get("skill")):
+    elif n := _norm_skill(m.get("skill")):
         # Explicit marker (generic JSONL ``meta.skill``): trust it as written.
-        n = _norm_skill(m.get("skill"))
-        assert n is not None
         out.append((_catalog_name(n, catalog) or n, "meta"))
     raw_cmd = m.get("slash_command")
     first = raw_cmd.split()[0] if isinstance(raw_cmd, str) and raw_cmd.split() else None

@@ -305,7 +305,7 @@ class EpisodeStore:
             "ctx",
             "sessions",
         )
-        st = dict(zip(keys, row))
+        st = dict(zip(keys, row, strict=True))
         st["ctx"] = json.loads(st["ctx"]) if st["ctx"] else {}
         st["sessions"] = json.loads(st["sessions"]) if st["sessions"] else []
         return st

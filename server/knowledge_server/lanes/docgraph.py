@@ -449,7 +449,7 @@ class DocGraphLane:
         summary.index_rev = (
             revs[0]
             if len(revs) == 1
-            else ";".join(f"{r}={rev}" for (r, _s, _c), rev in zip(inputs, revs))
+            else ";".join(f"{r}={rev}" for (r, _s, _c), rev in zip(inputs, revs, strict=True))
         )
         summary.ms = round((time.perf_counter() - started) * 1000, 1)
         return summary

@@ -187,7 +187,12 @@ class Coordinator:
             if isinstance(cached, _Answer):
                 self._cache.move_to_end(key)
                 return self._answer_again(cached, v, names, started)
-        resp = await self._search(v, workspaces, started, dict(zip(names, revs or ())))
+        resp = await self._search(
+            v,
+            workspaces,
+            started,
+            (dict(zip(names, revs, strict=True)) if revs is not None else {}),
+        )
         if key is not None and resp.found:
             # Stored before the budget is applied: a hit differs in request id, times and
             # trace, and is fitted afresh unless those take exactly the room they took
@@ -277,7 +282,7 @@ class Coordinator:
         ]
         queried = [n for n in lane_names if n in v.include]
         results = await asyncio.gather(*(self._run_lane(n, q, revisions.get(n)) for n in queried))
-        by_name = dict(zip(queried, results))
+        by_name = dict(zip(queried, results, strict=True))
 
         resp = search_pb2.SearchResponse(schema=SCHEMA, request_id=v.request_id, query=v.query)
         resp.routing.intent = r.intent
@@ -422,7 +427,9 @@ class Coordinator:
         _replace_items(lane_msg, kept[:limit])
 
 
-async def _bounded(lane: Lane, q: LaneQuery, timeout: float, own: list[float]) -> LaneResult:
+# The deadline is also set in LANE_DEADLINE for lanes that block the loop, which a caller's
+# asyncio.timeout() cannot interrupt; hence a parameter.
+async def _bounded(lane: Lane, q: LaneQuery, timeout: float, own: list[float]) -> LaneResult:  # noqa: ASYNC109 - see above
     """``lane.search(q)`` with its deadline (``LANE_DEADLINE``) counted from when it starts.
 
     The one timeout rule, whatever the lane's call model (``docs/architecture.md``): a

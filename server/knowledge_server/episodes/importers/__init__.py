@@ -79,12 +79,8 @@ def detect_format(path: str) -> str | None:
             continue
         seen += 1
         t = obj.get("type")
-        if (
-            t in _CODEX_TYPES
-            and isinstance(obj.get("payload"), dict)
-            or "id" in obj
-            and "instructions" in obj
-            and "type" not in obj
+        if (t in _CODEX_TYPES and isinstance(obj.get("payload"), dict)) or (
+            "id" in obj and "instructions" in obj and "type" not in obj
         ):
             votes["codex"] += 3
         elif "record_type" in obj:
