@@ -480,7 +480,7 @@ class DocGraphOps:
         if doc:
             doc = doc.strip().removeprefix("./")
             rows = self.store.rows(
-                "SELECT m2.path, e.entity_id, e.name, e.kind, "
+                "SELECT m2.path, e.entity_id, e.name, e.kind, "  # noqa: S608 - only placeholders are interpolated, values bound
                 " min(m1.path || char(0) || printf('%09d', m1.start_line)), "
                 " min(printf('%09d', m2.start_line) || char(0) || m2.end_line || char(0) || m2.chunk_id) "
                 "FROM entity_mention m1 JOIN entity_mention m2 ON m2.rev_id=m1.rev_id AND "
