@@ -258,7 +258,7 @@ def _declarator_name(node: Any) -> str:
     return _text(cur) if cur is not node and cur.named_child_count == 0 else ""
 
 
-def _name(node: Any, language: str) -> str:
+def _name(node: Any, language: str) -> str:  # noqa: C901 - one branch per grammar's way of naming a symbol
     t = node.type
     if language in ("c", "cpp") and t == "function_definition":
         return _declarator_name(node)

@@ -131,7 +131,7 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
                 )
 
 
-def index_workspace(
+def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by size+mtime, read, chunk, write, drop); splitting it scatters one transaction plan
     conn: apsw.Connection,
     root: str,
     *,

@@ -253,7 +253,7 @@ class Coordinator:
         _fit_budget(resp, v.max_tokens)
         return resp
 
-    async def _search(
+    async def _search(  # noqa: C901 - routes, runs the lanes and assembles the answer sections in their published order
         self,
         v: ValidSearch,
         workspaces: tuple[str, ...] | None,
@@ -571,7 +571,7 @@ def _settle(resp: search_pb2.SearchResponse, size: int) -> int:
     return used
 
 
-def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
+def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:  # noqa: C901 - the trimming order (snippets, then items, per lane) with exact size bookkeeping; held by a property test
     """Enforce max_tokens on the response text: snippets first (lowest-ranked first), then
     whole items from the end of the global order; errors are never removed.
 

@@ -44,7 +44,7 @@ _CLAUDE_TYPES = {
 }
 
 
-def detect_format(path: str) -> str | None:
+def detect_format(path: str) -> str | None:  # noqa: C901 - one probe per supported log format, in priority order
     """Guess the format of one file from its layout and content; None = not a session log."""
     name = os.path.basename(path)
     parts = os.path.normpath(os.path.abspath(path)).split(os.sep)

@@ -81,7 +81,7 @@ def fingerprint(session_file: str) -> tuple[int, float]:
     return size, mtime
 
 
-def import_file(path: str) -> ImportResult:
+def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per message part type of the opencode session store
     res = ImportResult()
     ses = _load(path, res)
     if ses is None:
