@@ -206,8 +206,8 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
             f"{mode + ' (hashing)':<22}{r:>7.3f}{m:>7.3f}{_pct(lat, 50):>9.2f}{_pct(lat, 95):>9.2f}"
         )
     best = max(("lexical", "vector"), key=lambda k: results[k])
-    gained = sum(h and not b for h, b in zip(per_case["hybrid"], per_case[best]))
-    lost = sum(b and not h for h, b in zip(per_case["hybrid"], per_case[best]))
+    gained = sum(h and not b for h, b in zip(per_case["hybrid"], per_case[best], strict=True))
+    lost = sum(b and not h for h, b in zip(per_case["hybrid"], per_case[best], strict=True))
     print(
         f"hybrid R@10 above the better single lane ({best}): "
         f"{results['hybrid'] > results[best]}   (paired: hybrid finds {gained} that {best}"

@@ -116,7 +116,9 @@ def main() -> int:
         from knowledge_server._gen.knowledge.v1 import search_pb2
 
         sizes = sorted(len(b) for b in raw)
-        print(f"{len(raw)} answers, {sizes[0]}-{sizes[-1]} bytes (median {statistics.median(sizes):.0f})")
+        print(
+            f"{len(raw)} answers, {sizes[0]}-{sizes[-1]} bytes (median {statistics.median(sizes):.0f})"
+        )
         for name, fn in (
             ("SDK decoder", sdk_decoder()),
             ("upb (reference)", search_pb2.SearchResponse.FromString),

@@ -27,7 +27,8 @@ DEFAULT_EIPS = Path(__file__).resolve().parents[2] / "shared" / "data" / "docs" 
 
 
 def _stats(url: str) -> dict:
-    with urllib.request.urlopen(url + "/stats", timeout=5) as resp:
+    # The URL is the one the fake LLM server this script started printed (http://127.0.0.1).
+    with urllib.request.urlopen(url + "/stats", timeout=5) as resp:  # noqa: S310 - see above
         return json.loads(resp.read())
 
 

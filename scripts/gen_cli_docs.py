@@ -15,7 +15,8 @@ def _command(path: str) -> tuple[click.Command, click.Context]:
     ctx = click.Context(main, info_name="knowledge")
     cmd: click.Command = main
     for part in path.split():
-        assert isinstance(cmd, click.Group)
+        if not isinstance(cmd, click.Group):
+            raise TypeError(f"{path!r}: {cmd.name} has no subcommands")
         cmd = cmd.commands[part]
         ctx = click.Context(cmd, info_name=part, parent=ctx)
     return cmd, ctx

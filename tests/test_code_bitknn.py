@@ -67,7 +67,10 @@ def test_same_neighbours_and_distances_as_sqlite_vec(tmp_path: Path, dim: int) -
 def test_matrix_matches_brute_force(rows: list[bytes], query: bytes, k: int) -> None:
     m = bitknn.BitMatrix.from_rows([(i, r) for i, r in enumerate(rows)], 3)
     expect = sorted(
-        ((i, sum((a ^ b).bit_count() for a, b in zip(r, query))) for i, r in enumerate(rows)),
+        (
+            (i, sum((a ^ b).bit_count() for a, b in zip(r, query, strict=True)))
+            for i, r in enumerate(rows)
+        ),
         key=lambda x: (x[1], x[0]),
     )[:k]
     assert m.nearest(query, k) == expect

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from knowledge_server.code import CodeIndex, HashingEmbedder, IndexOptions
 from knowledge_server.code import search as search_mod
+from knowledge_server.code.store import open_store, vec_table_for, vec_tables
 
 CANARY = "sk-proj-Q7c4nAryV4lu3XyZ0123456789abcd"
 
@@ -485,3 +486,21 @@ def test_prefix_range_is_starts_with(prefix: str, paths: list[str]) -> None:
         r[0] for r in conn.execute("SELECT p FROM t WHERE p >= ? AND p < ?", (prefix, upper))
     )
     assert got == sorted(p for p in paths if p.startswith(prefix))
+
+
+def test_vector_table_names_are_checked_before_they_reach_sql(tmp_path: Path) -> None:
+    """Catches: a table name read back from ``embedders`` interpolated into SQL unchecked."""
+    conn = open_store(str(tmp_path / "code.sqlite"))
+    made = vec_table_for(conn, "hashing-64", 64, create=True)
+    assert made is not None and made.startswith("vec_")
+    assert vec_table_for(conn, "hashing-64", 64, create=False) == made
+    assert vec_tables(conn) == [made]
+    with conn:
+        conn.execute(
+            "INSERT INTO embedders(identity, dim, tbl) VALUES('evil', 8, 'x; DROP TABLE chunks')"
+        )
+    with pytest.raises(ValueError, match="not a vector table name"):
+        vec_table_for(conn, "evil", 8, create=False)
+    with pytest.raises(ValueError, match="not a vector table name"):
+        vec_tables(conn)
+    conn.close()

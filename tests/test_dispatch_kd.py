@@ -111,7 +111,7 @@ async def test_kd2_commit_records_one_assignment_and_repeat_is_idempotent(served
     data = Path(served.config.data_dir)
     async with AsyncKnowledgeClient(served.address) as kc:
         first = await kc.dispatch(TDD_TASK, acceptance=["tests pass"], commit=True)
-        text_first = Path(first.assignment.outbox_path).read_bytes()
+        text_first = Path(first.assignment.outbox_path).read_bytes()  # noqa: ASYNC240 - a small local file
         second = await kc.dispatch(TDD_TASK, acceptance=["tests pass"], commit=True)
         # Whitespace does not make a different task.
         third = await kc.dispatch(

@@ -68,7 +68,7 @@ def test_every_fact_has_a_mention_that_matches_the_text(tmp_path, corpus, fake):
         for r in store.rows("SELECT DISTINCT entity_id FROM entity_mention WHERE rev_id=?", (rev,))
     }
     assert entity_ids == mentioned
-    for eid, cid, path, sl, el, cs, ce, qh in store.rows(
+    for _eid, cid, path, sl, el, cs, ce, qh in store.rows(
         "SELECT entity_id, chunk_id, path, start_line, end_line, char_start, char_end, quote_hash "
         "FROM entity_mention WHERE rev_id=?",
         (rev,),
@@ -80,7 +80,7 @@ def test_every_fact_has_a_mention_that_matches_the_text(tmp_path, corpus, fake):
         first_line = quote.split("\n")[0]
         assert first_line in files[path][sl - 1]
         assert chunk.start_line <= sl <= el <= chunk.end_line
-    for src, dst, cid, sl, qh in store.rows(
+    for src, dst, cid, _sl, qh in store.rows(
         "SELECT src_entity_id, dst_entity_id, chunk_id, start_line, quote_hash "
         "FROM entity_relation WHERE rev_id=?",
         (rev,),
@@ -138,10 +138,8 @@ def test_validation_accepts_only_mentions_found_in_text(text, picks):
         quote = text[m.char_start : m.char_end]
         assert quote and quote.lower() in text.lower()
         assert (
-            norm_name(m.name)
-            and norm_name(m.name) in text.lower()
-            or m.name.lower() in quote.lower()
-        )
+            norm_name(m.name) and norm_name(m.name) in text.lower()
+        ) or m.name.lower() in quote.lower()
     assert sum(res.counters.values()) == len(ents)
 
 
@@ -202,7 +200,10 @@ def test_relation_requires_accepted_entities_and_quoted_evidence():
 def test_entity_id_is_a_pure_function(name, kind):
     """Catches: nondeterministic entity ids (random, time or order dependent)."""
     norm = norm_name(name)
-    assert entity_id_for(norm, kind) == hashlib.sha1((norm + "|" + kind).encode()).hexdigest()
+    assert (
+        entity_id_for(norm, kind)
+        == hashlib.sha1((norm + "|" + kind).encode(), usedforsecurity=False).hexdigest()
+    )
     # Surrounding whitespace never changes the merge key, so it never changes the id.
     assert entity_id_for(norm_name("  " + name + " \t"), kind) == entity_id_for(norm, kind)
 
@@ -282,7 +283,10 @@ def test_budget_stops_a_run_and_the_next_run_resumes(tmp_path, corpus, fake):
     chunks = load_markdown_chunks(corpus)
     store = _store(tmp_path)
     ticks = iter(range(10_000))
-    clock = lambda: float(next(ticks))
+
+    def clock() -> float:
+        return float(next(ticks))
+
     limited = BuildSettings(budget_seconds=4, summaries=False)
     first = DocGraphBuilder(store, _client(fake.url), limited, clock=clock).build(chunks)
     assert first.stopped_by == "budget" and not first.complete and first.pending_chunks > 0

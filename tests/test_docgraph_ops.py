@@ -241,7 +241,7 @@ def test_real_eips_answers_are_addressed(shared_data, tmp_path, fake):
         assert answer["found"], answer["op"]
         _assert_addressed(answer)
     lines = (root / "eip-1559.md").read_text().split("\n")
-    for path, sl, cs, ce, cid in store.rows(
+    for _path, sl, cs, ce, cid in store.rows(
         "SELECT path, start_line, char_start, char_end, chunk_id FROM entity_mention "
         "WHERE path='eip-1559.md'"
     ):

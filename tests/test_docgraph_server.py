@@ -256,7 +256,7 @@ def test_operations_answer_only_from_workspaces_in_scope(shared_data: Path, tmp_
         summary = dg.build_sync(None, False, 0, 0, True, lambda *a: None, scope=None)
         assert summary.counters["workspaces"] == 2 and ";" in summary.index_rev
         req = docgraph_pb2.GlobalOverviewRequest(limit=5)
-        for root, files in zip(roots, (EIPS[:2], EIPS[2:])):
+        for root, files in zip(roots, (EIPS[:2], EIPS[2:]), strict=True):
             resp = dg.op_sync("global_overview", req, (root,))
             assert resp.collected and resp.documents == len(files)
             paths = {a.path for e in resp.top_entities for a in e.addresses}

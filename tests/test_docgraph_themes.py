@@ -55,7 +55,9 @@ def test_theme_id_recomputes_from_members(tmp_path, corpus):
         )
         ids = sorted(m[0] for m in members)
         assert len(ids) == size >= 2  # a theme without members is not a theme
-        recomputed = hashlib.sha1((seed + "|" + ",".join(ids)).encode()).hexdigest()
+        recomputed = hashlib.sha1(
+            (seed + "|" + ",".join(ids)).encode(), usedforsecurity=False
+        ).hexdigest()
         assert recomputed == theme_id
         best = min(members, key=lambda m: (-m[1], m[2], m[0]))
         assert best[0] == seed and title == best[2]

@@ -20,8 +20,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 INTEGRATIONS = REPO_ROOT / "integrations"
 sys.path.insert(0, str(INTEGRATIONS))
 
-import check
-import smoke_common
+import check  # noqa: E402 - importable after the sys.path entry above
+import smoke_common  # noqa: E402 - likewise
 
 
 def _failures(results: list[check.Result]) -> dict[str, str]:

@@ -322,7 +322,7 @@ def test_kc8_rrf_weights_applied_and_order_stable(world: World) -> None:
     a_items, c_items = agent.lanes.code.items, code.lanes.code.items
     assert [i.id for i in a_items] == [i.id for i in c_items]
     assert a_items
-    for ia, ic in zip(a_items, c_items):
+    for ia, ic in zip(a_items, c_items, strict=True):
         # ic.score = 1/(60 + rank) for the item's rank within the lane; the weight scales it.
         rank = round(1 / ic.score - 60)
         assert ic.score == pytest.approx(1.0 / (60 + rank), abs=1e-6)

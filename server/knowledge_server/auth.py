@@ -66,9 +66,9 @@ ROLE_OPERATOR = "operator"
 ROLES: tuple[str, ...] = (ROLE_AGENT, ROLE_OPERATOR)
 # The rights table itself is in auth_model (ROLE_RIGHTS), next to Principal.
 
-TOKEN_FILE_NAME = "tokens.json"
-TOKEN_PREFIX = "kn_"
-_TOKEN_ID_PREFIX = "tok_"
+TOKEN_FILE_NAME = "tokens.json"  # noqa: S105 - a file name, not a secret
+TOKEN_PREFIX = "kn_"  # noqa: S105 - the public prefix every token shows
+_TOKEN_ID_PREFIX = "tok_"  # noqa: S105 - prefix of the public token id
 _FILE_VERSION = 1
 # A real token is 46 characters; anything far longer is not worth hashing.
 _MAX_TOKEN_CHARS = 512
@@ -278,7 +278,7 @@ class TokenStore:
         self._path = Path(path)
         self._lock = threading.Lock()
         self._entries: list[_Entry] = []
-        self._signature: tuple[int, int, int] | None | str = "unloaded"
+        self._signature: tuple[int, int, int] | str | None = "unloaded"
         self._broken = False
 
     @classmethod

@@ -259,7 +259,7 @@ class Migrations:
         """The steps recorded in the store, in the order they were applied."""
         if not _has_table(conn, MIGRATIONS_TABLE):
             return []
-        return [r[0] for r in conn.execute(f"SELECT name FROM {MIGRATIONS_TABLE} ORDER BY rowid")]
+        return [r[0] for r in conn.execute(f"SELECT name FROM {MIGRATIONS_TABLE} ORDER BY rowid")]  # noqa: S608 - a constant table name
 
     def pending(self, conn: apsw.Connection, where: str) -> list[Step]:
         """The steps still to apply, in order; raises ``StoreTooNew`` for a store a newer
@@ -332,7 +332,7 @@ class Migrations:
 
 def _record(cur: apsw.Cursor, name: str) -> None:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    cur.execute(f"INSERT INTO {MIGRATIONS_TABLE}(name, applied_at) VALUES (?, ?)", (name, now))
+    cur.execute(f"INSERT INTO {MIGRATIONS_TABLE}(name, applied_at) VALUES (?, ?)", (name, now))  # noqa: S608 - a constant table name
 
 
 def _has_table(conn: apsw.Connection | apsw.Cursor, name: str) -> bool:

@@ -63,4 +63,5 @@ def mcp_command(
     )
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(argv[0], argv)
+    # The bridge replaces this process (same stdio); argv[0] is the interpreter running us.
+    os.execv(argv[0], argv)  # noqa: S606 - an argument list, no shell involved

@@ -173,7 +173,7 @@ class CodeIndex:
                     index_rev=rev,
                 )
                 for c in self.conn.execute(
-                    "SELECT c.chunk_id, c.workspace, c.path, c.start_line, c.end_line,"
+                    "SELECT c.chunk_id, c.workspace, c.path, c.start_line, c.end_line,"  # noqa: S608 - only placeholders are interpolated, values bound
                     " c.source_kind, c.symbol, c.language, c.content_hash, c.text"
                     " FROM workspaces w JOIN rev_file rf ON rf.rev_id = w.current_rev_id"
                     " JOIN chunks c ON c.file_id = rf.file_id"
@@ -187,7 +187,7 @@ class CodeIndex:
     def drift(self, root: str) -> list[dict[str, object]]:
         cols = ("rev", "previous_fingerprint", "new_fingerprint", "reason", "created_ns")
         return [
-            dict(zip(cols, r))
+            dict(zip(cols, r, strict=True))
             for r in self.conn.execute(
                 "SELECT rev, previous_fingerprint, new_fingerprint, reason, created_ns FROM drift"
                 " WHERE workspace = ? ORDER BY id",

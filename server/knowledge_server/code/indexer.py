@@ -20,7 +20,7 @@ from . import bitknn
 from .chunking import CHUNKER_VERSION, chunk_file
 from .embed import Embedder
 from .model import IndexOptions, IndexReport, ProgressCallback
-from .store import is_binary, scalar, vec_table_for
+from .store import is_binary, scalar, vec_table_for, vec_tables
 from .tokenize import index_tokens
 from .walker import read_text, walk_workspace
 
@@ -123,7 +123,7 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
             )
             file_id = conn.last_insert_rowid()
             f["file_id"] = file_id
-            for row, (tokens, meta) in zip(f["chunks"], f["tokens"]):
+            for row, (tokens, meta) in zip(f["chunks"], f["tokens"], strict=True):
                 conn.execute(_INSERT_CHUNK, (*row, file_id, workspace))
                 conn.execute(
                     "INSERT INTO chunks_fts(rowid, tokens, meta) VALUES(?,?,?)",
@@ -131,7 +131,7 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
                 )
 
 
-def index_workspace(
+def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by size+mtime, read, chunk, write, drop); splitting it scatters one transaction plan
     conn: apsw.Connection,
     root: str,
     *,
@@ -423,13 +423,13 @@ def fill_vectors(
     files = [
         r[0]
         for r in conn.execute(
-            "SELECT DISTINCT rf.file_id FROM workspaces w"
+            "SELECT DISTINCT rf.file_id FROM workspaces w"  # noqa: S608 - constant SQL fragments only, values bound
             " JOIN revisions r ON r.id = w.current_rev_id AND r.embedder = ?"
             " JOIN rev_file rf ON rf.rev_id = w.current_rev_id"
             f" WHERE 1=1{ws_filter}"
             " AND NOT EXISTS (SELECT 1 FROM file_vec v WHERE v.file_id = rf.file_id AND v.tbl = ?)"
             " ORDER BY rf.file_id",
-            params + (vtbl,),
+            (*params, vtbl),
         )
     ]
     done = 0
@@ -441,9 +441,9 @@ def fill_vectors(
         if batch:
             vecs = embedder.embed([f"{p} {s}\n{t}" for _, p, s, t in batch])
         with conn:
-            for (cid, *_), v in zip(batch, vecs if batch else []):
+            for (cid, *_), v in zip(batch, vecs if batch else [], strict=True):
                 blob = np.ascontiguousarray(v, dtype=np.float32).tobytes()
-                conn.execute(f"DELETE FROM {vtbl} WHERE rowid = ?", (cid,))
+                conn.execute(f"DELETE FROM {vtbl} WHERE rowid = ?", (cid,))  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
                 conn.execute(
                     f"INSERT INTO {vtbl}(rowid, embedding) VALUES(?, {quant})", (cid, blob)
                 )
@@ -471,7 +471,7 @@ def fill_vectors(
         flush()
     with conn:
         conn.execute(
-            "UPDATE revisions SET vec_missing = (SELECT coalesce(sum(f.n_chunks), 0)"
+            "UPDATE revisions SET vec_missing = (SELECT coalesce(sum(f.n_chunks), 0)"  # noqa: S608 - constant SQL fragments only, values bound
             " FROM rev_file rf JOIN file_versions f ON f.id = rf.file_id"
             " WHERE rf.rev_id = revisions.id AND NOT EXISTS"
             " (SELECT 1 FROM file_vec v WHERE v.file_id = f.id AND v.tbl = ?))"
@@ -508,14 +508,14 @@ def gc(conn: apsw.Connection, workspace: str, *, keep: int = 2) -> int:
         ]
         if not dead:
             return len(old)
-        tables = [r[0] for r in conn.execute("SELECT tbl FROM embedders")]
+        tables = vec_tables(conn)
         for fid in dead:
             ids = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE file_id = ?", (fid,))]
             for cid in ids:
                 conn.execute("DELETE FROM chunks_fts WHERE rowid = ?", (cid,))
                 for t in tables:
-                    conn.execute(f"DELETE FROM {t} WHERE rowid = ?", (cid,))
-                    conn.execute(f"DELETE FROM {t}_f WHERE id = ?", (cid,))
+                    conn.execute(f"DELETE FROM {t} WHERE rowid = ?", (cid,))  # noqa: S608 - t is a checked vec_<hex> name (vec_tables)
+                    conn.execute(f"DELETE FROM {t}_f WHERE id = ?", (cid,))  # noqa: S608 - likewise
             conn.execute("DELETE FROM file_vec WHERE file_id = ?", (fid,))
             conn.execute("DELETE FROM chunks WHERE file_id = ?", (fid,))
             conn.execute("DELETE FROM file_versions WHERE id = ?", (fid,))

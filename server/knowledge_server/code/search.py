@@ -93,7 +93,7 @@ def _chunks_under(
         where += " AND w.root IN (SELECT value FROM json_each(?))"
         args.append(_json_list(workspaces))
     rows = conn.execute(
-        "SELECT c.id FROM workspaces w"
+        "SELECT c.id FROM workspaces w"  # noqa: S608 - conditions made here of constants and placeholders, values bound
         f" CROSS JOIN file_versions fv ON fv.workspace = w.root AND ({ranges})"
         " CROSS JOIN rev_file rf ON rf.rev_id = w.current_rev_id AND rf.file_id = fv.id"
         f" CROSS JOIN chunks c ON c.file_id = fv.id WHERE {where}",
@@ -197,12 +197,12 @@ def _lexical_in(
             # to the candidates instead of scanning them.
             match = f"({pick}) AND ({expr})"
         lex = (
-            f"WITH lex AS MATERIALIZED (SELECT rowid, {FTS_SCORE} AS rank FROM chunks_fts"
+            f"WITH lex AS MATERIALIZED (SELECT rowid, {FTS_SCORE} AS rank FROM chunks_fts"  # noqa: S608 - constants; the MATCH expression is bound
             f" WHERE chunks_fts MATCH ?{only} ORDER BY rank, rowid LIMIT ?)"
         )
         params: list[Any] = [match, *extra, fetch]
         rows = conn.execute(
-            f"{lex} SELECT {_COLS}, lex.rank FROM lex CROSS JOIN chunks c ON c.id = lex.rowid{scope[0]}"
+            f"{lex} SELECT {_COLS}, lex.rank FROM lex CROSS JOIN chunks c ON c.id = lex.rowid{scope[0]}"  # noqa: S608 - constants and _scope_sql's placeholders
             " ORDER BY lex.rank, c.path, c.start_line LIMIT ?",
             [*params, *scope[1], n],
         ).fetchall()
@@ -212,7 +212,7 @@ def _lexical_in(
             return rows
         got = scalar(
             conn,
-            f"SELECT count(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?{only}"
+            f"SELECT count(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?{only}"  # noqa: S608 - constant SQL fragments only, values bound
             " LIMIT ?)",
             (pick, *extra, fetch),
         )
@@ -253,18 +253,18 @@ def _vector(
             distance = dict(near)
             rows = (
                 conn.execute(
-                    f"SELECT {_COLS} FROM chunks c"
+                    f"SELECT {_COLS} FROM chunks c"  # noqa: S608 - constants and _scope_sql's placeholders
                     + _scope_and(scope, "c.id IN (SELECT value FROM carray(?))"),
                     [*scope[1], int_array(distance)],
                 ).fetchall()
                 if distance
                 else []
             )
-            rows = [r + (distance[r[0]],) for r in rows]
+            rows = [(*r, distance[r[0]]) for r in rows]
             rows.sort(key=lambda r: (r[11], r[3], r[4]))
         else:
             rows = conn.execute(
-                f"WITH knn AS MATERIALIZED (SELECT rowid, distance FROM {vtbl}"
+                f"WITH knn AS MATERIALIZED (SELECT rowid, distance FROM {vtbl}"  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store), scope as above
                 " WHERE embedding MATCH ? AND k = ?)"
                 f" SELECT {_COLS}, knn.distance FROM knn CROSS JOIN chunks c ON c.id = knn.rowid"
                 f"{scope[0]} ORDER BY knn.distance, c.path, c.start_line",
@@ -276,7 +276,7 @@ def _vector(
         if enough:
             break
         if not binary:
-            held = int(scalar(conn, f"SELECT count(*) FROM {vtbl}_f"))
+            held = int(scalar(conn, f"SELECT count(*) FROM {vtbl}_f"))  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
         if held <= k:
             break
         k = min(k * 4, _MAX_K)
@@ -284,7 +284,8 @@ def _vector(
     if not ids:
         return [], {}
     found = conn.execute(
-        f"SELECT id, v FROM {vtbl}_f WHERE id IN (SELECT value FROM carray(?))", (int_array(ids),)
+        f"SELECT id, v FROM {vtbl}_f WHERE id IN (SELECT value FROM carray(?))",  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
+        (int_array(ids),),
     ).fetchall()
     sims: dict[int, float] = {}
     if found:
@@ -293,7 +294,7 @@ def _vector(
     # A candidate without its float vector (an interrupted fill) is no vector hit.
     rows = [r for r in rows if r[0] in sims]
     rows.sort(key=lambda r: (-sims[r[0]], r[3], r[4]))
-    return [r[:11] + (1.0 - sims[r[0]],) for r in rows[:n]], sims
+    return [(*r[:11], 1.0 - sims[r[0]]) for r in rows[:n]], sims
 
 
 def _rank_union(
@@ -316,7 +317,7 @@ def _rank_union(
     for r in missing:
         sim = sims.get(r[0])
         if sim is not None:
-            rows.append(r[:11] + (1.0 - sim,))
+            rows.append((*r[:11], 1.0 - sim))
     # Distances equal to 9 decimals tie (then path, line). round(x * 1e9) buckets as
     # round(x, 9) does at a quarter of its cost; ~160 keys per query.
     rows.sort(key=lambda r: (round(float(r[11]) * 1e9), r[3], r[4]))
@@ -414,9 +415,8 @@ def search(
         rare = kept
     if mode in ("hybrid", "lexical"):
         lex_rows = _lexical(conn, kept, rare, scope, pool if hybrid else limit, among)
-    use_vec = mode in ("hybrid", "vector") and capability == "full" and embedder is not None
-    if use_vec and query.strip():
-        assert embedder is not None
+    use_vec = mode in ("hybrid", "vector") and capability == "full"
+    if use_vec and embedder is not None and query.strip():
         vtbl = vec_table_for(conn, embedder.identity, embedder.dim, create=False)
         if vtbl is not None:
             qv = embedder.embed_query([query])[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from typing import Any
 
 import apsw
@@ -192,6 +193,22 @@ def open_store(path: str) -> apsw.Connection:
     return conn
 
 
+# A table name cannot be a bound parameter, so vector table names are interpolated into
+# SQL; only names of the form this module makes ("vec_" + 12 hex digits) are ever used.
+_VEC_TABLE = re.compile(r"vec_[0-9a-f]{12}")
+
+
+def _vec_name(tbl: str) -> str:
+    if not _VEC_TABLE.fullmatch(tbl):
+        raise ValueError(f"not a vector table name: {tbl!r}")
+    return tbl
+
+
+def vec_tables(conn: apsw.Connection) -> list[str]:
+    """The vector tables of every embedder that has written to this index."""
+    return [_vec_name(str(r[0])) for r in conn.execute("SELECT tbl FROM embedders")]
+
+
 def vec_table_for(conn: apsw.Connection, identity: str, dim: int, *, create: bool) -> str | None:
     """Tables holding the vectors of one embedder (one pair per identity).
 
@@ -202,10 +219,10 @@ def vec_table_for(conn: apsw.Connection, identity: str, dim: int, *, create: boo
     cosine distance and no rescoring is needed."""
     row = conn.execute("SELECT tbl, dim FROM embedders WHERE identity = ?", (identity,)).fetchone()
     if row is not None:
-        return str(row[0])
+        return _vec_name(str(row[0]))
     if not create:
         return None
-    tbl = "vec_" + hashlib.sha1(identity.encode()).hexdigest()[:12]
+    tbl = "vec_" + hashlib.sha1(identity.encode(), usedforsecurity=False).hexdigest()[:12]
     column = f"bit[{int(dim)}]" if is_binary(dim) else f"float[{int(dim)}] distance_metric=cosine"
     with conn:
         conn.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS {tbl} USING vec0(embedding {column})")

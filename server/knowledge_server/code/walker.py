@@ -91,7 +91,7 @@ def _ignored(specs: list[tuple[str, _Spec]], rel: str, is_dir: bool) -> bool:
     return False
 
 
-def walk_workspace(
+def walk_workspace(  # noqa: C901 - one branch per kind of entry skipped (link, ignored, secret, too large)
     root: str,
     *,
     max_file_bytes: int = 1024 * 1024,

@@ -25,6 +25,15 @@ log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[int, int], None]
 _NON_TURN = ("system", "summary", "reasoning")
+# Rows derived per session: a rebuild clears them for the sessions it rebuilds.
+_PER_SESSION_TABLES = (
+    "actor_session",
+    "session_actor",
+    "sidechain_span",
+    "failed_event",
+    "skill_use",
+    "build_state",
+)
 
 
 @dataclass(slots=True)
@@ -106,10 +115,8 @@ def detect_skill_uses(e: EventMeta, catalog: dict[str, Skill]) -> list[tuple[str
         n = _norm_skill(m.get("skill") or m.get("command"))
         if n:
             out.append((_catalog_name(n, catalog) or n, "skill_tool"))
-    elif _norm_skill(m.get("skill")):
+    elif n := _norm_skill(m.get("skill")):
         # Explicit marker (generic JSONL ``meta.skill``): trust it as written.
-        n = _norm_skill(m.get("skill"))
-        assert n is not None
         out.append((_catalog_name(n, catalog) or n, "meta"))
     raw_cmd = m.get("slash_command")
     first = raw_cmd.split()[0] if isinstance(raw_cmd, str) and raw_cmd.split() else None
@@ -326,26 +333,12 @@ def rebuild(
     with ds._lock, ds.conn:
         c = ds.conn.cursor()
         if full:
-            for t in (
-                "actor_session",
-                "session_actor",
-                "sidechain_span",
-                "failed_event",
-                "skill_use",
-                "build_state",
-            ):
-                c.execute(f"DELETE FROM {t}")
+            for t in _PER_SESSION_TABLES:
+                c.execute(f"DELETE FROM {t}")  # noqa: S608 - t is one of our table names
         else:
             for sid in stale:
-                for t in (
-                    "actor_session",
-                    "session_actor",
-                    "sidechain_span",
-                    "failed_event",
-                    "skill_use",
-                    "build_state",
-                ):
-                    c.execute(f"DELETE FROM {t} WHERE session_id = ?", (sid,))
+                for t in _PER_SESSION_TABLES:
+                    c.execute(f"DELETE FROM {t} WHERE session_id = ?", (sid,))  # noqa: S608 - likewise
         _write_actor_sessions(c, rows.actor_session)
         c.executemany(
             "INSERT OR REPLACE INTO session_actor VALUES (?, ?, ?, ?)", rows.session_actor

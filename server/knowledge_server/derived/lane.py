@@ -99,14 +99,14 @@ def search_skills(
     use_cond, use_args = _use_filter(actor_ids, workspaces)
     if actor_ids is not None:
         conds.append(
-            f"EXISTS (SELECT 1 FROM skill_use u JOIN session_actor sa ON sa.session_id = u.session_id "
+            f"EXISTS (SELECT 1 FROM skill_use u JOIN session_actor sa ON sa.session_id = u.session_id "  # noqa: S608 - conditions made here of constants and placeholders, values bound
             f"WHERE u.skill = s.name AND {use_cond})"
         )
         args.extend(use_args)
     where = (" AND " + " AND ".join(conds)) if conds else ""
     exact = _exact_names(query)
     sql = (
-        "WITH m AS (SELECT rowid AS rid, "
+        "WITH m AS (SELECT rowid AS rid, "  # noqa: S608 - constant weights and placeholders, values bound
         f"-bm25(skill_fts, {_W_NAME}, {_W_DESC}, {_W_WHEN}) AS sc FROM skill_fts WHERE skill_fts MATCH ?) "
         "SELECT s.name, s.path, s.description, s.when_to_use, s.content_hash, m.sc, "
         f"lower(s.name) IN ({','.join('?' * len(exact))}) AS ex "
@@ -163,7 +163,7 @@ def _uses(
         return int(n), []
     # Most active actors first; for each its latest use as the evidence episode.
     rows = store.conn.execute(
-        f"SELECT u.actor_id, COUNT(*) AS k, MAX(u.time), "
+        f"SELECT u.actor_id, COUNT(*) AS k, MAX(u.time), "  # noqa: S608 - conditions made here of constants and placeholders, values bound
         f"(SELECT u2.episode_id FROM skill_use u2 WHERE u2.skill = u.skill AND u2.actor_id = u.actor_id "
         f"ORDER BY u2.time DESC, u2.session_id DESC, u2.seq DESC LIMIT 1) "
         f"{base} GROUP BY u.actor_id ORDER BY k DESC, u.actor_id LIMIT ?",

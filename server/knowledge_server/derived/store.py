@@ -258,7 +258,8 @@ class DerivedStore:
 
     def actor(self, actor_id: str) -> ActorInfo | None:
         row = self.conn.execute(
-            f"SELECT {_ACTOR_COLS} FROM actor WHERE actor_id = ?", (actor_id,)
+            f"SELECT {_ACTOR_COLS} FROM actor WHERE actor_id = ?",  # noqa: S608 - constant column list
+            (actor_id,),
         ).fetchone()
         return self._actor(row) if row else None
 
@@ -268,7 +269,7 @@ class DerivedStore:
         ws = workspace_clause("workspace_cwd", workspaces)
         if ws is None:
             return []
-        sql = f"SELECT {_ACTOR_COLS} FROM actor WHERE {ws[0]}"
+        sql = f"SELECT {_ACTOR_COLS} FROM actor WHERE {ws[0]}"  # noqa: S608 - constant columns, under_sql placeholders
         args = list(ws[1])
         if kind is not None:
             sql += " AND kind = ?"
@@ -281,7 +282,7 @@ class DerivedStore:
         if not ids:
             return []
         rows = self.conn.execute(
-            f"SELECT {', '.join('a.' + c.strip() for c in _ACTOR_COLS.split(','))} FROM actor a "
+            f"SELECT {', '.join('a.' + c.strip() for c in _ACTOR_COLS.split(','))} FROM actor a "  # noqa: S608 - constant columns and placeholders
             "WHERE a.actor_id IN (SELECT actor_id FROM actor_session WHERE session_id IN "
             f"({','.join('?' * len(ids))})) ORDER BY a.actor_id",
             ids,
@@ -294,7 +295,7 @@ class DerivedStore:
         if not ids:
             return {}
         rows = self.conn.execute(
-            f"SELECT session_id, actor_id FROM session_actor WHERE session_id IN ({','.join('?' * len(ids))})",
+            f"SELECT session_id, actor_id FROM session_actor WHERE session_id IN ({','.join('?' * len(ids))})",  # noqa: S608 - only placeholders are interpolated, values bound
             ids,
         )
         return {r[0]: r[1] for r in rows}
@@ -377,7 +378,7 @@ class DerivedStore:
             args.extend(ids)
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
         rows = self.conn.execute(
-            f"SELECT session_id, seq FROM failed_event{where} ORDER BY session_id, seq LIMIT ?",
+            f"SELECT session_id, seq FROM failed_event{where} ORDER BY session_id, seq LIMIT ?",  # noqa: S608 - conditions made here of constants and placeholders, values bound
             [*args, max(0, int(limit))],
         )
         return [f"ep:{r[0]}:{r[1]}" for r in rows]
@@ -391,13 +392,13 @@ class DerivedStore:
 
     def skill_uses_by_actor(self, actor_id: str) -> list[SkillUse]:
         rows = self.conn.execute(
-            f"SELECT {_USE_COLS} FROM skill_use WHERE actor_id = ? ORDER BY session_id, seq, skill",
+            f"SELECT {_USE_COLS} FROM skill_use WHERE actor_id = ? ORDER BY session_id, seq, skill",  # noqa: S608 - constant column list
             (actor_id,),
         )
         return [SkillUse(*r) for r in rows]
 
     def skill_uses(self, skill: str | None = None) -> list[SkillUse]:
-        sql = f"SELECT {_USE_COLS} FROM skill_use"
+        sql = f"SELECT {_USE_COLS} FROM skill_use"  # noqa: S608 - constant column list
         args: list[Any] = []
         if skill is not None:
             sql += " WHERE skill = ?"
@@ -414,7 +415,7 @@ class DerivedStore:
         if ws is None:
             return []
         rows = self.conn.execute(
-            "SELECT u.actor_id, COUNT(*) AS n FROM skill_use u "
+            "SELECT u.actor_id, COUNT(*) AS n FROM skill_use u "  # noqa: S608 - under_sql placeholders, values bound
             "LEFT JOIN session_actor s ON s.session_id = u.session_id "
             f"WHERE u.skill = ? AND {ws[0]} GROUP BY u.actor_id ORDER BY n DESC, u.actor_id LIMIT ?",
             [skill, *ws[1], max(0, int(limit))],

@@ -356,7 +356,7 @@ class Dispatcher:
             return None
         return ep.event_type + (f", tool {ep.tool_name}" if ep.tool_name else "")
 
-    def _pack(
+    def _pack(  # noqa: C901 - one section of the dispatch answer after another
         self,
         v: ValidDispatch,
         choice: Choice | None,

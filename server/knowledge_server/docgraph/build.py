@@ -261,7 +261,7 @@ class DocGraphBuilder:
         summaries: list[tuple[Any, ...]] = []
         if llm_state == "ok" and s.summaries and self.llm is not None:
             summaries, s_state, s_reason = self._summaries(
-                themes, entity_meta, chunk_entities, by_id, counters
+                self.llm, themes, entity_meta, chunk_entities, by_id, counters
             )
             if s_state != "ok":
                 llm_state, reason = s_state, s_reason
@@ -331,6 +331,7 @@ class DocGraphBuilder:
 
     def _summaries(
         self,
+        llm: LLMClient,
         themes: list[Theme],
         entity_meta: dict[str, ThemeEntity],
         chunk_entities: dict[str, set[str]],
@@ -338,7 +339,6 @@ class DocGraphBuilder:
         counters: Counter[str],
     ) -> tuple[list[tuple[Any, ...]], str, str | None]:
         """LLM summaries with citations; a summary whose citations fail validation is dropped."""
-        assert self.llm is not None
         s = self.settings.themes
         out: list[tuple[Any, ...]] = []
         for theme in themes[: s.max_summaries]:
@@ -369,7 +369,7 @@ class DocGraphBuilder:
             if content is None:
                 system, user = summary_messages(theme.title, names, citable)
                 try:
-                    content = self.llm.chat_json(system, user)
+                    content = llm.chat_json(system, user)
                 except LLMUnavailable as exc:
                     return out, "unavailable", exc.reason
                 self.store.cache_put(key, content)

@@ -135,7 +135,7 @@ def unfence(content: str) -> str:
     return text
 
 
-def validate_extraction(chunk: DocChunk, content: str, settings: ExtractionSettings) -> ChunkResult:
+def validate_extraction(chunk: DocChunk, content: str, settings: ExtractionSettings) -> ChunkResult:  # noqa: C901 - one check per rejection reason, each counted
     """Parse and validate an LLM answer for ``chunk``; every rejection is counted."""
     res = ChunkResult()
     c = res.counters

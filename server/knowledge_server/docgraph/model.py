@@ -93,7 +93,7 @@ def norm_name(name: str) -> str:
 
 
 def _sha1(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+    return hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
 def entity_id_for(norm: str, kind: str) -> str:

@@ -163,6 +163,7 @@ class DocGraphOps:
             zip(
                 ("entity_id", "name", "norm_name", "kind", "mentions", "first_path", "built_by"),
                 row,
+                strict=True,
             )
         )
 
@@ -479,7 +480,7 @@ class DocGraphOps:
         if doc:
             doc = doc.strip().removeprefix("./")
             rows = self.store.rows(
-                "SELECT m2.path, e.entity_id, e.name, e.kind, "
+                "SELECT m2.path, e.entity_id, e.name, e.kind, "  # noqa: S608 - only placeholders are interpolated, values bound
                 " min(m1.path || char(0) || printf('%09d', m1.start_line)), "
                 " min(printf('%09d', m2.start_line) || char(0) || m2.end_line || char(0) || m2.chunk_id) "
                 "FROM entity_mention m1 JOIN entity_mention m2 ON m2.rev_id=m1.rev_id AND "
@@ -697,7 +698,7 @@ class DocGraphOps:
                 degraded=True,
             )
         try:
-            keywords = self._keywords(query)
+            keywords = self._keywords(self.llm, query)
         except LLMUnavailable as exc:
             return self._refuse(
                 op, state, lim, collected=False, reason=exc.reason, capability="degraded", **empty
@@ -730,16 +731,15 @@ class DocGraphOps:
             degraded=degraded,
         )
 
-    def _keywords(self, query: str) -> dict[str, list[str]] | None:
-        assert self.llm is not None
+    def _keywords(self, llm: LLMClient, query: str) -> dict[str, list[str]] | None:
         normq = " ".join(query.lower().split())
         qhash = hashlib.sha256(normq.encode("utf-8")).hexdigest()
-        model = self.llm.settings.identity
+        model = llm.settings.identity
         cached = self.store.keywords_get(qhash, model, KEYWORDS_PROMPT_VERSION)
         if cached is not None:
             return json.loads(cached)
         system, user = keywords_messages(redact(query))
-        content = self.llm.chat_json(system, user)
+        content = llm.chat_json(system, user)
         try:
             obj = json.loads(unfence(content))
             result = {

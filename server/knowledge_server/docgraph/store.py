@@ -271,7 +271,7 @@ class DocGraphStore:
             ]
             for rev_id in old:
                 for table in LAYER_TABLES:
-                    self.conn.execute(f"DELETE FROM {table} WHERE rev_id=?", (rev_id,))
+                    self.conn.execute(f"DELETE FROM {table} WHERE rev_id=?", (rev_id,))  # noqa: S608 - table from the constant LAYER_TABLES
                 self.conn.execute("DELETE FROM drift WHERE rev_id=?", (rev_id,))
                 self.conn.execute("DELETE FROM layer_rev WHERE rev_id=?", (rev_id,))
         return len(old)
@@ -282,7 +282,8 @@ class DocGraphStore:
         for table, cols in LAYER_TABLES.items():
             order = ", ".join(cols)
             for row in self.conn.execute(
-                f"SELECT {order} FROM {table} WHERE rev_id=? ORDER BY {order}", (rev_id,)
+                f"SELECT {order} FROM {table} WHERE rev_id=? ORDER BY {order}",  # noqa: S608 - table and columns from the constant LAYER_TABLES
+                (rev_id,),
             ):
                 out.append(table + "\t" + json.dumps(list(row), ensure_ascii=False))
         return "\n".join(out).encode("utf-8")
@@ -308,7 +309,8 @@ class DocGraphStore:
             part = keys[i : i + 500]
             marks = ",".join("?" * len(part))
             for (k,) in self.conn.execute(
-                f"SELECT cache_key FROM extraction_cache WHERE cache_key IN ({marks})", part
+                f"SELECT cache_key FROM extraction_cache WHERE cache_key IN ({marks})",  # noqa: S608 - only placeholders are interpolated, values bound
+                part,
             ):
                 found.add(k)
         return found

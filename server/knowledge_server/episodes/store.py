@@ -206,7 +206,7 @@ def _window_sql(since: datetime | None, until: datetime | None) -> tuple[str, li
     conds, args = _time_conds(since, until)
     if not conds:
         return "", []
-    return f" AND +rowid IN (SELECT id FROM events WHERE {' AND '.join(conds)})", args
+    return f" AND +rowid IN (SELECT id FROM events WHERE {' AND '.join(conds)})", args  # noqa: S608 - conditions made here of constants and placeholders, values bound
 
 
 def _in_ranges(rowid: int, token: int) -> int:
@@ -305,7 +305,7 @@ class EpisodeStore:
             "ctx",
             "sessions",
         )
-        st = dict(zip(keys, row))
+        st = dict(zip(keys, row, strict=True))
         st["ctx"] = json.loads(st["ctx"]) if st["ctx"] else {}
         st["sessions"] = json.loads(st["sessions"]) if st["sessions"] else []
         return st
@@ -666,7 +666,7 @@ class EpisodeStore:
         cols = "f.id, e.session_id, e.seq, e.event_type, e.time, e.tool_name, e.is_error, f.score"
         # Rank and cut to k on narrow rows first; texts are read for the hits kept (describe).
         order = (
-            " ORDER BY m.score ASC, e.time DESC, e.session_id ASC, e.seq ASC LIMIT ?) "
+            " ORDER BY m.score ASC, e.time DESC, e.session_id ASC, e.seq ASC LIMIT ?) "  # noqa: S608 - constant column list
             f"SELECT {cols} FROM f JOIN events e ON e.id = f.id "
             "ORDER BY f.score ASC, f.t DESC, f.sid ASC, f.seq ASC"
         )
@@ -694,7 +694,7 @@ class EpisodeStore:
                 share = allowed / max(self._doc_count(), allowed)
                 cand = min(cand, max(k, math.ceil(3 * k / share)))
         tail = (
-            f"), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "
+            f"), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "  # noqa: S608 - conditions made here of constants and placeholders, values bound
             f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
         )
         if ranges and recent_only and _scanned(ranges) > RECENT_SPAN:
@@ -703,7 +703,7 @@ class EpisodeStore:
             # in the ranges. Ranges also hold other sessions' events written in between, so
             # either can come short of k: then every match in the ranges is ranked.
             rows = self._fetch(
-                f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
+                f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts "  # noqa: S608 - constant SQL fragments only, values bound
                 f"WHERE events_fts MATCH ? ORDER BY rowid DESC LIMIT ?{tail}",
                 [match, RECENT_CAP, *fargs, k],
             )
@@ -720,7 +720,7 @@ class EpisodeStore:
             rows = self._in_ranges(match, ranges, None, tail, [*fargs, k])
             return self._hits(rows), needles
         rows = self._fetch(
-            f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts "
+            f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts "  # noqa: S608 - constant SQL fragments only, values bound
             f"WHERE events_fts MATCH ? {inner_order} LIMIT ?{tail}",
             [match, cand, *fargs, k],
         )
@@ -739,7 +739,7 @@ class EpisodeStore:
                 window, wargs = _window_sql(since, until)
                 only = "" if not window or session_level else " ORDER BY score, rowid DESC LIMIT ?"
                 rows = self._fetch(
-                    f"WITH m AS MATERIALIZED (SELECT rowid AS rid, {score_expr} AS score "
+                    f"WITH m AS MATERIALIZED (SELECT rowid AS rid, {score_expr} AS score "  # noqa: S608 - constant SQL fragments only, values bound
                     f"FROM events_fts WHERE events_fts MATCH ?{window}{only}{tail}",
                     [match, *wargs, *([cand] if only else []), *fargs, k],
                 )
@@ -748,7 +748,7 @@ class EpisodeStore:
     def _has_events(self, since: datetime | None, until: datetime | None) -> bool:
         """Whether any event lies in the time window (one seek in the time index)."""
         conds, args = _time_conds(since, until)
-        sql = f"SELECT 1 FROM events WHERE {' AND '.join(conds)} LIMIT 1"
+        sql = f"SELECT 1 FROM events WHERE {' AND '.join(conds)} LIMIT 1"  # noqa: S608 - conditions made here of constants and placeholders, values bound
         return self.conn.execute(sql, args).fetchone() is not None
 
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
@@ -776,7 +776,7 @@ class EpisodeStore:
         with contextlib.ExitStack() as stack:
             if len(ranges) <= FEW_RANGES:
                 parts = " UNION ALL ".join(
-                    f"SELECT rowid AS rid, {score} AS score FROM events_fts "
+                    f"SELECT rowid AS rid, {score} AS score FROM events_fts "  # noqa: S608 - constant SQL fragments only, values bound
                     "WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ?"
                     for _ in ranges
                 )
@@ -788,13 +788,13 @@ class EpisodeStore:
                     RANGES.hold(([lo for lo, _ in ranges], [hi for _, hi in ranges]))
                 )
                 parts = (
-                    f"SELECT rowid AS rid, {score} AS score FROM events_fts "
+                    f"SELECT rowid AS rid, {score} AS score FROM events_fts "  # noqa: S608 - constant SQL fragments only, values bound
                     "WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ? "
                     "AND knowledge_in_ranges(rowid, ?)"
                 )
                 rargs = [match, ranges[0][0], ranges[-1][1], token]
             if recent is not None:
-                parts = f"SELECT rid, score FROM ({parts}) ORDER BY rid DESC LIMIT {int(recent)}"
+                parts = f"SELECT rid, score FROM ({parts}) ORDER BY rid DESC LIMIT {int(recent)}"  # noqa: S608 - constant fragments and an int
             return self._fetch(f"WITH m AS ({parts}{tail}", [*rargs, *args])
 
     def _scope(
@@ -828,7 +828,8 @@ class EpisodeStore:
         where = " WHERE " + " AND ".join(conds)
         total = int(
             self.conn.execute(
-                f"SELECT COALESCE(SUM(s.event_count), 0) FROM sessions s{where}", args
+                f"SELECT COALESCE(SUM(s.event_count), 0) FROM sessions s{where}",  # noqa: S608 - conditions made here of constants and placeholders, values bound
+                args,
             ).fetchone()[0]
         )
         if total == 0:
@@ -836,7 +837,7 @@ class EpisodeStore:
         if total > self._doc_count() * RESTRICTIVE_SHARE:
             return None, total
         rows = self.conn.execute(
-            f"SELECT s.min_event_id, s.max_event_id FROM sessions s{where} AND s.event_count > 0 ORDER BY 1",
+            f"SELECT s.min_event_id, s.max_event_id FROM sessions s{where} AND s.event_count > 0 ORDER BY 1",  # noqa: S608 - conditions made here of constants and placeholders, values bound
             args,
         ).fetchall()
         ranges: list[list[int]] = []
@@ -876,7 +877,7 @@ class EpisodeStore:
         if not hits:
             return []
         rows = self.conn.execute(
-            f"SELECT e.id, e.text, {_S_SESSION_COLS}"
+            f"SELECT e.id, e.text, {_S_SESSION_COLS}"  # noqa: S608 - constant column list
             " FROM events e JOIN sessions s ON s.session_id = e.session_id"
             " WHERE e.id IN (SELECT value FROM carray(?))",
             (int_array([h.row_id for h in hits]),),
@@ -908,7 +909,8 @@ class EpisodeStore:
             return None
         detail = self._detail(row)
         srow = self.conn.execute(
-            f"SELECT {_SESSION_COLS} FROM sessions WHERE session_id = ?", (sid,)
+            f"SELECT {_SESSION_COLS} FROM sessions WHERE session_id = ?",  # noqa: S608 - constant column list
+            (sid,),
         ).fetchone()
         if srow:
             detail.session = self._session_from_row(srow, _time.time())
@@ -947,7 +949,7 @@ class EpisodeStore:
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
         cutoff = _time.time() - self.live_minutes * 60
         row = self.conn.execute(
-            "SELECT COUNT(*), COALESCE(SUM(s.event_count), 0), "
+            "SELECT COUNT(*), COALESCE(SUM(s.event_count), 0), "  # noqa: S608 - conditions made here of constants and placeholders, values bound
             "COALESCE(SUM(CASE WHEN s.persisted = 0 OR s.source_mtime >= ? THEN 1 ELSE 0 END), 0) "
             f"FROM sessions s{where}",
             [cutoff, *args],
@@ -962,7 +964,7 @@ class EpisodeStore:
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
         now = _time.time()
         rows = self.conn.execute(
-            f"SELECT {_S_SESSION_COLS} FROM sessions s{where} ORDER BY s.created_at, s.session_id",
+            f"SELECT {_S_SESSION_COLS} FROM sessions s{where} ORDER BY s.created_at, s.session_id",  # noqa: S608 - conditions made here of constants and placeholders, values bound
             args,
         ).fetchall()
         return [self._session_from_row(r, now) for r in rows]

@@ -217,7 +217,7 @@ class DerivedLane:
             facts = known[actor_id] = (store.actor(actor_id), store.skills_of_actor(actor_id))
         return facts
 
-    def build_actors(
+    def build_actors(  # noqa: C901 - gathers each actor's evidence from both lanes, then its summary
         self, resp: search_pb2.SearchResponse, v: ValidSearch
     ) -> list[search_pb2.Actor]:
         """Aggregate actors from this response's items (evidence = ids in the response only)."""

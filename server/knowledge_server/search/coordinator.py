@@ -187,7 +187,12 @@ class Coordinator:
             if isinstance(cached, _Answer):
                 self._cache.move_to_end(key)
                 return self._answer_again(cached, v, names, started)
-        resp = await self._search(v, workspaces, started, dict(zip(names, revs or ())))
+        resp = await self._search(
+            v,
+            workspaces,
+            started,
+            (dict(zip(names, revs, strict=True)) if revs is not None else {}),
+        )
         if key is not None and resp.found:
             # Stored before the budget is applied: a hit differs in request id, times and
             # trace, and is fitted afresh unless those take exactly the room they took
@@ -248,7 +253,7 @@ class Coordinator:
         _fit_budget(resp, v.max_tokens)
         return resp
 
-    async def _search(
+    async def _search(  # noqa: C901 - routes, runs the lanes and assembles the answer sections in their published order
         self,
         v: ValidSearch,
         workspaces: tuple[str, ...] | None,
@@ -277,7 +282,7 @@ class Coordinator:
         ]
         queried = [n for n in lane_names if n in v.include]
         results = await asyncio.gather(*(self._run_lane(n, q, revisions.get(n)) for n in queried))
-        by_name = dict(zip(queried, results))
+        by_name = dict(zip(queried, results, strict=True))
 
         resp = search_pb2.SearchResponse(schema=SCHEMA, request_id=v.request_id, query=v.query)
         resp.routing.intent = r.intent
@@ -422,7 +427,9 @@ class Coordinator:
         _replace_items(lane_msg, kept[:limit])
 
 
-async def _bounded(lane: Lane, q: LaneQuery, timeout: float, own: list[float]) -> LaneResult:
+# The deadline is also set in LANE_DEADLINE for lanes that block the loop, which a caller's
+# asyncio.timeout() cannot interrupt; hence a parameter.
+async def _bounded(lane: Lane, q: LaneQuery, timeout: float, own: list[float]) -> LaneResult:  # noqa: ASYNC109 - see above
     """``lane.search(q)`` with its deadline (``LANE_DEADLINE``) counted from when it starts.
 
     The one timeout rule, whatever the lane's call model (``docs/architecture.md``): a
@@ -564,7 +571,7 @@ def _settle(resp: search_pb2.SearchResponse, size: int) -> int:
     return used
 
 
-def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:
+def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:  # noqa: C901 - the trimming order (snippets, then items, per lane) with exact size bookkeeping; held by a property test
     """Enforce max_tokens on the response text: snippets first (lowest-ranked first), then
     whole items from the end of the global order; errors are never removed.
 

@@ -52,7 +52,7 @@ def _bad(field: str, why: str) -> InvalidRequest:
     return InvalidRequest(f"{field}: {why}", metadata={"field": field})
 
 
-def validate_search(req: search_pb2.SearchRequest) -> ValidSearch:
+def validate_search(req: search_pb2.SearchRequest) -> ValidSearch:  # noqa: C901 - one check per request field, each with its own error
     if req.schema != SCHEMA:
         raise _bad("schema", f"must be exactly {SCHEMA!r}")
     query = req.query

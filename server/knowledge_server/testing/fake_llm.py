@@ -149,7 +149,7 @@ def _concept_terms(text: str) -> list[str]:
     return out
 
 
-def fake_extract(text: str, mode: str = "ok") -> dict[str, Any]:
+def fake_extract(text: str, mode: str = "ok") -> dict[str, Any]:  # noqa: C901 - one rule per entity and relation pattern the fake recognises
     """The rule-based extraction answer for ``text`` (before failure simulation of the JSON)."""
     found: list[tuple[str, str]] = []
     seen: set[str] = set()

@@ -203,7 +203,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
                     if _is_abort(exc, context):
                         raise
                     await fail(context, exc, started)
-                    raise AssertionError("unreachable")  # pragma: no cover
+                    raise AssertionError("unreachable") from exc  # pragma: no cover
                 log.info("rpc.ok", ms=_ms(started))
                 return result
 

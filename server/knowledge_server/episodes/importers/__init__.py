@@ -44,7 +44,7 @@ _CLAUDE_TYPES = {
 }
 
 
-def detect_format(path: str) -> str | None:
+def detect_format(path: str) -> str | None:  # noqa: C901 - one probe per supported log format, in priority order
     """Guess the format of one file from its layout and content; None = not a session log."""
     name = os.path.basename(path)
     parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
@@ -79,12 +79,8 @@ def detect_format(path: str) -> str | None:
             continue
         seen += 1
         t = obj.get("type")
-        if (
-            t in _CODEX_TYPES
-            and isinstance(obj.get("payload"), dict)
-            or "id" in obj
-            and "instructions" in obj
-            and "type" not in obj
+        if (t in _CODEX_TYPES and isinstance(obj.get("payload"), dict)) or (
+            "id" in obj and "instructions" in obj and "type" not in obj
         ):
             votes["codex"] += 3
         elif "record_type" in obj:

@@ -29,7 +29,10 @@ def import_file(path: str) -> ImportResult:
         data = fh.read()
     text = data.decode("utf-8", errors="replace")
     lines = text.split("\n")
-    base = "aider-" + hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]
+    base = (
+        "aider-"
+        + hashlib.sha1(os.path.abspath(path).encode(), usedforsecurity=False).hexdigest()[:10]
+    )
     cwd = os.path.dirname(os.path.abspath(path))
     used: dict[str, int] = {}
     sid = base + "-preamble"

@@ -171,7 +171,7 @@ def _tool_meta(name: str, inp: Any) -> dict[str, Any]:
     return meta
 
 
-def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult, path: str) -> None:
+def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult, path: str) -> None:  # noqa: C901 - one branch per record type of the Claude Code log
     rtype = obj.get("type")
     if rtype in _KNOWN_SILENT:
         if rtype == "custom-title" or rtype == "ai-title":

@@ -81,7 +81,7 @@ def fingerprint(session_file: str) -> tuple[int, float]:
     return size, mtime
 
 
-def import_file(path: str) -> ImportResult:
+def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per message part type of the opencode session store
     res = ImportResult()
     ses = _load(path, res)
     if ses is None:
@@ -109,7 +109,7 @@ def import_file(path: str) -> ImportResult:
             created = mt.get("created") if isinstance(mt.get("created"), (int, float)) else 0
             messages.append((created, str(m.get("id") or os.path.basename(mf)), m, mf))
     messages.sort(key=lambda x: (x[0], x[1]))
-    for mi, (_, mid, m, mf) in enumerate(messages, start=1):
+    for mi, (_, mid, m, _mf) in enumerate(messages, start=1):
         role = str(m.get("role") or "")
         model = m.get("modelID")
         if not isinstance(model, str) and isinstance(m.get("model"), dict):
