@@ -25,6 +25,7 @@ TIERS = {
         "test_dispatch_kd",
         "test_generated",
         "test_kc_contract",
+        "test_layering",
         "test_lane_deadline",
         "test_lane_finish",
         "test_surface_parity",

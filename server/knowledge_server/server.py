@@ -38,7 +38,7 @@ from knowledge_server.transport.interceptors import (
     EditionInterceptor,
 )
 from knowledge_server.transport.servicers import DocGraphServicer, IndexServicer, KnowledgeServicer
-from knowledge_server.workers import WorkerGroup
+from knowledge_server.workers import WorkerGroup, WorkerMain
 
 log = get_logger("knowledge.server")
 
@@ -132,10 +132,11 @@ async def serve(
     authenticate: Callable[[str], Principal | None] | None = None,
     out: TextIO = sys.stdout,
     on_started: Callable[[KnowledgeApp], object] | None = None,
-    spawn_workers: bool = True,
+    worker_main: WorkerMain | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT; with ``config.workers > 1`` (and ``spawn_workers``)
-    also start and stop the extra worker processes (see knowledge_server.workers)."""
+    """Serve until SIGTERM/SIGINT; with ``config.workers > 1`` and a ``worker_main`` (the
+    entry point of a worker process, ``worker_main.run_worker``) also start and stop the
+    extra serving processes (see knowledge_server.workers)."""
     served = await create_server(config, app, authenticate=authenticate)
     server, port, app = served.server, served.port, served.app
     await server.start()
@@ -151,7 +152,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    workers = WorkerGroup(config, host, port, spawn=spawn_workers)
+    workers = WorkerGroup(config, host, port, target=worker_main)
 
     def on_hangup() -> None:
         app.reload()

@@ -21,13 +21,17 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from knowledge_server.config import Config, ConfigError
 from knowledge_server.logs import get_logger
 
-__all__ = ["WorkerGroup"]
+__all__ = ["WorkerGroup", "WorkerMain"]
+
+# A worker process's entry point: (config, first process's pid, ready pipe, worker index).
+WorkerMain = Callable[[Config, int, Connection, int], None]
 
 log = get_logger("knowledge.workers")
 
@@ -38,9 +42,14 @@ MAX_RESTARTS_PER_MINUTE = 5
 class WorkerGroup:
     """The extra processes of one serving process (none when ``workers == 1``)."""
 
-    def __init__(self, config: Config, host: str, port: int, *, spawn: bool = True) -> None:
+    def __init__(
+        self, config: Config, host: str, port: int, *, target: WorkerMain | None = None
+    ) -> None:
+        """``target`` runs in each new process (``worker_main.run_worker``); None = this
+        process is itself a worker and starts no others."""
         self.config = dataclasses.replace(config, listen=f"{host}:{port}", bootstrap=False)
-        self.count = max(0, config.workers - 1) if spawn else 0
+        self._target = target
+        self.count = max(0, config.workers - 1) if target is not None else 0
         self._ctx = mp.get_context("spawn")
         self._procs: dict[int, Any] = {}
         self._restarts: list[float] = []
@@ -59,7 +68,7 @@ class WorkerGroup:
     def _spawn(self, index: int) -> tuple[int, Connection]:
         reader, writer = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(
-            target=_worker_main,
+            target=self._target,
             args=(self.config, os.getpid(), writer, index),
             name=f"knowledge-worker-{index}",
         )
@@ -128,60 +137,3 @@ def _read_ready(reader: Connection, proc: Any, timeout: float) -> str:
     if proc.is_alive():
         return f"no answer within {timeout:.0f}s"
     return f"exited with code {proc.exitcode}"
-
-
-class _ReadySignal:
-    """The worker's stand-in for stdout: the 'listening on' line becomes a message to
-    the first process (only the first process prints the address)."""
-
-    def __init__(self, writer: Connection) -> None:
-        self._writer = writer
-
-    def write(self, text: str) -> int:
-        if text.startswith("listening on ") and not self._writer.closed:
-            self._writer.send("ok")
-            self._writer.close()
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-
-async def _orphan_watch(parent_pid: int) -> None:
-    while True:
-        await asyncio.sleep(1.0)
-        if os.getppid() != parent_pid:
-            log.warning("worker.orphaned", parent_pid=parent_pid)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-
-
-def _worker_main(config: Config, parent_pid: int, writer: Connection, index: int) -> None:
-    from knowledge_server.logs import configure_logging
-    from knowledge_server.runtime import build_app, build_authenticator, start_background
-    from knowledge_server.server import serve
-
-    configure_logging(config.log_format, config.log_level)
-    try:
-        app = build_app(config)
-        authenticate = build_authenticator(config)
-    except ConfigError as exc:
-        writer.send(f"configuration: {exc}")
-        raise SystemExit(2) from None
-
-    async def background(app: Any) -> None:
-        await asyncio.gather(start_background(app), _orphan_watch(parent_pid))
-
-    try:
-        asyncio.run(
-            serve(
-                config,
-                app=app,
-                authenticate=authenticate,
-                out=_ReadySignal(writer),  # type: ignore[arg-type]
-                on_started=background,
-                spawn_workers=False,
-            )
-        )
-    except KeyboardInterrupt:
-        pass

@@ -10,29 +10,32 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
+from knowledge_licensing.cli import license_group
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from knowledge_server import __version__
+from knowledge_server.auth import tokens_group
 from knowledge_server.cli.common import (
     clear_address,
     client,
     emit_json,
+    err_console,
     fail,
     handle_errors,
+    out_console,
     record_address,
+    run_stream,
 )
-
-err_console = Console(stderr=True)
-out_console = Console()
+from knowledge_server.cli.docgraph import docgraph
+from knowledge_server.cli.mcp import mcp_command
+from knowledge_server.cli.outbox import outbox
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -151,6 +154,8 @@ def serve(
     indexes the workspaces and ingests session logs in the background; lanes report
     KNOWLEDGE_INDEX_NOT_READY until their index exists.
     """
+    # The server's runtime (stores, tree-sitter, numpy) is imported by `serve` alone, so
+    # the client commands (search, status, ...) start without loading it.
     from knowledge_server.config import ConfigError, load_config
     from knowledge_server.logs import configure_logging
     from knowledge_server.runtime import (
@@ -160,6 +165,7 @@ def serve(
         start_background,
     )
     from knowledge_server.server import serve as run_server
+    from knowledge_server.worker_main import run_worker
 
     overrides: dict[str, Any] = {
         "listen": listen,
@@ -199,7 +205,12 @@ def serve(
     try:
         asyncio.run(
             run_server(
-                cfg, app=app, authenticate=authenticate, out=_Out(), on_started=start_background
+                cfg,
+                app=app,
+                authenticate=authenticate,
+                out=_Out(),
+                on_started=start_background,
+                worker_main=run_worker,
             )
         )  # type: ignore[arg-type]
     except ConfigError as exc:
@@ -466,50 +477,6 @@ def get_chunk(ctx: click.Context, chunk_id: str, as_json: bool) -> None:
     out_console.print(c.text, markup=False, highlight=False)
 
 
-def _run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
-    """Show a progress bar for a streaming operation, then its summary."""
-    summary = None
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[current]}"),
-        console=err_console,
-        disable=as_json or not err_console.is_terminal,
-    ) as bar:
-        task = bar.add_task(title, total=None, current="")
-        for ev in events:
-            if ev.progress is not None:
-                p = ev.progress
-                bar.update(
-                    task,
-                    description=f"{title}: {p.phase}",
-                    completed=p.done,
-                    total=p.total or None,
-                    current=(p.current or "")[-50:],
-                )
-            elif ev.summary is not None:
-                summary = ev.summary
-    if summary is None:
-        fail("the operation ended without a summary")
-        return
-    if as_json:
-        emit_json(summary)
-        return
-    counters = ", ".join(f"{k}={v}" for k, v in sorted(summary.counters.items()))
-    stopped = (
-        f" (stopped by {summary.stopped_by}; run again to resume)" if summary.stopped_by else ""
-    )
-    out_console.print(
-        f"{title} done in {summary.ms / 1000:.1f}s: rev={summary.index_rev} {counters}{stopped}"
-    )
-    for p in summary.problems[:20]:
-        err_console.print(f"  {p.code}: {p.message}")
-    if len(summary.problems) > 20:
-        err_console.print(f"  ... and {len(summary.problems) - 20} more")
-
-
 @main.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 @click.option("--full", is_flag=True, help="Re-read every file, even unchanged ones.")
@@ -519,7 +486,7 @@ def _run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
 def index(ctx: click.Context, path: str, full: bool, as_json: bool) -> None:
     """Index a workspace for the code lane (progress bar, then a summary)."""
     with client(ctx) as kc:
-        _run_stream(
+        run_stream(
             kc.index_workspace(str(Path(path).resolve()), full=full, timeout=None), as_json, "index"
         )
 
@@ -544,7 +511,7 @@ def ingest(
     resolved = [str(Path(p).resolve()) for p in paths]
     with client(ctx) as kc:
         while True:
-            _run_stream(kc.ingest_sessions(resolved, timeout=None), as_json, "ingest")
+            run_stream(kc.ingest_sessions(resolved, timeout=None), as_json, "ingest")
             if not watch:
                 break
             time.sleep(interval)
@@ -558,7 +525,7 @@ def ingest(
 def rebuild(ctx: click.Context, full: bool, as_json: bool) -> None:
     """Rebuild the derived layer (skills, actors, skill uses)."""
     with client(ctx) as kc:
-        _run_stream(kc.rebuild_derived(full=full, timeout=None), as_json, "rebuild")
+        run_stream(kc.rebuild_derived(full=full, timeout=None), as_json, "rebuild")
 
 
 @main.command()
@@ -652,22 +619,11 @@ def dispatch(
         say(f"mode: {resp.mode} (nothing written; --commit records the plan)")
 
 
-def _register_groups() -> None:
-    from knowledge_licensing.cli import license_group
-
-    from knowledge_server.auth import tokens_group
-    from knowledge_server.cli.docgraph import docgraph
-    from knowledge_server.cli.mcp import mcp_command
-    from knowledge_server.cli.outbox import outbox
-
-    main.add_command(mcp_command, "mcp")
-    main.add_command(outbox, "outbox")
-    main.add_command(license_group, "license")
-    main.add_command(tokens_group, "token")
-    main.add_command(docgraph, "docgraph")
-
-
-_register_groups()
+main.add_command(mcp_command, "mcp")
+main.add_command(outbox, "outbox")
+main.add_command(license_group, "license")
+main.add_command(tokens_group, "token")
+main.add_command(docgraph, "docgraph")
 
 
 def iter_commands(group: click.Group | None = None, prefix: str = "") -> Iterator[str]:

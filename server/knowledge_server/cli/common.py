@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,15 +14,21 @@ import betterproto2
 import click
 from knowledge_sdk import ConnectionSettings, KnowledgeClient
 from knowledge_sdk import errors as sdk_errors
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from knowledge_server.config import default_data_dir
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 SERVER_FILE = "server.json"
 
 
-def data_dir(ctx: click.Context) -> Path:
-    from knowledge_server.config import default_data_dir
+err_console = Console(stderr=True)
+out_console = Console()
 
+
+def data_dir(ctx: click.Context) -> Path:
     value = (ctx.obj or {}).get("data_dir")
     return Path(value) if value else default_data_dir()
 
@@ -110,3 +116,47 @@ def handle_errors(fn: F) -> F:
         return None
 
     return wrapper  # type: ignore[return-value]
+
+
+def run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
+    """Show a progress bar for a streaming operation, then its summary."""
+    summary = None
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[current]}"),
+        console=err_console,
+        disable=as_json or not err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task(title, total=None, current="")
+        for ev in events:
+            if ev.progress is not None:
+                p = ev.progress
+                bar.update(
+                    task,
+                    description=f"{title}: {p.phase}",
+                    completed=p.done,
+                    total=p.total or None,
+                    current=(p.current or "")[-50:],
+                )
+            elif ev.summary is not None:
+                summary = ev.summary
+    if summary is None:
+        fail("the operation ended without a summary")
+        return
+    if as_json:
+        emit_json(summary)
+        return
+    counters = ", ".join(f"{k}={v}" for k, v in sorted(summary.counters.items()))
+    stopped = (
+        f" (stopped by {summary.stopped_by}; run again to resume)" if summary.stopped_by else ""
+    )
+    out_console.print(
+        f"{title} done in {summary.ms / 1000:.1f}s: rev={summary.index_rev} {counters}{stopped}"
+    )
+    for p in summary.problems[:20]:
+        err_console.print(f"  {p.code}: {p.message}")
+    if len(summary.problems) > 20:
+        err_console.print(f"  ... and {len(summary.problems) - 20} more")

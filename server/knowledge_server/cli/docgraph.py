@@ -7,7 +7,7 @@ from typing import Any
 import click
 from knowledge_sdk import types as v1
 
-from knowledge_server.cli.common import client, emit_json, handle_errors
+from knowledge_server.cli.common import client, emit_json, handle_errors, run_stream
 
 
 def _addr(a: Any) -> str:
@@ -168,8 +168,6 @@ def build(
     as_json: bool,
 ) -> None:
     """Build (or resume building) the document graph layer."""
-    from knowledge_server.cli import _run_stream
-
     req = v1.BuildDocGraphRequest(
         root=root,
         estimate=estimate,
@@ -178,4 +176,4 @@ def build(
         structural_only=structural_only,
     )
     with client(ctx) as kc:
-        _run_stream(kc.build_doc_graph(req, timeout=None), as_json, "docgraph")
+        run_stream(kc.build_doc_graph(req, timeout=None), as_json, "docgraph")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_pb2
-from knowledge_server.derived.store import ActorInfo, DerivedStore
+from knowledge_server.derived.store import ActorInfo, DerivedStore, assignment_id_for
 from knowledge_server.dispatch import outbox
 from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound
 from knowledge_server.lanes.contract import DerivedLane, EpisodeLane
@@ -559,8 +559,6 @@ class Dispatcher:
 
 
 def _assignment_id(actor_id: str, digest: str) -> str:
-    from knowledge_server.derived.store import assignment_id_for
-
     return assignment_id_for(actor_id, digest)
 
 
