@@ -69,3 +69,68 @@ def test_sdk_installs_alone_and_searches(tmp_path: Path) -> None:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=20)
+
+
+@pytest.mark.slow
+def test_mcp_bridge_installs_with_the_sdk_and_mcp_only(tmp_path: Path) -> None:
+    """The bridge is a client: installed from bridge/ beside the SDK, it brings the SDK,
+    `mcp` and protobuf and nothing of the server, and lists its tools."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    done = subprocess.run(
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "-c",
+            str(REPO_ROOT / "requirements.lock"),
+            str(REPO_ROOT / "sdk"),
+            str(REPO_ROOT / "bridge"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if done.returncode != 0 and "No matching distribution" in done.stderr:
+        pytest.skip("package registry unreachable: " + done.stderr.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stderr
+    installed = subprocess.run(
+        [str(py), "-m", "pip", "list", "--format=freeze"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.lower()
+    assert "knowledge-mcp==" in installed and "knowledge-sdk==" in installed
+    # (cryptography arrives with mcp's own dependencies, so it is not a sign of the server.)
+    for server_dep in (
+        "knowledge-service",
+        "apsw",
+        "sqlite-vec",
+        "structlog",
+        "tree-sitter",
+        "numpy",
+    ):
+        assert server_dep not in installed, server_dep
+    script = (
+        "import sys\n"
+        "from knowledge_mcp.tools import TOOLS\n"
+        "assert not [m for m in sys.modules if m.startswith('knowledge_server')]\n"
+        "print(sorted(t.name for t in TOOLS))\n"
+    )
+    out = subprocess.run(
+        [str(py), "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "knowledge_search" in out.stdout
+    helped = subprocess.run(
+        [str(env_dir / "bin" / "knowledge-mcp"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert helped.returncode == 0 and "--address" in helped.stdout, helped.stderr
