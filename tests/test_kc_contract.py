@@ -15,7 +15,7 @@ import pytest
 from knowledge_sdk import KnowledgeClient, search_request
 from knowledge_sdk import types as v1
 from knowledge_server.auth import TokenStore
-from knowledge_server.search.lanes import LaneQuery, LaneResult, empty_lane
+from knowledge_server.search.lanes import LaneQuery, LaneResult, LaneUnavailable, empty_lane
 from structlog.testing import capture_logs
 
 from tests.conftest import ServerThread
@@ -152,9 +152,7 @@ class _FailingLane:
         self.reason = reason
 
     async def search(self, q: LaneQuery) -> LaneResult:
-        err = RuntimeError("backend down")
-        err.reason = self.reason  # type: ignore[attr-defined]
-        raise err
+        raise LaneUnavailable(self.reason, "backend down")
 
 
 class _SlowLane:

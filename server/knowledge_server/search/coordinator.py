@@ -26,12 +26,14 @@ from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
+from knowledge_server.errors import KnowledgeError
 from knowledge_server.search.lanes import (
     LANE_DEADLINE,
     Lane,
     LaneMessage,
     LaneQuery,
     LaneResult,
+    LaneUnavailable,
     degraded,
 )
 from knowledge_server.search.routing import route
@@ -148,9 +150,9 @@ class Coordinator:
                 f"no answer within {self.timeout_ms} ms (timeout)",
             )
         except Exception as exc:  # noqa: BLE001 - a failing lane degrades, the others answer
-            code = getattr(exc, "reason", "KNOWLEDGE_SOURCE_UNAVAILABLE")
-            if not isinstance(code, str) or not code.isupper():
-                code = "KNOWLEDGE_SOURCE_UNAVAILABLE"
+            code = "KNOWLEDGE_SOURCE_UNAVAILABLE"
+            if isinstance(exc, KnowledgeError | LaneUnavailable):
+                code = exc.reason
             result = degraded(name, code, f"the {name} source failed ({type(exc).__name__})")
         # The lane's own time when it ran (a blocking lane waits for the one before it).
         ms = own[-1] * 1000 if own else (time.perf_counter() - started) * 1000

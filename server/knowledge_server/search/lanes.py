@@ -31,6 +31,16 @@ LaneMessage = search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsL
 LANE_DEADLINE: ContextVar[float | None] = ContextVar("knowledge_lane_deadline", default=None)
 
 
+class LaneUnavailable(Exception):
+    """What a lane raises when its source cannot answer and it can say why with a reason
+    code (seed 000 §9, e.g. ``SESSION_QUERY_SEARCH_DISABLED``): the lane is degraded with
+    that code. Any other exception degrades it as KNOWLEDGE_SOURCE_UNAVAILABLE."""
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        super().__init__(message or reason)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class LaneQuery:
     """What a lane is asked. ``workspaces`` is already the caller's effective scope:
