@@ -4,11 +4,10 @@ An FTS5 index is a set of b-tree segments. Every write transaction adds one, and
 automerge folds segments of a level together only once enough of them have piled up
 (16 for the code store, FTS5's default 4 elsewhere). A query looks each of its terms up
 in every segment and skips entries that later segments deleted, so its cost grows with
-the segment count: on the benchmark data (bench/bench_search.py), merging left one
-segment where there were 20 (100,386 events) and 12 (20,670 chunks), and the skills
-query over 19 skills fell from 0.18 to 0.016 ms. Merging is a rewrite of the whole index
-(0.25 s for those events, 0.13 s for those chunks), so a write run merges only when it
-changed a sizeable share of the rows, or when the segments have piled up regardless.
+the segment count: merging down to one segment made a small query an order of magnitude
+faster (figures in bench/RESULTS.md). Merging is a rewrite of the whole index, so a write
+run merges only when it changed a sizeable share of the rows, or when the segments have
+piled up regardless.
 The order of results does not change: BM25 sees the same rows and terms either way.
 """
 

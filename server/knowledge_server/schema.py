@@ -55,11 +55,11 @@ _mmap_bytes = 256 * 1024 * 1024
 def _skip_memory_statistics() -> bool:
     """Turn off SQLite's process-wide memory statistics (``SQLITE_CONFIG_MEMSTATUS``).
 
-    With them on, every allocation SQLite makes takes a global mutex to count bytes; a
-    never-seen search makes thousands (about 2% of its instructions, counted under
-    callgrind). Nothing here reads those statistics or sets a heap limit. The library can
-    only be configured while no connection is open, so this runs when the stores' module
-    is imported; if a connection already exists, nothing changes (returns False)."""
+    With them on, every allocation SQLite makes takes a global mutex to count bytes, and
+    a never-seen search makes thousands of allocations (figures in bench/RESULTS.md).
+    Nothing here reads those statistics or sets a heap limit. The library can only be
+    configured while no connection is open, so this runs when the stores' module is
+    imported; if a connection already exists, nothing changes (returns False)."""
     if apsw.connections():
         return False
     apsw.shutdown()
@@ -140,8 +140,8 @@ def store_settings(conn: apsw.Connection) -> None:
     Without it, a statement whose plan might depend on the value bound to one of its
     parameters is compiled again each time that parameter is bound. Among those are
     FTS5's own lookups of a term's segment pages, run for every query term, and several
-    of the lanes' statements: a never-seen search re-compiled about 15 statements, 4%
-    of its instructions (callgrind). What the planner gives up is what those values could
+    of the lanes' statements, so every search spent part of its work compiling them again
+    (figures in bench/RESULTS.md). What the planner gives up is what those values could
     offer: STAT4 samples (no store runs ANALYZE), the LIKE prefix optimisation for a
     bound pattern (no store query uses LIKE), and partial indexes matched by a bound
     value (no store has one). ``tests/test_store_sqlite.py`` holds the stores to it."""

@@ -2,9 +2,9 @@
 
 The code store keeps binary-quantised vectors in a sqlite-vec ``vec0`` table (one bit
 per dimension: the sign of the float). sqlite-vec's KNN scans that table through the
-virtual-table interface on every query (about 1.8 ms at 20,000 vectors here). The same
-bits, held as a few contiguous ``uint64`` columns, are scanned with numpy in about
-0.1 ms: XOR with the query, count the bits, keep the ``k`` nearest.
+virtual-table interface on every query. The same bits, held as a few contiguous
+``uint64`` columns, are scanned with numpy an order of magnitude faster (figures in
+bench/RESULTS.md): XOR with the query, count the bits, keep the ``k`` nearest.
 
 Each serving process keeps one copy per (database, vector table), about 40 bytes per
 chunk. The writer bumps ``meta['vec_epoch:<tbl>']`` in every transaction that adds or

@@ -94,8 +94,7 @@ def _results(
     ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
     # Results (chunk texts and their tokens) cross a pipe into this process, and each
     # message costs the receiving thread more than its bytes do: send them in bigger
-    # groups, yet small enough that the workers finish together (measured on the
-    # standard library: 8 files per message 7.3 s, 64 files 4.5 s).
+    # groups, yet small enough that the workers finish together (figures in bench/RESULTS.md).
     chunksize = max(8, min(64, len(jobs) // (workers * 8)))
     with ctx.Pool(workers) as pool:
         yield from pool.imap(_prepare, jobs, chunksize=chunksize)

@@ -52,7 +52,7 @@ def _scope_sql(
     The chunks come first and the scope tables are looked up per chunk: every query here
     starts from a few candidate chunks. CROSS JOIN fixes that order; left to itself, the
     planner starts a workspace filter from the workspace and walks all its files and
-    chunks (7.3 ms instead of 0.13 for 60 KNN candidates at 20,000 chunks)."""
+    chunks, many times the work (figures in bench/RESULTS.md)."""
     params: list[Any] = []
     sql = (
         " CROSS JOIN rev_file rf ON rf.file_id = c.file_id"
@@ -113,7 +113,7 @@ def _json_list(items: Sequence[object]) -> str:
 
 
 # Document frequencies per database: fts5vocab counts a term's documents by walking its
-# posting list (about 0.1 ms for a common word at 20k chunks), and queries repeat words.
+# posting list, long for a common word, and queries repeat words.
 # Keyed by the current revisions and the newest chunk, which every index run changes.
 _df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
 
@@ -319,7 +319,7 @@ def _rank_union(
         if sim is not None:
             rows.append((*r[:11], 1.0 - sim))
     # Distances equal to 9 decimals tie (then path, line). round(x * 1e9) buckets as
-    # round(x, 9) does at a quarter of its cost; ~160 keys per query.
+    # round(x, 9) does, more cheaply, and it runs for every candidate of every query.
     rows.sort(key=lambda r: (round(float(r[11]) * 1e9), r[3], r[4]))
     return rows
 
@@ -399,7 +399,7 @@ def search(
         return CodeSearchResult(label, capability, reason or "", freshness or {}, [])
     scope = _scope_sql(workspaces, path_prefixes)
     # A path filter keeps few chunks: rank only those, rather than ranking everything and
-    # filtering (9.3 against 2.9 ms for two prefixes of the standard library).
+    # then filtering most of it away (figures in bench/RESULTS.md).
     among = _chunks_under(conn, workspaces, path_prefixes) if path_prefixes else None
     if among is not None and not len(among):
         return CodeSearchResult(label, capability, reason or "", freshness or {}, [])

@@ -117,7 +117,7 @@ INSERT INTO meta(key, value) VALUES('schema_version', '1');
 FTS_WEIGHTS = (1.0, 3.0)
 FTS_RANK = "bm25({}, {})".format(*FTS_WEIGHTS)
 # The same ranking as a query expression. ``ORDER BY <this> LIMIT n`` keeps only the best
-# n in SQLite's sorter; ``ORDER BY rank`` makes FTS5 sort every match first (a third slower).
+# n in SQLite's sorter; ``ORDER BY rank`` makes FTS5 sort every match first (slower).
 FTS_SCORE = "bm25(chunks_fts, {}, {})".format(*FTS_WEIGHTS)
 FTS_AUTOMERGE = 16
 # How long a connection waits for another one's lock.
@@ -126,8 +126,8 @@ BUSY_MS = 10_000
 
 def _fts_settings(cur: apsw.Cursor) -> None:
     cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('rank', ?)", (FTS_RANK,))
-    # Merge segments 16 at a time instead of 4: a full index run spends a fifth less
-    # time in the writer (measured on the standard library), at a query cost within noise.
+    # Merge segments 16 at a time instead of 4: a full index run spends less time in the
+    # writer, and queries are no measurably slower (figures in bench/RESULTS.md).
     cur.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES('automerge', ?)", (FTS_AUTOMERGE,))
 
 
@@ -214,9 +214,9 @@ def vec_table_for(conn: apsw.Connection, identity: str, dim: int, *, create: boo
 
     ``<tbl>`` is a sqlite-vec ``vec0`` table searched with KNN. When ``dim`` is a
     multiple of 8 it holds binary-quantised vectors (``bit[dim]``, hamming distance:
-    a scan 6-7x cheaper than float32), and ``<tbl>_f`` keeps the float32 vectors that
-    rescore the KNN candidates exactly. Otherwise ``<tbl>`` holds float32 vectors with
-    cosine distance and no rescoring is needed."""
+    a scan several times cheaper than float32), and ``<tbl>_f`` keeps the float32
+    vectors that rescore the KNN candidates exactly. Otherwise ``<tbl>`` holds float32
+    vectors with cosine distance and no rescoring is needed."""
     row = conn.execute("SELECT tbl, dim FROM embedders WHERE identity = ?", (identity,)).fetchone()
     if row is not None:
         return _vec_name(str(row[0]))

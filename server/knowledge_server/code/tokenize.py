@@ -33,7 +33,7 @@ def split_identifier(word: str) -> tuple[str, ...]:
 
 class _JoinedCache(dict[str, str]):
     """word -> its tokens joined by spaces. A plain dict lookup per word (indexing
-    looks up millions of words; an ``lru_cache`` hit costs twice as much), emptied
+    looks up millions of words; an ``lru_cache`` hit costs more), emptied
     when it grows past its bound."""
 
     MAX_WORDS = 200_000

@@ -574,8 +574,8 @@ class EpisodeStore:
 
     def _doc_freqs(self, terms: list[str]) -> dict[str, int]:
         """Events containing each term. fts5vocab counts them by walking the term's posting
-        list (about 0.1 ms for a common word at 100k events); the counts are remembered per
-        database and index revision, as queries repeat words."""
+        list, long for a common word; the counts are remembered per database and index
+        revision, as queries repeat words."""
         name = self.conn.filename  # in-memory databases all have the name "": not remembered
         known = _df_memos[name].at(self.index_rev()) if name else {}
         for term in terms:
@@ -672,7 +672,7 @@ class EpisodeStore:
         )
         narrow = "e.id AS id, m.score AS score, e.time AS t, e.session_id AS sid, e.seq AS seq"
         # bm25() is what `rank` computes, but as an expression SQLite's sorter keeps only
-        # the best LIMIT rows, where `ORDER BY rank` has FTS5 sort every match (a third slower);
+        # the best LIMIT rows, where `ORDER BY rank` has FTS5 sort every match (slower);
         # ties go to the newer event, as in the final order.
         inner_order = "ORDER BY rowid DESC" if recent_only else "ORDER BY score, rowid DESC"
         score_expr = "bm25(events_fts)"
@@ -804,8 +804,7 @@ class EpisodeStore:
         of events they allow). Ranges are None when the scope is too wide for them to pay.
 
         Remembered per index revision: a caller's scope (a token's workspaces) is the same
-        on every search it makes, and summing it is a walk over its sessions (1.5 ms for
-        7,000 sessions)."""
+        on every search it makes, and summing it is a walk over all its sessions."""
         key = (
             None if workspaces is None else tuple(workspaces),
             None if session_ids is None else tuple(session_ids),

@@ -107,7 +107,7 @@ class CodeLane:
     def preload_vectors(self) -> int:
         """Load the in-memory copy of the binary vectors (code.bitknn) if it is missing or
         behind the store, so the first query after a start or an index run does not pay
-        for it (about 40 ms at 20,000 chunks). Returns the vectors held."""
+        for reading every vector. Returns the vectors held."""
         emb = self.embedder
         if emb is None or not is_binary(emb.dim):
             return 0

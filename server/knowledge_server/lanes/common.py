@@ -139,13 +139,10 @@ ProgressFn = Callable[[str, int, int, str], None]
 # thread pool. Their work is short SQLite reads with a little Python around them, and a
 # thread per lane call cost more than it saved: apsw releases the GIL on every step of a
 # query, so two threads (or the loop and one thread) hand the GIL to each other many times
-# per search, and every hop is a future, a wake-up and a context switch. Measured with two
-# servers side by side on the bench data, one process each, 8 clients each (so both saw
-# the same machine): 10.5/11.7/10.8/8.6 ms of server CPU per never-seen search inline
-# against 11.9/13.9/12.5/10.2 ms with lane threads. The lanes of one search now run one
-# after the other, which costs a single client about 1 ms (side by side, 4 x 500 never-seen
-# searches: P50 8.8 / P95 12.7 ms inline against 8.1 / 11.6 ms with threads, whose SQLite
-# steps overlapped on the second core); the target there is P95 <= 30 ms.
+# per search, and every hop is a future, a wake-up and a context switch. The lanes of one
+# search therefore run one after the other; a single client loses the little their
+# overlap on a second core gave it, and stays well within its latency target (figures in
+# bench/RESULTS.md).
 #
 # What a thread gave for free, ``bound_reader`` gives back: a reader connection stops a
 # query at the lane's deadline (``LANE_DEADLINE``, set by the coordinator) instead of
@@ -154,7 +151,7 @@ ProgressFn = Callable[[str, int, int, str], None]
 # outside any deadline.
 
 # SQLite virtual-machine steps between two deadline checks: some tens of microseconds of
-# query work, and well under 1% of it spent in the check.
+# query work, beside which the check itself costs next to nothing.
 PROGRESS_STEPS = 10_000
 
 
@@ -211,9 +208,8 @@ def bound_store(store: S) -> S:
 def snapshot(conn: apsw.Connection) -> Iterator[None]:
     """The reads of one lane call in one read transaction: they all see the same state of
     the store (the revision a result is cached under is the one its rows come from), and
-    SQLite takes its locks once instead of per statement (a one-row read costs 1.7 us
-    inside a transaction against 4.2 us on its own, measured on the episodes store).
-    Inside a transaction already, nothing changes."""
+    SQLite takes its locks once instead of per statement, which makes a short read much
+    cheaper (figures in bench/RESULTS.md). Inside a transaction already, nothing changes."""
     if not conn.getautocommit():
         yield
         return

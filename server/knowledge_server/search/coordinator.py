@@ -224,8 +224,9 @@ class Coordinator:
         Fitting the budget depends on the sizes of the text's parts alone. When this
         call's request id and observation time have the sizes the first call's had, and
         neither asks for a trace, fitting the stored answer would remove exactly what it
-        removed then: the fitted copy is used as it is (about a third of a hit's CPU
-        went to fitting it again). Otherwise the stored answer is fitted afresh."""
+        removed then: the fitted copy is used as it is (fitting it again was a large share
+        of a hit's CPU; figures in bench/RESULTS.md). Otherwise the stored answer is fitted
+        afresh."""
         now = timestamp_pb2.Timestamp()
         now.GetCurrentTime()
         reuse = (
