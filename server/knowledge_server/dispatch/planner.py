@@ -35,7 +35,8 @@ from knowledge_server.derived.store import ActorInfo, DerivedStore, assignment_i
 from knowledge_server.dispatch import outbox
 from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound
 from knowledge_server.lanes.contract import DerivedLane, EpisodeLane
-from knowledge_server.search.coordinator import Coordinator, count_tokens, json_text
+from knowledge_server.search.coordinator import Coordinator, count_tokens
+from knowledge_server.search.jsonlen import json_text
 from knowledge_server.search.validate import LANES, ValidSearch
 from knowledge_server.workspaces import in_scope
 

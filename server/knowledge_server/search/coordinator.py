@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from google.protobuf import json_format, timestamp_pb2
-from google.protobuf.message import Message
+from google.protobuf import timestamp_pb2
 
 from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
 from knowledge_server.errors import KnowledgeError
+from knowledge_server.search.jsonlen import json_size, json_size_of_string
 from knowledge_server.search.lanes import (
     LANE_DEADLINE,
     Lane,
@@ -57,25 +56,6 @@ MAX_CODE_PER_PATH = 5
 def count_tokens(text: str) -> int:
     """Tokens as counted for budgets: ceil(UTF-8 bytes / 4)."""
     return math.ceil(len(text.encode("utf-8")) / 4)
-
-
-def json_text(msg: Message) -> str:
-    """The JSON text that budgets count (docs/search.md): proto field names, no spaces."""
-    return json.dumps(
-        json_format.MessageToDict(msg, preserving_proto_field_name=True),
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
-
-
-def json_size(msg: Message) -> int:
-    """UTF-8 bytes of ``json_text(msg)``."""
-    return len(json_text(msg).encode("utf-8"))
-
-
-def json_size_of_string(s: str) -> int:
-    """UTF-8 bytes of ``s`` as a JSON string literal (quotes and escapes included)."""
-    return len(json.dumps(s, ensure_ascii=False).encode("utf-8"))
 
 
 @dataclass
