@@ -55,24 +55,54 @@ def json_size(msg: Message) -> int:
     """``len(json_text(msg).encode("utf-8"))``, without building the text."""
     if msg.DESCRIPTOR.full_name.startswith("google.protobuf."):
         return _well_known(msg)
+    return _walk(msg)
+
+
+def _walk(msg: Message) -> int:
+    """A message json_format prints field by field (not a well-known type)."""
     fields = msg.ListFields()
     # '{' + '}' and a comma between members.
     size = 1 + len(fields) if fields else 2
+    # The common kinds are handled inline: a search answer has some 350 string values.
     for field, value in fields:
         name_size, kind, repeated = _FACTS.get(field) or _facts(field)
         size += name_size
-        if kind == _MAP:
-            size += _map(field, value)
-        elif repeated:
-            size += 1 + len(value) if len(value) else 2
-            for v in value:
-                size += _value_size(field, kind, v)
+        if repeated:
+            size += _map(field, value) if kind == _MAP else _repeated(field, kind, value)
+        elif kind == _STRING:
+            if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+                size += len(value) + 2
+            else:
+                size += json_size_of_string(value)
+        elif kind == _MESSAGE:
+            size += _walk(value)
+        elif kind == _DOUBLE:
+            size += _double_size(value)
+        elif kind == _TIME:
+            size += _timestamp_size(value)
         else:
             size += _value_size(field, kind, value)
     return size
 
 
-_MAP, _STRING, _MESSAGE, _PLAIN, _QUOTED, _BOOL, _OTHER = range(7)
+def _repeated(field: FieldDescriptor, kind: int, values: Any) -> int:
+    size = 1 + len(values) if len(values) else 2
+    if kind == _MESSAGE:
+        for v in values:
+            size += _walk(v)
+    elif kind == _STRING:
+        for v in values:
+            if v.isascii() and v.isprintable() and '"' not in v and "\\" not in v:
+                size += len(v) + 2
+            else:
+                size += json_size_of_string(v)
+    else:
+        for v in values:
+            size += _value_size(field, kind, v)
+    return size
+
+
+_MAP, _STRING, _MESSAGE, _PLAIN, _QUOTED, _BOOL, _DOUBLE, _TIME, _OTHER = range(9)
 
 # Per field: the bytes of '"name":', its kind and whether it repeats. Descriptors live as
 # long as the process and a response has a few dozen fields, so this stays small.
@@ -85,8 +115,16 @@ def _facts(field: FieldDescriptor) -> tuple[int, int, bool]:
         kind = _MAP
     elif t == _FD.TYPE_STRING:
         kind = _STRING
+    elif field.message_type is not None and field.message_type.full_name == _TIMESTAMP:
+        kind = _TIME
+    elif field.message_type is not None and field.message_type.full_name.startswith(
+        "google.protobuf."
+    ):
+        kind = _OTHER  # other well-known types: sized through json_size
     elif t == _FD.TYPE_MESSAGE:
         kind = _MESSAGE
+    elif t == _FD.TYPE_DOUBLE:
+        kind = _DOUBLE
     elif t in _PLAIN_INTS:
         kind = _PLAIN
     elif t in _QUOTED_INTS:
@@ -111,12 +149,45 @@ def _value_size(field: FieldDescriptor, kind: int, value: Any) -> int:
         return len(str(value)) + 2
     if kind == _BOOL:
         return 4 if value else 5
+    if kind == _DOUBLE:
+        return _double_size(value)
+    if kind == _TIME:
+        return _timestamp_size(value)
     return _scalar_or_message(field, value)
+
+
+def _double_size(value: float) -> int:
+    if math.isnan(value):
+        return len('"NaN"')
+    if math.isinf(value):
+        return len('"Infinity"') if value > 0 else len('"-Infinity"')
+    return len(repr(value))
+
+
+# Timestamps of years 0001-9999 print as "YYYY-MM-DDTHH:MM:SS" plus 0, 3, 6 or 9 fraction
+# digits and "Z" (Timestamp.ToJsonString); answers carry one per episode.
+_MIN_SECONDS, _MAX_SECONDS = -62135596800, 253402300799
+
+
+def _timestamp_size(ts: Any) -> int:
+    nanos = ts.nanos % 1_000_000_000
+    seconds = ts.seconds + (ts.nanos - nanos) // 1_000_000_000
+    if not _MIN_SECONDS <= seconds <= _MAX_SECONDS:
+        return len(ts.ToJsonString()) + 2
+    if nanos == 0:
+        fraction = 0
+    elif nanos % 1_000_000 == 0:
+        fraction = 4
+    elif nanos % 1000 == 0:
+        fraction = 7
+    else:
+        fraction = 10
+    return 22 + fraction
 
 
 def _well_known(msg: Message) -> int:
     if msg.DESCRIPTOR.full_name == _TIMESTAMP:
-        return len(msg.ToJsonString()) + 2  # type: ignore[attr-defined]  # Timestamp only
+        return _timestamp_size(msg)
     return len(json_text(msg).encode("utf-8"))
 
 
@@ -154,12 +225,9 @@ def _scalar_or_message(field: FieldDescriptor, value: Any) -> int:
         named = field.enum_type.values_by_number.get(value) if field.enum_type else None
         return len(named.name) + 2 if named is not None else len(str(value))
     if t == _FD.TYPE_DOUBLE:
-        v = float(value)
-        if math.isnan(v):
-            return len('"NaN"')
-        if math.isinf(v):
-            return len('"Infinity"') if v > 0 else len('"-Infinity"')
-        return len(repr(v))
+        return _double_size(float(value))
+    if t == _FD.TYPE_MESSAGE:
+        return json_size(value)
     # bytes, 32-bit floats: as the serialiser writes them.
     return len(json.dumps(_one_field_value(field, value), ensure_ascii=False).encode("utf-8"))
 
