@@ -64,7 +64,9 @@ def raw_answers(address: str) -> list[bytes]:
     )
     out = []
     for q in QUESTIONS:
-        req = search_pb2.SearchRequest(schema="knowledge.search/v1", query=q)
+        # Twenty items and room for them: answers of about 10 KB.
+        req = search_pb2.SearchRequest(schema="knowledge.search/v1", query=q, limit=20)
+        req.budget.max_tokens = 4000
         out.append(call(req, timeout=60))
     channel.close()
     return out
@@ -110,7 +112,7 @@ def main() -> int:
         # The first start indexes and ingests in the background: wait for code evidence.
         deadline = time.monotonic() + 300
         raw = raw_answers(address)
-        while time.monotonic() < deadline and min(len(b) for b in raw) < 4000:
+        while time.monotonic() < deadline and min(len(b) for b in raw) < 8000:
             time.sleep(2)
             raw = raw_answers(address)
         from knowledge_server._gen.knowledge.v1 import search_pb2
