@@ -35,7 +35,7 @@ from knowledge_server.logs import get_logger
 from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import Lane, NotReadyLane
 from knowledge_server.search.validate import validate_search
-from knowledge_server.workspaces import in_scope, is_under, normalise_workspace
+from knowledge_server.workspaces import is_under, normalise_workspace, really_in_scope
 
 M = TypeVar("M", bound=Message)
 
@@ -192,7 +192,9 @@ class KnowledgeApp:
                     "root: an absolute workspace path is required", metadata={"field": "root"}
                 )
             root = normalise_workspace(req.root)
-            if scope is not None and not in_scope(root, scope):
+            # Real paths: a root that is, or passes through, a symlink leaving the
+            # principal's workspaces is outside them (the walker then never follows links).
+            if scope is not None and not really_in_scope(root, scope):
                 raise PermissionDenied("root: outside the workspaces this principal may manage")
             async for event in run_with_progress(
                 lambda progress: code.index_sync(root, req.full, progress)

@@ -37,6 +37,20 @@ def in_scope(path: str | None, scope: Sequence[str] | None) -> bool:
     return any(is_under(p, os.path.normpath(r)) for r in scope)
 
 
+def really_in_scope(path: str, scope: Sequence[str] | None) -> bool:
+    """``in_scope`` for the file system: ``path`` is in scope by its string *and*, once every
+    symlink is resolved (``os.path.realpath``, on both sides), still lies under one of
+    the roots. A link inside a workspace that points elsewhere (``ws/etc -> /etc``, or
+    into another tenant's workspace) passes the string rule and fails this one. The
+    string rule stays: it is the workspace's identity, what search scopes filter on."""
+    if scope is None:
+        return True
+    if not in_scope(path, scope):
+        return False
+    real = os.path.realpath(path)
+    return any(is_under(real, os.path.realpath(r)) for r in scope)
+
+
 def under_sql(column: str, roots: Sequence[str]) -> tuple[str, list[str]]:
     """SQL true where ``column`` (a path) ``is_under`` one of ``roots`` (normalised): equal
     to a root, or in the range of the strings starting with ``root + "/"``

@@ -161,7 +161,9 @@ def walk_workspace(  # noqa: C901 - one branch per kind of entry skipped (link, 
 def read_text(abspath: str) -> tuple[str | None, bytes, str]:
     """(text, raw bytes, skip reason). ``text`` is None for binary/undecodable files."""
     try:
-        with open(abspath, "rb") as fh:
+        # Walked files are never links; one made a link since the walk is not followed.
+        fd = os.open(abspath, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as fh:
             raw = fh.read()
     except OSError:
         return None, b"", "unreadable"

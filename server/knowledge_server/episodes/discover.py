@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
+from knowledge_server.workspaces import is_under
+
 from .importers import detect_format
 
 __all__ = ["default_roots", "discover"]
@@ -28,7 +30,15 @@ def default_roots(home: str | None = None) -> list[str]:
     return [r for r in roots if os.path.isdir(r)]
 
 
-def _walk(root: str) -> Iterable[str]:
+def _inside(path: str, real_root: str) -> bool:
+    """A symlinked file counts only when its target stays under the walked folder: a link
+    to ``/etc/...`` or into another tenant's logs is not followed. (``os.walk`` never
+    descends into linked folders.)"""
+    return not os.path.islink(path) or is_under(os.path.realpath(path), real_root)
+
+
+def _walk(root: str, real_root: str | None = None) -> Iterable[str]:
+    real_root = real_root or os.path.realpath(root)
     # OpenCode storage: only session files are units; message/part files belong to them.
     if os.path.isdir(os.path.join(root, "session")) and os.path.isdir(
         os.path.join(root, "message")
@@ -37,7 +47,9 @@ def _walk(root: str) -> Iterable[str]:
             dn.sort()
             for f in sorted(fn):
                 if f.startswith("ses_") and f.endswith(".json"):
-                    yield os.path.join(dp, f)
+                    path = os.path.join(dp, f)
+                    if _inside(path, real_root):
+                        yield path
         return
     for dp, dn, fn in os.walk(root):
         dn[:] = sorted(
@@ -49,12 +61,14 @@ def _walk(root: str) -> Iterable[str]:
         if os.path.isdir(os.path.join(dp, "session")) and os.path.isdir(
             os.path.join(dp, "message")
         ):
-            yield from _walk(dp)
+            yield from _walk(dp, real_root)
             dn[:] = []
             continue
         for f in sorted(fn):
             if f.endswith(_EXTS) and not f.endswith(".meta.json"):
-                yield os.path.join(dp, f)
+                path = os.path.join(dp, f)
+                if _inside(path, real_root):
+                    yield path
 
 
 def discover(paths: Sequence[str] | None = None) -> list[tuple[str, str]]:
