@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from knowledge_sdk import AsyncKnowledgeClient, PermissionDenied
+from knowledge_sdk import AsyncKnowledgeClient, InvalidRequest, PermissionDenied
 from knowledge_server.auth import TokenStore
 from knowledge_server.code.walker import read_text, walk_workspace
 from knowledge_server.episodes.discover import discover
@@ -76,6 +76,40 @@ async def test_links_out_of_a_workspace_are_refused_or_not_followed(tmp_path: Pa
             found = await kc.search("alpha_handler request", include=["code"])
             paths = {i.path for i in found.lanes.code.items}
             assert "src/app.py" in paths and paths <= {"src/app.py", "logs/a.jsonl"}
+    finally:
+        await rs.server.stop(0)
+
+
+async def test_ingest_out_of_scope_answers_as_missing(tmp_path: Path) -> None:
+    a, b = _world(tmp_path)
+    tokens = TokenStore(tmp_path / "data" / "tokens.json")
+    _, ops_a = tokens.create("ops-a", "org", [str(a)], "operator")
+    rs = await start_server(tmp_path, authenticate=tokens.authenticate, auth="on")
+
+    async def refusal(kc: AsyncKnowledgeClient, path: Path) -> tuple[str, str, str]:
+        with pytest.raises(InvalidRequest) as info:
+            async for _ in kc.ingest_sessions([str(path)]):
+                pass
+        err = info.value
+        return type(err).__name__, err.reason, err.message.replace(str(path), "<path>")
+
+    try:
+        async with AsyncKnowledgeClient(rs.address, token=ops_a) as kc:
+            missing = await refusal(kc, a / "logs" / "id_rsa_nope.jsonl")
+            assert "does not exist" in missing[2]
+            # Another tenant's log, a host file, and links to them: the same answer as missing.
+            for path in (
+                b / "logs" / "b.jsonl",
+                Path("/etc/passwd"),
+                a / "logs" / "stolen.jsonl",
+                a / "b-link" / "logs",
+            ):
+                assert await refusal(kc, path) == missing
+            # A folder in scope: its link into tenant B's logs is not followed.
+            events = [ev async for ev in kc.ingest_sessions([str(a / "logs")])]
+            summary = events[-1].summary
+            assert summary is not None
+            assert summary.counters["files_seen"] == 1 and summary.counters["sessions"] == 1
     finally:
         await rs.server.stop(0)
 

@@ -173,7 +173,10 @@ class KnowledgeApp:
                 raise Unimplemented("IngestSessions needs the built-in episodes lane")
             paths = [normalise_workspace(p) for p in req.paths]
             for p in paths:
-                if not os.path.exists(p):  # noqa: ASYNC240 - one stat per path, before any work
+                # A path outside a scoped operator's workspaces (by its real path) is answered
+                # exactly as a missing one: the error says nothing about what exists elsewhere.
+                visible = really_in_scope(p, scope)
+                if not visible or not os.path.exists(p):  # noqa: ASYNC240 - one stat per path, before any work
                     raise InvalidRequest(
                         f"paths: {p} does not exist on the server", metadata={"field": "paths"}
                     )
