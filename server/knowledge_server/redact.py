@@ -15,7 +15,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["RULES", "SECRET_FILE_PATTERNS", "Rule", "looks_like_secret", "redact", "redact_counted"]
+__all__ = [
+    "RULES",
+    "SECRET_FILE_PATTERNS",
+    "SOURCE_FILE_EXCEPTIONS",
+    "Rule",
+    "looks_like_secret",
+    "redact",
+    "redact_counted",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +203,7 @@ _PLACEHOLDER = re.compile(
 SECRET_FILE_PATTERNS: tuple[str, ...] = (
     ".env",
     ".env.*",
+    "*.env",
     "*.pem",
     "*.key",
     "*.p12",
@@ -220,6 +229,16 @@ SECRET_FILE_PATTERNS: tuple[str, ...] = (
     "*.secrets",
     ".htpasswd",
     "*.kdbx",
+)
+
+# Names a pattern above matches that are source code, not stored secrets (the standard
+# library's ``secrets.py``): such a file is read, and its text redacted like any other.
+SOURCE_FILE_EXCEPTIONS: tuple[str, ...] = tuple(
+    f"secrets.{ext}"
+    for ext in (
+        *("py", "pyi", "rb", "js", "mjs", "cjs", "jsx", "ts", "mts", "cts", "tsx", "go", "rs"),
+        *("java", "kt", "scala", "cs", "c", "h", "cc", "cpp", "hpp", "php", "swift", "ex", "exs"),
+    )
 )
 
 
