@@ -179,12 +179,14 @@ def test_chunk_ids_are_deterministic_and_text_redacted() -> None:
         "ſecret = 'Zq9vLmX2pR7tK4wB'\n",
         # A key word that is not assigned, then a real assignment.
         "for key in d:\n    pass\napi_key = 'Zq9vLmX2pR7tK4wB'\n",
+        # Key, "=" and value on lines of their own (the line path must reach the value).
+        "[default]\naws_secret_access_key\n=\nZq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcdEFGH\n",
     ],
 )
 def test_secrets_redacted_next_to_unicode_and_unassigned_key_words(src: str) -> None:
     for path in ("s.py", "s.txt"):
         chunks, _, _ = chunk_file(WS, path, src)
-        assert chunks and not any("Zq9vLmX2pR7tK4wB" in c.text for c in chunks)
+        assert chunks and not any("Zq9vLmX2pR7tK4wB" in c.text for c in chunks), chunks
         assert any("[REDACTED:" in c.text for c in chunks)
 
 

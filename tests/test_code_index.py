@@ -111,6 +111,28 @@ def test_secret_canary_never_findable(index: CodeIndex, ws: Path) -> None:
     assert settings and "[REDACTED:" in index.get_chunk(settings[0].chunk_id).text  # type: ignore[union-attr]
 
 
+def test_env_file_by_suffix_is_not_indexed_and_a_secrets_module_is(
+    index: CodeIndex, tmp_path: Path
+) -> None:
+    root = tmp_path / "ws2"
+    _write(root, "deploy/prod.env", f"OPENAI_API_KEY={CANARY}\nREGION=eu-west-1\n")
+    _write(
+        root,
+        "lib/secrets.py",
+        "def token_urlsafe(nbytes):\n"
+        "    return base64_of_random_bytes(nbytes)\n\n"
+        f'FALLBACK_KEY = "{CANARY}"\n',
+    )
+    rep = index.index_workspace(str(root))
+    assert rep.files_indexed == 1 and rep.files_skipped == {"secret": 1}
+    hits = index.search("token_urlsafe", mode="lexical").hits
+    assert [h.path for h in hits][:1] == ["lib/secrets.py"]
+    assert index.search("REGION", mode="lexical").hits == []
+    for h in index.search("FALLBACK_KEY", mode="lexical", limit=50).hits:
+        rec = index.get_chunk(h.chunk_id)
+        assert rec is not None and "Q7c4nAryV4lu3XyZ" not in rec.text
+
+
 def test_incremental_reuse_drift_and_unchanged(index: CodeIndex, ws: Path) -> None:
     r1 = index.index_workspace(str(ws))
     r2 = index.index_workspace(str(ws))

@@ -53,6 +53,22 @@ def test_secret_files_skipped_by_default(tmp_path: Path) -> None:
     assert len(res.files) == 7
 
 
+def test_env_files_by_suffix_are_secret_and_secrets_source_is_not(tmp_path: Path) -> None:
+    for name in ("prod.env", "Staging.ENV", "secrets.yaml", "secrets.json", "secrets.env"):
+        _write(tmp_path, f"cfg/{name}", "DB_PASS=1")
+    for name in ("secrets.py", "secrets.ts", "secrets.go", "environment.py", "dotenv.md"):
+        _write(tmp_path, f"src/{name}", "x = 1")
+    res = walk_workspace(str(tmp_path))
+    assert sorted(f.path for f in res.files) == [
+        "src/dotenv.md",
+        "src/environment.py",
+        "src/secrets.go",
+        "src/secrets.py",
+        "src/secrets.ts",
+    ]
+    assert res.skipped["secret"] == 5
+
+
 def test_oversized_binary_and_encoding(tmp_path: Path) -> None:
     _write(tmp_path, "big.txt", "x" * 2000)
     _write(tmp_path, "small.txt", "ok")

@@ -13,6 +13,8 @@ from knowledge_server import redact as redact_mod
 from knowledge_server.code import _redact_gate as gate
 from knowledge_server.redact import RULES, Rule, redact
 
+_AWS_SECRET = "Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcdEFGH"
+
 # One text per rule kind holding a secret of that kind (values are made up).
 EXAMPLES = {
     "private-key": "x\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----\n",
@@ -25,9 +27,17 @@ EXAMPLES = {
     "google-api-key": "AIzaZq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabc",
     "stripe-key": "charge with rk_live_Zq9vLmX2pR7tK4wB",
     "jwt": "eyJhbGciOiJIUzI1.eyJzdWIiOiIxMjM0.SflKxwRJSMeKKF2QT4",
+    "npm-token": "npm_Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcd",
+    "huggingface-token": "HF_TOKEN hf_Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBab",
+    "slack-webhook": "https://hooks.slack.com/services/T0AB12CD3/B0EF45GH6/Zq9vLmX2pR7tK4wB",
+    "azure-key": "AccountName=shop;AccountKey=Zq9vLmX2pR7tK4wBZq9vLmX2pR==;EndpointSuffix=x",
     "url-password": "postgres://app:Zq9vLmX2pR@db.local/shop",
+    "curl-password": "curl -u deploy:Zq9vLmX2pR https://ci.local",
+    "mysql-password": "mysqldump -uroot -pZq9vLmX2pR shop",
+    "docker-password": "docker login -u ci --password Zq9vLmX2pR registry.local",
     "bearer-token": "Authorization: Bearer Zq9vLmX2pR7tK4wB",
     "assignment": 'client_secret: "Zq9vLmX2pR7tK4wB"',
+    "pass-assignment": "DB_PASS=Zq9vLmX2pR7tK4wB",
 }
 
 
@@ -103,6 +113,16 @@ _PIECES = st.sampled_from(
         "://",
         "@",
         "for key in d:",
+        "PASS",
+        "bypass",
+        "curl -u a:",
+        "mysql -p",
+        "docker login -p ",
+        "p@ss",
+        "aws_secret_access_key",
+        _AWS_SECRET,
+        "\n=\n",
+        " :\n",
     ]
 )
 
@@ -115,3 +135,26 @@ def test_the_gate_never_changes_what_redact_returns(pieces: list[str]) -> None:
     lines = gate.redact_lines(text.split("\n"))
     if lines is not None:
         assert "\n".join(lines) == redact(text)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["[default]", "aws_secret_access_key", "=", _AWS_SECRET, "region = eu-west-1"],
+        ["aws_secret_access_key", "", "  =  ", "", f'"{_AWS_SECRET}"', "done"],
+        ["aws_secret_access_key =", "", _AWS_SECRET],
+    ],
+)
+def test_the_line_path_follows_an_assignment_across_lines(lines: list[str]) -> None:
+    """Key, ``=`` and value on lines of their own: the full routine redacts the value, so the
+    line-by-line path must hand it the lines up to the value, not only up to the ``=``."""
+    out = gate.redact_lines(lines)
+    assert out is not None and len(out) == len(lines)
+    text = "\n".join(out)
+    assert _AWS_SECRET not in text and "[REDACTED:aws-secret-key]" in text
+    assert text == redact("\n".join(lines))
+    assert [a for a, b in zip(out, lines, strict=True) if a != b] == [
+        line.replace(_AWS_SECRET, "[REDACTED:aws-secret-key]")
+        for line in lines
+        if _AWS_SECRET in line
+    ]

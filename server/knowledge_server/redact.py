@@ -15,7 +15,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["RULES", "SECRET_FILE_PATTERNS", "Rule", "looks_like_secret", "redact", "redact_counted"]
+__all__ = [
+    "RULES",
+    "SECRET_FILE_PATTERNS",
+    "SOURCE_FILE_EXCEPTIONS",
+    "Rule",
+    "looks_like_secret",
+    "redact",
+    "redact_counted",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +112,51 @@ RULES: tuple[Rule, ...] = (
         re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\b"),
         literals=("eyj",),
     ),
-    # scheme://user:password@host -> keep user and host, drop the password.
+    Rule("npm-token", re.compile(r"\bnpm_[A-Za-z0-9]{36}\b"), literals=("npm_",)),
+    Rule("huggingface-token", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), literals=("hf_",)),
+    # https://hooks.slack.com/services/T.../B.../secret -> keep the host, drop the path.
+    Rule(
+        "slack-webhook",
+        re.compile(r"(?i)(\bhooks\.slack\.com/(?:services|workflows|triggers)/)([A-Za-z0-9_/\-]+)"),
+        literals=("hooks.slack.com/",),
+        group=2,
+    ),
+    # Azure connection strings: ...;AccountKey=<base64>;... and SharedAccessKey=<base64>.
+    Rule(
+        "azure-key",
+        re.compile(r"(?i)(\b(?:Account|SharedAccess)Key\s*=\s*)([A-Za-z0-9+/]{20,}={0,2})"),
+        assigned=("key",),
+        group=2,
+    ),
+    # scheme://user:password@host -> keep user and host, drop the password. The password
+    # runs to the last "@" before the host, so an unescaped "@" in it does not leak the rest.
     Rule(
         "url-password",
-        re.compile(r"([a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@'\"]+:)([^\s@/'\"]+)(@)"),
+        re.compile(r"([a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@'\"]*:)([^\s/'\"]+)(@)"),
         literals=("://",),
+        group=2,
+    ),
+    # Passwords given on a command line: curl -u user:pw, mysql -ppw, docker login -p pw.
+    Rule(
+        "curl-password",
+        re.compile(r"(?i)(\bcurl\b[^\n]*?\s(?:-u|--user)(?:\s+|=)?[\"']?[^\s:'\"]+:)([^\s'\"]+)"),
+        literals=("curl",),
+        group=2,
+    ),
+    Rule(
+        # -p is the password only when glued to it ("-p secret" prompts); -P is the port.
+        "mysql-password",
+        re.compile(r"(\b(?i:mysql|mariadb)[a-z\-]*\b[^\n]*?\s-p[\"']?)([^\s'\"]+)"),
+        literals=("mysql", "mariadb"),
+        group=2,
+    ),
+    Rule(
+        "docker-password",
+        re.compile(
+            r"(?i)(\b(?:docker|podman)\s+login\b[^\n]*?\s(?:-p|--password)(?:\s+|=)[\"']?)"
+            r"([^\s'\"]+)"
+        ),
+        literals=("docker", "podman"),
         group=2,
     ),
     Rule(
@@ -130,6 +178,17 @@ RULES: tuple[Rule, ...] = (
         assigned=_ASSIGNED_WORDS,
         group=2,
     ),
+    # DB_PASS=value, PASS=value, passphrase: value. The name must end in a whole "pass" part
+    # (bypass=, compass:, pass_rate= are not passwords), and the value needs six characters.
+    Rule(
+        "pass-assignment",
+        re.compile(
+            r"(?i)(\b(?:[A-Z0-9]+[_.\-])*pass(?:phrase|wd|word)?[\"']?"
+            r"\s*(?::=|=|:)\s*[\"']?)([^\s\"',;}{)]{6,})"
+        ),
+        assigned=("pass",),
+        group=2,
+    ),
 )
 
 # Values that are obviously placeholders are not secrets: keep them readable.
@@ -144,6 +203,7 @@ _PLACEHOLDER = re.compile(
 SECRET_FILE_PATTERNS: tuple[str, ...] = (
     ".env",
     ".env.*",
+    "*.env",
     "*.pem",
     "*.key",
     "*.p12",
@@ -169,6 +229,16 @@ SECRET_FILE_PATTERNS: tuple[str, ...] = (
     "*.secrets",
     ".htpasswd",
     "*.kdbx",
+)
+
+# Names a pattern above matches that are source code, not stored secrets (the standard
+# library's ``secrets.py``): such a file is read, and its text redacted like any other.
+SOURCE_FILE_EXCEPTIONS: tuple[str, ...] = tuple(
+    f"secrets.{ext}"
+    for ext in (
+        *("py", "pyi", "rb", "js", "mjs", "cjs", "jsx", "ts", "mts", "cts", "tsx", "go", "rs"),
+        *("java", "kt", "scala", "cs", "c", "h", "cc", "cpp", "hpp", "php", "swift", "ex", "exs"),
+    )
 )
 
 

@@ -64,13 +64,17 @@ def _by_first_char(literals: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
 
 
 _HOT = _by_first_char(_LITERALS + _WORDS)
+# A line that cannot hold a value: blank, or only the assignment between a key and its
+# value (``key``, ``=``, ``value`` on three lines is still one assignment to ``redact``).
+_NO_VALUE = re.compile(r"[\s\"':=]*\Z")
 
 
 def redact_lines(lines: list[str]) -> list[str] | None:
     """Redact a file given as lines, keeping the line count.
 
-    Only lines holding one of the gate literals (plus the lines up to the next
-    non-blank one, where a value may follow ``key =`` across a line break) go
+    Only lines holding one of the gate literals (plus the lines up to the next one
+    holding more than blanks, quotes and ``=`` or ``:``, where a value may follow
+    ``key`` and ``=`` across line breaks) go
     through ``redact``: every rule's match starts on such a line. Returns None when a
     replacement would change the line count (a multi-line private key), so the
     caller can redact its chunks one by one instead.
@@ -96,7 +100,7 @@ def redact_lines(lines: list[str]) -> list[str] | None:
     segments: list[tuple[int, int]] = []
     for i in sorted(hot):
         j = i + 1
-        while j < n and j - i < 20 and not lines[j].strip():
+        while j < n and j - i < 20 and _NO_VALUE.match(lines[j]):
             j += 1
         j = min(j, n - 1)
         if segments and i <= segments[-1][1] + 1:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import pathspec
 
-from knowledge_server.redact import SECRET_FILE_PATTERNS
+from knowledge_server.redact import SECRET_FILE_PATTERNS, SOURCE_FILE_EXCEPTIONS
 
 __all__ = ["WalkResult", "WalkedFile", "is_secret_name", "read_text", "walk_workspace"]
 
@@ -45,10 +45,12 @@ class WalkResult:
 
 # One compiled alternation instead of a fnmatch call per pattern per file.
 _SECRET_RE = re.compile("|".join(fnmatch.translate(p.lower()) for p in SECRET_FILE_PATTERNS))
+_SOURCE_RE = re.compile("|".join(fnmatch.translate(p.lower()) for p in SOURCE_FILE_EXCEPTIONS))
 
 
 def is_secret_name(name: str) -> bool:
-    return _SECRET_RE.match(name.lower()) is not None
+    low = name.lower()
+    return _SECRET_RE.match(low) is not None and _SOURCE_RE.match(low) is None
 
 
 class _Spec:

@@ -1,0 +1,130 @@
+"""What the redaction rules catch, and the ordinary text they must leave alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from knowledge_server.code import _redact_gate as gate
+from knowledge_server.code.chunking import chunk_file
+from knowledge_server.episodes.importers import generic
+from knowledge_server.redact import redact
+
+# (text, secret value, ordinary text around it that must stay). Values are made up.
+GAPS = {
+    "db-pass": ("export DB_PASS=Zq9vLmX2pR7tK4wB # shop db", "Zq9vLmX2pR7tK4wB", "# shop db"),
+    "pass": ("PASS=Zq9vLmX2pR7tK4wB\nHOST=db.local", "Zq9vLmX2pR7tK4wB", "HOST=db.local"),
+    "passphrase": (
+        "gpg:\n  passphrase: 'Zq9vLmX2pR7tK4wB'\n  key: main",
+        "Zq9vLmX2pR7tK4wB",
+        "key: main",
+    ),
+    "azure-account-key": (
+        "DefaultEndpointsProtocol=https;AccountName=shop;"
+        "AccountKey=Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wB+/q9vLmX2pR==;EndpointSuffix=core.windows.net",
+        "Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wB+/q9vLmX2pR==",
+        "AccountName=shop;",
+    ),
+    "npm-token": (
+        "//registry/:_authToken npm_Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcd for ci",
+        "npm_Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcd",
+        "for ci",
+    ),
+    "huggingface-token": (
+        "login with hf_Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBab then pull",
+        "hf_Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBab",
+        "then pull",
+    ),
+    "slack-webhook": (
+        "post to https://hooks.slack.com/services/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 on failure",
+        "Zq9vLmX2pR7tK4wBZq9vLmX2",
+        "on failure",
+    ),
+    "curl-user": (
+        "curl -sS -u deploy:Zq9vLmX2pR https://ci.local/api",
+        "Zq9vLmX2pR",
+        "https://ci.local/api",
+    ),
+    "mysql-p": (
+        "mysql -h db -P 3306 -uroot -pZq9vLmX2pR shop < dump.sql",
+        "Zq9vLmX2pR",
+        "shop < dump.sql",
+    ),
+    "docker-login-p": (
+        "docker login -u ci -p Zq9vLmX2pR registry.local",
+        "Zq9vLmX2pR",
+        "registry.local",
+    ),
+    "url-password-with-at": (
+        "DATABASE_URL is postgres://u:p@ssZq9vLmX2pR@db.local:5432/shop",
+        "ssZq9vLmX2pR",
+        "@db.local:5432/shop",
+    ),
+    "url-password-without-user": (
+        "redis://:Zq9vLmX2pR@cache:6379/0",
+        "Zq9vLmX2pR",
+        "@cache:6379/0",
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "value", "kept"), GAPS.values(), ids=list(GAPS))
+def test_secret_is_redacted_and_its_surroundings_stay(text: str, value: str, kept: str) -> None:
+    red = redact(text)
+    assert value not in red and "[REDACTED:" in red
+    assert kept in red
+    # The code lane's pre-checked paths give the same text.
+    assert gate.redact_text(text) == red
+    assert gate.redact_lines(text.split("\n")) == red.split("\n")
+
+
+@pytest.mark.parametrize(("text", "value", "kept"), GAPS.values(), ids=list(GAPS))
+def test_secret_never_reaches_a_code_chunk(text: str, value: str, kept: str) -> None:
+    chunks, _, _ = chunk_file("/ws", "deploy.sh", f"set -e\n{text}\necho done\n")
+    joined = "\n".join(c.text for c in chunks)
+    assert value not in joined and kept in joined and "echo done" in joined
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the password reset flow sends a mail",
+        "pass the test before merging",
+        "password: see the vault",
+        "bypass=enabled_now",
+        "compass: northward",
+        "pass_rate=0.9512",
+        "if ok:\n    pass\nelse:\n    retry = 3",
+        "passes: 123456",
+        "passphrase: ${GPG_PASSPHRASE}",
+        "curl -sS https://ci.local/api -o out.json",
+        'curl -u "$CI_USER:$CI_PASSWORD" https://ci.local',
+        "mysql -u root -p shop",
+        "mysql -h db -P 3306 shop",
+        "docker login --password-stdin registry.local",
+        "docker run -u 1000:1000 img",
+        "hf_hub_download(repo_id, filename)",
+        "npm_config_cache=/tmp/npm",
+        "git+ssh://git@github.com:org/repo.git",
+        "https://hooks.slack.com/ is the host",
+        "AccountKey=<your key>",
+    ],
+)
+def test_ordinary_text_stays(text: str) -> None:
+    assert redact(text) == text
+    assert gate.redact_lines(text.split("\n")) == text.split("\n")
+
+
+def test_episode_text_is_redacted_with_the_same_rules(tmp_path: Path) -> None:
+    p = tmp_path / "log.jsonl"
+    rows = [
+        {"session_id": "g1", "role": "user", "text": text, "meta": {"cmd": text}}
+        for text, _, _ in GAPS.values()
+    ]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    res = generic.import_file(str(p))
+    assert len(res.events) == len(GAPS)
+    for event, (_, value, kept) in zip(res.events, GAPS.values(), strict=True):
+        assert value not in event.text and kept in event.text
+        assert value not in json.dumps(event.meta)
