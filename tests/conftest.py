@@ -42,6 +42,7 @@ TIERS = {
         "test_integrations",
         "test_integrations_live",
         "test_mcp_bridge",
+        "test_request_limits",
         "test_sdk_client",
         "test_sdk_standalone",
         "test_server_e2e",

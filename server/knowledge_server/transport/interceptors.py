@@ -1,4 +1,5 @@
-"""Server interceptors: call context and logging, authentication, the edition gate.
+"""Server interceptors: call context and logging, authentication, the edition gate,
+the declared size limits of requests.
 
 Every decision that can be made from the method name and the call metadata is made
 in ``intercept_service``; a refused call gets an aborting handler *of the same kind*
@@ -31,6 +32,7 @@ from knowledge_server._gen.knowledge.v1 import errors_pb2
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.edition import EditionState
 from knowledge_server.transport.policy import EDITION_NAMES, POLICIES, Policy
+from knowledge_server.transport.rules import check_limits
 
 log = structlog.get_logger("knowledge.rpc")
 
@@ -366,3 +368,35 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
             },
         )
         return refusing_handler(handler, err, [refusal])
+
+
+class LimitsInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses a request exceeding a declared ``max_items`` or ``max_length`` anywhere in
+    it (``transport/rules.py``), for every RPC, before the servicer runs. Installed
+    innermost, so the caller has been authenticated and the edition checked first."""
+
+    async def intercept_service(
+        self,
+        continuation: Continuation,
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(PREFIX):
+            return handler
+
+        def unary(fn: Behavior) -> Behavior:
+            async def run(request: Any, context: Context) -> Any:
+                check_limits(request)
+                return await _call_unary(fn, request, context)
+
+            return run
+
+        def stream(fn: Behavior) -> Behavior:
+            async def run(request: Any, context: Context) -> AsyncIterator[Any]:
+                check_limits(request)
+                async for item in fn(request, context):
+                    yield item
+
+            return run
+
+        return _rewrap(handler, unary, stream)
