@@ -33,6 +33,7 @@ TIERS = {
     },
     "e2e": {
         "test_auth_e2e",
+        "test_bad_input",
         "test_cli",
         "test_code_kill",
         "test_code_server",
