@@ -33,6 +33,7 @@ TIERS = {
     },
     "e2e": {
         "test_auth_e2e",
+        "test_bad_input",
         "test_cli",
         "test_code_kill",
         "test_code_server",
@@ -42,6 +43,7 @@ TIERS = {
         "test_integrations",
         "test_integrations_live",
         "test_mcp_bridge",
+        "test_request_limits",
         "test_sdk_client",
         "test_sdk_standalone",
         "test_server_e2e",

@@ -36,6 +36,7 @@ from knowledge_server.transport.interceptors import (
     AuthInterceptor,
     ContextInterceptor,
     EditionInterceptor,
+    LimitsInterceptor,
 )
 from knowledge_server.transport.servicers import DocGraphServicer, IndexServicer, KnowledgeServicer
 from knowledge_server.workers import WorkerGroup, WorkerMain
@@ -86,6 +87,7 @@ async def create_server(
         ContextInterceptor(),
         AuthInterceptor(authenticate if config.auth_required else None),
         EditionInterceptor(app.licence.edition),
+        LimitsInterceptor(),
     ]
     server = grpc.aio.server(
         interceptors=interceptors,

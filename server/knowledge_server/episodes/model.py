@@ -184,4 +184,7 @@ def parse_event_id(value: str) -> tuple[str, int]:
     sid, _, seq = value[3:].rpartition(":")
     if not sid or not seq.lstrip("-").isdigit():
         raise ValueError("not an episode id")
-    return sid, int(seq)
+    number = int(seq)
+    if not -(2**63) <= number < 2**63:  # SQLite's integers are 64-bit
+        raise ValueError("not an episode id")
+    return sid, number

@@ -41,10 +41,17 @@ class ValidSearch:
     outcome: str
 
 
+# The range of google.protobuf.Timestamp: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z.
+MIN_SECONDS = -62_135_596_800
+MAX_SECONDS = 253_402_300_799
+
+
 def _ts(msg: search_pb2.SearchFilters, name: Literal["since", "until"]) -> datetime | None:
     if not msg.HasField(name):
         return None
     stamp: timestamp_pb2.Timestamp = msg.since if name == "since" else msg.until
+    if not MIN_SECONDS <= stamp.seconds <= MAX_SECONDS or not 0 <= stamp.nanos <= 999_999_999:
+        raise _bad(f"filters.{name}", "must be within 0001-01-01 and 9999-12-31 (UTC)")
     return stamp.ToDatetime(tzinfo=UTC)
 
 

@@ -1,4 +1,5 @@
-"""Server interceptors: call context and logging, authentication, the edition gate.
+"""Server interceptors: call context and logging, authentication, the edition gate,
+the declared size limits of requests.
 
 Every decision that can be made from the method name and the call metadata is made
 in ``intercept_service``; a refused call gets an aborting handler *of the same kind*
@@ -8,6 +9,11 @@ unary ones. Allowed calls get a wrapped handler that binds the per-call context
 
 Only ``knowledge.v1`` methods are intercepted; health checking and reflection are
 open (they reveal no data).
+
+Request bytes that do not decode as the method's request message answer
+``INVALID_ARGUMENT`` with a fixed message (never the parser's exception or the message
+type), whoever the caller is: the deserializer returns a marker instead of raising, and
+the outermost interceptor refuses the marker before any other check runs.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any, TypeAlias
 import grpc
 import structlog
 from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -31,6 +38,7 @@ from knowledge_server._gen.knowledge.v1 import errors_pb2
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.edition import EditionState
 from knowledge_server.transport.policy import EDITION_NAMES, POLICIES, Policy
+from knowledge_server.transport.rules import check_limits
 
 log = structlog.get_logger("knowledge.rpc")
 
@@ -91,23 +99,77 @@ Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 Continuation: TypeAlias = "Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]]"
 
 
+class _Undecodable:
+    """What the request deserializer returns for bytes that are not a valid message."""
+
+    __slots__ = ()
+
+
+UNDECODABLE = _Undecodable()
+
+
+def _undecodable() -> errors.InvalidRequest:
+    return errors.InvalidRequest(
+        "request: the bytes are not a valid request message for this method",
+        metadata={"field": "request"},
+    )
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """``deserialize`` returning :data:`UNDECODABLE` instead of raising ``DecodeError``
+    (grpc would answer UNKNOWN with the exception's text)."""
+    if deserialize is None:
+        return None
+    inner = deserialize
+
+    def run(data: bytes) -> Any:
+        try:
+            return inner(data)
+        except DecodeError:
+            return UNDECODABLE
+
+    return run
+
+
+def _decoded_unary(fn: Behavior) -> Behavior:
+    """``fn``, refusing the marker of an undecodable request before it runs."""
+
+    async def run(request: Any, context: Context) -> Any:
+        if request is UNDECODABLE:
+            raise _undecodable()
+        return await _call_unary(fn, request, context)
+
+    return run
+
+
+def _decoded_stream(fn: Behavior) -> Behavior:
+    async def run(request: Any, context: Context) -> AsyncIterator[Any]:
+        if request is UNDECODABLE:
+            raise _undecodable()
+        async for item in fn(request, context):
+            yield item
+
+    return run
+
+
 def _rewrap(
     handler: Handler,
     unary: Callable[[Behavior], Behavior],
     stream: Callable[[Behavior], Behavior],
+    deserializer: Callable[[bytes], Any] | None = None,
 ) -> Handler | None:
-    """Same kind of handler with its behaviour wrapped."""
+    """Same kind of handler with its behaviour (and optionally its deserializer) wrapped."""
     if handler.request_streaming:
         return handler  # knowledge.v1 has no client-streaming RPCs
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(
             stream(_present(handler.unary_stream)),
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=deserializer or handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
     return grpc.unary_unary_rpc_method_handler(
         unary(_present(handler.unary_unary)),
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=deserializer or handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
 
@@ -225,7 +287,12 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
 
             return run
 
-        return _rewrap(handler, unary, stream)
+        return _rewrap(
+            handler,
+            lambda fn: unary(_decoded_unary(fn)),
+            lambda fn: stream(_decoded_stream(fn)),
+            _tolerant(handler.request_deserializer),
+        )
 
 
 def _is_abort(exc: BaseException, context: Context) -> bool:
@@ -366,3 +433,35 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
             },
         )
         return refusing_handler(handler, err, [refusal])
+
+
+class LimitsInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses a request exceeding a declared ``max_items`` or ``max_length`` anywhere in
+    it (``transport/rules.py``), for every RPC, before the servicer runs. Installed
+    innermost, so the caller has been authenticated and the edition checked first."""
+
+    async def intercept_service(
+        self,
+        continuation: Continuation,
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(PREFIX):
+            return handler
+
+        def unary(fn: Behavior) -> Behavior:
+            async def run(request: Any, context: Context) -> Any:
+                check_limits(request)
+                return await _call_unary(fn, request, context)
+
+            return run
+
+        def stream(fn: Behavior) -> Behavior:
+            async def run(request: Any, context: Context) -> AsyncIterator[Any]:
+                check_limits(request)
+                async for item in fn(request, context):
+                    yield item
+
+            return run
+
+        return _rewrap(handler, unary, stream)

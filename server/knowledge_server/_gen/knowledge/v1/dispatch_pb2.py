@@ -29,7 +29,7 @@ from knowledge_server._gen.knowledge.v1 import options_pb2 as knowledge_dot_v1_d
 from knowledge_server._gen.knowledge.v1 import search_pb2 as knowledge_dot_v1_dot_search__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bknowledge/v1/dispatch.proto\x12\x0cknowledge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19knowledge/v1/errors.proto\x1a\x1aknowledge/v1/options.proto\x1a\x19knowledge/v1/search.proto\"f\n\x0c\x44ispatchTask\x12\x17\n\x04text\x18\x01 \x01(\tB\t\xc2\xbe\x18\x05\x08\x01(\xd0\x0f\x12\x1d\n\nacceptance\x18\x02 \x03(\tB\t\xc2\xbe\x18\x05(\xf4\x03\x30\x14\x12\x1e\n\x0b\x63onstraints\x18\x03 \x03(\tB\t\xc2\xbe\x18\x05(\xf4\x03\x30\x14\"\xf9\x01\n\x0f\x44ispatchRequest\x12-\n\x06schema\x18\x01 \x01(\tB\x1d\xc2\xbe\x18\x19\x08\x01\x12\x15knowledge.dispatch/v1\x12\x30\n\x04task\x18\x02 \x01(\x0b\x32\x1a.knowledge.v1.DispatchTaskB\x06\xc2\xbe\x18\x02\x08\x01\x12\x17\n\x06target\x18\x03 \x01(\tB\x07\xc2\xbe\x18\x03(\x80\x04\x12\x19\n\x08\x61\x63tor_id\x18\x04 \x01(\tB\x07\xc2\xbe\x18\x03(\x80\x04\x12\x14\n\x07\x64ry_run\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x1b\n\nrequest_id\x18\x06 \x01(\tB\x07\xc2\xbe\x18\x03(\x80\x01\x12\x12\n\nworkspaces\x18\x07 \x03(\tB\n\n\x08_dry_run\"\x89\x01\n\x0e\x44ispatchTarget\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x0b\n\x03why\x18\x05 \x03(\t\x12,\n\x08\x64ispatch\x18\x06 \x01(\x0b\x32\x1a.knowledge.v1.DispatchInfo\"Y\n\x0cPriorEpisode\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x0f\n\x07snippet\x18\x04 \x01(\t\x12\x0b\n\x03why\x18\x05 \x03(\t\"i\n\x07\x43odeRef\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x12\n\nstart_line\x18\x03 \x01(\x05\x12\x10\n\x08\x65nd_line\x18\x04 \x01(\x05\x12\x0b\n\x03why\x18\x05 \x03(\t\x12\x11\n\tworkspace\x18\x06 \x01(\t\"\xdb\x01\n\x0b\x43ontextPack\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\x12\n\nacceptance\x18\x02 \x03(\t\x12\x13\n\x0b\x63onstraints\x18\x03 \x03(\t\x12\x32\n\x0eprior_episodes\x18\x04 \x03(\x0b\x32\x1a.knowledge.v1.PriorEpisode\x12(\n\tcode_refs\x18\x05 \x03(\x0b\x32\x15.knowledge.v1.CodeRef\x12(\n\x06skills\x18\x06 \x03(\x0b\x32\x18.knowledge.v1.ActorSkill\x12\r\n\x05risks\x18\x07 \x03(\t\"B\n\x10\x44ispatchEvidence\x12\x10\n\x08\x65pisodes\x18\x01 \x03(\t\x12\x0c\n\x04\x63ode\x18\x02 \x03(\t\x12\x0e\n\x06skills\x18\x03 \x03(\t\"\x9b\x01\n\nAssignment\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x10\n\x08\x61\x63tor_id\x18\x03 \x01(\t\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63reated\x18\x05 \x01(\x08\x12\x13\n\x0boutbox_path\x18\x06 \x01(\t\"\x84\x01\n\x08ToolCall\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x38\n\targuments\x18\x02 \x03(\x0b\x32%.knowledge.v1.ToolCall.ArgumentsEntry\x1a\x30\n\x0e\x41rgumentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"]\n\rHandoffTarget\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12,\n\x08\x64ispatch\x18\x03 \x01(\x0b\x32\x1a.knowledge.v1.DispatchInfo\"\x90\x02\n\x0eHandoffPackage\x12\x0e\n\x06schema\x18\x01 \x01(\t\x12\x15\n\rassignment_id\x18\x02 \x01(\t\x12+\n\x06target\x18\x03 \x01(\x0b\x32\x1b.knowledge.v1.HandoffTarget\x12(\n\x04task\x18\x04 \x01(\x0b\x32\x1a.knowledge.v1.DispatchTask\x12*\n\ntool_calls\x18\x05 \x03(\x0b\x32\x16.knowledge.v1.ToolCall\x12\x11\n\texecution\x18\x06 \x01(\t\x12\x10\n\x08requires\x18\x07 \x01(\t\x12/\n\x0c\x63ontext_pack\x18\x08 \x01(\x0b\x32\x19.knowledge.v1.ContextPack\"\x80\x03\n\x10\x44ispatchResponse\x12\x0e\n\x06schema\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12,\n\x06target\x18\x03 \x01(\x0b\x32\x1c.knowledge.v1.DispatchTarget\x12/\n\x0c\x63ontext_pack\x18\x04 \x01(\x0b\x32\x19.knowledge.v1.ContextPack\x12\x30\n\x08\x65vidence\x18\x05 \x01(\x0b\x32\x1e.knowledge.v1.DispatchEvidence\x12&\n\x08warnings\x18\x06 \x03(\x0b\x32\x14.knowledge.v1.Notice\x12,\n\nassignment\x18\x07 \x01(\x0b\x32\x18.knowledge.v1.Assignment\x12$\n\x06\x65rrors\x18\x08 \x03(\x0b\x32\x14.knowledge.v1.Notice\x12-\n\x07handoff\x18\t \x01(\x0b\x32\x1c.knowledge.v1.HandoffPackage\x12\x12\n\nrequest_id\x18\n \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bknowledge/v1/dispatch.proto\x12\x0cknowledge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19knowledge/v1/errors.proto\x1a\x1aknowledge/v1/options.proto\x1a\x19knowledge/v1/search.proto\"f\n\x0c\x44ispatchTask\x12\x17\n\x04text\x18\x01 \x01(\tB\t\xc2\xbe\x18\x05\x08\x01(\xd0\x0f\x12\x1d\n\nacceptance\x18\x02 \x03(\tB\t\xc2\xbe\x18\x05(\xf4\x03\x30\x14\x12\x1e\n\x0b\x63onstraints\x18\x03 \x03(\tB\t\xc2\xbe\x18\x05(\xf4\x03\x30\x14\"\x84\x02\n\x0f\x44ispatchRequest\x12-\n\x06schema\x18\x01 \x01(\tB\x1d\xc2\xbe\x18\x19\x08\x01\x12\x15knowledge.dispatch/v1\x12\x30\n\x04task\x18\x02 \x01(\x0b\x32\x1a.knowledge.v1.DispatchTaskB\x06\xc2\xbe\x18\x02\x08\x01\x12\x17\n\x06target\x18\x03 \x01(\tB\x07\xc2\xbe\x18\x03(\x80\x04\x12\x19\n\x08\x61\x63tor_id\x18\x04 \x01(\tB\x07\xc2\xbe\x18\x03(\x80\x04\x12\x14\n\x07\x64ry_run\x18\x05 \x01(\x08H\x00\x88\x01\x01\x12\x1b\n\nrequest_id\x18\x06 \x01(\tB\x07\xc2\xbe\x18\x03(\x80\x01\x12\x1d\n\nworkspaces\x18\x07 \x03(\tB\t\xc2\xbe\x18\x05(\x80 0dB\n\n\x08_dry_run\"\x89\x01\n\x0e\x44ispatchTarget\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x0b\n\x03why\x18\x05 \x03(\t\x12,\n\x08\x64ispatch\x18\x06 \x01(\x0b\x32\x1a.knowledge.v1.DispatchInfo\"Y\n\x0cPriorEpisode\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x0f\n\x07snippet\x18\x04 \x01(\t\x12\x0b\n\x03why\x18\x05 \x03(\t\"i\n\x07\x43odeRef\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x12\n\nstart_line\x18\x03 \x01(\x05\x12\x10\n\x08\x65nd_line\x18\x04 \x01(\x05\x12\x0b\n\x03why\x18\x05 \x03(\t\x12\x11\n\tworkspace\x18\x06 \x01(\t\"\xdb\x01\n\x0b\x43ontextPack\x12\x0c\n\x04goal\x18\x01 \x01(\t\x12\x12\n\nacceptance\x18\x02 \x03(\t\x12\x13\n\x0b\x63onstraints\x18\x03 \x03(\t\x12\x32\n\x0eprior_episodes\x18\x04 \x03(\x0b\x32\x1a.knowledge.v1.PriorEpisode\x12(\n\tcode_refs\x18\x05 \x03(\x0b\x32\x15.knowledge.v1.CodeRef\x12(\n\x06skills\x18\x06 \x03(\x0b\x32\x18.knowledge.v1.ActorSkill\x12\r\n\x05risks\x18\x07 \x03(\t\"B\n\x10\x44ispatchEvidence\x12\x10\n\x08\x65pisodes\x18\x01 \x03(\t\x12\x0c\n\x04\x63ode\x18\x02 \x03(\t\x12\x0e\n\x06skills\x18\x03 \x03(\t\"\x9b\x01\n\nAssignment\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x10\n\x08\x61\x63tor_id\x18\x03 \x01(\t\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63reated\x18\x05 \x01(\x08\x12\x13\n\x0boutbox_path\x18\x06 \x01(\t\"\x84\x01\n\x08ToolCall\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x38\n\targuments\x18\x02 \x03(\x0b\x32%.knowledge.v1.ToolCall.ArgumentsEntry\x1a\x30\n\x0e\x41rgumentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"]\n\rHandoffTarget\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12,\n\x08\x64ispatch\x18\x03 \x01(\x0b\x32\x1a.knowledge.v1.DispatchInfo\"\x90\x02\n\x0eHandoffPackage\x12\x0e\n\x06schema\x18\x01 \x01(\t\x12\x15\n\rassignment_id\x18\x02 \x01(\t\x12+\n\x06target\x18\x03 \x01(\x0b\x32\x1b.knowledge.v1.HandoffTarget\x12(\n\x04task\x18\x04 \x01(\x0b\x32\x1a.knowledge.v1.DispatchTask\x12*\n\ntool_calls\x18\x05 \x03(\x0b\x32\x16.knowledge.v1.ToolCall\x12\x11\n\texecution\x18\x06 \x01(\t\x12\x10\n\x08requires\x18\x07 \x01(\t\x12/\n\x0c\x63ontext_pack\x18\x08 \x01(\x0b\x32\x19.knowledge.v1.ContextPack\"\x80\x03\n\x10\x44ispatchResponse\x12\x0e\n\x06schema\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12,\n\x06target\x18\x03 \x01(\x0b\x32\x1c.knowledge.v1.DispatchTarget\x12/\n\x0c\x63ontext_pack\x18\x04 \x01(\x0b\x32\x19.knowledge.v1.ContextPack\x12\x30\n\x08\x65vidence\x18\x05 \x01(\x0b\x32\x1e.knowledge.v1.DispatchEvidence\x12&\n\x08warnings\x18\x06 \x03(\x0b\x32\x14.knowledge.v1.Notice\x12,\n\nassignment\x18\x07 \x01(\x0b\x32\x18.knowledge.v1.Assignment\x12$\n\x06\x65rrors\x18\x08 \x03(\x0b\x32\x14.knowledge.v1.Notice\x12-\n\x07handoff\x18\t \x01(\x0b\x32\x1c.knowledge.v1.HandoffPackage\x12\x12\n\nrequest_id\x18\n \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,32 +52,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DISPATCHREQUEST'].fields_by_name['actor_id']._serialized_options = b'\302\276\030\003(\200\004'
   _globals['_DISPATCHREQUEST'].fields_by_name['request_id']._loaded_options = None
   _globals['_DISPATCHREQUEST'].fields_by_name['request_id']._serialized_options = b'\302\276\030\003(\200\001'
+  _globals['_DISPATCHREQUEST'].fields_by_name['workspaces']._loaded_options = None
+  _globals['_DISPATCHREQUEST'].fields_by_name['workspaces']._serialized_options = b'\302\276\030\005(\200 0d'
   _globals['_TOOLCALL_ARGUMENTSENTRY']._loaded_options = None
   _globals['_TOOLCALL_ARGUMENTSENTRY']._serialized_options = b'8\001'
   _globals['_DISPATCHTASK']._serialized_start=160
   _globals['_DISPATCHTASK']._serialized_end=262
   _globals['_DISPATCHREQUEST']._serialized_start=265
-  _globals['_DISPATCHREQUEST']._serialized_end=514
-  _globals['_DISPATCHTARGET']._serialized_start=517
-  _globals['_DISPATCHTARGET']._serialized_end=654
-  _globals['_PRIOREPISODE']._serialized_start=656
-  _globals['_PRIOREPISODE']._serialized_end=745
-  _globals['_CODEREF']._serialized_start=747
-  _globals['_CODEREF']._serialized_end=852
-  _globals['_CONTEXTPACK']._serialized_start=855
-  _globals['_CONTEXTPACK']._serialized_end=1074
-  _globals['_DISPATCHEVIDENCE']._serialized_start=1076
-  _globals['_DISPATCHEVIDENCE']._serialized_end=1142
-  _globals['_ASSIGNMENT']._serialized_start=1145
-  _globals['_ASSIGNMENT']._serialized_end=1300
-  _globals['_TOOLCALL']._serialized_start=1303
-  _globals['_TOOLCALL']._serialized_end=1435
-  _globals['_TOOLCALL_ARGUMENTSENTRY']._serialized_start=1387
-  _globals['_TOOLCALL_ARGUMENTSENTRY']._serialized_end=1435
-  _globals['_HANDOFFTARGET']._serialized_start=1437
-  _globals['_HANDOFFTARGET']._serialized_end=1530
-  _globals['_HANDOFFPACKAGE']._serialized_start=1533
-  _globals['_HANDOFFPACKAGE']._serialized_end=1805
-  _globals['_DISPATCHRESPONSE']._serialized_start=1808
-  _globals['_DISPATCHRESPONSE']._serialized_end=2192
+  _globals['_DISPATCHREQUEST']._serialized_end=525
+  _globals['_DISPATCHTARGET']._serialized_start=528
+  _globals['_DISPATCHTARGET']._serialized_end=665
+  _globals['_PRIOREPISODE']._serialized_start=667
+  _globals['_PRIOREPISODE']._serialized_end=756
+  _globals['_CODEREF']._serialized_start=758
+  _globals['_CODEREF']._serialized_end=863
+  _globals['_CONTEXTPACK']._serialized_start=866
+  _globals['_CONTEXTPACK']._serialized_end=1085
+  _globals['_DISPATCHEVIDENCE']._serialized_start=1087
+  _globals['_DISPATCHEVIDENCE']._serialized_end=1153
+  _globals['_ASSIGNMENT']._serialized_start=1156
+  _globals['_ASSIGNMENT']._serialized_end=1311
+  _globals['_TOOLCALL']._serialized_start=1314
+  _globals['_TOOLCALL']._serialized_end=1446
+  _globals['_TOOLCALL_ARGUMENTSENTRY']._serialized_start=1398
+  _globals['_TOOLCALL_ARGUMENTSENTRY']._serialized_end=1446
+  _globals['_HANDOFFTARGET']._serialized_start=1448
+  _globals['_HANDOFFTARGET']._serialized_end=1541
+  _globals['_HANDOFFPACKAGE']._serialized_start=1544
+  _globals['_HANDOFFPACKAGE']._serialized_end=1816
+  _globals['_DISPATCHRESPONSE']._serialized_start=1819
+  _globals['_DISPATCHRESPONSE']._serialized_end=2203
 # @@protoc_insertion_point(module_scope)

@@ -28,7 +28,7 @@ from knowledge_server._gen.knowledge.v1 import errors_pb2 as knowledge_dot_v1_do
 from knowledge_server._gen.knowledge.v1 import options_pb2 as knowledge_dot_v1_dot_options__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n knowledge/v1/index_service.proto\x12\x0cknowledge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19knowledge/v1/errors.proto\x1a\x1aknowledge/v1/options.proto\"G\n\x08Progress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x04 \x01(\t\"\xef\x01\n\x10OperationSummary\x12\x11\n\tindex_rev\x18\x01 \x01(\t\x12>\n\x08\x63ounters\x18\x02 \x03(\x0b\x32,.knowledge.v1.OperationSummary.CountersEntry\x12&\n\x08problems\x18\x03 \x03(\x0b\x32\x14.knowledge.v1.Notice\x12\n\n\x02ms\x18\x04 \x01(\x01\x12\x0f\n\x07\x63hanged\x18\x05 \x01(\x08\x12\x12\n\nstopped_by\x18\x06 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"3\n\x15IndexWorkspaceRequest\x12\x0c\n\x04root\x18\x01 \x01(\t\x12\x0c\n\x04\x66ull\x18\x02 \x01(\x08\"\x80\x01\n\x16IndexWorkspaceResponse\x12*\n\x08progress\x18\x01 \x01(\x0b\x32\x16.knowledge.v1.ProgressH\x00\x12\x31\n\x07summary\x18\x02 \x01(\x0b\x32\x1e.knowledge.v1.OperationSummaryH\x00\x42\x07\n\x05\x65vent\"&\n\x15IngestSessionsRequest\x12\r\n\x05paths\x18\x01 \x03(\t\"\x80\x01\n\x16IngestSessionsResponse\x12*\n\x08progress\x18\x01 \x01(\x0b\x32\x16.knowledge.v1.ProgressH\x00\x12\x31\n\x07summary\x18\x02 \x01(\x0b\x32\x1e.knowledge.v1.OperationSummaryH\x00\x42\x07\n\x05\x65vent\"%\n\x15RebuildDerivedRequest\x12\x0c\n\x04\x66ull\x18\x01 \x01(\x08\"\x80\x01\n\x16RebuildDerivedResponse\x12*\n\x08progress\x18\x01 \x01(\x0b\x32\x16.knowledge.v1.ProgressH\x00\x12\x31\n\x07summary\x18\x02 \x01(\x0b\x32\x1e.knowledge.v1.OperationSummaryH\x00\x42\x07\n\x05\x65vent\"{\n\x14\x42uildDocGraphRequest\x12\x0c\n\x04root\x18\x01 \x01(\t\x12\x10\n\x08\x65stimate\x18\x02 \x01(\x08\x12\x12\n\nmax_chunks\x18\x03 \x01(\x05\x12\x16\n\x0e\x62udget_seconds\x18\x04 \x01(\x05\x12\x17\n\x0fstructural_only\x18\x05 \x01(\x08\"\x7f\n\x15\x42uildDocGraphResponse\x12*\n\x08progress\x18\x01 \x01(\x0b\x32\x16.knowledge.v1.ProgressH\x00\x12\x31\n\x07summary\x18\x02 \x01(\x0b\x32\x1e.knowledge.v1.OperationSummaryH\x00\x42\x07\n\x05\x65vent\"\x12\n\x10GetStatusRequest\"\xaf\x01\n\rEditionStatus\x12\x0f\n\x07\x65\x64ition\x18\x01 \x01(\t\x12\x15\n\rlicence_state\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08licensee\x18\x04 \x01(\t\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x66\x65\x61tures\x18\x06 \x03(\t\x12\x12\n\nlicence_id\x18\x07 \x01(\t\"\x8c\x02\n\nLaneStatus\x12\x0c\n\x04lane\x18\x01 \x01(\t\x12\x11\n\tindex_rev\x18\x02 \x01(\t\x12\x34\n\x06\x63ounts\x18\x03 \x03(\x0b\x32$.knowledge.v1.LaneStatus.CountsEntry\x12\x12\n\ncapability\x18\x04 \x01(\t\x12\x10\n\x08\x64\x65graded\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12(\n\nlast_error\x18\x07 \x01(\x0b\x32\x14.knowledge.v1.Notice\x12\x18\n\x10stale_workspaces\x18\x08 \x03(\t\x1a-\n\x0b\x43ountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"U\n\x0fPrincipalStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0corganisation\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x12\n\nworkspaces\x18\x04 \x03(\t\"\xf1\x01\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12,\n\x07\x65\x64ition\x18\x02 \x01(\x0b\x32\x1b.knowledge.v1.EditionStatus\x12\'\n\x05lanes\x18\x03 \x03(\x0b\x32\x18.knowledge.v1.LaneStatus\x12\x30\n\tprincipal\x18\x04 \x01(\x0b\x32\x1d.knowledge.v1.PrincipalStatus\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nworkspaces\x18\x06 \x03(\t2\x8d\x04\n\x0cIndexService\x12\x65\n\x0eIndexWorkspace\x12#.knowledge.v1.IndexWorkspaceRequest\x1a$.knowledge.v1.IndexWorkspaceResponse\"\x06\xba\xbe\x18\x02\x18\x02\x30\x01\x12\x65\n\x0eIngestSessions\x12#.knowledge.v1.IngestSessionsRequest\x1a$.knowledge.v1.IngestSessionsResponse\"\x06\xba\xbe\x18\x02\x18\x02\x30\x01\x12\x65\n\x0eRebuildDerived\x12#.knowledge.v1.RebuildDerivedRequest\x1a$.knowledge.v1.RebuildDerivedResponse\"\x06\xba\xbe\x18\x02\x18\x02\x30\x01\x12o\n\rBuildDocGraph\x12\".knowledge.v1.BuildDocGraphRequest\x1a#.knowledge.v1.BuildDocGraphResponse\"\x13\xba\xbe\x18\x0f\n\tdoc-graph\x10\x03\x18\x02\x30\x01\x12W\n\tGetStatus\x12\x1e.knowledge.v1.GetStatusRequest\x1a\x1f.knowledge.v1.GetStatusResponse\"\t\x90\x02\x01\xba\xbe\x18\x02\x18\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n knowledge/v1/index_service.proto\x12\x0cknowledge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19knowledge/v1/errors.proto\x1a\x1aknowledge/v1/options.proto\"G\n\x08Progress\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x04 \x01(\t\"\xef\x01\n\x10OperationSummary\x12\x11\n\tindex_rev\x18\x01 \x01(\t\x12>\n\x08\x63ounters\x18\x02 \x03(\x0b\x32,.knowledge.v1.OperationSummary.CountersEntry\x12&\n\x08problems\x18\x03 \x03(\x0b\x32\x14.knowledge.v1.Notice\x12\n\n\x02ms\x18\x04 \x01(\x01\x12\x0f\n\x07\x63hanged\x18\x05 \x01(\x08\x12\x12\n\nstopped_by\x18\x06 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"<\n\x15IndexWorkspaceRequest\x12\x15\n\x04root\x18\x01 \x01(\tB\x07\xc2\xbe\x18\x03(\x80 \x12\x0c\n\x04\x66ull\x18\x02 \x01(\x08\"\x80\x01\n\x16IndexWorkspaceResponse\x12*\n\x08progress\x18\x01 \x01(\x0b\x32\x16.knowledge.v1.ProgressH\x00\x12\x31\n\x07summary\x18\x02 \x01(\x0b\x32\x1e.knowledge.v1.OperationSummaryH\x00\x42\x07\n\x05\x65vent\"2\n\x15IngestSessionsRequest\x12\x19\n\x05paths\x18\x01 \x03(\tB\n\xc2\xbe\x18\x06(\x80 0\xe8\x07\"\x80\x01\n\x16IngestSessionsResponse\x12*\n\x08progress\x18\x01 \x01(\x0b\x32\x16.knowledge.v1.ProgressH\x00\x12\x31\n\x07summary\x18\x02 \x01(\x0b\x32\x1e.knowledge.v1.OperationSummaryH\x00\x42\x07\n\x05\x65vent\"%\n\x15RebuildDerivedRequest\x12\x0c\n\x04\x66ull\x18\x01 \x01(\x08\"\x80\x01\n\x16RebuildDerivedResponse\x12*\n\x08progress\x18\x01 \x01(\x0b\x32\x16.knowledge.v1.ProgressH\x00\x12\x31\n\x07summary\x18\x02 \x01(\x0b\x32\x1e.knowledge.v1.OperationSummaryH\x00\x42\x07\n\x05\x65vent\"\x84\x01\n\x14\x42uildDocGraphRequest\x12\x15\n\x04root\x18\x01 \x01(\tB\x07\xc2\xbe\x18\x03(\x80 \x12\x10\n\x08\x65stimate\x18\x02 \x01(\x08\x12\x12\n\nmax_chunks\x18\x03 \x01(\x05\x12\x16\n\x0e\x62udget_seconds\x18\x04 \x01(\x05\x12\x17\n\x0fstructural_only\x18\x05 \x01(\x08\"\x7f\n\x15\x42uildDocGraphResponse\x12*\n\x08progress\x18\x01 \x01(\x0b\x32\x16.knowledge.v1.ProgressH\x00\x12\x31\n\x07summary\x18\x02 \x01(\x0b\x32\x1e.knowledge.v1.OperationSummaryH\x00\x42\x07\n\x05\x65vent\"\x12\n\x10GetStatusRequest\"\xaf\x01\n\rEditionStatus\x12\x0f\n\x07\x65\x64ition\x18\x01 \x01(\t\x12\x15\n\rlicence_state\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08licensee\x18\x04 \x01(\t\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x66\x65\x61tures\x18\x06 \x03(\t\x12\x12\n\nlicence_id\x18\x07 \x01(\t\"\x8c\x02\n\nLaneStatus\x12\x0c\n\x04lane\x18\x01 \x01(\t\x12\x11\n\tindex_rev\x18\x02 \x01(\t\x12\x34\n\x06\x63ounts\x18\x03 \x03(\x0b\x32$.knowledge.v1.LaneStatus.CountsEntry\x12\x12\n\ncapability\x18\x04 \x01(\t\x12\x10\n\x08\x64\x65graded\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12(\n\nlast_error\x18\x07 \x01(\x0b\x32\x14.knowledge.v1.Notice\x12\x18\n\x10stale_workspaces\x18\x08 \x03(\t\x1a-\n\x0b\x43ountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"U\n\x0fPrincipalStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0corganisation\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x12\n\nworkspaces\x18\x04 \x03(\t\"\xf1\x01\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12,\n\x07\x65\x64ition\x18\x02 \x01(\x0b\x32\x1b.knowledge.v1.EditionStatus\x12\'\n\x05lanes\x18\x03 \x03(\x0b\x32\x18.knowledge.v1.LaneStatus\x12\x30\n\tprincipal\x18\x04 \x01(\x0b\x32\x1d.knowledge.v1.PrincipalStatus\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nworkspaces\x18\x06 \x03(\t2\x8d\x04\n\x0cIndexService\x12\x65\n\x0eIndexWorkspace\x12#.knowledge.v1.IndexWorkspaceRequest\x1a$.knowledge.v1.IndexWorkspaceResponse\"\x06\xba\xbe\x18\x02\x18\x02\x30\x01\x12\x65\n\x0eIngestSessions\x12#.knowledge.v1.IngestSessionsRequest\x1a$.knowledge.v1.IngestSessionsResponse\"\x06\xba\xbe\x18\x02\x18\x02\x30\x01\x12\x65\n\x0eRebuildDerived\x12#.knowledge.v1.RebuildDerivedRequest\x1a$.knowledge.v1.RebuildDerivedResponse\"\x06\xba\xbe\x18\x02\x18\x02\x30\x01\x12o\n\rBuildDocGraph\x12\".knowledge.v1.BuildDocGraphRequest\x1a#.knowledge.v1.BuildDocGraphResponse\"\x13\xba\xbe\x18\x0f\n\tdoc-graph\x10\x03\x18\x02\x30\x01\x12W\n\tGetStatus\x12\x1e.knowledge.v1.GetStatusRequest\x1a\x1f.knowledge.v1.GetStatusResponse\"\t\x90\x02\x01\xba\xbe\x18\x02\x18\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,6 +37,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPERATIONSUMMARY_COUNTERSENTRY']._loaded_options = None
   _globals['_OPERATIONSUMMARY_COUNTERSENTRY']._serialized_options = b'8\001'
+  _globals['_INDEXWORKSPACEREQUEST'].fields_by_name['root']._loaded_options = None
+  _globals['_INDEXWORKSPACEREQUEST'].fields_by_name['root']._serialized_options = b'\302\276\030\003(\200 '
+  _globals['_INGESTSESSIONSREQUEST'].fields_by_name['paths']._loaded_options = None
+  _globals['_INGESTSESSIONSREQUEST'].fields_by_name['paths']._serialized_options = b'\302\276\030\006(\200 0\350\007'
+  _globals['_BUILDDOCGRAPHREQUEST'].fields_by_name['root']._loaded_options = None
+  _globals['_BUILDDOCGRAPHREQUEST'].fields_by_name['root']._serialized_options = b'\302\276\030\003(\200 '
   _globals['_LANESTATUS_COUNTSENTRY']._loaded_options = None
   _globals['_LANESTATUS_COUNTSENTRY']._serialized_options = b'8\001'
   _globals['_INDEXSERVICE'].methods_by_name['IndexWorkspace']._loaded_options = None
@@ -56,33 +62,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPERATIONSUMMARY_COUNTERSENTRY']._serialized_start=404
   _globals['_OPERATIONSUMMARY_COUNTERSENTRY']._serialized_end=451
   _globals['_INDEXWORKSPACEREQUEST']._serialized_start=453
-  _globals['_INDEXWORKSPACEREQUEST']._serialized_end=504
-  _globals['_INDEXWORKSPACERESPONSE']._serialized_start=507
-  _globals['_INDEXWORKSPACERESPONSE']._serialized_end=635
-  _globals['_INGESTSESSIONSREQUEST']._serialized_start=637
-  _globals['_INGESTSESSIONSREQUEST']._serialized_end=675
-  _globals['_INGESTSESSIONSRESPONSE']._serialized_start=678
-  _globals['_INGESTSESSIONSRESPONSE']._serialized_end=806
-  _globals['_REBUILDDERIVEDREQUEST']._serialized_start=808
-  _globals['_REBUILDDERIVEDREQUEST']._serialized_end=845
-  _globals['_REBUILDDERIVEDRESPONSE']._serialized_start=848
-  _globals['_REBUILDDERIVEDRESPONSE']._serialized_end=976
-  _globals['_BUILDDOCGRAPHREQUEST']._serialized_start=978
-  _globals['_BUILDDOCGRAPHREQUEST']._serialized_end=1101
-  _globals['_BUILDDOCGRAPHRESPONSE']._serialized_start=1103
-  _globals['_BUILDDOCGRAPHRESPONSE']._serialized_end=1230
-  _globals['_GETSTATUSREQUEST']._serialized_start=1232
-  _globals['_GETSTATUSREQUEST']._serialized_end=1250
-  _globals['_EDITIONSTATUS']._serialized_start=1253
-  _globals['_EDITIONSTATUS']._serialized_end=1428
-  _globals['_LANESTATUS']._serialized_start=1431
-  _globals['_LANESTATUS']._serialized_end=1699
-  _globals['_LANESTATUS_COUNTSENTRY']._serialized_start=1654
-  _globals['_LANESTATUS_COUNTSENTRY']._serialized_end=1699
-  _globals['_PRINCIPALSTATUS']._serialized_start=1701
-  _globals['_PRINCIPALSTATUS']._serialized_end=1786
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1789
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2030
-  _globals['_INDEXSERVICE']._serialized_start=2033
-  _globals['_INDEXSERVICE']._serialized_end=2558
+  _globals['_INDEXWORKSPACEREQUEST']._serialized_end=513
+  _globals['_INDEXWORKSPACERESPONSE']._serialized_start=516
+  _globals['_INDEXWORKSPACERESPONSE']._serialized_end=644
+  _globals['_INGESTSESSIONSREQUEST']._serialized_start=646
+  _globals['_INGESTSESSIONSREQUEST']._serialized_end=696
+  _globals['_INGESTSESSIONSRESPONSE']._serialized_start=699
+  _globals['_INGESTSESSIONSRESPONSE']._serialized_end=827
+  _globals['_REBUILDDERIVEDREQUEST']._serialized_start=829
+  _globals['_REBUILDDERIVEDREQUEST']._serialized_end=866
+  _globals['_REBUILDDERIVEDRESPONSE']._serialized_start=869
+  _globals['_REBUILDDERIVEDRESPONSE']._serialized_end=997
+  _globals['_BUILDDOCGRAPHREQUEST']._serialized_start=1000
+  _globals['_BUILDDOCGRAPHREQUEST']._serialized_end=1132
+  _globals['_BUILDDOCGRAPHRESPONSE']._serialized_start=1134
+  _globals['_BUILDDOCGRAPHRESPONSE']._serialized_end=1261
+  _globals['_GETSTATUSREQUEST']._serialized_start=1263
+  _globals['_GETSTATUSREQUEST']._serialized_end=1281
+  _globals['_EDITIONSTATUS']._serialized_start=1284
+  _globals['_EDITIONSTATUS']._serialized_end=1459
+  _globals['_LANESTATUS']._serialized_start=1462
+  _globals['_LANESTATUS']._serialized_end=1730
+  _globals['_LANESTATUS_COUNTSENTRY']._serialized_start=1685
+  _globals['_LANESTATUS_COUNTSENTRY']._serialized_end=1730
+  _globals['_PRINCIPALSTATUS']._serialized_start=1732
+  _globals['_PRINCIPALSTATUS']._serialized_end=1817
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1820
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2061
+  _globals['_INDEXSERVICE']._serialized_start=2064
+  _globals['_INDEXSERVICE']._serialized_end=2589
 # @@protoc_insertion_point(module_scope)

@@ -29,7 +29,7 @@ from knowledge_server._gen.knowledge.v1 import options_pb2 as knowledge_dot_v1_d
 from knowledge_server._gen.knowledge.v1 import search_pb2 as knowledge_dot_v1_dot_search__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$knowledge/v1/knowledge_service.proto\x12\x0cknowledge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bknowledge/v1/dispatch.proto\x1a\x1aknowledge/v1/options.proto\x1a\x19knowledge/v1/search.proto\"E\n\x11GetEpisodeRequest\x12\x12\n\x02id\x18\x01 \x01(\tB\x06\xc2\xbe\x18\x02\x08\x01\x12\x1c\n\nneighbours\x18\x02 \x01(\x05\x42\x08\xc2\xbe\x18\x04\x18\x00 \x14\"\xd3\x01\n\x07\x45pisode\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x12\n\nevent_type\x18\x04 \x01(\t\x12(\n\x04time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x11\n\ttool_name\x18\x07 \x01(\t\x12\x10\n\x08is_error\x18\x08 \x01(\x08\x12*\n\x07session\x18\t \x01(\x0b\x32\x19.knowledge.v1.SessionInfo\"\x9c\x01\n\x12GetEpisodeResponse\x12&\n\x07\x65pisode\x18\x01 \x01(\x0b\x32\x15.knowledge.v1.Episode\x12%\n\x06\x62\x65\x66ore\x18\x02 \x03(\x0b\x32\x15.knowledge.v1.Episode\x12$\n\x05\x61\x66ter\x18\x03 \x03(\x0b\x32\x15.knowledge.v1.Episode\x12\x11\n\tindex_rev\x18\x04 \x01(\t\"%\n\x0fGetChunkRequest\x12\x12\n\x02id\x18\x01 \x01(\tB\x06\xc2\xbe\x18\x02\x08\x01\"\xc7\x01\n\x05\x43hunk\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x11\n\tworkspace\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x12\n\nstart_line\x18\x05 \x01(\x05\x12\x10\n\x08\x65nd_line\x18\x06 \x01(\x05\x12\x13\n\x0bsource_kind\x18\x07 \x01(\t\x12\x0e\n\x06symbol\x18\x08 \x01(\t\x12\x10\n\x08language\x18\t \x01(\t\x12\x0c\n\x04text\x18\n \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\x0b \x01(\t\"I\n\x10GetChunkResponse\x12\"\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x13.knowledge.v1.Chunk\x12\x11\n\tindex_rev\x18\x02 \x01(\t2\xea\x02\n\x10KnowledgeService\x12N\n\x06Search\x12\x1b.knowledge.v1.SearchRequest\x1a\x1c.knowledge.v1.SearchResponse\"\t\x90\x02\x01\xba\xbe\x18\x02\x18\x01\x12T\n\x08\x44ispatch\x12\x1d.knowledge.v1.DispatchRequest\x1a\x1e.knowledge.v1.DispatchResponse\"\t\x90\x02\x02\xba\xbe\x18\x02\x18\x01\x12Z\n\nGetEpisode\x12\x1f.knowledge.v1.GetEpisodeRequest\x1a .knowledge.v1.GetEpisodeResponse\"\t\x90\x02\x01\xba\xbe\x18\x02\x18\x01\x12T\n\x08GetChunk\x12\x1d.knowledge.v1.GetChunkRequest\x1a\x1e.knowledge.v1.GetChunkResponse\"\t\x90\x02\x01\xba\xbe\x18\x02\x18\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$knowledge/v1/knowledge_service.proto\x12\x0cknowledge.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bknowledge/v1/dispatch.proto\x1a\x1aknowledge/v1/options.proto\x1a\x19knowledge/v1/search.proto\"H\n\x11GetEpisodeRequest\x12\x15\n\x02id\x18\x01 \x01(\tB\t\xc2\xbe\x18\x05\x08\x01(\x80 \x12\x1c\n\nneighbours\x18\x02 \x01(\x05\x42\x08\xc2\xbe\x18\x04\x18\x00 \x14\"\xd3\x01\n\x07\x45pisode\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x12\n\nevent_type\x18\x04 \x01(\t\x12(\n\x04time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x11\n\ttool_name\x18\x07 \x01(\t\x12\x10\n\x08is_error\x18\x08 \x01(\x08\x12*\n\x07session\x18\t \x01(\x0b\x32\x19.knowledge.v1.SessionInfo\"\x9c\x01\n\x12GetEpisodeResponse\x12&\n\x07\x65pisode\x18\x01 \x01(\x0b\x32\x15.knowledge.v1.Episode\x12%\n\x06\x62\x65\x66ore\x18\x02 \x03(\x0b\x32\x15.knowledge.v1.Episode\x12$\n\x05\x61\x66ter\x18\x03 \x03(\x0b\x32\x15.knowledge.v1.Episode\x12\x11\n\tindex_rev\x18\x04 \x01(\t\"(\n\x0fGetChunkRequest\x12\x15\n\x02id\x18\x01 \x01(\tB\t\xc2\xbe\x18\x05\x08\x01(\x80 \"\xc7\x01\n\x05\x43hunk\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x11\n\tworkspace\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x12\n\nstart_line\x18\x05 \x01(\x05\x12\x10\n\x08\x65nd_line\x18\x06 \x01(\x05\x12\x13\n\x0bsource_kind\x18\x07 \x01(\t\x12\x0e\n\x06symbol\x18\x08 \x01(\t\x12\x10\n\x08language\x18\t \x01(\t\x12\x0c\n\x04text\x18\n \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\x0b \x01(\t\"I\n\x10GetChunkResponse\x12\"\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x13.knowledge.v1.Chunk\x12\x11\n\tindex_rev\x18\x02 \x01(\t2\xea\x02\n\x10KnowledgeService\x12N\n\x06Search\x12\x1b.knowledge.v1.SearchRequest\x1a\x1c.knowledge.v1.SearchResponse\"\t\x90\x02\x01\xba\xbe\x18\x02\x18\x01\x12T\n\x08\x44ispatch\x12\x1d.knowledge.v1.DispatchRequest\x1a\x1e.knowledge.v1.DispatchResponse\"\t\x90\x02\x02\xba\xbe\x18\x02\x18\x01\x12Z\n\nGetEpisode\x12\x1f.knowledge.v1.GetEpisodeRequest\x1a .knowledge.v1.GetEpisodeResponse\"\t\x90\x02\x01\xba\xbe\x18\x02\x18\x01\x12T\n\x08GetChunk\x12\x1d.knowledge.v1.GetChunkRequest\x1a\x1e.knowledge.v1.GetChunkResponse\"\t\x90\x02\x01\xba\xbe\x18\x02\x18\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,11 +37,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'knowledge_server._gen.knowl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETEPISODEREQUEST'].fields_by_name['id']._loaded_options = None
-  _globals['_GETEPISODEREQUEST'].fields_by_name['id']._serialized_options = b'\302\276\030\002\010\001'
+  _globals['_GETEPISODEREQUEST'].fields_by_name['id']._serialized_options = b'\302\276\030\005\010\001(\200 '
   _globals['_GETEPISODEREQUEST'].fields_by_name['neighbours']._loaded_options = None
   _globals['_GETEPISODEREQUEST'].fields_by_name['neighbours']._serialized_options = b'\302\276\030\004\030\000 \024'
   _globals['_GETCHUNKREQUEST'].fields_by_name['id']._loaded_options = None
-  _globals['_GETCHUNKREQUEST'].fields_by_name['id']._serialized_options = b'\302\276\030\002\010\001'
+  _globals['_GETCHUNKREQUEST'].fields_by_name['id']._serialized_options = b'\302\276\030\005\010\001(\200 '
   _globals['_KNOWLEDGESERVICE'].methods_by_name['Search']._loaded_options = None
   _globals['_KNOWLEDGESERVICE'].methods_by_name['Search']._serialized_options = b'\220\002\001\272\276\030\002\030\001'
   _globals['_KNOWLEDGESERVICE'].methods_by_name['Dispatch']._loaded_options = None
@@ -51,17 +51,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KNOWLEDGESERVICE'].methods_by_name['GetChunk']._loaded_options = None
   _globals['_KNOWLEDGESERVICE'].methods_by_name['GetChunk']._serialized_options = b'\220\002\001\272\276\030\002\030\001'
   _globals['_GETEPISODEREQUEST']._serialized_start=171
-  _globals['_GETEPISODEREQUEST']._serialized_end=240
-  _globals['_EPISODE']._serialized_start=243
-  _globals['_EPISODE']._serialized_end=454
-  _globals['_GETEPISODERESPONSE']._serialized_start=457
-  _globals['_GETEPISODERESPONSE']._serialized_end=613
-  _globals['_GETCHUNKREQUEST']._serialized_start=615
-  _globals['_GETCHUNKREQUEST']._serialized_end=652
-  _globals['_CHUNK']._serialized_start=655
-  _globals['_CHUNK']._serialized_end=854
-  _globals['_GETCHUNKRESPONSE']._serialized_start=856
-  _globals['_GETCHUNKRESPONSE']._serialized_end=929
-  _globals['_KNOWLEDGESERVICE']._serialized_start=932
-  _globals['_KNOWLEDGESERVICE']._serialized_end=1294
+  _globals['_GETEPISODEREQUEST']._serialized_end=243
+  _globals['_EPISODE']._serialized_start=246
+  _globals['_EPISODE']._serialized_end=457
+  _globals['_GETEPISODERESPONSE']._serialized_start=460
+  _globals['_GETEPISODERESPONSE']._serialized_end=616
+  _globals['_GETCHUNKREQUEST']._serialized_start=618
+  _globals['_GETCHUNKREQUEST']._serialized_end=658
+  _globals['_CHUNK']._serialized_start=661
+  _globals['_CHUNK']._serialized_end=860
+  _globals['_GETCHUNKRESPONSE']._serialized_start=862
+  _globals['_GETCHUNKRESPONSE']._serialized_end=935
+  _globals['_KNOWLEDGESERVICE']._serialized_start=938
+  _globals['_KNOWLEDGESERVICE']._serialized_end=1300
 # @@protoc_insertion_point(module_scope)
