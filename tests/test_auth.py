@@ -136,6 +136,8 @@ def test_parse_authorization() -> None:
     metadata = [("x-other", "1"), ("Authorization", "Bearer kn_xyz")]
     assert token_from_metadata(metadata) == "kn_xyz"
     assert token_from_metadata([]) is None
+    twice = [("authorization", "Bearer kn_xyz"), ("Authorization", "Bearer kn_abc")]
+    assert token_from_metadata(twice) is None
 
 
 def test_cli_create_list_revoke(tmp_path: Path) -> None:

@@ -199,11 +199,10 @@ def parse_authorization(metadata_value: str | bytes | None) -> str | None:
 
 
 def token_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
-    """The bearer token from gRPC invocation metadata (first ``authorization`` entry)."""
-    for key, value in metadata or ():
-        if key.lower() == "authorization":
-            return parse_authorization(value)
-    return None
+    """The bearer token from gRPC invocation metadata: its one ``authorization`` entry;
+    ``None`` when there is none or more than one (as the server refuses such a call)."""
+    values = [value for key, value in metadata or () if key.lower() == "authorization"]
+    return parse_authorization(values[0]) if len(values) == 1 else None
 
 
 def _stat_signature(path: Path) -> tuple[int, int, int] | None:
