@@ -152,6 +152,33 @@ def test_bad_configuration_exits_2_with_the_setting(tmp_path: Path) -> None:
     assert out.exit_code == 2 and "KNOWLEDGE_LANE_TIMEOUT_MS" in out.stderr
 
 
+def test_serve_refuses_a_workspace_that_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent"
+    out = subprocess.run(
+        [*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0", "--workspace", str(missing)],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [
+        f"error: configuration: workspaces: {missing} does not exist"
+    ]
+    assert not (tmp_path / "data" / "server.json").exists()
+
+
+def test_a_workspace_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    from knowledge_server.config import ConfigError, check_workspaces, load_config
+
+    (tmp_path / "file.py").write_text("x = 1\n")
+    cfg = load_config(env={}, overrides={"workspaces": [str(tmp_path / "file.py")]})
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check_workspaces(cfg)
+    check_workspaces(load_config(env={}, overrides={"workspaces": [str(tmp_path)]}))
+
+
 def test_every_command_has_help() -> None:
     from knowledge_server.cli import iter_commands
 

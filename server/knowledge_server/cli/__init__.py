@@ -107,7 +107,8 @@ def version(as_json: bool) -> None:
     "workspaces",
     multiple=True,
     type=click.Path(file_okay=False),
-    help="Workspace root to index for the code lane (repeatable). Default: the service's own source tree.",
+    help="Workspace root to index for the code lane (repeatable; must be an existing directory). "
+    "Default: the service's own source tree.",
 )
 @click.option(
     "--sessions",
@@ -160,7 +161,7 @@ def serve(
     """
     # The server's runtime (stores, tree-sitter, numpy) is imported by `serve` alone, so
     # the client commands (search, status, ...) start without loading it.
-    from knowledge_server.config import ConfigError, load_config
+    from knowledge_server.config import ConfigError, check_workspaces, load_config
     from knowledge_server.logs import configure_logging
     from knowledge_server.runtime import (
         build_app,
@@ -191,8 +192,9 @@ def serve(
     if not cfg.workspaces:
         cfg = dataclasses.replace(cfg, workspaces=(own_source_tree(),))
     try:
-        # Before anything is opened: a busy port stops here, and the server listening
-        # there keeps its stores and its DATA_DIR/server.json.
+        # Before anything is opened: a missing workspace or a busy port stops here (and
+        # the server listening there keeps its stores and its DATA_DIR/server.json).
+        check_workspaces(cfg)
         check_port_free(cfg.listen)
         app = build_app(cfg)
         authenticate = build_authenticator(cfg)
