@@ -89,6 +89,27 @@ def test_corrupt_file_fails_closed(store: TokenStore) -> None:
         store.list()
 
 
+def test_unreadable_token_file_is_one_structured_event_with_its_path(store: TokenStore) -> None:
+    from structlog.testing import capture_logs
+
+    _, plain = store.create("agent-1", "acme", None, "agent")
+    server_view = TokenStore(store.path)
+    assert server_view.authenticate(plain) is not None
+    store.path.write_text("{not json")
+    with capture_logs() as logs:
+        assert server_view.authenticate(plain) is None
+        assert server_view.authenticate(plain) is None  # the same file: reported once
+    assert logs == [
+        {
+            "event": "auth.token_file_unreadable",
+            "log_level": "error",
+            "path": str(store.path),
+            "reason": "token file is not valid JSON",
+            "consequence": "refusing all tokens",
+        }
+    ]
+
+
 def test_list_has_no_hashes(store: TokenStore) -> None:
     store.create("agent-1", "acme", None, "agent")
     infos = store.list()

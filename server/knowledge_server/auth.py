@@ -14,7 +14,6 @@ import fcntl
 import hashlib
 import hmac
 import json
-import logging
 import os
 import re
 import secrets
@@ -29,6 +28,7 @@ from typing import Any
 import click
 
 from knowledge_server.auth_model import ROLE_RIGHTS, Principal
+from knowledge_server.logs import get_logger
 from knowledge_server.workspaces import normalise_workspace as _normalise
 
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
     "tokens_group",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger("knowledge.auth")
 
 #: Right to call the read paths: search, dispatch, get_episode, get_chunk, doc-graph reads.
 READ = "read"
@@ -306,10 +306,17 @@ class TokenStore:
         try:
             self._entries = self._read_entries()
             self._broken = False
-        except TokenStoreError:
+        except TokenStoreError as exc:
             self._entries = []
             self._broken = True
-            log.error("token file unreadable; refusing all tokens", extra={"path": str(self._path)})
+            # The reason names the problem (not valid JSON, a bad entry, an OS error), never
+            # a stored hash.
+            log.error(
+                "auth.token_file_unreadable",
+                path=str(self._path),
+                reason=str(exc),
+                consequence="refusing all tokens",
+            )
         self._signature = signature
 
     def reload(self) -> None:
