@@ -89,6 +89,27 @@ def test_corrupt_file_fails_closed(store: TokenStore) -> None:
         store.list()
 
 
+def test_unreadable_token_file_is_one_structured_event_with_its_path(store: TokenStore) -> None:
+    from structlog.testing import capture_logs
+
+    _, plain = store.create("agent-1", "acme", None, "agent")
+    server_view = TokenStore(store.path)
+    assert server_view.authenticate(plain) is not None
+    store.path.write_text("{not json")
+    with capture_logs() as logs:
+        assert server_view.authenticate(plain) is None
+        assert server_view.authenticate(plain) is None  # the same file: reported once
+    assert logs == [
+        {
+            "event": "auth.token_file_unreadable",
+            "log_level": "error",
+            "path": str(store.path),
+            "reason": "token file is not valid JSON",
+            "consequence": "refusing all tokens",
+        }
+    ]
+
+
 def test_list_has_no_hashes(store: TokenStore) -> None:
     store.create("agent-1", "acme", None, "agent")
     infos = store.list()
@@ -136,6 +157,8 @@ def test_parse_authorization() -> None:
     metadata = [("x-other", "1"), ("Authorization", "Bearer kn_xyz")]
     assert token_from_metadata(metadata) == "kn_xyz"
     assert token_from_metadata([]) is None
+    twice = [("authorization", "Bearer kn_xyz"), ("Authorization", "Bearer kn_abc")]
+    assert token_from_metadata(twice) is None
 
 
 def test_cli_create_list_revoke(tmp_path: Path) -> None:

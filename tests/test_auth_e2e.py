@@ -59,6 +59,34 @@ async def test_tokens_and_roles(tmp_path: Path) -> None:
         await rs.server.stop(0)
 
 
+async def test_two_authorization_headers_are_refused(tmp_path: Path) -> None:
+    """One call with two authorization headers is UNAUTHENTICATED, whichever order the
+    tokens come in and even when both are valid: neither the first nor the last is used."""
+    import grpc
+    from knowledge_server._gen.knowledge.v1 import index_service_pb2, index_service_pb2_grpc
+
+    store, agent, operator = _store(tmp_path)
+    rs = await start_server(tmp_path, authenticate=store.authenticate, auth="on")
+    try:
+        async with grpc.aio.insecure_channel(rs.address) as channel:
+            stub = index_service_pb2_grpc.IndexServiceStub(channel)
+            request = index_service_pb2.GetStatusRequest()
+            one = await stub.GetStatus(request, metadata=(("authorization", f"Bearer {agent}"),))
+            assert one.principal.id == "agent-1"
+            for first, second in ((agent, operator), (operator, agent), (agent, agent)):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.GetStatus(
+                        request,
+                        metadata=(
+                            ("authorization", f"Bearer {first}"),
+                            ("authorization", f"Bearer {second}"),
+                        ),
+                    )
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await rs.server.stop(0)
+
+
 def test_non_loopback_without_tokens_refuses_to_start(tmp_path: Path) -> None:
     import asyncio
 

@@ -85,6 +85,61 @@ def test_sigterm_stops_gracefully(served) -> None:  # type: ignore[no-untyped-de
     assert not (Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json").exists()
 
 
+def test_second_serve_on_a_busy_port_leaves_the_first_alone(served) -> None:  # type: ignore[no-untyped-def]
+    """A second `serve` on the port of a running one, with the same data directory: one
+    line naming the address and exit 2; the first keeps serving and keeps its server.json."""
+    proc, env, port = served
+    recorded = Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json"
+    before = recorded.read_text()
+    assert json.loads(before)["pid"] == proc.pid
+    second = subprocess.run(
+        [*KNOWLEDGE, "serve", "--listen", f"127.0.0.1:{port}", "--no-bootstrap"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
+    assert second.returncode == 2, second.stderr
+    assert second.stdout == ""
+    lines = second.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), second.stderr
+    assert f"127.0.0.1:{port} is already in use" in lines[0]
+    assert proc.poll() is None
+    assert recorded.read_text() == before
+    status = _invoke(env, "status", "--json")  # found through the recorded address
+    assert status.exit_code == 0, status.stderr
+
+
+def test_a_port_shared_among_another_servers_workers_is_busy_too() -> None:
+    """A server with workers listens with SO_REUSEPORT; the start check binds without it, so
+    a second server is refused rather than silently sharing the port."""
+    import socket
+
+    from knowledge_server.config import ConfigError
+    from knowledge_server.server import check_port_free
+
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen(1)
+        port = other.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{port} is already in use"):
+            check_port_free(f"127.0.0.1:{port}")
+    check_port_free(f"127.0.0.1:{port}")  # free again once it is closed
+
+
+def test_clear_address_keeps_the_file_of_another_process(tmp_path: Path) -> None:
+    from knowledge_server.cli.common import clear_address, record_address
+
+    (tmp_path / "server.json").write_text(json.dumps({"address": "127.0.0.1:1", "pid": 1}))
+    clear_address(tmp_path)
+    assert (tmp_path / "server.json").exists()
+    record_address(tmp_path, "127.0.0.1:2")
+    clear_address(tmp_path)
+    assert not (tmp_path / "server.json").exists()
+
+
 def test_unreachable_service_is_a_clear_error(tmp_path: Path) -> None:
     out = _invoke(_env(tmp_path), "--address", "127.0.0.1:1", "--timeout", "0.5", "status")
     assert out.exit_code == 4 and "cannot reach the service" in out.stderr
@@ -95,6 +150,33 @@ def test_bad_configuration_exits_2_with_the_setting(tmp_path: Path) -> None:
     env["KNOWLEDGE_LANE_TIMEOUT_MS"] = "nope"
     out = _invoke(env, "serve", "--listen", "127.0.0.1:0")
     assert out.exit_code == 2 and "KNOWLEDGE_LANE_TIMEOUT_MS" in out.stderr
+
+
+def test_serve_refuses_a_workspace_that_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent"
+    out = subprocess.run(
+        [*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0", "--workspace", str(missing)],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [
+        f"error: configuration: workspaces: {missing} does not exist"
+    ]
+    assert not (tmp_path / "data" / "server.json").exists()
+
+
+def test_a_workspace_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    from knowledge_server.config import ConfigError, check_workspaces, load_config
+
+    (tmp_path / "file.py").write_text("x = 1\n")
+    cfg = load_config(env={}, overrides={"workspaces": [str(tmp_path / "file.py")]})
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check_workspaces(cfg)
+    check_workspaces(load_config(env={}, overrides={"workspaces": [str(tmp_path)]}))
 
 
 def test_every_command_has_help() -> None:

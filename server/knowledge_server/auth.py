@@ -14,7 +14,6 @@ import fcntl
 import hashlib
 import hmac
 import json
-import logging
 import os
 import re
 import secrets
@@ -29,6 +28,7 @@ from typing import Any
 import click
 
 from knowledge_server.auth_model import ROLE_RIGHTS, Principal
+from knowledge_server.logs import get_logger
 from knowledge_server.workspaces import normalise_workspace as _normalise
 
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
     "tokens_group",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger("knowledge.auth")
 
 #: Right to call the read paths: search, dispatch, get_episode, get_chunk, doc-graph reads.
 READ = "read"
@@ -199,11 +199,10 @@ def parse_authorization(metadata_value: str | bytes | None) -> str | None:
 
 
 def token_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
-    """The bearer token from gRPC invocation metadata (first ``authorization`` entry)."""
-    for key, value in metadata or ():
-        if key.lower() == "authorization":
-            return parse_authorization(value)
-    return None
+    """The bearer token from gRPC invocation metadata: its one ``authorization`` entry;
+    ``None`` when there is none or more than one (as the server refuses such a call)."""
+    values = [value for key, value in metadata or () if key.lower() == "authorization"]
+    return parse_authorization(values[0]) if len(values) == 1 else None
 
 
 def _stat_signature(path: Path) -> tuple[int, int, int] | None:
@@ -307,10 +306,17 @@ class TokenStore:
         try:
             self._entries = self._read_entries()
             self._broken = False
-        except TokenStoreError:
+        except TokenStoreError as exc:
             self._entries = []
             self._broken = True
-            log.error("token file unreadable; refusing all tokens", extra={"path": str(self._path)})
+            # The reason names the problem (not valid JSON, a bad entry, an OS error), never
+            # a stored hash.
+            log.error(
+                "auth.token_file_unreadable",
+                path=str(self._path),
+                reason=str(exc),
+                consequence="refusing all tokens",
+            )
         self._signature = signature
 
     def reload(self) -> None:

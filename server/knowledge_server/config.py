@@ -18,7 +18,14 @@ from typing import Any
 
 import platformdirs
 
-__all__ = ["Config", "ConfigError", "default_data_dir", "load_config", "parse_listen"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "check_workspaces",
+    "default_data_dir",
+    "load_config",
+    "parse_listen",
+]
 
 ENV_PREFIX = "KNOWLEDGE_"
 
@@ -222,6 +229,17 @@ def _validate(cfg: Config) -> Config:
     ):
         raise ConfigError("embedder=openai needs embedder_url, embedder_model and embedder_dim")
     return cfg
+
+
+def check_workspaces(cfg: Config) -> None:
+    """Raise ConfigError naming the first configured workspace that is not a directory
+    (``serve`` checks this at start: the index of such a root could only fail later)."""
+    for ws in cfg.workspaces:
+        p = Path(ws)
+        if not p.exists():
+            raise ConfigError(f"workspaces: {ws} does not exist")
+        if not p.is_dir():
+            raise ConfigError(f"workspaces: {ws} is not a directory")
 
 
 def load_config(

@@ -10,7 +10,9 @@ gracefully: health goes NOT_SERVING, in-flight calls get ``grace_seconds`` to fi
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +73,40 @@ class Served:
     health: health.aio.HealthServicer
 
 
+def check_port_free(listen: str) -> None:
+    """Raise ConfigError when another process listens on ``listen`` already.
+
+    ``serve`` calls this before it opens anything, so a second server on a busy port stops
+    with one line and leaves the running one alone. The probe binds the way gRPC does
+    (``SO_REUSEADDR``, so connections of an earlier run in TIME_WAIT do not count) and
+    without ``SO_REUSEPORT``, so a server that shares its port among its own workers is
+    found too. Other failures (an address this host does not have, ...) are left to the
+    real bind to report."""
+    host, port = parse_listen(listen)
+    if port == 0:
+        return
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            probe = socket.socket(family, kind, proto)
+        except OSError:
+            continue
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+                probe.listen(1)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ConfigError(
+                        f"listen: {host}:{port} is already in use (another server is listening there)"
+                    ) from None
+
+
 async def create_server(
     config: Config,
     app: KnowledgeApp | None = None,
@@ -111,8 +147,15 @@ async def create_server(
     host, port = parse_listen(config.listen)
     creds = _credentials(config)
     address = f"{host}:{port}"
-    bound = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    try:
+        bound = (
+            server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        )
+    except RuntimeError:
+        # grpc raises a bare RuntimeError with its own advice; say what went wrong.
+        bound = 0
     if bound == 0:
+        check_port_free(config.listen)
         raise ConfigError(f"listen: could not bind {address}")
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

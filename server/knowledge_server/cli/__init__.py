@@ -107,7 +107,8 @@ def version(as_json: bool) -> None:
     "workspaces",
     multiple=True,
     type=click.Path(file_okay=False),
-    help="Workspace root to index for the code lane (repeatable). Default: the service's own source tree.",
+    help="Workspace root to index for the code lane (repeatable; must be an existing directory). "
+    "Default: the service's own source tree.",
 )
 @click.option(
     "--sessions",
@@ -153,10 +154,14 @@ def serve(
     Prints one line `listening on HOST:PORT` once it accepts calls. On first start it
     indexes the workspaces and ingests session logs in the background; lanes report
     KNOWLEDGE_INDEX_NOT_READY until their index exists.
+
+    The address is recorded in DATA_DIR/server.json for the other commands. A port
+    another process listens on already is refused with one line and exit code 2,
+    leaving that server and its server.json alone.
     """
     # The server's runtime (stores, tree-sitter, numpy) is imported by `serve` alone, so
     # the client commands (search, status, ...) start without loading it.
-    from knowledge_server.config import ConfigError, load_config
+    from knowledge_server.config import ConfigError, check_workspaces, load_config
     from knowledge_server.logs import configure_logging
     from knowledge_server.runtime import (
         build_app,
@@ -164,6 +169,7 @@ def serve(
         own_source_tree,
         start_background,
     )
+    from knowledge_server.server import check_port_free
     from knowledge_server.server import serve as run_server
     from knowledge_server.worker_main import run_worker
 
@@ -186,6 +192,10 @@ def serve(
     if not cfg.workspaces:
         cfg = dataclasses.replace(cfg, workspaces=(own_source_tree(),))
     try:
+        # Before anything is opened: a missing workspace or a busy port stops here (and
+        # the server listening there keeps its stores and its DATA_DIR/server.json).
+        check_workspaces(cfg)
+        check_port_free(cfg.listen)
         app = build_app(cfg)
         authenticate = build_authenticator(cfg)
     except ConfigError as exc:

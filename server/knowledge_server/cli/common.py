@@ -42,8 +42,17 @@ def record_address(directory: Path, address: str) -> None:
 
 
 def clear_address(directory: Path) -> None:
+    """Remove the address `serve` recorded, only when this process recorded it: a server
+    that failed to start must not remove the file of another one still serving."""
+    path = directory / SERVER_FILE
     try:
-        (directory / SERVER_FILE).unlink()
+        owner = json.loads(path.read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return
+    if owner != os.getpid():
+        return
+    try:
+        path.unlink()
     except FileNotFoundError:
         pass
 

@@ -253,14 +253,24 @@ class CodeLane:
         return finish_kept(hits, describe, apply)
 
     def revision(self) -> tuple[object, ...]:
-        """Cache key part: every workspace's current revision and its freshness state."""
+        """Cache key part: every workspace's current revision and its freshness state, and
+        what the lane's capability depends on besides them (``code.search._scope_state``):
+        the embedder each revision was built with, its chunks still without vectors, and
+        whether this lane's embedder has vectors stored. Vectors filled in later keep the
+        revision but change the capability, so an answer cached while they were missing
+        ("vectors not ready") is not served once they are there."""
         with self._readers.get() as idx:
+            emb = idx.embedder  # the lane's, or the store's default when it has none
             revs = tuple(
-                idx.conn.execute("SELECT root, current_rev_id FROM workspaces ORDER BY root")
+                idx.conn.execute(
+                    "SELECT w.root, w.current_rev_id, r.embedder, r.vec_missing FROM workspaces w"
+                    " LEFT JOIN revisions r ON r.id = w.current_rev_id ORDER BY w.root"
+                )
             )
+            vectors = (emb.identity, vec_table_for(idx.conn, emb.identity, emb.dim, create=False))
         with self._fresh_lock:
             fresh = tuple(sorted((r, f.stale) for r, f in self._fresh.items()))
-        return revs, fresh
+        return revs, fresh, vectors
 
     async def search(self, q: LaneQuery) -> LaneResult:
         return run_bounded(self._search_sync, q)

@@ -333,7 +333,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if self._authenticate is None:
             principal = self._local
         else:
-            header = _metadata(handler_call_details).get("authorization", "")
+            # Exactly one authorization header: with two, which one a proxy or a server
+            # reads differs, so a call carrying two is refused rather than guessed at.
+            headers = [
+                value
+                for key, value in handler_call_details.invocation_metadata or ()
+                if key.lower() == "authorization"
+            ]
+            header = headers[0] if len(headers) == 1 and isinstance(headers[0], str) else ""
             token = header[7:].strip() if header[:7].lower() == "bearer " else ""
             principal = self._authenticate(token) if token else None
             if principal is None:
