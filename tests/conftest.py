@@ -47,6 +47,7 @@ TIERS = {
         "test_sdk_client",
         "test_sdk_standalone",
         "test_server_e2e",
+        "test_skills_scope_e2e",
         "test_symlink_scope_e2e",
         "test_workers",
     },

@@ -79,3 +79,24 @@ def test_default_roots(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-
     monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(tmp_path / "cfg"))
     roots = default_roots(["/w/one"])
     assert roots == [str(tmp_path / "cfg" / "skills"), "/w/one/.claude/skills"]
+
+
+def test_a_file_link_leaving_its_root_is_a_problem_not_a_skill(tmp_path: Path) -> None:
+    outside = tmp_path / "other" / "theirs"
+    outside.mkdir(parents=True)
+    (outside / "SKILL.md").write_text("---\nname: theirs\ndescription: not this root's\n---\n")
+    root = tmp_path / "ws" / ".claude" / "skills"
+    (root / "borrowed").mkdir(parents=True)
+    (root / "borrowed" / "SKILL.md").symlink_to(outside / "SKILL.md")
+    (root / "own").mkdir()
+    (root / "own" / "SKILL.md").write_text("---\nname: own\ndescription: mine\n---\n")
+    (root / "again").mkdir()
+    (root / "again" / "SKILL.md").symlink_to(root / "own" / "SKILL.md")  # inside: the same file
+    linked_root = tmp_path / "linked-skills"
+    linked_root.symlink_to(root, target_is_directory=True)  # a root that is a link is its target
+    for r in (root, linked_root):
+        cat = load_catalog([str(r)])
+        assert [s.name for s in cat.skills] == ["own"]
+        assert [(Path(p.path).parent.name, p.reason) for p in cat.problems] == [
+            ("borrowed", "a link to a file outside its root")
+        ]

@@ -5,7 +5,9 @@ unless nothing else remains), each token becomes a quoted FTS5 phrase, and the p
 OR-ed, so no FTS syntax from the caller is ever interpreted. Name matches weigh most (BM25
 column weights name 10, description 2, when_to_use 1); a query naming a skill exactly gets a
 fixed boost. Uses and ``used_by`` are counted from ``skill_use`` rows whose session lies in the
-caller's workspaces, in SQL.
+caller's workspaces, in SQL. ``scope`` keeps the skills whose ``SKILL.md`` lies under one of the
+caller's roots: a skill outside every workspace (``~/.claude/skills``) is the server owner's and
+only an unrestricted caller sees it.
 """
 
 from __future__ import annotations
@@ -76,13 +78,16 @@ def search_skills(
     skills: Sequence[str] | None = None,
     actor_ids: Sequence[str] | None = None,
     workspaces: Sequence[str] | None = None,
+    scope: Sequence[str] | None = None,
     used_by_limit: int = USED_BY_LIMIT,
 ) -> list[SkillHit]:
     """Skills matching ``query``, best first (score desc, then name).
 
     ``skills`` keeps only those names; ``actor_ids`` keeps skills used by those actors and
     counts only their uses; ``workspaces`` counts only uses from sessions under those roots
-    (``None`` = no restriction, ``[]`` = no uses). Raises :class:`InvalidQuery` only.
+    (``None`` = no restriction, ``[]`` = no uses); ``scope`` keeps the skills whose path lies
+    under one of those roots (``None`` = every skill, ``[]`` = none). Raises
+    :class:`InvalidQuery` only.
     """
     expr = fts_expression(query)
     limit = max(0, int(limit))
@@ -96,6 +101,12 @@ def search_skills(
             return []
         conds.append(f"s.name IN ({','.join('?' * len(names))})")
         args.extend(names)
+    within = workspace_clause("s.path", scope)
+    if within is None:
+        return []
+    if within[0] != "1":
+        conds.append(within[0])
+        args.extend(within[1])
     use_cond, use_args = _use_filter(actor_ids, workspaces)
     if actor_ids is not None:
         conds.append(

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..redact import redact
+from ..workspaces import is_under
 
 SKILL_FILE = "SKILL.md"
 # A skill folder is small; a huge SKILL.md is more likely an accident than a skill.
@@ -159,8 +160,14 @@ def load_catalog(roots: Sequence[str | os.PathLike[str]] | None = None) -> Catal
         r = os.path.abspath(os.path.expanduser(str(root)))
         if not os.path.exists(r):
             continue
+        real_root = os.path.realpath(r)
         for path in _walk(r):
             real = os.path.realpath(path)
+            if not is_under(real, real_root):
+                # Folder links are not followed (``_walk``), nor is a file link leaving its
+                # root: its skill would be listed under a path (a workspace) it is not in.
+                cat.problems.append(CatalogProblem(path, "a link to a file outside its root"))
+                continue
             if real in visited:
                 continue
             visited.add(real)

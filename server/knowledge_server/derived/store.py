@@ -236,18 +236,36 @@ class DerivedStore:
     def is_built(self) -> bool:
         return bool(self.get_meta("index_rev"))
 
-    def counts(self) -> dict[str, int]:
-        q = self.conn.execute
+    def counts(self, workspaces: Sequence[str] | None = None) -> dict[str, int]:
+        """Row counts, within ``workspaces`` when given (``[]`` = none): the skills whose
+        ``SKILL.md`` lies under a root, the actors whose workspace does, the uses from
+        sessions there and the assignments of those actors. The joins are on primary keys,
+        so unscoped counts are the tables' row counts."""
+
+        def count(sql: str, column: str, *extra: Any) -> int:
+            clause = workspace_clause(column, workspaces) or ("0", [])
+            return int(
+                self.conn.execute(f"{sql} AND {clause[0]}", [*extra, *clause[1]]).fetchone()[0]
+            )
+
         out = {
-            "actors": q("SELECT COUNT(*) FROM actor").fetchone()[0],
-            "skills": q("SELECT COUNT(*) FROM skill").fetchone()[0],
-            "skill_uses": q("SELECT COUNT(*) FROM skill_use").fetchone()[0],
-            "assignments": q("SELECT COUNT(*) FROM assignment").fetchone()[0],
+            "actors": count("SELECT COUNT(*) FROM actor WHERE 1", "workspace_cwd"),
+            "skills": count("SELECT COUNT(*) FROM skill WHERE 1", "path"),
+            "skill_uses": count(
+                "SELECT COUNT(*) FROM skill_use u "
+                "LEFT JOIN session_actor sa ON sa.session_id = u.session_id WHERE 1",
+                "sa.cwd",
+            ),
+            "assignments": count(
+                "SELECT COUNT(*) FROM assignment g "
+                "LEFT JOIN actor a ON a.actor_id = g.actor_id WHERE 1",
+                "a.workspace_cwd",
+            ),
         }
         for kind in ACTOR_KINDS:
-            out[f"actors_{kind}"] = q(
-                "SELECT COUNT(*) FROM actor WHERE kind = ?", (kind,)
-            ).fetchone()[0]
+            out[f"actors_{kind}"] = count(
+                "SELECT COUNT(*) FROM actor WHERE kind = ?", "workspace_cwd", kind
+            )
         return out
 
     # ------------------------------------------------------------------ actors

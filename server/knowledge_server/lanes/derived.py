@@ -150,6 +150,7 @@ class DerivedLane:
                     skills=list(q.skills) or None,
                     actor_ids=list(q.actor_ids) or None,
                     workspaces=q.workspaces,
+                    scope=q.workspaces,
                 )
             except InvalidQuery:
                 return LaneResult(
@@ -350,7 +351,7 @@ class DerivedLane:
                 capability="full" if built else "degraded",
             )
             if built:
-                for key, value in store.counts().items():
+                for key, value in store.counts(workspaces).items():
                     st.counts[key] = int(value)
         if not built:
             st.degraded = True
