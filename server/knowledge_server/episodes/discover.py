@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from knowledge_server.workspaces import is_under
 
-from .importers import detect_format
+from .importers import sniff_format
 
 __all__ = ["default_roots", "discover"]
 
@@ -71,11 +71,14 @@ def _walk(root: str, real_root: str | None = None) -> Iterable[str]:
                     yield path
 
 
-def discover(paths: Sequence[str] | None = None) -> list[tuple[str, str]]:
+def discover(
+    paths: Sequence[str] | None = None, skipped: list[tuple[str, str]] | None = None
+) -> list[tuple[str, str]]:
     """Return ``(absolute path, format)`` for every recognised log under ``paths``.
 
     ``None`` scans :func:`default_roots`. A file is taken as given (its format detected by
-    content); a folder is walked.
+    content); a folder is walked. Each candidate file (a log type by name, or a file given
+    explicitly) that is not recognised is appended to ``skipped`` as ``(path, reason)``.
     """
     roots = (
         default_roots()
@@ -90,7 +93,9 @@ def discover(paths: Sequence[str] | None = None) -> list[tuple[str, str]]:
             if f in seen:
                 continue
             seen.add(f)
-            fmt = detect_format(f)
+            fmt, reason = sniff_format(f)
             if fmt:
                 out.append((f, fmt))
+            elif skipped is not None:
+                skipped.append((f, reason))
     return out

@@ -100,7 +100,10 @@ def ingest_file(
     report.sessions_touched += len(touched)
     report.per_file_events[path] = report.per_file_events.get(path, 0) + added
     for p in res.problems:
-        (report.malformed if p.kind == "malformed" else report.unknown).append(p.location)
+        if p.kind == "oversized":
+            report.oversized.append(f"{p.location}: {p.detail}")
+        else:
+            (report.malformed if p.kind == "malformed" else report.unknown).append(p.location)
     return report
 
 
@@ -115,7 +118,9 @@ def ingest(
     from the stored byte offset, truncated or rotated files are re-imported from scratch.
     """
     report = IngestReport()
-    files = discover(paths)
+    skipped: list[tuple[str, str]] = []
+    files = discover(paths, skipped)
+    report.skipped.extend(f"{path}: {reason}" for path, reason in skipped)
     total = len(files)
     for i, (path, fmt) in enumerate(files):
         if progress_callback:

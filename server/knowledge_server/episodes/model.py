@@ -54,9 +54,10 @@ class SessionMeta:
 
 @dataclass(slots=True)
 class Problem:
-    """A line the importer could not use: ``malformed`` (not JSON / wrong shape) or ``unknown`` type."""
+    """A line the importer could not use: ``malformed`` (not JSON / wrong shape), ``unknown``
+    type, or ``oversized`` (longer than the importer's line limit, skipped)."""
 
-    kind: Literal["malformed", "unknown"]
+    kind: Literal["malformed", "unknown", "oversized"]
     path: str
     line: int
     detail: str
@@ -80,6 +81,10 @@ class IngestReport:
     sessions_touched: int = 0
     malformed: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    # "path:line: reason" of each line skipped for being over the line limit.
+    oversized: list[str] = field(default_factory=list)
+    # "path: reason" of each candidate file that was not imported (format not recognised).
+    skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     per_file_events: dict[str, int] = field(default_factory=dict)
     index_rev: str = ""
@@ -94,6 +99,8 @@ class IngestReport:
         self.sessions_touched += other.sessions_touched
         self.malformed.extend(other.malformed)
         self.unknown.extend(other.unknown)
+        self.oversized.extend(other.oversized)
+        self.skipped.extend(other.skipped)
         self.errors.extend(other.errors)
         self.per_file_events.update(other.per_file_events)
         self.sessions = other.sessions or self.sessions

@@ -277,11 +277,17 @@ class EpisodesLane:
         )
         summary.counters["malformed"] = len(report.malformed)
         summary.counters["unknown"] = len(report.unknown)
+        summary.counters["lines_oversized"] = len(report.oversized)
+        summary.counters["files_skipped"] = len(report.skipped)
         summary.counters["sample_ingested"] = int(sample is not None)
         for loc in report.malformed[:200]:
             summary.problems.add(code="MALFORMED_RECORD", message=loc)
         for loc in report.unknown[:200]:
             summary.problems.add(code="UNKNOWN_RECORD", message=loc)
+        for msg in report.oversized[:200]:
+            summary.problems.add(code="LINE_TOO_LONG", message=msg)
+        for msg in report.skipped[:200]:
+            summary.problems.add(code="FILE_SKIPPED", message=msg)
         for err in report.errors[:50]:
             summary.problems.add(code="FILE_FAILED", message=err)
         if report.errors:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
 from . import aider, claude_code, codex, generic, opencode
-from .base import ImportResult
+from .base import MAX_LINE_BYTES, ImportResult, head_records
 
 __all__ = [
     "INCREMENTAL_FORMATS",
@@ -15,6 +14,7 @@ __all__ = [
     "detect_format",
     "import_full",
     "import_incremental",
+    "sniff_format",
 ]
 
 # JSONL formats are read incrementally (byte offset + line number); the others are
@@ -44,40 +44,36 @@ _CLAUDE_TYPES = {
 }
 
 
-def detect_format(path: str) -> str | None:  # noqa: C901 - one probe per supported log format, in priority order
+def detect_format(path: str) -> str | None:
     """Guess the format of one file from its layout and content; None = not a session log."""
+    return sniff_format(path)[0]
+
+
+def sniff_format(path: str) -> tuple[str | None, str]:  # noqa: C901 - one probe per supported log format, in priority order
+    """``(format, "")`` for a session log, ``(None, reason)`` for a file that is not one."""
     name = os.path.basename(path)
     parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
     if name.endswith(".json"):
         if len(parts) >= 3 and parts[-3] == "session" and name.startswith("ses_"):
-            return "opencode"
-        return None
+            return "opencode", ""
+        return None, "not an OpenCode session file (session/*/ses_*.json)"
     if name.endswith(".md"):
         try:
             with open(path, "rb") as fh:
                 head = fh.read(1 << 20).decode("utf-8", errors="replace")
-        except OSError:
-            return None
+        except OSError as exc:
+            return None, f"unreadable ({type(exc).__name__})"
         if _AIDER_HEADER.search(head):
-            return "aider"
-        return None
+            return "aider", ""
+        return None, "no Aider chat header in the first MiB"
     if not name.endswith((".jsonl", ".ndjson")):
-        return None
+        return None, "not a session log type (.jsonl, .ndjson, Aider .md, OpenCode .json)"
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(256 * 1024)
-    except OSError:
-        return None
+        records, oversized = head_records(path)
+    except OSError as exc:
+        return None, f"unreadable ({type(exc).__name__})"
     votes = {"codex": 0, "claude-code": 0, "generic": 0}
-    seen = 0
-    for raw in head.split(b"\n")[:200]:
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(obj, dict):
-            continue
-        seen += 1
+    for obj in records:
         t = obj.get("type")
         if (t in _CODEX_TYPES and isinstance(obj.get("payload"), dict)) or (
             "id" in obj and "instructions" in obj and "type" not in obj
@@ -93,12 +89,17 @@ def detect_format(path: str) -> str | None:  # noqa: C901 - one probe per suppor
             votes["generic"] += 3
         elif "text" in obj and ("role" in obj or "event_type" in obj):
             votes["generic"] += 1
-        if seen >= 50:
-            break
     best = max(votes, key=lambda k: votes[k])
     if votes[best] == 0:
-        return "generic" if seen else None
-    return best
+        if records:
+            return "generic", ""
+        if oversized:
+            return None, (
+                f"no JSON object in its first lines: {oversized} line(s) over the "
+                f"{MAX_LINE_BYTES >> 20} MiB line limit"
+            )
+        return None, "empty, or no JSON object in its first lines"
+    return best, ""
 
 
 def import_full(fmt: str, path: str) -> ImportResult:

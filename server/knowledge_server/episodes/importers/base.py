@@ -12,6 +12,12 @@ from ...redact import redact
 from ..model import Event, Problem, SessionMeta
 
 MAX_TEXT = 20_000  # characters kept per event; tool outputs can be megabytes
+# Longest JSONL line read (bytes, newline excluded). A longer line is skipped and reported
+# as an ``oversized`` problem naming the file and line; the rest of the file is read.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+# Bytes a format probe may read from the start of a file (whole lines, so a first record
+# of a few megabytes is still recognised).
+HEAD_SCAN_BYTES = 2 * MAX_LINE_BYTES
 
 
 @dataclass(slots=True)
@@ -115,6 +121,43 @@ def flatten_text(value: Any, limit: int = MAX_TEXT) -> str:
     return "\n".join(p for p in parts if p)[:limit]
 
 
+def head_records(
+    path: str, *, max_records: int = 50, max_lines: int = 200
+) -> tuple[list[dict[str, Any]], int]:
+    """The JSON objects among the first lines of ``path`` and how many lines were too long.
+
+    Lines are read whole up to :data:`MAX_LINE_BYTES` (a longer one is skipped without being
+    kept in memory); reading stops after ``max_lines`` lines, ``max_records`` objects or
+    :data:`HEAD_SCAN_BYTES` bytes. Raises ``OSError`` when the file cannot be read.
+    """
+    records: list[dict[str, Any]] = []
+    oversized = 0
+    used = 0
+    with open(path, "rb") as fh:
+        for _ in range(max_lines):
+            if used >= HEAD_SCAN_BYTES or len(records) >= max_records:
+                break
+            raw = fh.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
+            used += len(raw)
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                oversized += 1
+                while used < HEAD_SCAN_BYTES:  # drain the rest of the line
+                    chunk = fh.readline(1 << 20)
+                    used += len(chunk)
+                    if not chunk or chunk.endswith(b"\n"):
+                        break
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                records.append(obj)
+    return records, oversized
+
+
 LineHandler = Callable[[dict[str, Any], int, dict[str, Any], ImportResult, str], None]
 
 
@@ -133,7 +176,8 @@ def read_jsonl(
     ``seq`` derived from them) do not depend on where reading started. A final line
     without a newline is consumed only when it already parses as JSON (a writer that is
     mid-line almost never leaves valid JSON behind); ``pending_newline`` then tells the
-    next read to swallow the newline that completes it without counting a new line.
+    next read to swallow the newline that completes it without counting a new line. A
+    complete line over :data:`MAX_LINE_BYTES` is skipped and reported as ``oversized``.
     """
     res = ImportResult(ctx=dict(ctx or {}), end_offset=offset, end_line=line)
     with open(path, "rb") as fh:
@@ -151,6 +195,19 @@ def read_jsonl(
         nl = data.find(b"\n", pos)
         complete = nl != -1
         raw = data[pos : nl if complete else end]
+        if complete and len(raw.rstrip(b"\r")) > MAX_LINE_BYTES:
+            n += 1
+            pos = nl + 1
+            res.lines_read += 1
+            res.problems.append(
+                Problem(
+                    "oversized",
+                    path,
+                    n,
+                    f"line of {len(raw)} bytes over the {MAX_LINE_BYTES >> 20} MiB limit (skipped)",
+                )
+            )
+            continue
         stripped = raw.strip()
         if not complete:
             if not stripped:

@@ -28,6 +28,7 @@ from .base import (
     compact_json,
     ensure_session,
     flatten_text,
+    head_records,
     parse_time,
     read_jsonl,
 )
@@ -65,19 +66,13 @@ _KNOWN_SILENT = frozenset(
 
 def _first_session_id(path: str) -> str | None:
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(65536)
+        records, _ = head_records(path)
     except OSError:
         return None
-    for raw in head.split(b"\n"):
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            sid = obj.get("sessionId")
-            if isinstance(sid, str) and sid and not sid.startswith("["):
-                return sid
+    for obj in records:
+        sid = obj.get("sessionId")
+        if isinstance(sid, str) and sid and not sid.startswith("["):
+            return sid
     return None
 
 
