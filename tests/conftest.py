@@ -49,6 +49,7 @@ TIERS = {
         "test_server_e2e",
         "test_skills_scope_e2e",
         "test_symlink_scope_e2e",
+        "test_wire_fuzz",
         "test_workers",
     },
 }

@@ -1,6 +1,6 @@
 """Bad input answers INVALID_ARGUMENT without internals, over a real server: bytes that do
-not decode as the request message (with and without a token), timestamps outside the
-Timestamp range, episode sequences beyond 64 bits."""
+not decode as the request message (with and without a token), paths with a NUL character,
+timestamps outside the Timestamp range, episode sequences beyond 64 bits."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from knowledge_server._gen.knowledge.v1 import (
+    index_service_pb2,
+    index_service_pb2_grpc,
     knowledge_service_pb2,
     knowledge_service_pb2_grpc,
     search_pb2,
@@ -155,3 +157,39 @@ def test_parse_event_id_keeps_to_64_bits() -> None:
     for bad in ("ep:s:9223372036854775808", "ep:s:-9223372036854775809", "ep:s:1e3"):
         with pytest.raises(ValueError, match="not an episode id"):
             parse_event_id(bad)
+
+
+@pytest.mark.parametrize("scoped", [False, True])
+async def test_paths_with_a_nul_character_are_invalid_argument(
+    tmp_path: Path, scoped: bool
+) -> None:
+    """A root or a session path with a NUL character names no file: INVALID_ARGUMENT, not
+    the INTERNAL of the ValueError the operating system's path calls raise, for an operator
+    scoped to workspaces (the scope check resolves symlinks) and for an unscoped one."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    store = TokenStore(tmp_path / "data" / "tokens.json")
+    _, operator = store.create("ops-1", "org-a", [str(ws)] if scoped else None, "operator")
+    rs = await start_server(tmp_path, authenticate=store.authenticate, auth="on")
+    metadata = (("authorization", f"Bearer {operator}"),)
+    try:
+        async with grpc.aio.insecure_channel(rs.address) as channel:
+            stub = index_service_pb2_grpc.IndexServiceStub(channel)
+            requests = [
+                stub.IndexWorkspace(
+                    index_service_pb2.IndexWorkspaceRequest(root=f"{ws}\x00/etc"),
+                    metadata=metadata,
+                ),
+                stub.IngestSessions(
+                    index_service_pb2.IngestSessionsRequest(paths=[f"{ws}/a.jsonl\x00x"]),
+                    metadata=metadata,
+                ),
+            ]
+            for call in requests:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    async for _ in call:
+                        pass
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert not [w for w in INTERNALS if w in (info.value.details() or "")]
+    finally:
+        await rs.server.stop(0)

@@ -64,6 +64,16 @@ def effective_workspaces(
     return tuple(w for w in wanted if any(is_under(w, a) for a in allowed_n))
 
 
+def _root_arg(value: str) -> str:
+    """A request's ``root`` as a normalised path; one with a NUL character names no file
+    (the operating system refuses it) and is refused before any path call sees it."""
+    if "\x00" in value:
+        raise InvalidRequest(
+            "root: a path cannot contain a NUL character", metadata={"field": "root"}
+        )
+    return normalise_workspace(value)
+
+
 class KnowledgeApp:
     """Everything a serving process answers with. ``lanes`` are the capabilities it has;
     ``coordinator`` defaults to one over those lanes (tests pass their own to search
@@ -153,7 +163,7 @@ class KnowledgeApp:
             graph = self.lanes.docgraph
             if graph is None:
                 raise Unimplemented("BuildDocGraph needs the built-in docgraph lane")
-            root = normalise_workspace(req.root) if req.root else None
+            root = _root_arg(req.root) if req.root else None
             async for event in run_with_progress(
                 lambda progress: graph.build_sync(
                     root,
@@ -194,7 +204,7 @@ class KnowledgeApp:
                 raise InvalidRequest(
                     "root: an absolute workspace path is required", metadata={"field": "root"}
                 )
-            root = normalise_workspace(req.root)
+            root = _root_arg(req.root)
             # Real paths: a root that is, or passes through, a symlink leaving the
             # principal's workspaces is outside them (the walker then never follows links).
             if scope is not None and not really_in_scope(root, scope):

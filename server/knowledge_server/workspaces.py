@@ -45,7 +45,8 @@ def really_in_scope(path: str, scope: Sequence[str] | None) -> bool:
     string rule stays: it is the workspace's identity, what search scopes filter on."""
     if scope is None:
         return True
-    if not in_scope(path, scope):
+    if not in_scope(path, scope) or "\x00" in path:
+        # A NUL character names no file: the operating system refuses such a path.
         return False
     real = os.path.realpath(path)
     return any(is_under(real, os.path.realpath(r)) for r in scope)
