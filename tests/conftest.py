@@ -119,18 +119,28 @@ class LicenceVendor:
         )
 
     def trust(self, ring: Path) -> Path:
-        """Put the public key into the key-ring directory ``ring``; returns ``ring``."""
+        """Put the public key into the key-ring directory ``ring``; returns ``ring``.
+
+        Test keys are development keys: a server trusts ``ring`` only when its
+        ``licence_dev_keys_dir`` names it (see :func:`dev_keys`)."""
         ring.mkdir(parents=True, exist_ok=True)
         (ring / self.public.name).write_bytes(self.public.read_bytes())
         return ring
 
     def install(self, data_dir: Path, licence: bytes | None = None) -> Path:
-        """Trust this vendor in a server's data dir and write ``licence`` (by default a
-        valid Enterprise one) as its licence file; returns the file's path."""
+        """Put this vendor's key into ``data_dir/licence-keys`` and write ``licence`` (by
+        default a valid Enterprise one) as the licence file; returns the file's path.
+        The server trusts the key only with the development setting (:func:`dev_keys`)."""
         self.trust(data_dir / "licence-keys")
         path = data_dir / "licence.json"
         path.write_bytes(self.issue() if licence is None else licence)
         return path
+
+
+def dev_keys(data_dir: Path) -> dict[str, str]:
+    """Server overrides that trust the development keys of ``data_dir/licence-keys``
+    (where :meth:`LicenceVendor.install` puts them)."""
+    return {"licence_dev_keys_dir": str(data_dir / "licence-keys")}
 
 
 def make_vendor(keys_dir: Path, key_id: str = "vendor-1") -> LicenceVendor:
@@ -235,12 +245,16 @@ class ServerThread:
 
 
 def serve_process(
-    data_dir: Path, *extra: str, stderr: int = subprocess.PIPE
+    data_dir: Path,
+    *extra: str,
+    stderr: int = subprocess.PIPE,
+    env_extra: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     """`knowledge serve` as a real process on a free loopback port: no bootstrap, JSON logs,
     no address inherited from the environment. Its first stdout line is `listening on ...`."""
     env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(data_dir), KNOWLEDGE_LOG_FORMAT="json")
     env.pop("KNOWLEDGE_ADDRESS", None)
+    env.update(env_extra or {})
     cmd = [
         sys.executable,
         "-m",

@@ -11,7 +11,7 @@ import pytest
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused
 from knowledge_sdk import types as v1
 
-from tests.conftest import LicenceVendor, start_server
+from tests.conftest import LicenceVendor, dev_keys, start_server
 
 DOC = """---
 eip: 9001
@@ -55,10 +55,12 @@ def _ops(kc: AsyncKnowledgeClient) -> dict[str, Any]:
 async def test_community_refuses_every_docgraph_rpc(
     tmp_path: Path, licence_vendor: LicenceVendor, edition: str | None
 ) -> None:
+    keys: dict[str, str] = {}
     if edition is not None:  # None: no licence file at all
         licence_vendor.install(tmp_path / "data", licence_vendor.issue(edition=edition))
+        keys = dev_keys(tmp_path / "data")
     ws = _workspace(tmp_path)
-    rs = await start_server(tmp_path, workspaces=[str(ws)])
+    rs = await start_server(tmp_path, workspaces=[str(ws)], **keys)
     try:
         async with AsyncKnowledgeClient(rs.address) as kc:
             await _drain(kc.index_workspace(str(ws)))  # ungated: works on Community
@@ -82,7 +84,7 @@ async def test_enterprise_executes_every_docgraph_rpc(
 ) -> None:
     licence_vendor.install(tmp_path / "data")
     ws = _workspace(tmp_path)
-    rs = await start_server(tmp_path, workspaces=[str(ws)])
+    rs = await start_server(tmp_path, workspaces=[str(ws)], **dev_keys(tmp_path / "data"))
     try:
         async with AsyncKnowledgeClient(rs.address) as kc:
             assert (await kc.get_status()).edition.edition == "enterprise"

@@ -13,7 +13,7 @@ from knowledge_sdk import AsyncKnowledgeClient, InvalidRequest
 from knowledge_sdk import types as v1
 from knowledge_server.testing.fake_llm import FakeLLMServer
 
-from tests.conftest import make_vendor, start_server
+from tests.conftest import dev_keys, make_vendor, start_server
 
 EIPS = ("eip-1559.md", "eip-2718.md", "eip-2930.md", "eip-2929.md", "eip-4844.md")
 
@@ -73,7 +73,7 @@ def _envelope(resp: Any, op: str) -> None:
 
 async def _server(tmp_path: Path, ws: Path, **llm: str):  # type: ignore[no-untyped-def]
     make_vendor(tmp_path / "vendor").install(tmp_path / "data")  # Enterprise: doc-graph
-    return await start_server(tmp_path, workspaces=[str(ws)], **llm)
+    return await start_server(tmp_path, workspaces=[str(ws)], **dev_keys(tmp_path / "data"), **llm)
 
 
 async def test_five_operations_with_fake_llm(shared_data: Path, tmp_path: Path) -> None:

@@ -10,15 +10,25 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
+import pytest
 from google.rpc import error_details_pb2, status_pb2
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused, RPCError
 from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
 
-from tests.conftest import REPO_ROOT, LicenceVendor, make_vendor, serve_process, start_server
+from tests.conftest import (
+    REPO_ROOT,
+    LicenceVendor,
+    dev_keys,
+    make_vendor,
+    serve_process,
+    start_server,
+)
 
 
 def _tamper_payload(blob: bytes) -> bytes:
@@ -115,6 +125,8 @@ def _check_refusal_detail(exc: grpc.aio.AioRpcError) -> None:
         and refusal.feature == "doc-graph"
         and refusal.required_edition == "enterprise"
     )
+    # The refusal says how to get the missing licence.
+    assert "knowledge license install FILE" in refusal.message, refusal.message
 
 
 async def _sdk_call(address: str, method: str) -> str:
@@ -144,7 +156,7 @@ async def test_gate_matrix(tmp_path: Path, licence_vendor: LicenceVendor) -> Non
     licence_vendor.trust(tmp_path / "data" / "licence-keys")
     other = make_vendor(tmp_path / "other", "stranger")
     licence_file = tmp_path / "data" / "licence.json"
-    rs = await start_server(tmp_path)
+    rs = await start_server(tmp_path, **dev_keys(tmp_path / "data"))
     try:
         for state, blob in _states(licence_vendor, other).items():
             if blob is None:
@@ -180,7 +192,11 @@ async def test_licence_file_change_upgrades_and_expiry_downgrades_without_restar
 
     licence_vendor.trust(tmp_path / "data" / "licence-keys")
     now = [datetime.now(UTC)]
-    rs = await start_server(tmp_path, app_factory=lambda cfg: build_app(cfg, clock=lambda: now[0]))
+    rs = await start_server(
+        tmp_path,
+        app_factory=lambda cfg: build_app(cfg, clock=lambda: now[0]),
+        **dev_keys(tmp_path / "data"),
+    )
     watcher = asyncio.create_task(start_background(rs.app))
     try:
         assert await _sdk_call(rs.address, GATED_UNARY) == "refused:missing"
@@ -210,7 +226,8 @@ def test_sighup_reloads_the_licence_of_a_serving_process(
 ) -> None:
     licence_vendor.trust(tmp_path / "data" / "licence-keys")
     licence = licence_vendor.issue()
-    proc = serve_process(tmp_path / "data")
+    dev_dir = dev_keys(tmp_path / "data")["licence_dev_keys_dir"]
+    proc = serve_process(tmp_path / "data", env_extra={"KNOWLEDGE_LICENCE_DEV_KEYS_DIR": dev_dir})
     env = dict(os.environ, KNOWLEDGE_DATA_DIR=str(tmp_path / "data"))
     env.pop("KNOWLEDGE_ADDRESS", None)
     try:
@@ -273,3 +290,125 @@ def test_startup_log_names_the_licence_state(tmp_path: Path) -> None:
         and loaded[0]["licence_state"] == "malformed"
         and loaded[0]["edition"] == "community"
     )
+
+
+async def test_a_key_dropped_into_the_data_dir_is_not_trusted_without_the_dev_setting(
+    tmp_path: Path, licence_vendor: LicenceVendor
+) -> None:
+    """A self-issued licence plus its .pub in the data dir stays Community (with the
+    reason) unless the operator names the directory as development keys; with the
+    setting it is valid and GetStatus says a development key verified it."""
+    data = tmp_path / "data"
+    licence_vendor.install(data)
+    rs = await start_server(tmp_path)
+    try:
+        st = rs.app.licence.status()
+        assert st.edition == "community" and st.licence_state == "unknown_key"
+        assert "only the vendor keys shipped with the service are trusted" in st.reason
+        assert await _sdk_call(rs.address, GATED_UNARY) == "refused:unknown_key"
+    finally:
+        await rs.server.stop(0)
+    rs = await start_server(tmp_path, **dev_keys(data))
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            edition = (await kc.get_status()).edition
+        assert edition.edition == "enterprise" and edition.licence_state == "valid"
+        assert "verified with development key vendor-1" in edition.reason
+    finally:
+        await rs.server.stop(0)
+
+
+def test_sighup_rereads_the_development_key_ring(
+    tmp_path: Path, licence_vendor: LicenceVendor
+) -> None:
+    """A key added to the development directory takes effect on SIGHUP; the start log
+    says development keys are on and the change log names the development key."""
+    data = tmp_path / "data"
+    dev_dir = data / "dev-keys"
+    dev_dir.mkdir(parents=True)
+    (data / "licence.json").write_bytes(licence_vendor.issue())
+    proc = serve_process(data, env_extra={"KNOWLEDGE_LICENCE_DEV_KEYS_DIR": str(dev_dir)})
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().strip().rsplit(":", 1)[1])
+
+        async def edition() -> Any:
+            async with AsyncKnowledgeClient(f"127.0.0.1:{port}") as kc:
+                return (await kc.get_status()).edition
+
+        assert asyncio.run(edition()).licence_state == "unknown_key"
+        licence_vendor.trust(dev_dir)
+        proc.send_signal(signal.SIGHUP)
+        st = None
+        for _ in range(50):
+            st = asyncio.run(edition())
+            if st.licence_state == "valid":
+                break
+            time.sleep(0.1)
+        assert st is not None and st.edition == "enterprise" and st.licence_state == "valid"
+        assert "development key vendor-1" in st.reason
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    lines = [
+        json.loads(ln)
+        for ln in (proc.stderr.read() if proc.stderr else "").splitlines()
+        if ln.startswith("{")
+    ]
+    assert any(ln.get("event") == "licence.dev_keys_enabled" for ln in lines)
+    changed = [ln for ln in lines if ln.get("event") == "licence.changed"]
+    assert changed and changed[-1]["development_key"] is True
+    assert "development key vendor-1" in changed[-1]["reason"]
+
+
+def _cli(tmp_path: Path, *args: str, dev_dir: Path | None = None) -> Any:
+    from click.testing import CliRunner
+    from knowledge_server.cli import main
+
+    env = {"KNOWLEDGE_DATA_DIR": str(tmp_path / "data"), "KNOWLEDGE_CONFIG": ""}
+    env["KNOWLEDGE_LICENCE_DEV_KEYS_DIR"] = str(dev_dir) if dev_dir else ""
+    return CliRunner().invoke(main, list(args), env=env)
+
+
+def test_license_install_refuses_invalid_files_and_installs_a_valid_one(
+    tmp_path: Path, licence_vendor: LicenceVendor
+) -> None:
+    dest = tmp_path / "data" / "licence.json"
+    junk = tmp_path / "junk.json"
+    junk.write_bytes(b"not a licence")
+    out = _cli(tmp_path, "license", "install", str(junk))
+    assert out.exit_code == 1 and "refused" in out.stderr and "MALFORMED" in out.stderr
+    assert "nothing was installed" in out.stderr and not dest.exists()
+
+    good = tmp_path / "good.json"
+    good.write_bytes(licence_vendor.issue())
+    # A self-issued licence is refused: its key is not a vendor key.
+    out = _cli(tmp_path, "license", "install", str(good))
+    assert out.exit_code == 1 and "UNKNOWN_KEY" in out.stderr
+    assert "development keys are off" in out.stderr and not dest.exists()
+
+    dev_dir = licence_vendor.trust(tmp_path / "dev-keys")
+    expired = tmp_path / "expired.json"
+    expired.write_bytes(licence_vendor.issue(expires_at=timedelta(seconds=-1)))
+    out = _cli(tmp_path, "license", "install", str(expired), dev_dir=dev_dir)
+    assert out.exit_code == 1 and "EXPIRED" in out.stderr and not dest.exists()
+
+    out = _cli(tmp_path, "license", "install", str(good), dev_dir=dev_dir)
+    assert out.exit_code == 0, out.stderr
+    assert "installed lic-1" in out.stdout and "development key vendor-1" in out.stdout
+    assert dest.read_bytes() == good.read_bytes()
+    assert [p.name for p in dest.parent.iterdir()] == ["licence.json"]  # no temporary left
+
+    out = _cli(tmp_path, "license", "install", str(tmp_path / "absent.json"))
+    assert out.exit_code == 2 and "cannot read" in out.stderr
+
+
+def test_the_removed_keys_dir_setting_is_refused(tmp_path: Path) -> None:
+    from knowledge_server.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="licence_dev_keys_dir"):
+        load_config(env={"KNOWLEDGE_LICENCE_KEYS_DIR": str(tmp_path)})
+    cfg_file = tmp_path / "k.toml"
+    cfg_file.write_text(f'licence_keys_dir = "{tmp_path}"\n')
+    with pytest.raises(ConfigError, match="no longer supported"):
+        load_config(cfg_file, env={})

@@ -544,10 +544,69 @@ def test_cli_help_texts() -> None:
 
 
 def test_load_keyring_combines_default_and_directory(vendor: Vendors, tmp_path: Path) -> None:
-    from knowledge_licensing import load_keyring
+    from knowledge_licensing import DEFAULT_KEYRING, load_keyring
 
-    assert len(load_keyring(tmp_path / "absent")) == 0
-    assert sorted(load_keyring(vendor.ring)) == ["vendor-a", "vendor-b"]
+    assert sorted(load_keyring(tmp_path / "absent")) == sorted(DEFAULT_KEYRING)
+    assert sorted(load_keyring(vendor.ring, include_default=False)) == ["vendor-a", "vendor-b"]
+    assert set(load_keyring(vendor.ring)) == {"vendor-a", "vendor-b", *DEFAULT_KEYRING}
+
+
+def test_shipped_keyring_is_the_packaged_vendor_keys() -> None:
+    """The production trust anchors ship inside the package; no private key does."""
+    import knowledge_licensing.vendor_keys as shipped
+    from knowledge_licensing import DEFAULT_KEYRING, load_shipped_keyring
+
+    ring = load_shipped_keyring()
+    assert len(ring) >= 1 and sorted(ring) == sorted(DEFAULT_KEYRING)
+    package_dir = Path(shipped.__file__).parent
+    assert sorted(p.stem for p in package_dir.glob("*.pub")) == sorted(ring)
+    assert not list(package_dir.glob("*.key"))
+
+
+def test_trusted_keys_mark_development_keys(vendor: Vendors, tmp_path: Path) -> None:
+    """Without a development directory only the shipped keys are trusted, and a licence
+    from another key says so; with one its keys verify and are named development keys."""
+    from knowledge_licensing import DEFAULT_KEYRING, load_trusted_keys
+
+    shipped_only = load_trusted_keys(None)
+    assert sorted(shipped_only.ring) == sorted(DEFAULT_KEYRING) and not shipped_only.dev_key_ids
+    blob = _issue(vendor.a, not_before=NOW - timedelta(days=1))
+    refused = verify_licence(blob, shipped_only.ring, NOW)
+    assert refused.state is LicenceState.UNKNOWN_KEY
+    assert "development keys are off" in shipped_only.describe(refused)
+
+    dev = load_trusted_keys(vendor.ring)
+    assert dev.dev_key_ids == {"vendor-a", "vendor-b"}
+    status = verify_licence(blob, dev.ring, NOW)
+    assert status.state is LicenceState.VALID and dev.dev_key_of(status) == "vendor-a"
+    assert "development key vendor-a" in dev.describe(status)
+    with pytest.raises(KeyRingError):
+        load_trusted_keys(tmp_path / "absent")  # an enabled but missing directory is an error
+
+
+def test_a_development_key_never_replaces_a_shipped_key(tmp_path: Path) -> None:
+    from knowledge_licensing import DEFAULT_KEYRING, load_trusted_keys
+
+    shipped_id = sorted(DEFAULT_KEYRING)[0]
+    impostor = make_vendor(tmp_path / "vendor", shipped_id)
+    keys = load_trusted_keys(impostor.trust(tmp_path / "dev"))
+    assert shipped_id not in keys.dev_key_ids
+    blob = _issue(impostor, not_before=NOW - timedelta(days=1))
+    assert verify_licence(blob, keys.ring, NOW).state is LicenceState.BAD_SIGNATURE
+
+
+def test_install_licence_writes_only_a_valid_licence(vendor: Vendors, tmp_path: Path) -> None:
+    from knowledge_licensing import install_licence
+
+    ring = KeyRing.from_directory(vendor.ring)
+    dest = tmp_path / "data" / "licence.json"
+    expired = _issue(vendor.a, not_before=NOW - timedelta(days=9), expires_at=NOW)
+    assert install_licence(expired, dest, ring, NOW).state is LicenceState.EXPIRED
+    assert install_licence(b"junk", dest, ring, NOW).state is LicenceState.MALFORMED
+    assert not dest.exists()
+    good = _issue(vendor.a, not_before=NOW - timedelta(days=1))
+    assert install_licence(good, dest, ring, NOW).state is LicenceState.VALID
+    assert dest.read_bytes() == good and list(dest.parent.iterdir()) == [dest]
 
 
 def test_cli_unreadable_licence_is_malformed(vendor: Vendors, tmp_path: Path) -> None:

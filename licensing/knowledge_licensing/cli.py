@@ -121,7 +121,8 @@ def license_group() -> None:
     """Create signing keys, issue licences, and check licence files.
 
     A licence is a JSON file holding a base64url payload and an Ed25519 signature.
-    The server trusts the vendor public keys (<key_id>.pub) in its key directory.
+    The server trusts the vendor public keys shipped with it; a directory of further
+    <key_id>.pub files only as development keys (licence_dev_keys_dir).
     """
 
 
@@ -141,8 +142,10 @@ def license_group() -> None:
 def keygen_command(key_id: str, out_dir: Path) -> None:
     """Generate a vendor signing key pair.
 
-    The private key never leaves its file: keep it off servers. Distribute only the
-    .pub file to the key directories of the servers that must trust it.
+    The private key never leaves its file: keep it off servers and out of the
+    repository. Only the .pub file is distributed: a vendor key ships inside the
+    package (knowledge_licensing/vendor_keys), a development key goes to the
+    licence_dev_keys_dir of the servers that should accept it.
     """
     try:
         private_path, public_path = generate_keypair(key_id, out_dir)
@@ -269,7 +272,7 @@ def _echo_status(path: Path, status: LicenceStatus, data: bytes | None) -> None:
     "keys_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Directory of trusted <key_id>.pub files (default: built-in keys only).",
+    help="Directory of further trusted <key_id>.pub files (default: shipped vendor keys only).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def inspect_command(licence_file: Path, keys_dir: Path | None, as_json: bool) -> None:
@@ -293,7 +296,7 @@ def inspect_command(licence_file: Path, keys_dir: Path | None, as_json: bool) ->
     "keys_dir",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Directory of trusted <key_id>.pub files.",
+    help="Directory of trusted <key_id>.pub files (in addition to the shipped vendor keys).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def verify_command(licence_file: Path, keys_dir: Path, as_json: bool) -> None:

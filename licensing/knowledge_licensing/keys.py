@@ -6,27 +6,37 @@ Files (PEM, so they can be inspected with ``openssl pkey``):
 * ``<key_id>.pub`` - Ed25519 public key, SubjectPublicKeyInfo.
 
 A key ring directory holds only ``.pub`` files; the key id is the file stem.
+
+The only production trust anchors are the vendor public keys shipped inside this
+package (``vendor_keys/*.pub``, package data). A directory of further ``.pub`` files
+is trusted only when an operator enables development keys explicitly (the server's
+``licence_dev_keys_dir``); licences verified with such a key are reported as such.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .model import valid_key_id
+from .model import LicenceState, LicenceStatus, valid_key_id
 
 __all__ = [
     "DEFAULT_KEYRING",
     "KeyRing",
     "KeyRingError",
+    "TrustedKeys",
     "generate_keypair",
     "load_keyring",
     "load_private_key",
     "load_public_key",
+    "load_shipped_keyring",
+    "load_trusted_keys",
 ]
 
 PRIVATE_SUFFIX = ".key"
@@ -188,15 +198,96 @@ class KeyRing(Mapping[str, Ed25519PublicKey]):
         return cls.from_files(sorted(path.glob(f"*{PUBLIC_SUFFIX}")))
 
 
-#: Keys compiled into this build. Empty: a deployment supplies its vendor keys as
-#: ``.pub`` files (see docs/licensing.md).
-DEFAULT_KEYRING = KeyRing()
+_SHIPPED_KEYS_PACKAGE = "knowledge_licensing.vendor_keys"
+
+
+def load_shipped_keyring() -> KeyRing:
+    """The vendor public keys shipped inside this package (``vendor_keys/*.pub``).
+
+    A broken shipped key raises KeyRingError: the package itself is damaged.
+    """
+    keys: dict[str, Ed25519PublicKey] = {}
+    for entry in resources.files(_SHIPPED_KEYS_PACKAGE).iterdir():
+        name = entry.name
+        if not name.endswith(PUBLIC_SUFFIX):
+            continue
+        key_id = name.removesuffix(PUBLIC_SUFFIX)
+        if not valid_key_id(key_id):
+            raise KeyRingError(f"shipped key file {name} is not named <key_id>{PUBLIC_SUFFIX}")
+        data = entry.read_bytes()
+        try:
+            key = serialization.load_pem_public_key(data)
+        except (ValueError, TypeError) as exc:
+            raise KeyRingError(f"shipped key file {name} is not a PEM public key") from exc
+        if not isinstance(key, Ed25519PublicKey):
+            raise KeyRingError(f"shipped key file {name} is not an Ed25519 public key")
+        keys[key_id] = key
+    return KeyRing(keys)
+
+
+#: The vendor keys shipped with this build: the production trust anchors.
+DEFAULT_KEYRING = load_shipped_keyring()
+
+
+@dataclass(frozen=True)
+class TrustedKeys:
+    """The ring a server verifies with, and which of its key ids are development keys.
+
+    A development key never replaces a shipped key of the same id: the shipped key wins.
+    """
+
+    ring: KeyRing
+    dev_key_ids: frozenset[str] = frozenset()
+    dev_dir: Path | None = None
+
+    def is_dev_key(self, key_id: str) -> bool:
+        return key_id in self.dev_key_ids
+
+    def dev_key_of(self, status: LicenceStatus) -> str | None:
+        """The development key ``status``'s licence verified with, if it did."""
+        lic = status.licence
+        if lic is not None and self.is_dev_key(lic.key_id):
+            return lic.key_id
+        return None
+
+    def describe(self, status: LicenceStatus) -> str:
+        """``status.reason``, saying when a development key verified the licence and, with
+        development keys off, that only the shipped vendor keys are trusted."""
+        dev_key = self.dev_key_of(status)
+        if dev_key is not None:
+            return (
+                f"{status.reason}; verified with development key {dev_key} "
+                "from licence_dev_keys_dir, not with a vendor key"
+            )
+        if status.state is LicenceState.UNKNOWN_KEY and self.dev_dir is None:
+            return (
+                f"{status.reason}; only the vendor keys shipped with the service are trusted "
+                "(development keys are off)"
+            )
+        return status.reason
+
+
+def load_trusted_keys(dev_dir: str | os.PathLike[str] | None = None) -> TrustedKeys:
+    """The shipped vendor keys, plus the ``.pub`` files of ``dev_dir`` when one is given.
+
+    ``dev_dir`` is the operator's explicit development-keys setting; ``None`` (the
+    default) trusts the shipped keys alone. A given directory must exist, and a broken
+    key file inside it raises KeyRingError rather than being skipped.
+    """
+    shipped = DEFAULT_KEYRING
+    if dev_dir is None:
+        return TrustedKeys(shipped)
+    dev = KeyRing.from_directory(dev_dir)
+    dev_ids = frozenset(k for k in dev if k not in shipped)
+    return TrustedKeys(dev.merged(shipped), dev_ids, Path(dev_dir))
 
 
 def load_keyring(
     directory: str | os.PathLike[str] | None = None, *, include_default: bool = True
 ) -> KeyRing:
-    """The ring a server should trust: built-in keys plus the ``.pub`` files in ``directory``.
+    """The shipped keys (unless ``include_default`` is False) plus the ``.pub`` files in
+    ``directory``. Tools only: a server uses :func:`load_trusted_keys`, which marks the
+    directory's keys as development keys.
 
     A missing directory contributes no keys (licences then report UNKNOWN_KEY);
     a broken key file inside it raises KeyRingError.

@@ -18,6 +18,7 @@ import binascii
 import json
 import os
 import re
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -46,6 +47,7 @@ __all__ = [
     "LicenceWatcher",
     "canonical_payload",
     "decode_unverified",
+    "install_licence",
     "issue_licence",
     "load_licence_file",
     "status_at",
@@ -361,6 +363,42 @@ def load_licence_file(
     return verify_licence(data, keyring, now)
 
 
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    # A temporary file in the same directory, then rename: a server polling the
+    # licence never sees a half-written file.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, mode)
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def install_licence(
+    data: bytes,
+    dest: str | os.PathLike[str],
+    keyring: Mapping[str, Ed25519PublicKey],
+    now: datetime | None = None,
+) -> LicenceStatus:
+    """Verify ``data`` and, only when it is VALID, write it atomically to ``dest``.
+
+    Returns the verification status; for any other state nothing is written. The
+    destination directory is created when missing. Raises OSError when writing fails.
+    """
+    status = verify_licence(data, keyring, now or datetime.now(UTC))
+    if status.state is not LicenceState.VALID:
+        return status
+    path = Path(dest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, data, 0o644)
+    return status
+
+
 _FileSignature = tuple[int, int, int] | tuple[str, str] | None
 
 
@@ -427,9 +465,16 @@ class LicenceWatcher:
         with self._lock:
             return signature != self._signature or self._time_changed_locked(now)
 
-    def reload(self) -> tuple[LicenceStatus, LicenceStatus]:
-        """Re-read and re-verify the file unconditionally; returns (old, new)."""
+    def reload(
+        self, keyring: Mapping[str, Ed25519PublicKey] | None = None
+    ) -> tuple[LicenceStatus, LicenceStatus]:
+        """Re-read and re-verify the file unconditionally; returns (old, new).
+
+        ``keyring``, when given, replaces the trusted keys before the file is verified.
+        """
         with self._lock:
+            if keyring is not None:
+                self._keyring = keyring
             old = self._status
             self._load_locked()
             return old, self._status

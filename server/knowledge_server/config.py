@@ -57,7 +57,9 @@ class Config:
     # Index the workspaces and ingest logs when the server starts.
     bootstrap: bool = True
     licence_file: Path | None = None
-    licence_keys_dir: Path | None = None
+    # Development only: a directory of extra vendor public keys (<key_id>.pub) to trust.
+    # Off by default; production licences verify with the keys shipped in the package.
+    licence_dev_keys_dir: Path | None = None
     # Authentication: "auto" = off on loopback, required elsewhere; "on"; "off" (loopback only).
     auth: str = "auto"
     tls_cert: Path | None = None
@@ -113,10 +115,6 @@ class Config:
     def effective_licence_file(self) -> Path:
         return self.licence_file or (self.data_dir / "licence.json")
 
-    @property
-    def effective_keys_dir(self) -> Path:
-        return self.licence_keys_dir or (self.data_dir / "licence-keys")
-
 
 def parse_listen(value: str) -> tuple[str, int]:
     """Split ``HOST:PORT`` (``[::1]:PORT`` for IPv6); port 0 picks a free port."""
@@ -135,7 +133,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 _PATH_FIELDS = {
     "data_dir",
     "licence_file",
-    "licence_keys_dir",
+    "licence_dev_keys_dir",
     "tls_cert",
     "tls_key",
     "tls_client_ca",
@@ -242,6 +240,19 @@ def check_workspaces(cfg: Config) -> None:
             raise ConfigError(f"workspaces: {ws} is not a directory")
 
 
+# Settings that no longer exist, with what replaced them: naming them is an error rather
+# than silently ignored, since the old meaning (trust these keys) no longer holds.
+_REMOVED = {
+    "licence_keys_dir": "vendor keys ship with the package; for development keys set "
+    "licence_dev_keys_dir (env KNOWLEDGE_LICENCE_DEV_KEYS_DIR)",
+}
+
+
+def _refuse_removed(key: str, source: str) -> None:
+    if key in _REMOVED:
+        raise ConfigError(f"{key} (from {source}) is no longer supported: {_REMOVED[key]}")
+
+
 def load_config(
     path: Path | None = None,
     *,
@@ -265,9 +276,14 @@ def load_config(
         for key, value in table.items():
             if isinstance(value, dict):
                 continue
+            _refuse_removed(key, f"config file {path}")
             if key not in names:
                 raise ConfigError(f"config file {path}: unknown setting {key!r}")
             values[key] = _coerce(key, value, f"config file {path}")
+    for name in _REMOVED:
+        env_name = ENV_PREFIX + name.upper()
+        if env.get(env_name):
+            _refuse_removed(name, f"environment {env_name}")
     for name in names:
         env_name = ENV_PREFIX + name.upper()
         if env_name in env and env[env_name] != "":

@@ -10,7 +10,12 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from knowledge_licensing import KeyRingError, LicenceStatus, LicenceWatcher, load_keyring
+from knowledge_licensing import (
+    KeyRingError,
+    LicenceStatus,
+    LicenceWatcher,
+    load_trusted_keys,
+)
 
 from knowledge_server._gen.knowledge.v1 import index_service_pb2
 from knowledge_server.app import KnowledgeApp
@@ -34,26 +39,39 @@ log = get_logger("knowledge.runtime")
 class WatchedLicence(LicenceView):
     """Edition state backed by the licence file; re-read on SIGHUP and when it changes.
 
-    Anything but a valid licence means Community; the reason is in GetStatus and in
-    one log line (the licence blob itself is never logged)."""
+    Licences verify with the vendor keys shipped in ``knowledge_licensing``; the keys of
+    ``licence_dev_keys_dir`` are added only when that development setting is on, and a
+    licence verified with one says so in GetStatus and in the log. SIGHUP re-reads the
+    key ring as well as the licence. Anything but a valid licence means Community; the
+    reason is in GetStatus and in one log line (the licence blob itself is never logged)."""
 
     def __init__(self, config: Config, clock: Callable[[], datetime] | None = None) -> None:
+        self._dev_dir = config.licence_dev_keys_dir
         try:
-            keyring = load_keyring(config.effective_keys_dir)
+            self._keys = load_trusted_keys(self._dev_dir)
         except KeyRingError as exc:
-            raise ConfigError(f"licence_keys_dir: {exc}") from None
-        self.watcher = LicenceWatcher(config.effective_licence_file, keyring, clock=clock)
+            raise ConfigError(f"licence_dev_keys_dir: {exc}") from None
+        self._log_dev_keys()
+        self.watcher = LicenceWatcher(config.effective_licence_file, self._keys.ring, clock=clock)
         self._log(self.watcher.status, "licence.loaded")
 
-    @staticmethod
-    def _log(status: LicenceStatus, event: str) -> None:
+    def _log_dev_keys(self) -> None:
+        if self._dev_dir is not None:
+            log.warning(
+                "licence.dev_keys_enabled",
+                dev_keys_dir=str(self._dev_dir),
+                dev_key_ids=sorted(self._keys.dev_key_ids),
+            )
+
+    def _log(self, status: LicenceStatus, event: str) -> None:
         lic = status.licence
         log.info(
             event,
             licence_state=status.state.value,
             edition=status.effective_edition,
-            reason=status.reason,
+            reason=self._keys.describe(status),
             licence_id=lic.licence_id if lic else None,
+            development_key=self._keys.dev_key_of(status) is not None,
         )
 
     def edition(self) -> EditionState:
@@ -65,7 +83,7 @@ class WatchedLicence(LicenceView):
         out = index_service_pb2.EditionStatus(
             edition=st.effective_edition,
             licence_state=st.state.value,
-            reason=st.reason,
+            reason=self._keys.describe(st),
             features=sorted(st.effective_features),
         )
         if st.licence is not None:
@@ -80,7 +98,18 @@ class WatchedLicence(LicenceView):
             self._log(change[1], "licence.changed")
 
     def reload(self) -> None:
-        old, new = self.watcher.reload()
+        """SIGHUP: re-read the key ring, then the licence. A broken development key file
+        keeps the previous ring (logged) rather than dropping every development key."""
+        keyring = None
+        try:
+            keys = load_trusted_keys(self._dev_dir)
+        except KeyRingError as exc:
+            log.error("licence.keys_reload_failed", error=str(exc))
+        else:
+            self._keys = keys
+            keyring = keys.ring
+            self._log_dev_keys()
+        old, new = self.watcher.reload(keyring)
         if old.state is not new.state or old.licence != new.licence:
             self._log(new, "licence.changed")
         else:

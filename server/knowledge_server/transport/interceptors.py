@@ -419,9 +419,12 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
             return handler
         required = EDITION_NAMES.get(policy.edition, "enterprise")
         short = method.rsplit("/", 1)[-1]
+        article = "an" if required[:1] in "aeiou" else "a"
         message = (
             f"{short} needs the {required} edition (feature {policy.feature!r}); "
-            f"this server runs as {state.edition} (licence {state.licence_state})"
+            f"this server runs as {state.edition} (licence {state.licence_state}). "
+            f"To get it, obtain {article} {required} licence file from the vendor and install it "
+            "with `knowledge license install FILE` (see docs/licensing.md)"
         )
         refusal = errors_pb2.EditionRefusal(
             feature=policy.feature,
