@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import venv
@@ -12,13 +13,27 @@ import pytest
 from tests.conftest import REPO_ROOT, serve_process
 
 
+def _source_copy(tmp_path: Path, folder: str) -> Path:
+    """A copy of one of the repository's packages to install from: pip builds a local folder
+    in place, and its build/ and *.egg-info must not land in the source tree (the root
+    project's package discovery would find them)."""
+    dst = tmp_path / "src" / folder
+    if not dst.exists():
+        shutil.copytree(
+            REPO_ROOT / folder,
+            dst,
+            ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+        )
+    return dst
+
+
 @pytest.mark.slow
 def test_sdk_installs_alone_and_searches(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
     done = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", str(REPO_ROOT / "sdk")],
+        [str(py), "-m", "pip", "install", "-q", str(_source_copy(tmp_path, "sdk"))],
         capture_output=True,
         text=True,
         timeout=600,
@@ -87,8 +102,8 @@ def test_mcp_bridge_installs_with_the_sdk_and_mcp_only(tmp_path: Path) -> None:
             "-q",
             "-c",
             str(REPO_ROOT / "requirements.lock"),
-            str(REPO_ROOT / "sdk"),
-            str(REPO_ROOT / "bridge"),
+            str(_source_copy(tmp_path, "sdk")),
+            str(_source_copy(tmp_path, "bridge")),
         ],
         capture_output=True,
         text=True,
