@@ -66,6 +66,19 @@ class FailedPrecondition(KnowledgeError):
     reason = "KNOWLEDGE_INDEX_NOT_READY"
 
 
+class ResourceExhausted(KnowledgeError):
+    """A quota or a storage limit was reached; ``metadata`` names the limit."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "KNOWLEDGE_QUOTA_EXCEEDED"
+
+
+class StorageFull(ResourceExhausted):
+    """The data directory's filesystem is full (SQLITE_FULL, ENOSPC)."""
+
+    reason = "KNOWLEDGE_STORAGE_FULL"
+
+
 class InternalError(KnowledgeError):
     code = grpc.StatusCode.INTERNAL
     reason = "KNOWLEDGE_INTERNAL"
