@@ -554,7 +554,9 @@ class Dispatcher:
         digest = task_hash(v, actor_id)
         assignment_id = _assignment_id(actor_id, digest)
         path = outbox.package_path(self.outbox, assignment_id)
-        with _COMMIT_LOCK:
+        # A full disk (SQLITE_FULL, ENOSPC) answers RESOURCE_EXHAUSTED and is kept as the
+        # skills lane's last error.
+        with _COMMIT_LOCK, self.derived_lane.storage.guard("dispatch commit"):
             self._check_quota(assignment_id, principal_id)
             # The derived lane owns derived.sqlite: it records the row on its own writer.
             row, created = self.derived_lane.record_assignment(actor_id, digest, str(path))
