@@ -122,7 +122,15 @@ class KnowledgeApp:
     ) -> dispatch_pb2.DispatchResponse:
         valid = validate_dispatch(req)
         scope = effective_workspaces(principal, valid.workspaces)
-        return await run_dispatch(self.coordinator, self.lanes, self.config.data_dir, valid, scope)
+        return await run_dispatch(
+            self.coordinator,
+            self.lanes,
+            self.config.data_dir,
+            valid,
+            scope,
+            principal_id=principal.id,
+            outbox_quota=self.config.outbox_quota_per_principal,
+        )
 
     async def get_episode(
         self, req: knowledge_service_pb2.GetEpisodeRequest, principal: Principal

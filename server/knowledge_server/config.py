@@ -84,6 +84,8 @@ class Config:
     workers: int = 1
     # Bytes of each store file read through memory mapping, in MiB (0 = plain reads).
     sqlite_mmap_mib: int = 256
+    # Outbox packages one principal may have pending (committed Dispatch calls).
+    outbox_quota_per_principal: int = 100
 
     @property
     def listen_host(self) -> str:
@@ -140,7 +142,14 @@ _PATH_FIELDS = {
     "llm_key_file",
 }
 _TUPLE_FIELDS = {"workspaces", "session_paths", "skill_roots"}
-_INT_FIELDS = {"lane_timeout_ms", "max_file_bytes", "embedder_dim", "workers", "sqlite_mmap_mib"}
+_INT_FIELDS = {
+    "lane_timeout_ms",
+    "max_file_bytes",
+    "embedder_dim",
+    "workers",
+    "sqlite_mmap_mib",
+    "outbox_quota_per_principal",
+}
 _FLOAT_FIELDS = {"grace_seconds"}
 _BOOL_FIELDS = {"bootstrap"}
 _CHOICES = {
@@ -185,20 +194,27 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         raise ConfigError(f"{name} (from {source}): {exc}") from None
 
 
+# Integer settings with an inclusive range.
+_INT_RANGES = {
+    "lane_timeout_ms": (10, 60_000),
+    "workers": (1, 64),
+    "sqlite_mmap_mib": (0, 1_048_576),
+    "outbox_quota_per_principal": (1, 1_000_000),
+}
+
+
 def _validate(cfg: Config) -> Config:
     parse_listen(cfg.listen)
     for name, choices in _CHOICES.items():
         value = getattr(cfg, name)
         if value not in choices:
             raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
-    if not 10 <= cfg.lane_timeout_ms <= 60_000:
-        raise ConfigError(f"lane_timeout_ms: {cfg.lane_timeout_ms} is out of range 10..60000")
     if cfg.max_file_bytes < 1024:
         raise ConfigError("max_file_bytes: must be at least 1024")
-    if not 1 <= cfg.workers <= 64:
-        raise ConfigError(f"workers: {cfg.workers} is out of range 1..64")
-    if not 0 <= cfg.sqlite_mmap_mib <= 1_048_576:
-        raise ConfigError(f"sqlite_mmap_mib: {cfg.sqlite_mmap_mib} is out of range 0..1048576")
+    for name, (low, high) in _INT_RANGES.items():
+        value = getattr(cfg, name)
+        if not low <= value <= high:
+            raise ConfigError(f"{name}: {value} is out of range {low}..{high}")
     workspaces = []
     for ws in cfg.workspaces:
         p = Path(ws).expanduser()

@@ -7,6 +7,9 @@ short, written for the caller, and never contain query text or internals.
 
 from __future__ import annotations
 
+import errno
+
+import apsw
 import grpc
 
 DOMAIN = "knowledge.v1"
@@ -66,6 +69,39 @@ class FailedPrecondition(KnowledgeError):
     reason = "KNOWLEDGE_INDEX_NOT_READY"
 
 
+class ResourceExhausted(KnowledgeError):
+    """A quota or a storage limit was reached; ``metadata`` names the limit."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "KNOWLEDGE_QUOTA_EXCEEDED"
+
+
+class StorageFull(ResourceExhausted):
+    """The data directory's filesystem is full (SQLITE_FULL, ENOSPC)."""
+
+    reason = "KNOWLEDGE_STORAGE_FULL"
+
+
 class InternalError(KnowledgeError):
     code = grpc.StatusCode.INTERNAL
     reason = "KNOWLEDGE_INTERNAL"
+
+
+STORAGE_FULL_MESSAGE = "the data directory's filesystem is full; free space and retry"
+
+
+def as_storage_full(exc: BaseException) -> StorageFull | None:
+    """``exc`` as a StorageFull when it (or what caused it) is a full disk: SQLite's
+    SQLITE_FULL (``apsw.FullError``) or an OSError ENOSPC / EDQUOT; None otherwise."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, StorageFull):
+            return seen
+        if isinstance(seen, apsw.FullError) or (
+            isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT)
+        ):
+            return StorageFull(STORAGE_FULL_MESSAGE, metadata={"resource": "storage"})
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, search_pb2
 from knowledge_server.dispatch.planner import (
+    DEFAULT_OUTBOX_QUOTA,
     EXECUTION,
     HANDOFF_SCHEMA,
     REQUIRES,
@@ -22,7 +23,12 @@ from knowledge_server.lanes.contract import Lanes
 from knowledge_server.search.coordinator import Coordinator
 
 
-def dispatcher_for(coordinator: Coordinator, lanes: Lanes, data_dir: Path) -> Dispatcher:
+def dispatcher_for(
+    coordinator: Coordinator,
+    lanes: Lanes,
+    data_dir: Path,
+    outbox_quota: int = DEFAULT_OUTBOX_QUOTA,
+) -> Dispatcher:
     """A dispatcher over the app's coordinator and lanes (cheap; holds no connections)."""
     skills = lanes.skills
 
@@ -39,6 +45,7 @@ def dispatcher_for(coordinator: Coordinator, lanes: Lanes, data_dir: Path) -> Di
         episodes_lane=lanes.episodes,
         data_dir=data_dir,
         dispatch_info=reach,
+        outbox_quota=outbox_quota,
     )
 
 
@@ -48,13 +55,17 @@ async def run_dispatch(
     data_dir: Path,
     valid: ValidDispatch,
     scope: tuple[str, ...] | None,
+    *,
+    principal_id: str = "",
+    outbox_quota: int = DEFAULT_OUTBOX_QUOTA,
 ) -> dispatch_pb2.DispatchResponse:
-    """Plan; on commit also record the assignment and write the outbox package."""
-    dispatcher = dispatcher_for(coordinator, lanes, data_dir)
+    """Plan; on commit also record the assignment and write the outbox package (within
+    the committing principal's outbox quota)."""
+    dispatcher = dispatcher_for(coordinator, lanes, data_dir, outbox_quota)
     plan = await dispatcher.plan(valid, scope)
     if valid.dry_run:
         return plan.response
-    return await asyncio.to_thread(dispatcher.commit, plan, valid)
+    return await asyncio.to_thread(dispatcher.commit, plan, valid, principal_id)
 
 
 __all__ = [

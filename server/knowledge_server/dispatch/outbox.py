@@ -5,6 +5,10 @@ names. Files appear atomically (written to a temporary name in the same folder, 
 linked into place) and are written once: the first recorded package for an
 assignment stays, so a repeated or concurrent commit never changes what the lead
 harness may already have reviewed. Nothing here executes a package.
+
+A committed package also records who committed it: the top-level key ``committed_by``
+(the principal id; not a field of the package message, so readers of the package ignore
+it). The per-principal outbox quota counts the pending packages by this key.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from knowledge_server._gen.knowledge.v1 import dispatch_pb2
 
 OUTBOX_DIR = "outbox"
 SUFFIX = ".json"
+COMMITTED_BY = "committed_by"
 
 
 def outbox_dir(data_dir: Path | str) -> Path:
@@ -51,8 +56,42 @@ def parse_package(text: str) -> dispatch_pb2.HandoffPackage:
     return package
 
 
+def _file_text(package: dispatch_pb2.HandoffPackage, committed_by: str) -> str:
+    if not committed_by:
+        return package_json(package)
+    data = json_format.MessageToDict(package, preserving_proto_field_name=True)
+    data[COMMITTED_BY] = committed_by
+    return json.dumps(data, ensure_ascii=False, sort_keys=True, indent=2) + "\n"
+
+
+def is_recorded(directory: Path, assignment_id: str) -> bool:
+    """A readable package is already recorded for this assignment."""
+    return _read(package_path(directory, assignment_id)) is not None
+
+
+def pending_for(directory: Path, principal_id: str) -> int:
+    """How many packages in the outbox were committed by ``principal_id``."""
+    if not directory.is_dir():
+        return 0
+    n = 0
+    for path in directory.iterdir():
+        if path.name.startswith(".") or not path.name.endswith(SUFFIX):
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get(COMMITTED_BY) == principal_id:
+            n += 1
+    return n
+
+
 def write_once(
-    directory: Path, assignment_id: str, package: dispatch_pb2.HandoffPackage
+    directory: Path,
+    assignment_id: str,
+    package: dispatch_pb2.HandoffPackage,
+    *,
+    committed_by: str = "",
 ) -> tuple[Path, dispatch_pb2.HandoffPackage]:
     """Write the package unless one is already recorded; return its path and the recorded package.
 
@@ -65,7 +104,7 @@ def write_once(
     existing = _read(final)
     if existing is not None:
         return final, existing
-    text = package_json(package)
+    text = _file_text(package, committed_by)
     tmp = directory / f".{assignment_id}.{uuid.uuid4().hex}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as fh:

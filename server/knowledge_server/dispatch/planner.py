@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import json
 import re
+import threading
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ from typing import Any
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_pb2
 from knowledge_server.derived.store import ActorInfo, DerivedStore, assignment_id_for
 from knowledge_server.dispatch import outbox
-from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound
+from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound, ResourceExhausted
 from knowledge_server.lanes.contract import DerivedLane, EpisodeLane
 from knowledge_server.search.coordinator import Coordinator, count_tokens
 from knowledge_server.search.jsonlen import json_text
@@ -54,6 +55,9 @@ PACK_MAX_TOKENS = 2000
 SEARCH_LIMIT = 10
 SEARCH_MAX_TOKENS = 4000
 SEARCH_SNIPPET_CHARS = 240
+DEFAULT_OUTBOX_QUOTA = 100
+# Quota check and package write are one step within a serving process.
+_COMMIT_LOCK = threading.Lock()
 
 
 # --------------------------------------------------------------------------- validation
@@ -232,6 +236,7 @@ class Dispatcher:
         episodes_lane: EpisodeLane | None,
         data_dir: Path,
         dispatch_info: Callable[[str, str, Path], search_pb2.DispatchInfo],
+        outbox_quota: int = DEFAULT_OUTBOX_QUOTA,
     ) -> None:
         self.coordinator = coordinator
         self.derived_lane = derived_lane
@@ -239,6 +244,7 @@ class Dispatcher:
         self.data_dir = Path(data_dir)
         self.outbox = derived_lane.outbox if derived_lane else outbox.outbox_dir(data_dir)
         self.dispatch_info = dispatch_info
+        self.outbox_quota = outbox_quota
 
     # -- store access ---------------------------------------------------------------------
     @contextmanager
@@ -526,8 +532,15 @@ class Dispatcher:
         return Plan(response=out, choice=choice, package=package, warnings=warnings)
 
     # -- commit -----------------------------------------------------------------------------
-    def commit(self, plan: Plan, v: ValidDispatch) -> dispatch_pb2.DispatchResponse:
-        """Record the plan (one assignment, idempotent) and write the package once to the outbox."""
+    def commit(
+        self, plan: Plan, v: ValidDispatch, principal_id: str = ""
+    ) -> dispatch_pb2.DispatchResponse:
+        """Record the plan (one assignment, idempotent) and write the package once to the outbox.
+
+        A new package counts against the committing principal's outbox quota: at the limit
+        the commit is refused (RESOURCE_EXHAUSTED) before anything is written. Repeating a
+        commit whose package is already recorded writes nothing and is always answered.
+        """
         out = plan.response
         if plan.choice is None:
             out.warnings.append(
@@ -541,10 +554,16 @@ class Dispatcher:
         digest = task_hash(v, actor_id)
         assignment_id = _assignment_id(actor_id, digest)
         path = outbox.package_path(self.outbox, assignment_id)
-        # The derived lane owns derived.sqlite: it records the row on its own writer.
-        row, created = self.derived_lane.record_assignment(actor_id, digest, str(path))
-        package = build_package(out, v, assignment_id=row.assignment_id)
-        written, recorded = outbox.write_once(self.outbox, row.assignment_id, package)
+        # A full disk (SQLITE_FULL, ENOSPC) answers RESOURCE_EXHAUSTED and is kept as the
+        # skills lane's last error.
+        with _COMMIT_LOCK, self.derived_lane.storage.guard("dispatch commit"):
+            self._check_quota(assignment_id, principal_id)
+            # The derived lane owns derived.sqlite: it records the row on its own writer.
+            row, created = self.derived_lane.record_assignment(actor_id, digest, str(path))
+            package = build_package(out, v, assignment_id=row.assignment_id)
+            written, recorded = outbox.write_once(
+                self.outbox, row.assignment_id, package, committed_by=principal_id
+            )
         out.handoff.CopyFrom(recorded)
         a = out.assignment
         a.assignment_id = row.assignment_id
@@ -557,6 +576,20 @@ class Dispatcher:
         except ValueError:
             pass
         return out
+
+    def _check_quota(self, assignment_id: str, principal_id: str) -> None:
+        if outbox.is_recorded(self.outbox, assignment_id):
+            return
+        pending = outbox.pending_for(self.outbox, principal_id)
+        if pending >= self.outbox_quota:
+            raise ResourceExhausted(
+                f"outbox quota reached: {self.outbox_quota} packages of this caller are pending; "
+                "nothing was recorded",
+                metadata={
+                    "quota": "outbox_quota_per_principal",
+                    "limit": str(self.outbox_quota),
+                },
+            )
 
 
 def _assignment_id(actor_id: str, digest: str) -> str:

@@ -7,6 +7,8 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 
+from knowledge_server.errors import as_storage_full
+
 from .discover import default_roots, discover
 from .importers import INCREMENTAL_FORMATS, import_full, import_incremental
 from .importers import opencode as _opencode
@@ -127,7 +129,9 @@ def ingest(
             progress_callback(i, total, path)
         try:
             ingest_file(store, path, fmt, report)
-        except Exception as exc:  # noqa: BLE001 - one broken file must not stop the run
+        except Exception as exc:
+            if as_storage_full(exc) is not None:
+                raise  # a full disk stops every file alike
             report.errors.append(f"{path}: {type(exc).__name__}")
     if progress_callback:
         progress_callback(total, total, "")

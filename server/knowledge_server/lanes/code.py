@@ -29,6 +29,7 @@ from knowledge_server.errors import InvalidRequest, NotFound
 from knowledge_server.lanes.common import (
     Pool,
     ProgressFn,
+    StorageErrors,
     WriterLock,
     bound_store,
     finish_kept,
@@ -73,6 +74,7 @@ class CodeLane:
             size=4,
         )
         self.last_error = ""
+        self.storage = StorageErrors(self.name)
         # Freshness is checked in the background (a walk of a large tree costs hundreds of
         # ms); a query only reads the last result, so the check is cheap at query time.
         self._fresh: dict[str, Freshness] = {}
@@ -308,6 +310,12 @@ class CodeLane:
     def index_sync(
         self, root: str, full: bool, progress: ProgressFn
     ) -> index_service_pb2.OperationSummary:
+        with self.storage.guard("index"):
+            return self._index_sync(root, full, progress)
+
+    def _index_sync(
+        self, root: str, full: bool, progress: ProgressFn
+    ) -> index_service_pb2.OperationSummary:
         started = time.perf_counter()
         if not Path(root).is_dir():
             raise InvalidRequest(
@@ -371,4 +379,7 @@ class CodeLane:
             st.degraded = True
             st.capability = "degraded"
             st.reason = "no workspace has been indexed yet"
+        full = self.storage.notice()
+        if full is not None:
+            st.last_error.CopyFrom(full)
         return st

@@ -19,7 +19,8 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 import apsw
 from google.protobuf import timestamp_pb2
 
-from knowledge_server._gen.knowledge.v1 import index_service_pb2
+from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2
+from knowledge_server.errors import StorageFull, as_storage_full
 from knowledge_server.search.lanes import LANE_DEADLINE
 
 T = TypeVar("T")
@@ -313,3 +314,37 @@ async def run_with_progress(
             break
         yield item  # type: ignore[misc]
     yield await task
+
+
+class StorageErrors:
+    """A lane's last write that failed on a full disk, for ``GetStatus.last_error``.
+
+    ``guard()`` wraps a write (ingest, index, rebuild, dispatch commit): a full disk
+    (SQLITE_FULL, ENOSPC) leaves it as ``StorageFull`` (RESOURCE_EXHAUSTED,
+    ``KNOWLEDGE_STORAGE_FULL``) and is remembered; the next write that succeeds clears it.
+    """
+
+    CODE = StorageFull.reason
+
+    def __init__(self, lane: str) -> None:
+        self.lane = lane
+        self.message = ""
+
+    @contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:
+            full = as_storage_full(exc)
+            if full is None:
+                raise
+            self.message = f"{what} failed: {full.message}"
+            if full is exc:
+                raise
+            raise full from exc
+        self.message = ""
+
+    def notice(self) -> errors_pb2.Notice | None:
+        if not self.message:
+            return None
+        return errors_pb2.Notice(code=self.CODE, lane=self.lane, message=self.message)

@@ -28,7 +28,7 @@ from knowledge_server._gen.knowledge.v1 import (
 from knowledge_server.code.model import ChunkRecord
 from knowledge_server.derived.store import Assignment, DerivedStore
 from knowledge_server.episodes.store import EpisodeStore
-from knowledge_server.lanes.common import ProgressFn
+from knowledge_server.lanes.common import ProgressFn, StorageErrors
 from knowledge_server.search.lanes import Lane
 from knowledge_server.search.validate import ValidSearch
 
@@ -85,6 +85,8 @@ class DerivedLane(Lane, Reporting, Protocol):
     """L3: skills, actors and assignments derived from L1 (``lanes/derived.py``)."""
 
     outbox: Path
+    # A dispatch commit that met a full disk, for GetStatus.last_error.
+    storage: StorageErrors
 
     def rebuild_sync(
         self, source: EpisodeLane, full: bool, progress: ProgressFn

@@ -29,6 +29,7 @@ from knowledge_server.episodes.store import EpisodeStore
 from knowledge_server.lanes.common import (
     Pool,
     ProgressFn,
+    StorageErrors,
     WriterLock,
     bound_store,
     operation_summary,
@@ -124,6 +125,7 @@ class DerivedLane:
             lambda: bound_store(DerivedStore(self.path, read_only=True)), size=4
         )
         self.last_error = ""
+        self.storage = StorageErrors(self.name)
 
     def close(self) -> None:
         self._readers.close_all(lambda s: s.close())
@@ -312,7 +314,7 @@ class DerivedLane:
         """Record a dispatch's ``recorded_plan`` assignment, once per (actor, task), on
         this lane's own writer under its writer lock: the store has one writer, so a commit
         never contends with a rebuild's transaction (it waits for the rebuild instead)."""
-        with self._write_lock:
+        with self.storage.guard("dispatch commit"), self._write_lock:
             return self._writer.record_assignment(actor_id, task_hash, outbox_path)
 
     # -- rebuild ---------------------------------------------------------------------------
@@ -320,6 +322,12 @@ class DerivedLane:
         self, source: EpisodeSource, full: bool, progress: ProgressFn
     ) -> index_service_pb2.OperationSummary:
         """Rebuild from the episodes lane's store, read through the lane (its owner)."""
+        with self.storage.guard("rebuild"):
+            return self._rebuild_sync(source, full, progress)
+
+    def _rebuild_sync(
+        self, source: EpisodeSource, full: bool, progress: ProgressFn
+    ) -> index_service_pb2.OperationSummary:
         started = time.perf_counter()
         with self._write_lock, source.snapshot() as episodes:
             catalog = load_catalog(self.roots)
@@ -356,4 +364,7 @@ class DerivedLane:
         if not built:
             st.degraded = True
             st.reason = "the derived layer has not been built yet"
+        full = self.storage.notice()
+        if full is not None:
+            st.last_error.CopyFrom(full)
         return st

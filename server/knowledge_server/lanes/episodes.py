@@ -22,6 +22,7 @@ from knowledge_server.errors import InvalidRequest, NotFound
 from knowledge_server.lanes.common import (
     Pool,
     ProgressFn,
+    StorageErrors,
     WriterLock,
     bound_store,
     finish_kept,
@@ -65,6 +66,7 @@ class EpisodesLane:
         self._counts: dict[tuple[object, ...], dict[str, int]] = {}
         self._counts_lock = threading.Lock()
         self.last_error: str = ""
+        self.storage = StorageErrors(self.name)
 
     def close(self) -> None:
         self._readers.close_all(lambda s: s.close())
@@ -248,6 +250,12 @@ class EpisodesLane:
     def ingest_sync(
         self, paths: Sequence[str] | None, progress: ProgressFn
     ) -> index_service_pb2.OperationSummary:
+        with self.storage.guard("ingest"):
+            return self._ingest_sync(paths, progress)
+
+    def _ingest_sync(
+        self, paths: Sequence[str] | None, progress: ProgressFn
+    ) -> index_service_pb2.OperationSummary:
         started = time.perf_counter()
         with self._write_lock:
             report = ingest(
@@ -310,7 +318,10 @@ class EpisodesLane:
         if not total:
             st.degraded = True
             st.reason = "no session logs have been ingested yet"
-        if self.last_error:
+        full = self.storage.notice()
+        if full is not None:
+            st.last_error.CopyFrom(full)
+        elif self.last_error:
             st.last_error.CopyFrom(
                 errors_pb2.Notice(code="FILE_FAILED", lane=self.name, message=self.last_error)
             )

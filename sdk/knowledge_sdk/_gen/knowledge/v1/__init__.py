@@ -266,6 +266,16 @@ class ErrorReason(betterproto2.Enum):
     The document graph's LLM did not answer usably.
     """
 
+    KNOWLEDGE_QUOTA_EXCEEDED = 21
+    """
+    A per-principal quota was reached (e.g. pending outbox packages); nothing was written.
+    """
+
+    KNOWLEDGE_STORAGE_FULL = 22
+    """
+    The data directory's filesystem is full; nothing more could be written.
+    """
+
     @classmethod
     def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
         return {
@@ -290,6 +300,8 @@ class ErrorReason(betterproto2.Enum):
             18: "ERROR_REASON_KNOWLEDGE_LANE_TIMEOUT",
             19: "ERROR_REASON_KNOWLEDGE_LLM_NOT_CONFIGURED",
             20: "ERROR_REASON_KNOWLEDGE_LLM_UNAVAILABLE",
+            21: "ERROR_REASON_KNOWLEDGE_QUOTA_EXCEEDED",
+            22: "ERROR_REASON_KNOWLEDGE_STORAGE_FULL",
         }
 
     @classmethod
@@ -316,6 +328,8 @@ class ErrorReason(betterproto2.Enum):
             "ERROR_REASON_KNOWLEDGE_LANE_TIMEOUT": 18,
             "ERROR_REASON_KNOWLEDGE_LLM_NOT_CONFIGURED": 19,
             "ERROR_REASON_KNOWLEDGE_LLM_UNAVAILABLE": 20,
+            "ERROR_REASON_KNOWLEDGE_QUOTA_EXCEEDED": 21,
+            "ERROR_REASON_KNOWLEDGE_STORAGE_FULL": 22,
         }
 
 

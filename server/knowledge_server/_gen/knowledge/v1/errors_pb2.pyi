@@ -65,6 +65,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The document graph's LLM is not configured."""
     ERROR_REASON_KNOWLEDGE_LLM_UNAVAILABLE: _ErrorReason.ValueType  # 20
     """The document graph's LLM did not answer usably."""
+    ERROR_REASON_KNOWLEDGE_QUOTA_EXCEEDED: _ErrorReason.ValueType  # 21
+    """A per-principal quota was reached (e.g. pending outbox packages); nothing was written."""
+    ERROR_REASON_KNOWLEDGE_STORAGE_FULL: _ErrorReason.ValueType  # 22
+    """The data directory's filesystem is full; nothing more could be written."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Reason codes. A whole-request failure is a gRPC status whose details hold a
@@ -116,6 +120,10 @@ ERROR_REASON_KNOWLEDGE_LLM_NOT_CONFIGURED: ErrorReason.ValueType  # 19
 """The document graph's LLM is not configured."""
 ERROR_REASON_KNOWLEDGE_LLM_UNAVAILABLE: ErrorReason.ValueType  # 20
 """The document graph's LLM did not answer usably."""
+ERROR_REASON_KNOWLEDGE_QUOTA_EXCEEDED: ErrorReason.ValueType  # 21
+"""A per-principal quota was reached (e.g. pending outbox packages); nothing was written."""
+ERROR_REASON_KNOWLEDGE_STORAGE_FULL: ErrorReason.ValueType  # 22
+"""The data directory's filesystem is full; nothing more could be written."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

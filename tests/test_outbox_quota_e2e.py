@@ -1,0 +1,118 @@
+"""The per-principal outbox quota over a real server: a committing Dispatch past the
+limit is refused with RESOURCE_EXHAUSTED and writes nothing; other principals and
+repeated commits of recorded packages are not affected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from knowledge_sdk import AsyncKnowledgeClient, ResourceExhausted
+from knowledge_server.auth import TokenStore
+from knowledge_server.config import ConfigError, load_config
+from knowledge_server.derived.store import DerivedStore
+
+from tests.conftest import start_server
+
+
+def _log(path: Path, session_id: str, cwd: Path) -> None:
+    line = {
+        "session_id": session_id,
+        "seq": 1,
+        "time": "2026-10-21T09:00:00Z",
+        "cwd": str(cwd),
+        "harness": "generic",
+        "role": "user",
+        "text": "deploy the quokka service",
+    }
+    path.write_text(json.dumps(line) + "\n")
+
+
+def _rows(data: Path) -> int:
+    store = DerivedStore(str(data / "derived.sqlite"), read_only=True)
+    try:
+        return len(store.assignments())
+    finally:
+        store.close()
+
+
+def _outbox(data: Path) -> list[dict]:  # type: ignore[type-arg]
+    folder = data / "outbox"
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+async def test_commit_over_the_outbox_quota_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    a, b, logs = tmp_path / "ws_a", tmp_path / "ws_b", tmp_path / "logs"
+    for d in (a, b, logs):
+        d.mkdir()
+    _log(logs / "a.jsonl", "sess-a", a)
+    _log(logs / "b.jsonl", "sess-b", b)
+    data = tmp_path / "data"
+    tokens = TokenStore(data / "tokens.json")
+    _, agent_a = tokens.create("agent-a", "org", [str(a)], "agent")
+    _, agent_b = tokens.create("agent-b", "org", [str(b)], "agent")
+    _, ops = tokens.create("ops", "org", None, "operator")
+    rs = await start_server(
+        tmp_path,
+        authenticate=tokens.authenticate,
+        auth="on",
+        workspaces=[str(a), str(b)],
+        outbox_quota_per_principal=2,
+    )
+    actor_a, actor_b = "actor:generic:root_session:sess-a", "actor:generic:root_session:sess-b"
+    try:
+        async with AsyncKnowledgeClient(rs.address, token=ops) as kc:
+            async for _ in kc.ingest_sessions([str(logs)]):
+                pass
+            async for _ in kc.rebuild_derived(full=True):
+                pass
+        async with AsyncKnowledgeClient(rs.address, token=agent_a) as kc:
+            first = await kc.dispatch("deploy task one", actor_id=actor_a, commit=True)
+            await kc.dispatch("deploy task two", actor_id=actor_a, commit=True)
+            assert first.assignment.created is True
+            assert _rows(data) == 2 and len(_outbox(data)) == 2
+            with pytest.raises(ResourceExhausted) as info:
+                await kc.dispatch("deploy task three", actor_id=actor_a, commit=True)
+            err = info.value
+            assert err.reason == "KNOWLEDGE_QUOTA_EXCEEDED"
+            assert err.metadata["limit"] == "2"
+            assert err.metadata["quota"] == "outbox_quota_per_principal"
+            assert "quota" in err.message
+            # Nothing was written: no row, no package, no temporary file.
+            assert _rows(data) == 2
+            assert sorted(p.name for p in (data / "outbox").iterdir()) == sorted(
+                f"{x['assignment_id']}.json" for x in _outbox(data)
+            )
+            assert len(_outbox(data)) == 2
+            # A repeat of a recorded commit writes nothing new and is still answered.
+            again = await kc.dispatch("deploy task one", actor_id=actor_a, commit=True)
+            assert again.assignment.assignment_id == first.assignment.assignment_id
+            assert again.assignment.created is False
+            # A dry run is never limited.
+            dry = await kc.dispatch("deploy task three", actor_id=actor_a)
+            assert dry.mode == "dry_run"
+        # The quota is per principal: another agent still commits.
+        async with AsyncKnowledgeClient(rs.address, token=agent_b) as kc:
+            other = await kc.dispatch("deploy task one", actor_id=actor_b, commit=True)
+            assert other.assignment.created is True
+        owners = sorted(p["committed_by"] for p in _outbox(data))
+        assert owners == ["agent-a", "agent-a", "agent-b"]
+        # Handled packages leave the outbox, which frees the quota.
+        Path(first.assignment.outbox_path).unlink()  # noqa: ASYNC240 - a small local file
+        async with AsyncKnowledgeClient(rs.address, token=agent_a) as kc:
+            third = await kc.dispatch("deploy task three", actor_id=actor_a, commit=True)
+            assert third.assignment.created is True
+    finally:
+        await rs.server.stop(0)
+        rs.app.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1000001"])
+def test_outbox_quota_is_validated(value: str) -> None:
+    with pytest.raises(ConfigError, match="outbox_quota_per_principal"):
+        load_config(env={"KNOWLEDGE_OUTBOX_QUOTA_PER_PRINCIPAL": value})
+
+
+def test_outbox_quota_default() -> None:
+    assert load_config(env={}).outbox_quota_per_principal == 100
