@@ -253,7 +253,7 @@ def test_kc12_cached_answer_is_what_a_fresh_run_returns() -> None:
     co_mod._fit_budget = counting_fit
     try:
         for include in (["code"], ["code", "episodes"]):
-            ask(cached, "first", False, include)
+            _, first_width = ask(cached, "first", False, include)
             for n in (0, 1, 5, 9, 17, 33, 64, 128):
                 for trace in (False, True):
                     rid = "r" * n
@@ -267,8 +267,10 @@ def test_kc12_cached_answer_is_what_a_fresh_run_returns() -> None:
                     if not trace:  # (a trace's times are the call's own, and take room)
                         assert hit == want, (include, n)
             fits.clear()
-            ask(cached, "12345", False, include)  # as long as "first": the fitted copy
-            assert fits == []
+            # As long as "first", and at a time that takes the same room: the fitted copy.
+            # (The clock may print another number of fraction digits: then it is refitted.)
+            _, width = ask(cached, "12345", False, include)
+            assert fits == ([] if width == first_width else [700])
             ask(cached, "123456", False, include)  # longer: fitted again
             assert fits == [700]
     finally:
