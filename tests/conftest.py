@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,6 +56,20 @@ TIERS = {
         "test_workers",
     },
 }
+
+
+def write_session_log(path: Path, session_id: str, cwd: Path, text: str) -> None:
+    """A one-record generic session log: one user message in ``cwd``."""
+    line = {
+        "session_id": session_id,
+        "seq": 1,
+        "time": "2026-10-21T09:00:00Z",
+        "cwd": str(cwd),
+        "harness": "generic",
+        "role": "user",
+        "text": text,
+    }
+    path.write_text(json.dumps(line) + "\n")
 
 
 def tier_of(module: str) -> str:

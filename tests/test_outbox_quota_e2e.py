@@ -13,20 +13,7 @@ from knowledge_server.auth import TokenStore
 from knowledge_server.config import ConfigError, load_config
 from knowledge_server.derived.store import DerivedStore
 
-from tests.conftest import start_server
-
-
-def _log(path: Path, session_id: str, cwd: Path) -> None:
-    line = {
-        "session_id": session_id,
-        "seq": 1,
-        "time": "2026-10-21T09:00:00Z",
-        "cwd": str(cwd),
-        "harness": "generic",
-        "role": "user",
-        "text": "deploy the quokka service",
-    }
-    path.write_text(json.dumps(line) + "\n")
+from tests.conftest import start_server, write_session_log
 
 
 def _rows(data: Path) -> int:
@@ -46,8 +33,8 @@ async def test_commit_over_the_outbox_quota_is_refused_and_writes_nothing(tmp_pa
     a, b, logs = tmp_path / "ws_a", tmp_path / "ws_b", tmp_path / "logs"
     for d in (a, b, logs):
         d.mkdir()
-    _log(logs / "a.jsonl", "sess-a", a)
-    _log(logs / "b.jsonl", "sess-b", b)
+    write_session_log(logs / "a.jsonl", "sess-a", a, "deploy the quokka service")
+    write_session_log(logs / "b.jsonl", "sess-b", b, "deploy the quokka service")
     data = tmp_path / "data"
     tokens = TokenStore(data / "tokens.json")
     _, agent_a = tokens.create("agent-a", "org", [str(a)], "agent")

@@ -4,13 +4,12 @@ the server owner's, seen only by an unrestricted principal."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from knowledge_sdk import AsyncKnowledgeClient
 from knowledge_server.auth import TokenStore
 
-from tests.conftest import start_server
+from tests.conftest import start_server, write_session_log
 
 CANARY_A = "quokkaskill"
 CANARY_B = "wombatskill"
@@ -22,19 +21,6 @@ def _skill(folder: Path, name: str) -> None:
     (folder / "SKILL.md").write_text(
         f"---\nname: {name}\ndescription: the {name} canary deploys the tenant's service\n---\n"
     )
-
-
-def _log(path: Path, session_id: str, cwd: Path) -> None:
-    line = {
-        "session_id": session_id,
-        "seq": 1,
-        "time": "2026-10-21T09:00:00Z",
-        "cwd": str(cwd),
-        "harness": "generic",
-        "role": "user",
-        "text": "deploy the service",
-    }
-    path.write_text(json.dumps(line) + "\n")
 
 
 def _skills_status(st) -> dict[str, int]:  # type: ignore[no-untyped-def]
@@ -54,8 +40,8 @@ async def test_skills_and_their_counts_stay_in_the_callers_scope(tmp_path: Path)
     )
     logs = tmp_path / "logs"
     logs.mkdir()
-    _log(logs / "a.jsonl", "sess-a", a)
-    _log(logs / "b.jsonl", "sess-b", b)
+    write_session_log(logs / "a.jsonl", "sess-a", a, "deploy the service")
+    write_session_log(logs / "b.jsonl", "sess-b", b, "deploy the service")
     tokens = TokenStore(tmp_path / "data" / "tokens.json")
     _, agent_a = tokens.create("agent-a", "org", [str(a)], "agent")
     _, agent_b = tokens.create("agent-b", "org", [str(b)], "agent")

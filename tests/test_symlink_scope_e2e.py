@@ -3,7 +3,6 @@ never widens what its operator may index or ingest, nor what its agent may read.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -13,22 +12,9 @@ from knowledge_server.auth import TokenStore
 from knowledge_server.code.walker import read_text, walk_workspace
 from knowledge_server.episodes.discover import discover
 
-from tests.conftest import start_server
+from tests.conftest import start_server, write_session_log
 
 CANARY_B = "zebrafinch_tenant_b_canary"
-
-
-def _log(path: Path, session_id: str, cwd: Path, text: str) -> None:
-    line = {
-        "session_id": session_id,
-        "seq": 1,
-        "time": "2026-10-21T09:00:00Z",
-        "cwd": str(cwd),
-        "harness": "generic",
-        "role": "user",
-        "text": text,
-    }
-    path.write_text(json.dumps(line) + "\n")
 
 
 def _world(tmp_path: Path) -> tuple[Path, Path]:
@@ -39,8 +25,8 @@ def _world(tmp_path: Path) -> tuple[Path, Path]:
     (a / "logs").mkdir()
     (a / "src" / "app.py").write_text("def alpha_handler(request):\n    return request\n")
     (b / "shipping.py").write_text(f"def ship_{CANARY_B}(parcel):\n    return parcel\n")
-    _log(b / "logs" / "b.jsonl", "sess-b", b, f"tenant b talks about {CANARY_B}")
-    _log(a / "logs" / "a.jsonl", "sess-a", a, "tenant a talks about alpha_handler")
+    write_session_log(b / "logs" / "b.jsonl", "sess-b", b, f"tenant b talks about {CANARY_B}")
+    write_session_log(a / "logs" / "a.jsonl", "sess-a", a, "tenant a talks about alpha_handler")
     (a / "b-link").symlink_to(b, target_is_directory=True)
     (a / "etc-link").symlink_to("/etc", target_is_directory=True)
     (a / "src" / "deep" / "nested" / "b-dir").symlink_to(b, target_is_directory=True)
