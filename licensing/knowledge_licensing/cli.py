@@ -7,9 +7,7 @@ The group is mounted by the main CLI; it also works on its own
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -26,7 +24,13 @@ from .model import (
     format_time,
     parse_time,
 )
-from .verify import MAX_LICENCE_BYTES, decode_unverified, issue_licence, verify_licence
+from .verify import (
+    MAX_LICENCE_BYTES,
+    decode_unverified,
+    issue_licence,
+    verify_licence,
+    write_atomic,
+)
 
 __all__ = ["license_group"]
 
@@ -99,21 +103,6 @@ def _examine(path: Path, ring: KeyRing) -> tuple[bytes | None, LicenceStatus]:
     if failure is not None:
         return None, failure
     return data, verify_licence(data, ring, _now())
-
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 @click.group(name="license")
@@ -226,7 +215,7 @@ def issue_command(
     except (ValueError, KeyRingError) as exc:
         _fail(str(exc))
     try:
-        _write_atomic(out_path, content, 0o644)
+        write_atomic(out_path, content, 0o644)
     except OSError as exc:
         _fail(f"cannot write {out_path}: {exc.strerror or exc}")
     payload = decode_unverified(content) or {}

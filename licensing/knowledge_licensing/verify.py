@@ -363,7 +363,7 @@ def load_licence_file(
     return verify_licence(data, keyring, now)
 
 
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
     # A temporary file in the same directory, then rename: a server polling the
     # licence never sees a half-written file.
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -395,7 +395,7 @@ def install_licence(
         return status
     path = Path(dest)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, data, 0o644)
+    write_atomic(path, data, 0o644)
     return status
 
 
