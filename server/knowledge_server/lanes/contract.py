@@ -60,7 +60,19 @@ class EpisodeLane(Lane, Reporting, Protocol):
     ) -> index_service_pb2.OperationSummary: ...
 
 
-class CodeLane(Lane, Reporting, Protocol):
+class DocumentSource(Protocol):
+    """What the document graph's build reads: the document chunks the code lane holds."""
+
+    def indexed_roots(self) -> list[str]:
+        """The workspaces that have a current revision."""
+        ...
+
+    def document_chunks(self, root: str, languages: Sequence[str]) -> tuple[str, list[ChunkRecord]]:
+        """The current revision of ``root`` and its chunks in ``languages``."""
+        ...
+
+
+class CodeLane(Lane, Reporting, DocumentSource, Protocol):
     """L2: code and document chunks (``lanes/code.py``)."""
 
     def get_chunk_sync(
@@ -70,15 +82,6 @@ class CodeLane(Lane, Reporting, Protocol):
     def index_sync(
         self, root: str, full: bool, progress: ProgressFn
     ) -> index_service_pb2.OperationSummary: ...
-
-    def indexed_roots(self) -> list[str]:
-        """The workspaces that have a current revision."""
-        ...
-
-    def document_chunks(self, root: str, languages: Sequence[str]) -> tuple[str, list[ChunkRecord]]:
-        """The current revision of ``root`` and its chunks in ``languages`` (the document
-        graph's input)."""
-        ...
 
 
 class DerivedLane(Lane, Reporting, Protocol):

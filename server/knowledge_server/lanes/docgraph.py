@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
-from knowledge_server.code.model import ChunkRecord
 from knowledge_server.docgraph import (
     BuildSettings,
     DocChunk,
@@ -34,6 +32,7 @@ from knowledge_server.docgraph import (
 )
 from knowledge_server.errors import FailedPrecondition, InvalidRequest, PermissionDenied
 from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock
+from knowledge_server.lanes.contract import DocumentSource
 from knowledge_server.workspaces import is_under
 
 PROVENANCE = "stated"
@@ -56,16 +55,6 @@ _RESPONSES = {
     "global_overview": docgraph_pb2.GlobalOverviewResponse,
     "search_levels": docgraph_pb2.SearchLevelsResponse,
 }
-
-
-class DocumentSource(Protocol):
-    """Where the graph's input comes from: the code lane, which owns ``code.sqlite``."""
-
-    def indexed_roots(self) -> list[str]: ...
-
-    def document_chunks(
-        self, root: str, languages: Sequence[str]
-    ) -> tuple[str, list[ChunkRecord]]: ...
 
 
 def llm_settings_from_config(config: Any) -> LLMSettings | None:
