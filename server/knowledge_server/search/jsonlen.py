@@ -153,7 +153,7 @@ def _value_size(field: FieldDescriptor, kind: int, value: Any) -> int:
         return _double_size(value)
     if kind == _TIME:
         return _timestamp_size(value)
-    return _scalar_or_message(field, value)
+    return _other_size(field, value)
 
 
 def _double_size(value: float) -> int:
@@ -197,9 +197,10 @@ def _map(field: FieldDescriptor, value: Any) -> int:
     size = 1 + len(entries) if entries else 2
     key_field = entry.fields_by_name["key"]
     value_field = entry.fields_by_name["value"]
+    kind = (_FACTS.get(value_field) or _facts(value_field))[1]
     for k, v in entries:
         key = ("true" if k else "false") if key_field.type == _FD.TYPE_BOOL else str(k)
-        size += json_size_of_string(key) + 1 + _scalar_or_message(value_field, v)
+        size += json_size_of_string(key) + 1 + _value_size(value_field, kind, v)
     return size
 
 
@@ -209,26 +210,14 @@ def _message_type(field: FieldDescriptor) -> Descriptor:
     return field.message_type
 
 
-def _scalar_or_message(field: FieldDescriptor, value: Any) -> int:
-    t = field.type
-    if t == _FD.TYPE_STRING:
-        return json_size_of_string(value)
-    if t == _FD.TYPE_MESSAGE:
-        return json_size(value)
-    if t in _PLAIN_INTS:
-        return len(str(value))
-    if t in _QUOTED_INTS:
-        return len(str(value)) + 2
-    if t == _FD.TYPE_BOOL:
-        return 4 if value else 5
-    if t == _FD.TYPE_ENUM:
+def _other_size(field: FieldDescriptor, value: Any) -> int:
+    """The kinds ``_value_size`` does not handle inline: enums, well-known messages other
+    than Timestamp, and (as the serialiser writes them) bytes and 32-bit floats."""
+    if field.type == _FD.TYPE_ENUM:
         named = field.enum_type.values_by_number.get(value) if field.enum_type else None
         return len(named.name) + 2 if named is not None else len(str(value))
-    if t == _FD.TYPE_DOUBLE:
-        return _double_size(float(value))
-    if t == _FD.TYPE_MESSAGE:
+    if field.type == _FD.TYPE_MESSAGE:
         return json_size(value)
-    # bytes, 32-bit floats: as the serialiser writes them.
     return len(json.dumps(_one_field_value(field, value), ensure_ascii=False).encode("utf-8"))
 
 
