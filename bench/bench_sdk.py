@@ -15,9 +15,7 @@ Usage: python bench/bench_sdk.py [--data DIR] [--rounds 400]
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +25,10 @@ from pathlib import Path
 import grpc
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from served import served  # noqa: E402 - after the path above
+
 QUESTIONS = [
     "where is the config loaded",
     "who fixed the failing test",
@@ -88,27 +90,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=400)
     args = ap.parse_args()
     data = args.data or Path(tempfile.mkdtemp(prefix="kn-bench-sdk-"))
-    env = dict(os.environ, KNOWLEDGE_LOG_LEVEL="warning", KNOWLEDGE_LOG_FORMAT="json")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "knowledge_server.cli",
-            "--data-dir",
-            str(data),
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--workspace",
-            str(ROOT / "server"),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        address = proc.stdout.readline().split()[-1]
+    with served(data, "--workspace", str(ROOT / "server")) as (_proc, address):
         # The first start indexes and ingests in the background: wait for code evidence.
         deadline = time.monotonic() + 300
         raw = raw_answers(address)
@@ -130,9 +112,6 @@ def main() -> int:
                 f"== {name}: p50={statistics.median(ms):.3f} ms  p95={pct(ms, 95):.3f} ms per answer"
                 f"  ({len(ms)} decodes)"
             )
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     return 0
 
 

@@ -22,7 +22,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -31,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+
+from served import served  # noqa: E402 - after the path above
 
 QUERIES = [
     "who fixed the failing test",
@@ -251,32 +252,11 @@ def main() -> int:
     data = base / "corpus"
     if not (data / "code.sqlite").exists():
         build(data, args.events, args.shared)
-    env = dict(os.environ, KNOWLEDGE_LOG_LEVEL="warning", KNOWLEDGE_LOG_FORMAT="json")
     workspace = copy_workspace(base / "workspace")
     scope = (str(workspace), *project_roots(data, 20))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "knowledge_server.cli",
-            "--data-dir",
-            str(data),
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-bootstrap",
-            "--workspace",
-            str(workspace),
-            "--workers",
-            str(args.workers),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        address = proc.stdout.readline().split()[-1]
+    with served(
+        data, "--no-bootstrap", "--workspace", str(workspace), "--workers", str(args.workers)
+    ) as (proc, address):
         from knowledge_sdk import KnowledgeClient
 
         with KnowledgeClient(address) as kc:
@@ -338,9 +318,6 @@ def main() -> int:
             f"== 16 clients, {len(lat)} searches over {len(QUERIES)} recurring questions: throughput={len(lat) / wall:.0f} searches/s  p50={statistics.median(lat):.1f} ms  "
             f"p95={pct(lat, 95):.1f} ms  p99={pct(lat, 99):.1f} ms"
         )
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     print(
         f"degraded lanes in all answers: {len(DEGRADED)} ({', '.join(sorted(set(DEGRADED))) or 'none'})"
     )

@@ -26,10 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_search import QUERIES, pct, unseen_word  # noqa: E402 - after the path above
+from served import served  # noqa: E402 - after the path above
 
 LIVE_SESSION = "soak-live"
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", "node_modules"}
@@ -286,32 +285,11 @@ def main() -> int:
         ap.error("--minutes must be at least 2 (growth is measured from the end of minute 1)")
     base = args.data or Path(tempfile.mkdtemp(prefix="kn-soak-"))
     workspace, sessions, data = build_inputs(base)
-    env = dict(os.environ, KNOWLEDGE_LOG_LEVEL="warning", KNOWLEDGE_LOG_FORMAT="json")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "knowledge_server.cli",
-            "--data-dir",
-            str(data),
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-bootstrap",
-            "--workspace",
-            str(workspace),
-            "--sessions",
-            str(sessions),
-            "--workers",
-            str(args.workers),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        address = proc.stdout.readline().split()[-1]
+    serve_args = ("--no-bootstrap", "--workspace", str(workspace), "--sessions", str(sessions))
+    with served(data, *serve_args, "--workers", str(args.workers), stop_timeout=60) as (
+        proc,
+        address,
+    ):
         assert address.startswith("127.0.0.1:"), address
         print(f"server {address} (pid {proc.pid}, --workers {args.workers}), data {base}")
         asyncio.run(prepare(address, workspace, sessions))
@@ -326,9 +304,6 @@ def main() -> int:
         with KnowledgeClient(address) as kc:
             lanes = {lane.lane: dict(lane.counts) for lane in kc.get_status().lanes}
         print(f"after the soak: episodes={lanes.get('episodes')} code={lanes.get('code')}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
     every = [ms for minute in tally.searches for ms in minute]
     print(f"overall:    {fmt_lat(every)}  ({len(every) / (args.minutes * 60):.0f} searches/s)")
     print(
