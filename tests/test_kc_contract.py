@@ -495,14 +495,18 @@ def test_kc13_lanes_write_only_their_own_store_and_sources_stay_unchanged(world:
 
 
 def test_kc_limit_up_to_50_is_honoured_by_every_lane_query(world: World) -> None:
-    """Seed 000 §3 allows limit 1..50: each lane is asked for at least twice the limit, so
-    a lane with enough evidence fills it (a fixed pool of 30 used to cap the answer at 30)."""
+    """Seed 000 §7.1: each lane returns its top K, 30 by default, before fusion; §3 allows
+    limit 1..50, so above a limit of 15 a lane is asked for twice the limit and one with
+    enough evidence fills it (a fixed pool of 30 used to cap the answer at 30)."""
     many = _ManyCodeLane()
     with _swap(world, code=many), world.client(world.token_ops) as kc:
         resp = kc.search(
             "json decoder", include=["code"], limit=50, max_tokens=20000, snippet_chars=80
         )
         small = kc.search("json encoder", include=["code"], limit=5)
-    assert many.asked == [100, 20]
+        default = kc.search("json scanner", include=["code"])
+        above = kc.search("json tool", include=["code"], limit=16)
+    assert many.asked == [100, 30, 30, 32]
     assert len(resp.lanes.code.items) == 50 and not resp.limits.truncated
     assert len(small.lanes.code.items) == 5
+    assert len(default.lanes.code.items) == 10 and len(above.lanes.code.items) == 16

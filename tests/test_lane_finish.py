@@ -93,7 +93,7 @@ def test_a_cached_lane_result_is_finished_again() -> None:
     code = _TwoStepLane()
     co = Coordinator({"episodes": _Episodes(), "code": code})
     first = _search(co, limit=3)
-    # Another limit: another answer, the same lane query (top_k 20) from the lane cache.
+    # Another limit: another answer, the same lane query (top_k 30) from the lane cache.
     second = _search(co, limit=4, trace=True)
     assert code.searches == 1
     assert [t.cache_hit for t in second.trace.lanes if t.lane == "code"] == [True]

@@ -236,8 +236,8 @@ class CodeLane:
     def _finisher(
         self, result: CodeSearchResult, hits: Sequence[CodeHit], q: LaneQuery
     ) -> Callable[[Sequence[search_pb2.CodeItem]], None]:
-        """Snippets and "lex:" explanations for the items the coordinator kept (about half
-        of those ranked): reading and tokenising chunk texts is most of what an item costs."""
+        """Snippets and "lex:" explanations for the items the coordinator kept (a third
+        to a half of those ranked): reading and tokenising chunk texts is most of what an item costs."""
 
         def describe(wanted: list[CodeHit]) -> list[CodeHit]:
             with self._readers.get() as idx:

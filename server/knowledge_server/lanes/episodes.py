@@ -149,8 +149,8 @@ class EpisodesLane:
     def _finisher(
         self, hits: Sequence[EpisodeHit], needles: list[str], q: LaneQuery
     ) -> Callable[[Sequence[search_pb2.EpisodeItem]], None]:
-        """Snippets, sessions and surfaces for the items the coordinator kept (about half
-        of those ranked), their texts and sessions read in one query."""
+        """Snippets, sessions and surfaces for the items the coordinator kept (a third
+        to a half of those ranked), their texts and sessions read in one query."""
 
         def describe(wanted: list[EpisodeHit]) -> list[EpisodeHit]:
             with self._readers.get() as store:

@@ -39,13 +39,15 @@ from knowledge_server.search.routing import route
 from knowledge_server.search.validate import SCHEMA, ValidSearch
 
 RRF_K = 60
-# Items each lane is asked for: twice the limit (at least 20), so the diversity caps (3
-# episodes per actor, 5 code hits per path) still leave `limit` items in most answers.
-MIN_TOP_K = 20
+# Items each lane is asked for before fusion: the seed's top K of 30 (seed 000 §7.1, "by
+# default 30"), which at the default limit of 10 is three times the limit; for limits over
+# 15, twice the limit, so the diversity caps (3 episodes per actor, 5 code hits per path)
+# still leave `limit` items in most answers (the seed allows limits up to 50, §3).
+SEED_TOP_K = 30
 
 
 def lane_top_k(limit: int) -> int:
-    return max(MIN_TOP_K, 2 * limit)
+    return max(SEED_TOP_K, 2 * limit)
 
 
 LANE_PRIORITY = {"episodes": 0, "code": 1, "skills": 2}

@@ -6,7 +6,7 @@ with items ranked best first; the coordinator fuses, limits and budgets them.
 
 A lane may leave the costly parts of its items (snippets, explanations, session details)
 for a second step, ``LaneResult.finish``: the coordinator calls it with the items it
-kept, after fusion. A lane ranks about twice as many items as an answer keeps, so our
+kept, after fusion. A lane ranks two to three times as many items as an answer keeps, so our
 lanes describe only those. A lane that returns complete items leaves ``finish`` unset.
 
 The coordinator gives each lane a timeout. It sets ``LANE_DEADLINE`` (a
