@@ -228,16 +228,45 @@ def test_kc2_both_sources_alive_lanes_present_and_unmixed(world: World) -> None:
 
 
 def test_kc3_code_source_down_episodes_still_answer(world: World) -> None:
+    """KC-3: the code source down -> code.degraded=true, episodes non-empty, and errors[]
+    names the cause (the lane and its reason code), next to the seed's degradation warning."""
     with _swap(world, code=_FailingLane("code")), world.client(world.token_ops) as kc:
         resp = kc.search("who fixed the failing test")
     assert resp.lanes.code.degraded and not resp.lanes.code.items
     assert resp.lanes.code.degradation_reason.startswith("KNOWLEDGE_SOURCE_UNAVAILABLE")
     assert resp.lanes.episodes.items and not resp.lanes.episodes.degraded
-    assert any(
-        w.lane == "code" and w.code in ("KNOWLEDGE_SOURCE_UNAVAILABLE", "KNOWLEDGE_LANE_DEGRADED")
-        for w in resp.warnings
-    )
+    causes = [(e.lane, e.code, e.message) for e in resp.errors]
+    assert causes == [
+        ("code", "KNOWLEDGE_SOURCE_UNAVAILABLE", "the code source failed: backend down")
+    ]
+    assert [(w.lane, w.code) for w in resp.warnings if w.lane == "code"] == [
+        ("code", "KNOWLEDGE_LANE_DEGRADED")
+    ]
     assert resp.found
+
+
+class _CrashingLane:
+    """A backend that fails with an exception whose text holds data (it must not leak)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def search(self, q: LaneQuery) -> LaneResult:
+        raise RuntimeError(f"cannot parse {q.query!r}")
+
+
+def test_kc3_a_crashing_lane_is_named_in_errors_by_its_type_only(world: World) -> None:
+    """KC-3 with an unexpected exception: errors[] names the lane, KNOWLEDGE_SOURCE_UNAVAILABLE
+    and the exception's type, never its text (which here holds the query)."""
+    with _swap(world, code=_CrashingLane("code")), world.client(world.token_ops) as kc:
+        resp = kc.search("who fixed the failing test qqvexcanary")
+    assert [(e.lane, e.code) for e in resp.errors] == [("code", "KNOWLEDGE_SOURCE_UNAVAILABLE")]
+    assert "RuntimeError" in resp.errors[0].message
+    assert "qqvexcanary" not in json.dumps(
+        {k: v for k, v in _as_json(resp).items() if k != "query"}
+    )
+    assert resp.lanes.code.degraded
+    assert resp.lanes.episodes.items and resp.found
 
 
 def test_kc3_slow_code_lane_times_out_and_degrades(world: World) -> None:
@@ -248,6 +277,9 @@ def test_kc3_slow_code_lane_times_out_and_degrades(world: World) -> None:
     finally:
         world.server.app.coordinator.timeout_ms = 5000
     assert resp.lanes.code.degraded and "timeout" in resp.lanes.code.degradation_reason
+    # KC-3: errors[] names the cause: the lane's timeout.
+    assert [(e.lane, e.code) for e in resp.errors] == [("code", "KNOWLEDGE_LANE_TIMEOUT")]
+    assert "300 ms" in resp.errors[0].message
     assert resp.lanes.episodes.items
     assert {t.lane for t in resp.trace.lanes} >= {"episodes", "code"}
 
@@ -260,6 +292,9 @@ def test_kc4_episode_search_disabled_code_still_answers(world: World) -> None:
         resp = kc.search("where is the json decoder defined")
     assert resp.lanes.episodes.degraded
     assert resp.lanes.episodes.degradation_reason.startswith("SESSION_QUERY_SEARCH_DISABLED")
+    assert [(e.lane, e.code) for e in resp.errors] == [
+        ("episodes", "SESSION_QUERY_SEARCH_DISABLED")
+    ]
     assert resp.lanes.code.items and not resp.lanes.code.degraded and resp.found
 
 
@@ -271,6 +306,11 @@ def test_kc5_both_sources_down_found_false_no_invented_items(world: World) -> No
         resp = kc.search("who fixed the failing test")
     assert resp.found is False
     assert any(e.code == "KNOWLEDGE_NO_SOURCE" for e in resp.errors)
+    # Each failed lane is named too (KC-3), besides the answer's KNOWLEDGE_NO_SOURCE.
+    assert {(e.lane, e.code) for e in resp.errors if e.lane} == {
+        ("episodes", "KNOWLEDGE_SOURCE_UNAVAILABLE"),
+        ("code", "KNOWLEDGE_SOURCE_UNAVAILABLE"),
+    }
     assert (
         not resp.lanes.episodes.items and not resp.lanes.code.items and not resp.lanes.skills.items
     )

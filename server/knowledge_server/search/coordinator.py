@@ -34,6 +34,7 @@ from knowledge_server.search.lanes import (
     LaneResult,
     LaneUnavailable,
     degraded,
+    failed,
 )
 from knowledge_server.search.routing import route
 from knowledge_server.search.validate import SCHEMA, ValidSearch
@@ -126,16 +127,11 @@ class Coordinator:
                 # timeout is not used (it stays cached for the next asker).
                 raise TimeoutError
         except TimeoutError:
-            result = degraded(
-                name,
-                "KNOWLEDGE_SOURCE_UNAVAILABLE",
-                f"no answer within {self.timeout_ms} ms (timeout)",
+            result = failed(
+                name, "KNOWLEDGE_LANE_TIMEOUT", f"no answer within {self.timeout_ms} ms (timeout)"
             )
         except Exception as exc:  # noqa: BLE001 - a failing lane degrades, the others answer
-            code = "KNOWLEDGE_SOURCE_UNAVAILABLE"
-            if isinstance(exc, KnowledgeError | LaneUnavailable):
-                code = exc.reason
-            result = degraded(name, code, f"the {name} source failed ({type(exc).__name__})")
+            result = failed(name, *_failure(name, exc))
         # The lane's own time when it ran (a blocking lane waits for the one before it).
         ms = own[-1] * 1000 if own else (time.perf_counter() - started) * 1000
         return result, ms
@@ -410,6 +406,18 @@ class Coordinator:
             kept.append(item)
         kept.sort(key=lambda it: _order_key(name, it))
         _replace_items(lane_msg, kept[:limit])
+
+
+def _failure(name: str, exc: Exception) -> tuple[str, str]:
+    """The reason code and message of a lane that raised ``exc``. A ``LaneUnavailable`` or
+    ``KnowledgeError`` carries its code and a message written for callers; any other
+    exception is named by its type only (its text may hold data)."""
+    if isinstance(exc, LaneUnavailable | KnowledgeError):
+        detail = " ".join(str(exc).split())[:200]
+        if detail and detail != exc.reason:
+            return exc.reason, f"the {name} source failed: {detail}"
+        return exc.reason, f"the {name} source failed"
+    return "KNOWLEDGE_SOURCE_UNAVAILABLE", f"the {name} source failed ({type(exc).__name__})"
 
 
 # The deadline is also set in LANE_DEADLINE for lanes that block the loop, which a caller's

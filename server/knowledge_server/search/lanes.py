@@ -34,7 +34,9 @@ LANE_DEADLINE: ContextVar[float | None] = ContextVar("knowledge_lane_deadline", 
 class LaneUnavailable(Exception):
     """What a lane raises when its source cannot answer and it can say why with a reason
     code (seed 000 §9, e.g. ``SESSION_QUERY_SEARCH_DISABLED``): the lane is degraded with
-    that code. Any other exception degrades it as KNOWLEDGE_SOURCE_UNAVAILABLE."""
+    that code, and ``errors[]`` names it with ``message`` (written for callers: never query
+    text, snippets or secrets). Any other exception degrades it as
+    KNOWLEDGE_SOURCE_UNAVAILABLE, named by its type only."""
 
     def __init__(self, reason: str, message: str = "") -> None:
         super().__init__(message or reason)
@@ -104,11 +106,24 @@ def empty_lane(name: str) -> LaneMessage:
 
 
 def degraded(name: str, code: str, reason: str) -> LaneResult:
+    """An empty, degraded lane whose index is missing or not built: a warning (seed 000
+    §9, ``KNOWLEDGE_INDEX_NOT_READY``: the lane is empty, with a warning)."""
     lane = empty_lane(name)
     lane.degraded = True
     lane.degradation_reason = f"{code}: {reason}"
     notice = errors_pb2.Notice(code=code, lane=name, message=reason)
     return LaneResult(lane=lane, warnings=[notice])
+
+
+def failed(name: str, code: str, reason: str) -> LaneResult:
+    """An empty, degraded lane whose source could not answer (failure, timeout): the
+    cause goes to ``errors[]`` (KC-3: "errors names the cause"); the coordinator adds the
+    ``KNOWLEDGE_LANE_DEGRADED`` warning of seed 000 §9."""
+    lane = empty_lane(name)
+    lane.degraded = True
+    lane.degradation_reason = f"{code}: {reason}"
+    notice = errors_pb2.Notice(code=code, lane=name, message=reason)
+    return LaneResult(lane=lane, errors=[notice])
 
 
 class NotReadyLane:
