@@ -70,9 +70,14 @@ def test_kc9_fitted_response_states_its_true_size(
 ) -> None:
     resp.limits.budget.max_tokens = max_tokens
     items_before = resp.limits.returned
+    had = {n for n in ("episodes", "code", "skills") if getattr(resp.lanes, n).items}
     _fit_budget(resp, max_tokens)
     used = resp.limits.budget.used_tokens
     assert used == count_tokens(json_text(resp))
+    # A lane the budget emptied says so (seed 000 §9: an empty lane carries its reason).
+    for n in had:
+        lane = getattr(resp.lanes, n)
+        assert lane.empty_reason == ("" if lane.items else "budget"), n
     remaining = sum(len(getattr(resp.lanes, n).items) for n in ("episodes", "code", "skills"))
     assert resp.limits.returned == remaining
     if remaining:

@@ -70,6 +70,33 @@ def test_serve_prints_bound_port_and_search_json_is_one_document(served) -> None
     assert json.loads(status.stdout)["edition"]["edition"] == "community"
 
 
+def test_search_says_why_a_lane_is_empty(served, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Seed 000 §9 on the command line: each empty lane names its reason (a fresh service:
+    nothing indexed; a lane left out of --include: not requested; after an ingest, a
+    question nothing matches), and the errors of the answer are printed too."""
+    _proc, env, _port = served
+    fresh = _invoke(env, "search", "where is the config loaded")
+    assert fresh.exit_code == 0, fresh.stderr
+    text = " ".join(fresh.stdout.split())
+    assert "empty: index_empty: no session logs have been ingested" in text
+    assert "empty: index_empty: nothing indexed" in text
+    assert "error KNOWLEDGE_NO_SOURCE" in " ".join(fresh.stderr.split())
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "s.jsonl").write_text(
+        json.dumps({"session_id": "s1", "seq": 0, "role": "user", "text": "rotate the cookie"})
+        + "\n"
+    )
+    assert _invoke(env, "ingest", str(logs), "--json").exit_code == 0
+    only = _invoke(env, "search", "qqxvzrtk wwpfhjnb", "--include", "episodes")
+    text = " ".join(only.stdout.split())
+    assert "episodes rev=" in text and "empty: no_match: nothing matched" in text
+    assert "code not requested" in text
+    doc = json.loads(_invoke(env, "search", "cookie", "--include", "code", "--json").stdout)
+    assert doc["lanes"]["episodes"]["empty_reason"] == "not_requested"
+    assert doc["lanes"]["episodes"]["degraded"] is False
+
+
 def test_edition_refusal_is_one_line_with_the_edition(served) -> None:  # type: ignore[no-untyped-def]
     _proc, env, _port = served
     out = _invoke(env, "docgraph", "themes")

@@ -234,6 +234,7 @@ def test_kc3_code_source_down_episodes_still_answer(world: World) -> None:
         resp = kc.search("who fixed the failing test")
     assert resp.lanes.code.degraded and not resp.lanes.code.items
     assert resp.lanes.code.degradation_reason.startswith("KNOWLEDGE_SOURCE_UNAVAILABLE")
+    assert resp.lanes.code.empty_reason == "unavailable"
     assert resp.lanes.episodes.items and not resp.lanes.episodes.degraded
     causes = [(e.lane, e.code, e.message) for e in resp.errors]
     assert causes == [
@@ -265,7 +266,7 @@ def test_kc3_a_crashing_lane_is_named_in_errors_by_its_type_only(world: World) -
     assert "qqvexcanary" not in json.dumps(
         {k: v for k, v in _as_json(resp).items() if k != "query"}
     )
-    assert resp.lanes.code.degraded
+    assert resp.lanes.code.degraded and resp.lanes.code.empty_reason == "unavailable"
     assert resp.lanes.episodes.items and resp.found
 
 
@@ -277,6 +278,7 @@ def test_kc3_slow_code_lane_times_out_and_degrades(world: World) -> None:
     finally:
         world.server.app.coordinator.timeout_ms = 5000
     assert resp.lanes.code.degraded and "timeout" in resp.lanes.code.degradation_reason
+    assert resp.lanes.code.empty_reason == "unavailable"
     # KC-3: errors[] names the cause: the lane's timeout.
     assert [(e.lane, e.code) for e in resp.errors] == [("code", "KNOWLEDGE_LANE_TIMEOUT")]
     assert "300 ms" in resp.errors[0].message
@@ -550,3 +552,77 @@ def test_kc_limit_up_to_50_is_honoured_by_every_lane_query(world: World) -> None
     assert len(resp.lanes.code.items) == 50 and not resp.limits.truncated
     assert len(small.lanes.code.items) == 5
     assert len(default.lanes.code.items) == 10 and len(above.lanes.code.items) == 16
+
+
+def test_kc_a_lane_left_out_of_include_is_not_requested_not_degraded(world: World) -> None:
+    """Seed 000 §4.1.1 keeps episodes and code in every answer; one the caller left out of
+    ``include`` says so (empty_reason not_requested) and is neither degraded nor warned about."""
+    with world.client(world.token_ops) as kc:
+        code_only = kc.search("where is the json decoder defined", include=["code"])
+        episodes_only = kc.search("who fixed the failing test", include=["episodes"])
+    ep = code_only.lanes.episodes
+    assert not ep.degraded and not ep.degradation_reason and ep.empty_reason == "not_requested"
+    assert code_only.lanes.code.items and code_only.found
+    code = episodes_only.lanes.code
+    assert not code.degraded and not code.degradation_reason
+    assert code.empty_reason == "not_requested" and not code.capability
+    assert episodes_only.lanes.episodes.items and episodes_only.found
+    for resp, absent in ((code_only, "episodes"), (episodes_only, "code")):
+        assert not [n for n in (*resp.warnings, *resp.errors) if n.lane == absent]
+    # Not asked for: the skills lane is absent (seed 000 §4.1.1: "skills if requested").
+    assert not code_only.lanes.skills or not code_only.lanes.skills.source
+
+
+def test_kc_empty_lanes_say_why_no_match_and_not_indexed(world: World) -> None:
+    """Seed 000 §9: no "empty = all fine"; an empty lane carries its reason, so the
+    zero-result rate is measurable from answers. Nothing matched (the caller's data was
+    searched) is told apart from nothing indexed in the caller's workspaces."""
+    elsewhere = world.root / "ws_c"  # a folder with neither an index nor sessions
+    elsewhere.mkdir(exist_ok=True)
+    with world.client(world.token_ops) as ops, world.client(world.token_a) as a:
+        nothing = ops.search("qqxvzrtk wwpfhjnb", include=["episodes", "skills"])
+        no_path = ops.search("json decoder", include=["code"], paths=["no/such/dir"])
+        unindexed = ops.search("json decoder", workspaces=[str(elsewhere)])
+        foreign = a.search("json decoder", workspaces=[str(world.ws_b)])
+        found = ops.search("where is the json decoder defined")
+    assert not nothing.lanes.episodes.items and nothing.lanes.episodes.empty_reason == "no_match"
+    assert not nothing.lanes.skills.items and nothing.lanes.skills.empty_reason == "no_match"
+    assert not no_path.lanes.code.items and no_path.lanes.code.empty_reason == "no_match"
+    for resp in (unindexed, foreign):
+        for name in ("episodes", "code", "skills"):
+            lane = getattr(resp.lanes, name)
+            assert not lane.items and lane.empty_reason == "not_indexed", (name, lane)
+            assert not lane.degraded
+    # A lane with items has no empty reason.
+    assert found.lanes.code.items and found.lanes.code.empty_reason == ""
+    assert found.lanes.episodes.items and found.lanes.episodes.empty_reason == ""
+
+
+def test_kc_empty_lanes_say_why_index_empty(tmp_path: Path) -> None:
+    """Seed 000 §9 on a fresh service: every lane is empty because its store holds nothing
+    (index_empty, with KNOWLEDGE_INDEX_NOT_READY); a workspace indexed without a single
+    chunk is an empty index too, not a failed search."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    server = ServerThread(tmp_path, workspaces=[str(bare)], skill_roots=[], lane_timeout_ms=5000)
+    try:
+        with KnowledgeClient(server.address, timeout=30) as kc:
+            fresh = kc.search("where is the config loaded")
+            for _ in kc.index_workspace(str(bare)):
+                pass
+            indexed = kc.search("where is the config loaded", include=["code"])
+    finally:
+        server.stop()
+    for name in ("episodes", "code", "skills"):
+        lane = getattr(fresh.lanes, name)
+        assert lane.empty_reason == "index_empty" and lane.degraded, name
+        assert lane.degradation_reason.startswith("KNOWLEDGE_INDEX_NOT_READY"), name
+    assert {(w.lane, w.code) for w in fresh.warnings} >= {
+        ("episodes", "KNOWLEDGE_INDEX_NOT_READY"),
+        ("code", "KNOWLEDGE_INDEX_NOT_READY"),
+        ("skills", "KNOWLEDGE_INDEX_NOT_READY"),
+    }
+    assert not fresh.found and [e.code for e in fresh.errors] == ["KNOWLEDGE_NO_SOURCE"]
+    code = indexed.lanes.code
+    assert code.index_rev and not code.degraded and not code.items
+    assert code.empty_reason == "index_empty" and indexed.found

@@ -22,14 +22,17 @@ def _lines(addr: dict[str, Any] | None) -> str:
 
 
 def _lane_head(name: str, lane: dict[str, Any] | None) -> str:
-    if lane is None:
+    if lane is None or lane.get("empty_reason") == "not_requested":
         return f"{name}: not requested"
     head = f"{name} (index_rev {lane.get('index_rev') or '-'}"
     if lane.get("capability"):
         head += f", capability {lane['capability']}"
     if lane.get("degraded"):
         head += f", degraded: {lane.get('degradation_reason', '')}"
-    return head + f"): {len(lane.get('items') or [])} item(s)"
+    n = len(lane.get("items") or [])
+    # An empty lane says why (no_match, index_empty, not_indexed, unavailable, budget).
+    empty = f", empty: {lane['empty_reason']}" if not n and lane.get("empty_reason") else ""
+    return head + f"): {n} item(s){empty}"
 
 
 def _notices(d: dict[str, Any], *keys: str) -> list[str]:

@@ -117,7 +117,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Search past sessions, code and skills",
         "Ask one question; get separate lanes of evidence: episodes (what past agent sessions did, "
         "as session_id#seq), code (path:start_line-end_line) and skills, plus the actors who did "
-        "this kind of work. Each lane reports its own index_rev and whether it is degraded. "
+        "this kind of work. Each lane reports its own index_rev and whether it is degraded; an "
+        "empty lane says why in empty_reason (no_match, index_empty, not_indexed, not_requested, "
+        "unavailable, budget), and errors[] names the cause of a lane that failed. "
         "Fetch full texts with knowledge_get_episode / knowledge_get_chunk.",
         (
             "lanes.episodes.items[].snippet",

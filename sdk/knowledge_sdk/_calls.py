@@ -249,7 +249,13 @@ def search(
 ) -> UnaryCall[v1.SearchResponse]:
     """Search the lanes (``knowledge.search/v1``). ``query`` is the question, or a whole
     ``SearchRequest`` (then the other request parameters are not used); the parameters
-    are those of ``search_request``."""
+    are those of ``search_request``.
+
+    Every lane of the answer says why it is empty in ``empty_reason`` (``""`` when it has
+    items): ``"no_match"``, ``"index_empty"``, ``"not_indexed"`` (nothing indexed in the
+    caller's workspaces), ``"not_requested"`` (left out of ``include``; not degraded),
+    ``"unavailable"`` (the lane failed or timed out; ``errors`` names the cause with the
+    lane and a reason code) or ``"budget"`` (``limits.dropped`` lists what went)."""
     request = (
         query
         if isinstance(query, v1.SearchRequest)

@@ -237,19 +237,50 @@ def _one_line(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+# What an empty lane's ``empty_reason`` means, per lane (docs/search.md, "Empty lanes").
+_EMPTY_REASONS = {
+    "no_match": "nothing matched",
+    "not_requested": "not requested (--include)",
+    "unavailable": "the source did not answer (see the errors)",
+    "budget": "its items were removed to fit --max-tokens",
+}
+_EMPTY_BY_LANE = {
+    ("episodes", "index_empty"): "no session logs have been ingested",
+    ("episodes", "not_indexed"): "no sessions ingested in your workspaces",
+    ("code", "index_empty"): "nothing indexed (no workspace, or no file gave a chunk)",
+    ("code", "not_indexed"): "none of your workspaces is indexed",
+    ("skills", "index_empty"): "no skills (the derived layer is not built, or no SKILL.md)",
+    ("skills", "not_indexed"): "no skills in your workspaces",
+}
+
+
+def _empty_text(name: str, reason: str) -> str:
+    said = _EMPTY_BY_LANE.get((name, reason)) or _EMPTY_REASONS.get(reason)
+    return f"{reason}: {said}" if said else (reason or "no reason given")
+
+
+def _lane_header(name: str, lane: Any, extra: str = "") -> None:
+    """A lane's first line: revision, state and, when it is empty, why."""
+    if lane.empty_reason == "not_requested":
+        out_console.print(f"\n[bold]{name}[/]  not requested", highlight=False)
+        return
+    state = f"[yellow]degraded[/]: {lane.degradation_reason}" if lane.degraded else "ok"
+    if not lane.items:
+        state += f"  [yellow]empty[/]: {escape(_empty_text(name, lane.empty_reason))}"
+    out_console.print(
+        f"\n[bold]{name}[/]  rev={lane.index_rev or '-'}  {extra}{state}", highlight=False
+    )
+
+
 def _lanes_table(resp: Any) -> None:
-    """Human rendering: one block per lane, one line per item with its address."""
+    """Human rendering: one block per lane, one line per item with its address; an empty
+    lane says why."""
     width = max(60, min(out_console.width, 160))
     r = resp.routing
     out_console.print(
         f"[bold]intent[/] {r.intent} ({r.confidence_level}) - {r.reason}", highlight=False
     )
-
-    def header(name: str, lane: Any, extra: str = "") -> None:
-        state = f"[yellow]degraded[/]: {lane.degradation_reason}" if lane.degraded else "ok"
-        out_console.print(
-            f"\n[bold]{name}[/]  rev={lane.index_rev or '-'}  {extra}{state}", highlight=False
-        )
+    header = _lane_header
 
     ep = resp.lanes.episodes
     counts = (
@@ -278,7 +309,7 @@ def _lanes_table(resp: Any) -> None:
                 "    " + _one_line(it.snippet, width - 4), markup=False, highlight=False
             )
     sk = resp.lanes.skills
-    if sk is not None and (sk.items or sk.degraded or sk.index_rev):
+    if sk is not None and (sk.items or sk.degraded or sk.index_rev or sk.empty_reason):
         header("skills", sk)
         for it in sk.items:
             out_console.print(
@@ -298,6 +329,8 @@ def _lanes_table(resp: Any) -> None:
                 out_console.print("    " + "; ".join(a.why), highlight=False)
     for w in resp.warnings:
         err_console.print(f"[yellow]warning[/] {w.code} {w.lane}: {w.message}", highlight=False)
+    for e in resp.errors:
+        err_console.print(f"[red]error[/] {e.code} {e.lane}: {e.message}", highlight=False)
     for e in resp.errors:
         err_console.print(f"[red]error[/] {e.code} {e.lane}: {e.message}", highlight=False)
     lim = resp.limits
@@ -390,7 +423,11 @@ def search(
     trace: bool,
     as_json: bool,
 ) -> None:
-    """Ask one question; get separate lanes of evidence (episodes, code, skills) and actors."""
+    """Ask one question; get separate lanes of evidence (episodes, code, skills) and actors.
+
+    An empty lane says why: nothing matched, nothing indexed yet, nothing indexed in your
+    workspaces, not requested, its source failed (the errors name the cause) or the budget
+    took its items (the lane's empty_reason in --json)."""
     with client(ctx) as kc:
         resp = kc.search(
             query,

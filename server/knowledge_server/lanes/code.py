@@ -37,7 +37,14 @@ from knowledge_server.lanes.common import (
     run_bounded,
     snapshot,
 )
-from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
+from knowledge_server.search.lanes import (
+    INDEX_EMPTY,
+    NO_MATCH,
+    NOT_INDEXED,
+    LaneQuery,
+    LaneResult,
+    degraded,
+)
 from knowledge_server.workspaces import is_under
 
 SOURCE = "knowledge.code"
@@ -51,6 +58,20 @@ def _visible(workspace: str, scope: tuple[str, ...] | None) -> bool:
         return True
     # A workspace is visible when it lies in the scope, or the scope narrows it to a sub-folder.
     return any(is_under(workspace, r) or is_under(r, workspace) for r in scope)
+
+
+def _why_empty(idx: CodeIndex, scoped: Sequence[str]) -> str:
+    """Why a search found nothing: no indexed workspace in the caller's scope, only empty
+    revisions there (no file gave a chunk), or no match in what is there."""
+    if not scoped:
+        return NOT_INDEXED
+    marks = ",".join("?" * len(scoped))
+    row = idx.conn.execute(
+        "SELECT COALESCE(SUM(r.chunks), 0) FROM workspaces w JOIN revisions r"  # noqa: S608 - placeholders only, values bound
+        f" ON r.id = w.current_rev_id WHERE w.root IN ({marks})",
+        list(scoped),
+    ).fetchone()
+    return NO_MATCH if row and int(row[0]) > 0 else INDEX_EMPTY
 
 
 class CodeLane:
@@ -160,6 +181,7 @@ class CodeLane:
                 )
             lane = search_pb2.CodeLane(source=SOURCE, capability="full")
             if q.workspaces == ():
+                lane.empty_reason = NOT_INDEXED
                 return LaneResult(lane=lane)
             result = idx.search(
                 q.query,
@@ -173,6 +195,8 @@ class CodeLane:
                 describe_hits=False,  # only for the items the coordinator keeps: _finisher
             )
             scoped = [r for r in roots if _visible(r, q.workspaces)]
+            if not result.hits:
+                lane.empty_reason = _why_empty(idx, scoped)
         fresh = self.freshness(scoped)
         warnings: list[errors_pb2.Notice] = []
         lane.index_rev = result.index_rev

@@ -24,7 +24,7 @@ from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2, se
 from knowledge_server.derived.build import rebuild
 from knowledge_server.derived.lane import InvalidQuery, search_skills
 from knowledge_server.derived.skills import default_roots, load_catalog
-from knowledge_server.derived.store import Assignment, DerivedStore
+from knowledge_server.derived.store import Assignment, DerivedStore, workspace_clause
 from knowledge_server.episodes.store import EpisodeStore
 from knowledge_server.lanes.common import (
     Pool,
@@ -37,7 +37,14 @@ from knowledge_server.lanes.common import (
     snapshot,
 )
 from knowledge_server.memo import RevisionMemo
-from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
+from knowledge_server.search.lanes import (
+    INDEX_EMPTY,
+    NO_MATCH,
+    NOT_INDEXED,
+    LaneQuery,
+    LaneResult,
+    degraded,
+)
 from knowledge_server.search.validate import ValidSearch
 
 SOURCE = "knowledge.skills+derived"
@@ -97,6 +104,21 @@ def _writable(path: Path) -> bool:
     return probe.exists() and os.access(probe, os.W_OK)
 
 
+def _why_empty(store: DerivedStore, scope: Sequence[str] | None) -> str:
+    """Why a skills search found nothing: no skill catalogued at all, none whose SKILL.md
+    lies in the caller's workspaces, or no match among those."""
+    if store.conn.execute("SELECT 1 FROM skill LIMIT 1").fetchone() is None:
+        return INDEX_EMPTY
+    within = workspace_clause("s.path", scope)
+    if within is None:
+        return NOT_INDEXED
+    visible = store.conn.execute(
+        f"SELECT 1 FROM skill s WHERE {within[0]} LIMIT 1",  # noqa: S608 - a condition made of constants and placeholders, values bound
+        within[1],
+    ).fetchone()
+    return NO_MATCH if visible is not None else NOT_INDEXED
+
+
 class EpisodeSource(Protocol):
     """What the rebuild needs of the episodes lane (``lanes/episodes.py``)."""
 
@@ -143,6 +165,7 @@ class DerivedLane:
                 )
             lane = search_pb2.SkillsLane(source=SOURCE, index_rev=rev)
             if q.workspaces == ():
+                lane.empty_reason = NOT_INDEXED
                 return LaneResult(lane=lane)
             try:
                 hits = search_skills(
@@ -155,6 +178,7 @@ class DerivedLane:
                     scope=q.workspaces,
                 )
             except InvalidQuery:
+                lane.empty_reason = NO_MATCH
                 return LaneResult(
                     lane=lane,
                     warnings=[
@@ -165,6 +189,8 @@ class DerivedLane:
                         )
                     ],
                 )
+            if not hits:
+                lane.empty_reason = _why_empty(store, q.workspaces)
         for h in hits:
             item = lane.items.add(
                 name=h.name,

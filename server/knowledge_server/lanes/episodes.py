@@ -31,7 +31,13 @@ from knowledge_server.lanes.common import (
     snapshot,
     ts,
 )
-from knowledge_server.search.lanes import LaneQuery, LaneResult, degraded
+from knowledge_server.search.lanes import (
+    NO_MATCH,
+    NOT_INDEXED,
+    LaneQuery,
+    LaneResult,
+    degraded,
+)
 from knowledge_server.workspaces import in_scope, is_under
 
 SOURCE = "knowledge.episodes"
@@ -113,7 +119,9 @@ class EpisodesLane:
                 return degraded(
                     self.name, "KNOWLEDGE_INDEX_NOT_READY", "no session logs have been ingested yet"
                 )
-            if q.workspaces == ():
+            if q.workspaces == () or counts["sessions"] == 0:
+                # Sessions were ingested, none of them in the caller's workspaces.
+                lane.empty_reason = NOT_INDEXED
                 return LaneResult(lane=lane)
             try:
                 hits, needles = store.search_ranked(
@@ -131,7 +139,10 @@ class EpisodesLane:
                     lane=self.name,
                     message="the query has no searchable words for this lane",
                 )
+                lane.empty_reason = NO_MATCH
                 return LaneResult(lane=lane, warnings=[notice])
+        if not hits:
+            lane.empty_reason = NO_MATCH
         for h in hits:
             item = lane.items.add(
                 id=h.id,

@@ -27,7 +27,10 @@ from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
 from knowledge_server.errors import KnowledgeError
 from knowledge_server.search.jsonlen import json_size, json_size_of_string
 from knowledge_server.search.lanes import (
+    BUDGET,
     LANE_DEADLINE,
+    NO_MATCH,
+    UNAVAILABLE,
     Lane,
     LaneMessage,
     LaneQuery,
@@ -35,6 +38,7 @@ from knowledge_server.search.lanes import (
     LaneUnavailable,
     degraded,
     failed,
+    not_requested,
 )
 from knowledge_server.search.routing import route
 from knowledge_server.search.validate import SCHEMA, ValidSearch
@@ -98,7 +102,10 @@ class Coordinator:
         started = time.perf_counter()
         if lane is None:
             return degraded(
-                name, "KNOWLEDGE_INDEX_NOT_READY", f"the {name} lane is not configured"
+                name,
+                "KNOWLEDGE_INDEX_NOT_READY",
+                f"the {name} lane is not configured",
+                empty_reason=UNAVAILABLE,
             ), 0.0
         # Results are cached per (lane, lane revision, query); a new revision is a new key,
         # so a cached answer is always the answer the current index would give.
@@ -285,11 +292,7 @@ class Coordinator:
             if name in by_name:
                 result, ms = by_name[name]
             else:
-                result = degraded(
-                    name, "KNOWLEDGE_LANE_DEGRADED", f"lane {name} not requested (include)"
-                )
-                ms = 0.0
-                result.warnings.clear()
+                result, ms = not_requested(name), 0.0
             lane_msg = result.lane
             weight = r.weights.get(name, 0.0)
             n_before = len(lane_msg.items)
@@ -313,6 +316,12 @@ class Coordinator:
                             message=f"the {name} lane could not add snippets and explanations",
                         )
                     )
+            # An empty lane always says why (seed 000 §9): the lane itself when it knows
+            # (index empty, nothing indexed in scope), else from how it answered.
+            if lane_msg.items:
+                lane_msg.empty_reason = ""
+            elif not lane_msg.empty_reason:
+                lane_msg.empty_reason = NO_MATCH if _answered(lane_msg) else UNAVAILABLE
             if isinstance(lane_msg, search_pb2.EpisodesLane):
                 resp.lanes.episodes.CopyFrom(lane_msg)
                 resp.lanes.episodes.observed_at.GetCurrentTime()
@@ -355,7 +364,10 @@ class Coordinator:
         if not resp.found:
             # No source answered: no items, an explicit code (invariant 8).
             for n in ("episodes", "code", "skills"):
-                del _lane_of(resp, n).items[:]
+                withheld = _lane_of(resp, n)
+                if withheld.items:
+                    del withheld.items[:]
+                    withheld.empty_reason = UNAVAILABLE
             resp.errors.append(
                 errors_pb2.Notice(code="KNOWLEDGE_NO_SOURCE", message="no lane could answer")
             )
@@ -658,6 +670,10 @@ def _fit_budget(resp: search_pb2.SearchResponse, max_tokens: int) -> None:  # no
             size -= item_bytes + 1
         else:
             size -= item_bytes + len('"items":[]') + (1 if lane.ListFields() else 0)
+            # The lane is empty now, and says so (seed 000 §9): the budget took its items.
+            before = json_size(lane)
+            lane.empty_reason = BUDGET
+            size += json_size(lane) - before
         gone = [(name, item_id)]
         if citing:
             gone += [("actors", a) for a in _prune_evidence(resp, name, item_id, citing_ids)]

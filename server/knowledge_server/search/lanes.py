@@ -93,6 +93,17 @@ class Lane(Protocol):
         ...
 
 
+# Why a lane has no items (``empty_reason`` of each lane message; docs/search.md,
+# "Empty lanes"). The lane that searched sets the first three; the coordinator the others.
+NO_MATCH = "no_match"  # data in the caller's scope was searched; nothing matched
+INDEX_EMPTY = "index_empty"  # the lane's store holds nothing yet
+NOT_INDEXED = "not_indexed"  # the store holds data, none of it in the caller's workspaces
+NOT_REQUESTED = "not_requested"  # left out of ``include``
+UNAVAILABLE = "unavailable"  # failed, timed out, or no source answered (errors[] says why)
+BUDGET = "budget"  # its items were removed to fit the token budget (limits.dropped)
+EMPTY_REASONS = (NO_MATCH, INDEX_EMPTY, NOT_INDEXED, NOT_REQUESTED, UNAVAILABLE, BUDGET)
+
+
 def empty_lane(name: str) -> LaneMessage:
     if name == "episodes":
         return search_pb2.EpisodesLane(
@@ -105,12 +116,13 @@ def empty_lane(name: str) -> LaneMessage:
     return search_pb2.SkillsLane(source="knowledge.skills+derived")
 
 
-def degraded(name: str, code: str, reason: str) -> LaneResult:
+def degraded(name: str, code: str, reason: str, empty_reason: str = INDEX_EMPTY) -> LaneResult:
     """An empty, degraded lane whose index is missing or not built: a warning (seed 000
     §9, ``KNOWLEDGE_INDEX_NOT_READY``: the lane is empty, with a warning)."""
     lane = empty_lane(name)
     lane.degraded = True
     lane.degradation_reason = f"{code}: {reason}"
+    lane.empty_reason = empty_reason
     notice = errors_pb2.Notice(code=code, lane=name, message=reason)
     return LaneResult(lane=lane, warnings=[notice])
 
@@ -122,8 +134,20 @@ def failed(name: str, code: str, reason: str) -> LaneResult:
     lane = empty_lane(name)
     lane.degraded = True
     lane.degradation_reason = f"{code}: {reason}"
+    lane.empty_reason = UNAVAILABLE
     notice = errors_pb2.Notice(code=code, lane=name, message=reason)
     return LaneResult(lane=lane, errors=[notice])
+
+
+def not_requested(name: str) -> LaneResult:
+    """A lane the caller left out of ``include``: present (seed 000 §4.1.1), empty, not
+    degraded, no notice; ``empty_reason`` says it was not asked."""
+    lane = empty_lane(name)
+    if isinstance(lane, search_pb2.CodeLane):
+        lane.capability = ""
+        lane.ClearField("freshness")
+    lane.empty_reason = NOT_REQUESTED
+    return LaneResult(lane=lane)
 
 
 class NotReadyLane:

@@ -799,6 +799,18 @@ class CodeLane(betterproto2.Message):
     Drift recorded for the current revision.
     """
 
+    empty_reason: "str" = betterproto2.field(9, betterproto2.TYPE_STRING)
+    """
+    Why the lane has no items; empty when it has some. One of:
+    "no_match" (the lane searched data in the caller's scope and nothing matched),
+    "index_empty" (the lane's store holds nothing yet: nothing indexed, ingested or built),
+    "not_indexed" (the store holds data, but none in the caller's workspaces),
+    "not_requested" (the caller left the lane out of `include`; not degraded),
+    "unavailable" (the lane failed or timed out, or no source answered; `errors[]` names
+    the cause), "budget" (its items were removed to fit `budget.max_tokens`; see
+    `limits.dropped`). See docs/search.md, "Empty lanes".
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "CodeLane", CodeLane)
 
@@ -1768,6 +1780,18 @@ class EpisodesLane(betterproto2.Message):
     items: "list[EpisodeItem]" = betterproto2.field(7, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     Matches.
+    """
+
+    empty_reason: "str" = betterproto2.field(8, betterproto2.TYPE_STRING)
+    """
+    Why the lane has no items; empty when it has some. One of:
+    "no_match" (the lane searched data in the caller's scope and nothing matched),
+    "index_empty" (the lane's store holds nothing yet: nothing indexed, ingested or built),
+    "not_indexed" (the store holds data, but none in the caller's workspaces),
+    "not_requested" (the caller left the lane out of `include`; not degraded),
+    "unavailable" (the lane failed or timed out, or no source answered; `errors[]` names
+    the cause), "budget" (its items were removed to fit `budget.max_tokens`; see
+    `limits.dropped`). See docs/search.md, "Empty lanes".
     """
 
 
@@ -3319,6 +3343,18 @@ class SkillsLane(betterproto2.Message):
     items: "list[SkillItem]" = betterproto2.field(5, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     Matches.
+    """
+
+    empty_reason: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    Why the lane has no items; empty when it has some. One of:
+    "no_match" (the lane searched data in the caller's scope and nothing matched),
+    "index_empty" (the lane's store holds nothing yet: nothing indexed, ingested or built),
+    "not_indexed" (the store holds data, but none in the caller's workspaces),
+    "not_requested" (the caller left the lane out of `include`; not degraded),
+    "unavailable" (the lane failed or timed out, or no source answered; `errors[]` names
+    the cause), "budget" (its items were removed to fit `budget.max_tokens`; see
+    `limits.dropped`). See docs/search.md, "Empty lanes".
     """
 
 

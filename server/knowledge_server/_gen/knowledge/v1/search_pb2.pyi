@@ -417,6 +417,7 @@ class EpisodesLane(_message.Message):
     DEGRADATION_REASON_FIELD_NUMBER: _builtins.int
     COUNTS_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
+    EMPTY_REASON_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """Backend that answered, e.g. "knowledge.episodes"."""
     index_rev: _builtins.str
@@ -425,6 +426,16 @@ class EpisodesLane(_message.Message):
     """The lane could not answer fully."""
     degradation_reason: _builtins.str
     """Why it is degraded (a reason code and sentence), empty when not degraded."""
+    empty_reason: _builtins.str
+    """Why the lane has no items; empty when it has some. One of:
+    "no_match" (the lane searched data in the caller's scope and nothing matched),
+    "index_empty" (the lane's store holds nothing yet: nothing indexed, ingested or built),
+    "not_indexed" (the store holds data, but none in the caller's workspaces),
+    "not_requested" (the caller left the lane out of `include`; not degraded),
+    "unavailable" (the lane failed or timed out, or no source answered; `errors[]` names
+    the cause), "budget" (its items were removed to fit `budget.max_tokens`; see
+    `limits.dropped`). See docs/search.md, "Empty lanes".
+    """
     @_builtins.property
     def observed_at(self) -> _timestamp_pb2.Timestamp:
         """When the lane was read."""
@@ -447,10 +458,11 @@ class EpisodesLane(_message.Message):
         degradation_reason: _builtins.str = ...,
         counts: Global___EpisodeCounts | None = ...,
         items: _abc.Iterable[Global___EpisodeItem] | None = ...,
+        empty_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "degradation_reason", b"degradation_reason", "degraded", b"degraded", "index_rev", b"index_rev", "items", b"items", "observed_at", b"observed_at", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "degradation_reason", b"degradation_reason", "degraded", b"degraded", "empty_reason", b"empty_reason", "index_rev", b"index_rev", "items", b"items", "observed_at", b"observed_at", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -608,6 +620,7 @@ class CodeLane(_message.Message):
     DEGRADATION_REASON_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
     DRIFT_FIELD_NUMBER: _builtins.int
+    EMPTY_REASON_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """Backend that answered, e.g. "knowledge.code"."""
     index_rev: _builtins.str
@@ -618,6 +631,16 @@ class CodeLane(_message.Message):
     """The lane could not answer fully."""
     degradation_reason: _builtins.str
     """Why it is degraded, empty when not degraded."""
+    empty_reason: _builtins.str
+    """Why the lane has no items; empty when it has some. One of:
+    "no_match" (the lane searched data in the caller's scope and nothing matched),
+    "index_empty" (the lane's store holds nothing yet: nothing indexed, ingested or built),
+    "not_indexed" (the store holds data, but none in the caller's workspaces),
+    "not_requested" (the caller left the lane out of `include`; not degraded),
+    "unavailable" (the lane failed or timed out, or no source answered; `errors[]` names
+    the cause), "budget" (its items were removed to fit `budget.max_tokens`; see
+    `limits.dropped`). See docs/search.md, "Empty lanes".
+    """
     @_builtins.property
     def freshness(self) -> Global___Freshness:
         """Freshness against the workspace on disk."""
@@ -641,10 +664,11 @@ class CodeLane(_message.Message):
         degradation_reason: _builtins.str = ...,
         items: _abc.Iterable[Global___CodeItem] | None = ...,
         drift: Global___Drift | None = ...,
+        empty_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["drift", b"drift", "freshness", b"freshness"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "degradation_reason", b"degradation_reason", "degraded", b"degraded", "drift", b"drift", "freshness", b"freshness", "index_rev", b"index_rev", "items", b"items", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "degradation_reason", b"degradation_reason", "degraded", b"degraded", "drift", b"drift", "empty_reason", b"empty_reason", "freshness", b"freshness", "index_rev", b"index_rev", "items", b"items", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -745,6 +769,7 @@ class SkillsLane(_message.Message):
     DEGRADED_FIELD_NUMBER: _builtins.int
     DEGRADATION_REASON_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
+    EMPTY_REASON_FIELD_NUMBER: _builtins.int
     source: _builtins.str
     """Backend that answered, e.g. "knowledge.skills+derived"."""
     index_rev: _builtins.str
@@ -753,6 +778,16 @@ class SkillsLane(_message.Message):
     """The lane could not answer fully."""
     degradation_reason: _builtins.str
     """Why it is degraded, empty when not degraded."""
+    empty_reason: _builtins.str
+    """Why the lane has no items; empty when it has some. One of:
+    "no_match" (the lane searched data in the caller's scope and nothing matched),
+    "index_empty" (the lane's store holds nothing yet: nothing indexed, ingested or built),
+    "not_indexed" (the store holds data, but none in the caller's workspaces),
+    "not_requested" (the caller left the lane out of `include`; not degraded),
+    "unavailable" (the lane failed or timed out, or no source answered; `errors[]` names
+    the cause), "budget" (its items were removed to fit `budget.max_tokens`; see
+    `limits.dropped`). See docs/search.md, "Empty lanes".
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___SkillItem]:
         """Matches."""
@@ -765,10 +800,11 @@ class SkillsLane(_message.Message):
         degraded: _builtins.bool = ...,
         degradation_reason: _builtins.str = ...,
         items: _abc.Iterable[Global___SkillItem] | None = ...,
+        empty_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["degradation_reason", b"degradation_reason", "degraded", b"degraded", "index_rev", b"index_rev", "items", b"items", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degradation_reason", b"degradation_reason", "degraded", b"degraded", "empty_reason", b"empty_reason", "index_rev", b"index_rev", "items", b"items", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
