@@ -26,6 +26,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +57,21 @@ QUERIES = [
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+# (lane, empty_reason) -> answers; "" = the lane had items.
+EMPTY: Counter[tuple[str, str]] = Counter()
+ZERO_RESULTS = ("no_match", "index_empty", "not_indexed")
+
+
+def zero_rates() -> str:
+    """Per lane, the share of answers in which it had nothing to return (empty_reason)."""
+    parts = []
+    for lane in ("episodes", "code", "skills"):
+        total = sum(n for (name, _), n in EMPTY.items() if name == lane)
+        zero = sum(EMPTY[(lane, r)] for r in ZERO_RESULTS)
+        parts.append(f"{lane} {zero / total * 100:.1f}%" if total else f"{lane} n/a")
+    return ", ".join(parts)
 
 
 def copy_workspace(dst: Path) -> Path:
@@ -229,6 +245,8 @@ async def run_clients(
                 DEGRADED.extend(
                     n for n in ("episodes", "code", "skills") if getattr(resp.lanes, n).degraded
                 )
+                for lane in ("episodes", "code", "skills"):
+                    EMPTY[(lane, getattr(resp.lanes, lane).empty_reason)] += 1
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(n) for n in range(clients)))
@@ -320,6 +338,9 @@ def main() -> int:
         )
     print(
         f"degraded lanes in all answers: {len(DEGRADED)} ({', '.join(sorted(set(DEGRADED))) or 'none'})"
+    )
+    print(
+        "zero-result rate per lane (empty_reason no_match/index_empty/not_indexed):", zero_rates()
     )
     print(
         f"data directory: {data} (targets: p95 <= 30 ms with one client; >= 200 searches/s with 16 clients)"
