@@ -294,3 +294,24 @@ def test_opencode_plain_ids_still_import(tmp_path: Path) -> None:
     ses = _opencode_storage(tmp_path, "ses_ok", "msg_1")
     res = opencode.import_file(str(ses))
     assert [e.text for e in res.events] == ["outside secret"]
+
+
+@pytest.mark.parametrize("linked", ["message", "part", "part-file"])
+def test_opencode_linked_folders_out_of_the_storage_are_not_read(
+    tmp_path: Path, linked: str
+) -> None:
+    """A message or part folder (or part file) of an OpenCode storage that is a link out of
+    the storage (into another tenant's) is not read."""
+    ses = _opencode_storage(tmp_path, "ses_ok", "msg_1")
+    root, outside = tmp_path / "storage", tmp_path / "outside"
+    outside.mkdir()
+    target = {
+        "message": root / "message" / "ses_ok",
+        "part": root / "part" / "msg_1",
+        "part-file": root / "part" / "msg_1" / "prt_1.json",
+    }[linked]
+    target.rename(outside / target.name)
+    target.symlink_to(outside / target.name)
+    res = opencode.import_file(str(ses))
+    assert not [e for e in res.events if "outside secret" in e.text]
+    assert all(".." not in f and "outside" not in f for f in opencode.related_files(str(ses)))

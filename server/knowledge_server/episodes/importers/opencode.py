@@ -15,6 +15,8 @@ import os
 import re
 from typing import Any
 
+from knowledge_server.workspaces import is_under
+
 from ..model import SEQ_STRIDE, Event, Problem, SessionMeta
 from .base import ImportResult, clean_meta, clean_text, compact_json, flatten_text, parse_time
 
@@ -57,11 +59,17 @@ def _load(path: str, res: ImportResult) -> dict[str, Any] | None:
     return obj
 
 
-def _json_files(folder: str) -> list[str]:
+def _json_files(folder: str, root: str) -> list[str]:
+    """The JSON files of ``folder`` whose real path stays in the storage ``root``: a linked
+    message or part folder (or file) leading elsewhere, such as into another tenant's
+    storage, is not read."""
+    real_root = os.path.realpath(root)
     try:
-        return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json"))
+        names = sorted(f for f in os.listdir(folder) if f.endswith(".json"))
     except OSError:
         return []
+    paths = [os.path.join(folder, f) for f in names]
+    return [p for p in paths if is_under(os.path.realpath(p), real_root)]
 
 
 def related_files(session_file: str, session_id: str | None = None) -> list[str]:
@@ -78,7 +86,7 @@ def related_files(session_file: str, session_id: str | None = None) -> list[str]
     sid = plain_id(session_id)
     if sid is None:
         return files
-    msgs = _json_files(os.path.join(root, "message", sid))
+    msgs = _json_files(os.path.join(root, "message", sid), root)
     files.extend(msgs)
     for m in msgs:
         message: Any = None
@@ -89,7 +97,7 @@ def related_files(session_file: str, session_id: str | None = None) -> list[str]
             pass
         mid = _message_id(message, m)
         if mid is not None:
-            files.extend(_json_files(os.path.join(root, "part", mid)))
+            files.extend(_json_files(os.path.join(root, "part", mid), root))
     return files
 
 
@@ -129,7 +137,7 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
     res.sessions[sid] = meta
     root = storage_root(path)
     messages = []
-    for mf in _json_files(os.path.join(root, "message", sid)):
+    for mf in _json_files(os.path.join(root, "message", sid), root):
         m = _load(mf, res)
         if m is not None:
             mt = m.get("time") if isinstance(m.get("time"), dict) else {}
@@ -156,7 +164,7 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
         )
         base = mi * SEQ_STRIDE
         parts = []
-        for pf in _json_files(os.path.join(root, "part", mid)):
+        for pf in _json_files(os.path.join(root, "part", mid), root):
             p = _load(pf, res)
             if p is not None:
                 parts.append(p)
