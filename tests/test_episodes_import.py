@@ -315,3 +315,19 @@ def test_opencode_linked_folders_out_of_the_storage_are_not_read(
     res = opencode.import_file(str(ses))
     assert not [e for e in res.events if "outside secret" in e.text]
     assert all(".." not in f and "outside" not in f for f in opencode.related_files(str(ses)))
+
+
+@pytest.mark.timeout(20)  # before the fix, opening the FIFO blocked for ever
+def test_a_fifo_named_like_a_log_is_skipped_not_opened(tmp_path: Path) -> None:
+    """A FIFO named ``*.jsonl`` in a walked folder (or as an OpenCode message) would block
+    the ingest on open: it is named as skipped instead."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    os.mkfifo(logs / "stuck.jsonl")
+    skipped: list[tuple[str, str]] = []
+    assert discover([str(logs)], skipped) == []
+    assert skipped == [(str(logs / "stuck.jsonl"), "not a regular file")]
+    ses = _opencode_storage(tmp_path, "ses_ok", "msg_1")
+    os.mkfifo(tmp_path / "storage" / "message" / "ses_ok" / "msg_2.json")
+    res = opencode.import_file(str(ses))
+    assert [e.text for e in res.events] == ["outside secret"]

@@ -69,7 +69,8 @@ def _json_files(folder: str, root: str) -> list[str]:
     except OSError:
         return []
     paths = [os.path.join(folder, f) for f in names]
-    return [p for p in paths if is_under(os.path.realpath(p), real_root)]
+    # Regular files only: opening a FIFO named like a message would block the ingest.
+    return [p for p in paths if is_under(os.path.realpath(p), real_root) and os.path.isfile(p)]
 
 
 def related_files(session_file: str, session_id: str | None = None) -> list[str]:
