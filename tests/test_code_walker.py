@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from knowledge_server.code.indexer import _prepare
+from knowledge_server.code.model import IndexOptions
 from knowledge_server.code.walker import read_text, walk_workspace
 
 
@@ -85,3 +87,40 @@ def test_extra_ignore_patterns(tmp_path: Path) -> None:
     _write(tmp_path, "a.py", "x")
     res = walk_workspace(str(tmp_path), extra_ignore=("site-packages/",))
     assert [f.path for f in res.files] == ["a.py"]
+
+
+def _swapped(tmp_path: Path) -> tuple[Path, str]:
+    """A walked file whose parent folder was then replaced by a link into another tree."""
+    ws, other = tmp_path / "ws", tmp_path / "other"
+    (ws / "src" / "pkg").mkdir(parents=True)
+    (other / "pkg").mkdir(parents=True)
+    (ws / "src" / "pkg" / "mod.py").write_text("def mine():\n    return 1\n")
+    (other / "pkg" / "mod.py").write_text("def stolen_other_tree():\n    return 2\n")
+    walked = walk_workspace(str(ws))
+    assert [f.path for f in walked.files] == ["src/pkg/mod.py"]
+    (ws / "src" / "pkg" / "mod.py").unlink()
+    (ws / "src" / "pkg").rmdir()
+    (ws / "src").rmdir()
+    (ws / "src").symlink_to(other, target_is_directory=True)
+    return ws, walked.files[0].abspath
+
+
+def test_read_beneath_the_root_follows_no_folder_link(tmp_path: Path) -> None:
+    """O_NOFOLLOW guards only the last component: a folder on the way swapped for a link
+    after the walk must not lead the read out of the workspace either."""
+    ws, abspath = _swapped(tmp_path)
+    assert read_text(abspath, beneath=str(ws)) == (None, b"", "unreadable")
+    # A path that is not below the root is refused, not opened.
+    assert read_text(str(tmp_path / "other" / "pkg" / "mod.py"), beneath=str(ws))[2] == (
+        "unreadable"
+    )
+
+
+def test_indexer_reads_walked_files_beneath_their_root(tmp_path: Path) -> None:
+    ws, abspath = _swapped(tmp_path)
+    job = (abspath, "src/pkg/mod.py", str(ws), (), IndexOptions())
+    assert _prepare(job) == {"skip": "unreadable"}
+    (ws / "src").unlink()
+    (ws / "src" / "pkg").mkdir(parents=True)
+    (ws / "src" / "pkg" / "mod.py").write_text("def mine():\n    return 1\n")
+    assert not _prepare(job).get("skip")

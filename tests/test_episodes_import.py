@@ -252,3 +252,82 @@ def test_seq_is_stable_when_reading_from_an_offset(sessions_dir: Path, tmp_path:
     assert [(e.seq, e.text) for e in first.events + rest.events] == [
         (e.seq, e.text) for e in whole.events
     ]
+
+
+def _opencode_storage(tmp_path: Path, session_id: str, message_id: str) -> Path:
+    """An OpenCode storage whose session and message ids (read from file content) lead
+    out of it, with a message and a part planted where those paths lead."""
+    root = tmp_path / "storage"
+    ses = root / "session" / "proj" / "ses_x.json"
+    ses.parent.mkdir(parents=True)
+    ses.write_text(json.dumps({"id": session_id, "directory": str(tmp_path), "time": {}}))
+    for folder, name, body in (
+        (root / "message" / session_id, "msg_1.json", {"id": message_id, "role": "user"}),
+        (root / "part" / message_id, "prt_1.json", {"type": "text", "text": "outside secret"}),
+    ):
+        folder = Path(os.path.normpath(folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(json.dumps(body))
+    return ses
+
+
+@pytest.mark.parametrize(
+    ("session_id", "message_id"),
+    [("../../outside", "msg_1"), ("ses_ok", "../../elsewhere"), ("<abs>", "msg_1")],
+)
+def test_opencode_ids_from_file_content_never_leave_the_storage(
+    tmp_path: Path, session_id: str, message_id: str
+) -> None:
+    """A session id (or message id) read from a session file is a folder name: one that
+    is not a plain name (``..``, a separator, an absolute path) is refused as malformed,
+    never joined into a path that leaves the storage."""
+    session_id = session_id.replace("<abs>", str(tmp_path / "abs"))
+    ses = _opencode_storage(tmp_path, session_id, message_id)
+    res = opencode.import_file(str(ses))
+    assert not [e for e in res.events if "outside secret" in e.text]
+    assert any(p.kind == "malformed" for p in res.problems)
+    storage = str(tmp_path / "storage") + os.sep
+    assert all(f.startswith(storage) for f in opencode.related_files(str(ses)))
+
+
+def test_opencode_plain_ids_still_import(tmp_path: Path) -> None:
+    ses = _opencode_storage(tmp_path, "ses_ok", "msg_1")
+    res = opencode.import_file(str(ses))
+    assert [e.text for e in res.events] == ["outside secret"]
+
+
+@pytest.mark.parametrize("linked", ["message", "part", "part-file"])
+def test_opencode_linked_folders_out_of_the_storage_are_not_read(
+    tmp_path: Path, linked: str
+) -> None:
+    """A message or part folder (or part file) of an OpenCode storage that is a link out of
+    the storage (into another tenant's) is not read."""
+    ses = _opencode_storage(tmp_path, "ses_ok", "msg_1")
+    root, outside = tmp_path / "storage", tmp_path / "outside"
+    outside.mkdir()
+    target = {
+        "message": root / "message" / "ses_ok",
+        "part": root / "part" / "msg_1",
+        "part-file": root / "part" / "msg_1" / "prt_1.json",
+    }[linked]
+    target.rename(outside / target.name)
+    target.symlink_to(outside / target.name)
+    res = opencode.import_file(str(ses))
+    assert not [e for e in res.events if "outside secret" in e.text]
+    assert all(".." not in f and "outside" not in f for f in opencode.related_files(str(ses)))
+
+
+@pytest.mark.timeout(20)  # before the fix, opening the FIFO blocked for ever
+def test_a_fifo_named_like_a_log_is_skipped_not_opened(tmp_path: Path) -> None:
+    """A FIFO named ``*.jsonl`` in a walked folder (or as an OpenCode message) would block
+    the ingest on open: it is named as skipped instead."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    os.mkfifo(logs / "stuck.jsonl")
+    skipped: list[tuple[str, str]] = []
+    assert discover([str(logs)], skipped) == []
+    assert skipped == [(str(logs / "stuck.jsonl"), "not a regular file")]
+    ses = _opencode_storage(tmp_path, "ses_ok", "msg_1")
+    os.mkfifo(tmp_path / "storage" / "message" / "ses_ok" / "msg_2.json")
+    res = opencode.import_file(str(ses))
+    assert [e.text for e in res.events] == ["outside secret"]

@@ -172,6 +172,10 @@ class KnowledgeApp:
             if graph is None:
                 raise Unimplemented("BuildDocGraph needs the built-in docgraph lane")
             root = _root_arg(req.root) if req.root else None
+            # Real paths, as for IndexWorkspace: a root through a link out of the
+            # principal's workspaces is outside them, whatever its string says.
+            if root is not None and scope is not None and not really_in_scope(root, scope):
+                raise PermissionDenied("root: outside the workspaces this principal may manage")
             async for event in run_with_progress(
                 lambda progress: graph.build_sync(
                     root,
@@ -199,7 +203,7 @@ class KnowledgeApp:
                         f"paths: {p} does not exist on the server", metadata={"field": "paths"}
                     )
             async for event in run_with_progress(
-                lambda progress: episodes.ingest_sync(paths or None, progress)
+                lambda progress: episodes.ingest_sync(paths or None, progress, scope)
             ):
                 yield event
             await self.after_ingest()
@@ -227,7 +231,7 @@ class KnowledgeApp:
             if skills is None or source is None:
                 raise Unimplemented("RebuildDerived needs the built-in skills and episodes lanes")
             async for event in run_with_progress(
-                lambda progress: skills.rebuild_sync(source, req.full, progress)
+                lambda progress: skills.rebuild_sync(source, req.full, progress, scope)
             ):
                 yield event
             return

@@ -553,7 +553,8 @@ def index(ctx: click.Context, path: str, full: bool, as_json: bool) -> None:
 def ingest(
     ctx: click.Context, paths: tuple[str, ...], watch: bool, interval: float, as_json: bool
 ) -> None:
-    """Ingest agent session logs (default: the standard harness locations)."""
+    """Ingest agent session logs (default: the server's configured or standard log folders;
+    for an operator scoped to workspaces, only those lying in them)."""
     import time
 
     resolved = [str(Path(p).resolve()) for p in paths]

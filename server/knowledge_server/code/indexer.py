@@ -62,7 +62,7 @@ _INSERT_CHUNK = (
 def _prepare(job: tuple[str, str, str, tuple[str, ...], IndexOptions]) -> dict[str, Any]:
     """Read, hash, chunk and tokenise one file (runs in a worker process for large runs)."""
     abspath, rel, ws, known_hashes, opts = job
-    text, raw, reason = read_text(abspath)
+    text, raw, reason = read_text(abspath, beneath=ws)
     if text is None:
         return {"skip": reason}
     fhash = hashlib.sha256(raw).hexdigest()

@@ -8,6 +8,7 @@ undecodable files are detected when read (:func:`read_text`), oversized ones fro
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import re
@@ -160,11 +161,41 @@ def walk_workspace(  # noqa: C901 - one branch per kind of entry skipped (link, 
     return result
 
 
-def read_text(abspath: str) -> tuple[str | None, bytes, str]:
-    """(text, raw bytes, skip reason). ``text`` is None for binary/undecodable files."""
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def _open_beneath(root: str, abspath: str) -> int:
+    """Open ``abspath`` for reading by walking down from ``root`` one component at a time,
+    each opened relative to its parent's descriptor with ``O_NOFOLLOW``: a link at any
+    depth (a folder swapped for a link since the walk, not only the last component) is
+    not followed, so the file opened is the one inside ``root``."""
+    rel = os.path.relpath(abspath, root)
+    parts = rel.split(os.sep)
+    if rel == "." or any(p in ("", ".", "..") for p in parts):
+        raise OSError(errno.EINVAL, "not a path below the root", abspath)
+    fd = os.open(root, os.O_RDONLY | _DIRECTORY)
     try:
-        # Walked files are never links; one made a link since the walk is not followed.
-        fd = os.open(abspath, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        for name in parts[:-1]:
+            below = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        return os.open(parts[-1], os.O_RDONLY | _NOFOLLOW, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def read_text(abspath: str, beneath: str | None = None) -> tuple[str | None, bytes, str]:
+    """(text, raw bytes, skip reason). ``text`` is None for binary/undecodable files.
+
+    Walked files are never links, and one made a link since the walk is not followed
+    (``O_NOFOLLOW``). With ``beneath`` (the walked root) no folder on the way is followed
+    either (:func:`_open_beneath`)."""
+    try:
+        if beneath is not None:
+            fd = _open_beneath(beneath, abspath)
+        else:
+            fd = os.open(abspath, os.O_RDONLY | _NOFOLLOW)
         with os.fdopen(fd, "rb") as fh:
             raw = fh.read()
     except OSError:

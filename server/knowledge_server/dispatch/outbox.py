@@ -69,6 +69,16 @@ def is_recorded(directory: Path, assignment_id: str) -> bool:
     return _read(package_path(directory, assignment_id)) is not None
 
 
+def committed_by(path: Path) -> str:
+    """Who committed the package recorded at ``path`` ("" when unknown or unreadable)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    who = data.get(COMMITTED_BY) if isinstance(data, dict) else None
+    return who if isinstance(who, str) else ""
+
+
 def pending_for(directory: Path, principal_id: str) -> int:
     """How many packages in the outbox were committed by ``principal_id``."""
     if not directory.is_dir():

@@ -564,7 +564,11 @@ class Dispatcher:
             written, recorded = outbox.write_once(
                 self.outbox, row.assignment_id, package, committed_by=principal_id
             )
-        out.handoff.CopyFrom(recorded)
+            by = outbox.committed_by(written)
+        # The recorded package was planned within its committer's scope: another caller
+        # repeating the commit is answered with the package planned within its own, so a
+        # package holding evidence of workspaces it cannot see never reaches it.
+        out.handoff.CopyFrom(recorded if by == principal_id else package)
         a = out.assignment
         a.assignment_id = row.assignment_id
         a.status = row.status

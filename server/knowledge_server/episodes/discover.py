@@ -93,6 +93,12 @@ def discover(
             if f in seen:
                 continue
             seen.add(f)
+            if not os.path.isfile(f):
+                # A FIFO or device named like a log: opening it would block the ingest
+                # (and every other one, behind its writer lock) or read without end.
+                if skipped is not None:
+                    skipped.append((f, "not a regular file"))
+                continue
             fmt, reason = sniff_format(f)
             if fmt:
                 out.append((f, fmt))

@@ -8,10 +8,12 @@ import threading
 from collections.abc import Callable, Sequence
 
 from knowledge_server.errors import as_storage_full
+from knowledge_server.workspaces import in_scope
 
 from .discover import default_roots, discover
 from .importers import INCREMENTAL_FORMATS, import_full, import_incremental
 from .importers import opencode as _opencode
+from .importers.base import ImportResult
 from .model import IngestReport
 from .store import EpisodeStore
 
@@ -19,6 +21,29 @@ __all__ = ["ingest", "ingest_file", "ingest_sample_if_empty", "sample_path", "wa
 
 HEAD_BYTES = 4096
 ProgressCallback = Callable[[int, int, str], None]
+Scope = Sequence[str] | None
+
+
+def _within(store: EpisodeStore, res: ImportResult, scope: Sequence[str]) -> int:
+    """Keep only the sessions of ``res`` that belong to ``scope``; returns how many were
+    dropped. A log is untrusted data: its ``cwd`` (or its session id, naming a session
+    another workspace already holds) would otherwise put a scoped operator's text into
+    another tenant's workspace. A session belongs where its stored cwd says (the first
+    writer's, which a later file never replaces), else where this file's cwd says."""
+    ids = set(res.sessions) | {e.session_id for e in res.events}
+    if not ids:
+        return 0
+    stored = store.session_cwds(ids)
+    outside = set()
+    for sid in ids:
+        meta = res.sessions.get(sid)
+        cwd = stored.get(sid) or (meta.cwd if meta is not None else None)
+        if not in_scope(cwd, scope):
+            outside.add(sid)
+    if outside:
+        res.sessions = {k: v for k, v in res.sessions.items() if k not in outside}
+        res.events = [e for e in res.events if e.session_id not in outside]
+    return len(outside)
 
 
 def sample_path() -> str:
@@ -33,9 +58,14 @@ def _head(path: str, n: int) -> tuple[int, str]:
 
 
 def ingest_file(
-    store: EpisodeStore, path: str, fmt: str, report: IngestReport | None = None
+    store: EpisodeStore,
+    path: str,
+    fmt: str,
+    report: IngestReport | None = None,
+    scope: Scope = None,
 ) -> IngestReport:
-    """Import one file (or OpenCode session) if it changed since the last run."""
+    """Import one file (or OpenCode session) if it changed since the last run; with a
+    ``scope`` (a scoped operator's workspaces) only its sessions that belong there."""
     report = report or IngestReport()
     report.files_seen += 1
     try:
@@ -78,6 +108,8 @@ def ingest_file(
     except OSError as exc:
         report.errors.append(f"{path}: {type(exc).__name__}")
         return report
+    if scope is not None:
+        report.sessions_out_of_scope += _within(store, res, scope)
     head_len, head_hash = _head(path, HEAD_BYTES) if fmt != "opencode" else (0, "")
     state = {
         "size": size,
@@ -113,8 +145,12 @@ def ingest(
     store: EpisodeStore,
     paths: Sequence[str] | None = None,
     progress_callback: ProgressCallback | None = None,
+    scope: Scope = None,
 ) -> IngestReport:
     """Import every recognised log under ``paths`` (None = the standard locations).
+
+    ``scope`` (None = unrestricted) keeps only the sessions whose workspace lies in it
+    (see ``_within``), and ``report.sessions`` then counts the sessions in it.
 
     Idempotent and incremental: unchanged files are skipped, grown JSONL files are read
     from the stored byte offset, truncated or rotated files are re-imported from scratch.
@@ -128,7 +164,7 @@ def ingest(
         if progress_callback:
             progress_callback(i, total, path)
         try:
-            ingest_file(store, path, fmt, report)
+            ingest_file(store, path, fmt, report, scope)
         except Exception as exc:
             if as_storage_full(exc) is not None:
                 raise  # a full disk stops every file alike
@@ -137,7 +173,7 @@ def ingest(
         progress_callback(total, total, "")
     _forget_deleted(store, paths, report)
     store.compact_fts(report.events_added + report.events_removed)
-    report.sessions = store.counts()["sessions"]
+    report.sessions = store.counts(scope)["sessions"]
     report.index_rev = store.index_rev()
     return report
 

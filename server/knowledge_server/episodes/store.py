@@ -13,7 +13,7 @@ import math
 import os
 import time as _time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -284,6 +284,21 @@ class EpisodeStore:
         self.close()
 
     # ------------------------------------------------------------------ file state
+    def session_cwds(self, session_ids: Iterable[str]) -> dict[str, str | None]:
+        """The stored ``cwd`` of each of ``session_ids`` that already has a session row
+        (the first writer's: ``_merge_session`` never replaces a stored cwd)."""
+        out: dict[str, str | None] = {}
+        ids = sorted(set(session_ids))
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            marks = ",".join("?" * len(part))
+            for sid, cwd in self.conn.execute(
+                f"SELECT session_id, cwd FROM sessions WHERE session_id IN ({marks})",  # noqa: S608 - only placeholders are formatted in, values bound
+                part,
+            ):
+                out[sid] = cwd
+        return out
+
     def source_state(self, path: str) -> dict[str, Any] | None:
         row = self.conn.execute(
             "SELECT format, size, mtime, inode, offset, line, pending_newline, head_len, head_hash, ctx, sessions "

@@ -56,8 +56,11 @@ class EpisodeLane(Lane, Reporting, Protocol):
     ) -> knowledge_service_pb2.GetEpisodeResponse: ...
 
     def ingest_sync(
-        self, paths: Sequence[str] | None, progress: ProgressFn
-    ) -> index_service_pb2.OperationSummary: ...
+        self, paths: Sequence[str] | None, progress: ProgressFn, scope: Scope = None
+    ) -> index_service_pb2.OperationSummary:
+        """Ingest ``paths`` (none: the server's log folders, for a scoped caller those in
+        its ``scope``); with a ``scope``, only sessions whose workspace lies in it."""
+        ...
 
 
 class DocumentSource(Protocol):
@@ -92,9 +95,10 @@ class DerivedLane(Lane, Reporting, Protocol):
     storage: StorageErrors
 
     def rebuild_sync(
-        self, source: EpisodeLane, full: bool, progress: ProgressFn
+        self, source: EpisodeLane, full: bool, progress: ProgressFn, scope: Scope = None
     ) -> index_service_pb2.OperationSummary:
-        """Rebuild from ``source``'s store, read through ``source.snapshot()``."""
+        """Rebuild from ``source``'s store, read through ``source.snapshot()``; the
+        summary's counts and problems are those within ``scope``."""
         ...
 
     def build_actors(

@@ -46,6 +46,7 @@ from knowledge_server.search.lanes import (
     degraded,
 )
 from knowledge_server.search.validate import ValidSearch
+from knowledge_server.workspaces import in_scope
 
 SOURCE = "knowledge.skills+derived"
 DB_FILE = "derived.sqlite"
@@ -345,14 +346,26 @@ class DerivedLane:
 
     # -- rebuild ---------------------------------------------------------------------------
     def rebuild_sync(
-        self, source: EpisodeSource, full: bool, progress: ProgressFn
+        self,
+        source: EpisodeSource,
+        full: bool,
+        progress: ProgressFn,
+        scope: tuple[str, ...] | None = None,
     ) -> index_service_pb2.OperationSummary:
-        """Rebuild from the episodes lane's store, read through the lane (its owner)."""
+        """Rebuild from the episodes lane's store, read through the lane (its owner).
+
+        The rebuild covers every workspace (the layer is one); what it reports is the
+        caller's: with a ``scope``, the counts are those within it and only the catalog
+        problems of skill files there are named."""
         with self.storage.guard("rebuild"):
-            return self._rebuild_sync(source, full, progress)
+            return self._rebuild_sync(source, full, progress, scope)
 
     def _rebuild_sync(
-        self, source: EpisodeSource, full: bool, progress: ProgressFn
+        self,
+        source: EpisodeSource,
+        full: bool,
+        progress: ProgressFn,
+        scope: tuple[str, ...] | None,
     ) -> index_service_pb2.OperationSummary:
         started = time.perf_counter()
         with self._write_lock, source.snapshot() as episodes:
@@ -365,6 +378,7 @@ class DerivedLane:
                 progress_callback=lambda d, t: progress("rebuild", d, t, ""),
                 catalog=catalog,
             )
+            scoped = None if scope is None else self._writer.counts(scope)
         summary = operation_summary(
             report,
             ("actors", "skills", "skill_uses", "sessions_processed"),
@@ -372,7 +386,16 @@ class DerivedLane:
             changed=report.changed,
             started=started,
         )
-        for problem in list(report.problems)[:100]:
+        problems = list(report.problems)
+        if scoped is not None:
+            # sessions_processed counts work over every workspace: not the caller's to see.
+            del summary.counters["sessions_processed"]
+            for key in ("actors", "skills", "skill_uses"):
+                summary.counters[key] = scoped[key]
+            problems = [
+                f"{p.path}: {p.reason}" for p in catalog.problems if in_scope(p.path, scope)
+            ]
+        for problem in problems[:100]:
             summary.problems.add(code="SKILL_CATALOG", message=str(problem))
         return summary
 

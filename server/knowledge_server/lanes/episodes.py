@@ -15,6 +15,7 @@ from knowledge_server._gen.knowledge.v1 import (
     knowledge_service_pb2,
     search_pb2,
 )
+from knowledge_server.episodes.discover import default_roots
 from knowledge_server.episodes.ingest import ingest, ingest_sample_if_empty
 from knowledge_server.episodes.model import EpisodeHit, EventDetail, SessionInfo
 from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
@@ -38,9 +39,15 @@ from knowledge_server.search.lanes import (
     LaneResult,
     degraded,
 )
-from knowledge_server.workspaces import in_scope, is_under
+from knowledge_server.workspaces import (
+    in_scope,
+    is_under,
+    normalise_workspace,
+    really_in_scope,
+)
 
 SOURCE = "knowledge.episodes"
+Scope = tuple[str, ...] | None
 
 
 def workspace_of(cwd: str | None, roots: Sequence[str]) -> str:
@@ -259,20 +266,37 @@ class EpisodesLane:
 
     # -- ingestion ------------------------------------------------------------------------
     def ingest_sync(
-        self, paths: Sequence[str] | None, progress: ProgressFn
+        self, paths: Sequence[str] | None, progress: ProgressFn, scope: Scope = None
     ) -> index_service_pb2.OperationSummary:
         with self.storage.guard("ingest"):
-            return self._ingest_sync(paths, progress)
+            return self._ingest_sync(paths, progress, scope)
+
+    def _scoped_defaults(self, scope: Sequence[str]) -> list[str]:
+        """No paths from a scoped operator: the server's log folders (configured, else the
+        harnesses' standard ones) that lie, by real path, in its workspaces. None there
+        is a clear refusal, not an ingest of folders outside its scope."""
+        configured = list(self.session_paths) or default_roots()
+        mine = [p for p in configured if really_in_scope(normalise_workspace(p), scope)]
+        if not mine:
+            raise InvalidRequest(
+                "paths: none of the server's session-log folders lies in this principal's "
+                "workspaces; name the logs to ingest",
+                metadata={"field": "paths"},
+            )
+        return mine
 
     def _ingest_sync(
-        self, paths: Sequence[str] | None, progress: ProgressFn
+        self, paths: Sequence[str] | None, progress: ProgressFn, scope: Scope
     ) -> index_service_pb2.OperationSummary:
         started = time.perf_counter()
+        if not paths and scope is not None:
+            paths = self._scoped_defaults(scope)
         with self._write_lock:
             report = ingest(
                 self._writer,
                 list(paths) if paths else (list(self.session_paths) or None),
                 lambda d, t, p: progress("ingest", d, t, os.path.basename(p)),
+                scope,
             )
             sample = None
             if not paths and not self.session_paths:
@@ -298,6 +322,7 @@ class EpisodesLane:
         summary.counters["unknown"] = len(report.unknown)
         summary.counters["lines_oversized"] = len(report.oversized)
         summary.counters["files_skipped"] = len(report.skipped)
+        summary.counters["sessions_out_of_scope"] = report.sessions_out_of_scope
         summary.counters["sample_ingested"] = int(sample is not None)
         for loc in report.malformed[:200]:
             summary.problems.add(code="MALFORMED_RECORD", message=loc)
@@ -307,6 +332,13 @@ class EpisodesLane:
             summary.problems.add(code="LINE_TOO_LONG", message=msg)
         for msg in report.skipped[:200]:
             summary.problems.add(code="FILE_SKIPPED", message=msg)
+        if report.sessions_out_of_scope:
+            summary.problems.add(
+                code="SESSION_OUT_OF_SCOPE",
+                lane=self.name,
+                message=f"{report.sessions_out_of_scope} session(s) left out: their working "
+                "directory lies outside the workspaces this principal may manage",
+            )
         for err in report.errors[:50]:
             summary.problems.add(code="FILE_FAILED", message=err)
         if report.errors:

@@ -12,12 +12,33 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
+
+from knowledge_server.workspaces import is_under
 
 from ..model import SEQ_STRIDE, Event, Problem, SessionMeta
 from .base import ImportResult, clean_meta, clean_text, compact_json, flatten_text, parse_time
 
 HARNESS = "opencode"
+
+
+# A session or message id names a folder (``message/<session id>``, ``part/<message id>``),
+# and it is read from file content: only a plain name may become a path component, never
+# one with a separator, ``..`` or a NUL that would lead the reader out of the storage.
+_PLAIN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+
+
+def plain_id(value: Any) -> str | None:
+    """``value`` as an id usable as one folder name, or None when it is not one."""
+    text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    return text if _PLAIN_ID.fullmatch(text) and ".." not in text else None
+
+
+def _message_id(message: Any, message_file: str) -> str | None:
+    """A message's id (its folder of parts): the one it states, else its file's name."""
+    stated = message.get("id") if isinstance(message, dict) else None
+    return plain_id(stated) if stated else plain_id(os.path.basename(message_file)[:-5])
 
 
 def storage_root(session_file: str) -> str:
@@ -38,11 +59,18 @@ def _load(path: str, res: ImportResult) -> dict[str, Any] | None:
     return obj
 
 
-def _json_files(folder: str) -> list[str]:
+def _json_files(folder: str, root: str) -> list[str]:
+    """The JSON files of ``folder`` whose real path stays in the storage ``root``: a linked
+    message or part folder (or file) leading elsewhere, such as into another tenant's
+    storage, is not read."""
+    real_root = os.path.realpath(root)
     try:
-        return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json"))
+        names = sorted(f for f in os.listdir(folder) if f.endswith(".json"))
     except OSError:
         return []
+    paths = [os.path.join(folder, f) for f in names]
+    # Regular files only: opening a FIFO named like a message would block the ingest.
+    return [p for p in paths if is_under(os.path.realpath(p), real_root) and os.path.isfile(p)]
 
 
 def related_files(session_file: str, session_id: str | None = None) -> list[str]:
@@ -56,16 +84,21 @@ def related_files(session_file: str, session_id: str | None = None) -> list[str]
         except (OSError, ValueError, AttributeError):
             pass
     files = [session_file]
-    msgs = _json_files(os.path.join(root, "message", str(session_id)))
+    sid = plain_id(session_id)
+    if sid is None:
+        return files
+    msgs = _json_files(os.path.join(root, "message", sid), root)
     files.extend(msgs)
     for m in msgs:
-        mid = os.path.basename(m)[:-5]
+        message: Any = None
         try:
             with open(m, encoding="utf-8") as fh:
-                mid = json.load(fh).get("id") or mid
-        except (OSError, ValueError, AttributeError):
+                message = json.load(fh)
+        except (OSError, ValueError):
             pass
-        files.extend(_json_files(os.path.join(root, "part", str(mid))))
+        mid = _message_id(message, m)
+        if mid is not None:
+            files.extend(_json_files(os.path.join(root, "part", mid), root))
     return files
 
 
@@ -86,7 +119,10 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
     ses = _load(path, res)
     if ses is None:
         return res
-    sid = str(ses.get("id") or os.path.basename(path)[:-5])
+    sid = plain_id(ses.get("id") or os.path.basename(path)[:-5])
+    if sid is None:
+        res.problems.append(Problem("malformed", path, 1, "session id is not a plain name"))
+        return res
     t = ses.get("time") if isinstance(ses.get("time"), dict) else {}
     meta = SessionMeta(
         session_id=sid,
@@ -102,12 +138,16 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
     res.sessions[sid] = meta
     root = storage_root(path)
     messages = []
-    for mf in _json_files(os.path.join(root, "message", sid)):
+    for mf in _json_files(os.path.join(root, "message", sid), root):
         m = _load(mf, res)
         if m is not None:
             mt = m.get("time") if isinstance(m.get("time"), dict) else {}
             created = mt.get("created") if isinstance(mt.get("created"), (int, float)) else 0
-            messages.append((created, str(m.get("id") or os.path.basename(mf)), m, mf))
+            mid = _message_id(m, mf)
+            if mid is None:
+                res.problems.append(Problem("malformed", mf, 1, "message id is not a plain name"))
+                continue
+            messages.append((created, mid, m, mf))
     messages.sort(key=lambda x: (x[0], x[1]))
     for mi, (_, mid, m, _mf) in enumerate(messages, start=1):
         role = str(m.get("role") or "")
@@ -125,7 +165,7 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
         )
         base = mi * SEQ_STRIDE
         parts = []
-        for pf in _json_files(os.path.join(root, "part", mid)):
+        for pf in _json_files(os.path.join(root, "part", mid), root):
             p = _load(pf, res)
             if p is not None:
                 parts.append(p)

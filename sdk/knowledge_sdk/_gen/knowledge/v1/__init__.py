@@ -2328,7 +2328,8 @@ class IngestSessionsRequest(betterproto2.Message):
 
     paths: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
     """
-    Files or folders to ingest; empty = the configured and standard locations.
+    Files or folders to ingest; empty = the configured and standard locations (for a
+    scoped operator only those in its workspaces; none there is INVALID_ARGUMENT).
     """
 
 

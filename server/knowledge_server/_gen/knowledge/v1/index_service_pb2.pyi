@@ -187,7 +187,9 @@ class IngestSessionsRequest(_message.Message):
     PATHS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Files or folders to ingest; empty = the configured and standard locations."""
+        """Files or folders to ingest; empty = the configured and standard locations (for a
+        scoped operator only those in its workspaces; none there is INVALID_ARGUMENT).
+        """
 
     def __init__(
         self,

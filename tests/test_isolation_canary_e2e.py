@@ -1,0 +1,636 @@
+"""Two tenants on one real server: every RPC of the published services keeps tenant B's
+data out of tenant A's answers.
+
+Tenant A's workspace is ``x/ws-a``; tenant B's is ``x/ws-a-other``, a root that A's root
+is a string prefix of. Each plants a unique canary in code, documents, a ``SKILL.md`` and a
+session log; A's workspace is full of links into B's tree at several depths. Scoped
+principals of each tenant set the world up themselves (B's operator indexes, ingests and
+builds B's document graph; A's likewise), then every RPC the generated descriptors declare
+is called as tenant A and its answers searched for B's canary, B's paths, B's session ids
+and counts that include B's data. The RPCs are enumerated from the descriptors, so a new
+RPC without a case here fails :func:`test_every_rpc_has_an_isolation_case`.
+
+Invariants (ISO-n, named in each case's docstring):
+
+* ISO-1  Search, in every mode and lane, answers only from the caller's workspaces, and its
+  lane counts count only them, whatever filters the request names.
+* ISO-2  GetEpisode / GetChunk with another tenant's id answer exactly as an unknown id.
+* ISO-3  Dispatch (dry run and commit) plans, packs and writes to the outbox only evidence
+  and actors of the caller's workspaces.
+* ISO-4  Document-graph reads answer only from the caller's workspaces' layers.
+* ISO-5  GetStatus counts and names only the caller's workspaces.
+* ISO-6  IndexWorkspace and BuildDocGraph refuse a root that is, or resolves into, a path
+  outside the operator's workspaces (``..``, ``//``, ``/.``, links at any depth, a string
+  prefix of another root) with PERMISSION_DENIED.
+* ISO-7  IngestSessions answers a path outside the operator's workspaces (by string or by
+  real path) exactly as a missing one, never follows a link out, and its summary counts
+  only the operator's workspaces.
+* ISO-8  RebuildDerived run by a scoped operator reports counts of its workspaces only.
+* ISO-9  A session log's ``cwd`` cannot attribute a session to a workspace outside the
+  ingesting operator's (cwd poisoning).
+* ISO-10 IngestSessions with no paths reads, for a scoped operator, only the server's
+  configured log folders that lie in its workspaces.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from knowledge_sdk import (
+    AsyncKnowledgeClient,
+    InvalidRequest,
+    KnowledgeClient,
+    NotFound,
+    PermissionDenied,
+)
+from knowledge_sdk._gen.knowledge import v1
+from knowledge_server import _gen
+from knowledge_server.auth import TokenStore
+from knowledge_server.search.validate import LANES, MODES
+
+from tests.conftest import ServerThread, dev_keys, make_vendor, start_server, write_session_log
+
+CANARY_A = "quokkacanary"
+CANARY_B = "zebrafinchcanary"
+POISON = "cuckoocanary"
+# Markdown documents of one tenant: docs/guide.md, docs/ops.md and its SKILL.md.
+A_DOCUMENTS = 3
+
+
+# -- the world ------------------------------------------------------------------------------
+
+
+def _code(ws: Path, canary: str) -> None:
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "app.py").write_text(
+        f"def ship_{canary}(parcel):\n"
+        f'    """Ship the parcel through the {canary} deploy service."""\n'
+        "    return parcel\n"
+    )
+
+
+def _docs(ws: Path, canary: str) -> None:
+    (ws / "docs").mkdir()
+    (ws / "docs" / "guide.md").write_text(
+        f"---\ntitle: Guide {canary}\nauthor: Ada {canary.title()}\ncategory: {canary}ops\n---\n"
+        f"# Deploy guide\n\nThe {canary} deploy service ships parcels. "
+        "See [operations](ops.md).\n"
+    )
+    (ws / "docs" / "ops.md").write_text(
+        f"---\ntitle: Operations {canary}\nauthor: Ada {canary.title()}\n---\n"
+        f"# Operations\n\nRun the {canary} deploy service; read [the guide](guide.md).\n"
+    )
+
+
+def _skill(ws: Path, canary: str) -> None:
+    folder = ws / ".claude" / "skills" / f"{canary}-deploy"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text(
+        f"---\nname: {canary}-deploy\ndescription: the {canary} skill deploys the parcel service\n"
+        "---\nRun the deploy service.\n"
+    )
+
+
+def _tenant(ws: Path, canary: str, session: str) -> None:
+    _code(ws, canary)
+    _docs(ws, canary)
+    _skill(ws, canary)
+    (ws / "logs").mkdir()
+    write_session_log(
+        ws / "logs" / "s.jsonl", session, ws, f"deploy the parcel service {canary} please"
+    )
+
+
+def _links_into(a: Path, b: Path) -> None:
+    """Links in A's tree into B's, at several depths, to files and folders."""
+    (a / "b-link").symlink_to(b, target_is_directory=True)
+    (a / "src" / "deep" / "nested").mkdir(parents=True)
+    (a / "src" / "deep" / "nested" / "b-dir").symlink_to(b, target_is_directory=True)
+    (a / "src" / "stolen.py").symlink_to(b / "src" / "app.py")
+    (a / "docs" / "stolen.md").symlink_to(b / "docs" / "guide.md")
+    (a / "logs" / "b-logs").symlink_to(b / "logs", target_is_directory=True)
+    (a / "logs" / "stolen.jsonl").symlink_to(b / "logs" / "s.jsonl")
+    (a / ".claude" / "skills" / "borrowed").symlink_to(
+        b / ".claude" / "skills" / f"{CANARY_B}-deploy", target_is_directory=True
+    )
+
+
+@dataclass
+class World:
+    root: Path
+    a: Path
+    b: Path
+    address: str
+    data_dir: Path
+    tokens: dict[str, str]
+    b_episode_ids: list[str] = field(default_factory=list)
+    b_chunk_ids: list[str] = field(default_factory=list)
+    b_actor_ids: list[str] = field(default_factory=list)
+    a_status: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def client(self, who: str) -> KnowledgeClient:
+        return KnowledgeClient(self.address, token=self.tokens[who], timeout=30)
+
+    @property
+    def b_marks(self) -> tuple[str, ...]:
+        """What must never reach tenant A: B's canary, B's root (and any path in it) and
+        B's session id."""
+        return (CANARY_B, self.b.name, "sess-b")
+
+
+def _summary(events: Iterable[Any]) -> Any:
+    summary = None
+    for ev in events:
+        if ev.summary is not None:
+            summary = ev.summary
+    assert summary is not None
+    return summary
+
+
+def _leaks(world: World, message: Any, *asked: str) -> list[str]:
+    """B's marks found in ``message`` (its text form), after removing what the caller
+    itself asked (a request may name B's path; its echo is no leak)."""
+    low = str(message).lower()
+    for text in sorted(asked, key=len, reverse=True):
+        if text:
+            low = low.replace(text.lower(), "").replace(os.path.normpath(text).lower(), "")
+    return [m for m in world.b_marks if m.lower() in low]
+
+
+def _no_leak(world: World, message: Any, *asked: str) -> None:
+    found = _leaks(world, message, *asked)
+    if found:
+        blob = str(message)
+        at = blob.lower().find(found[0].lower())
+        raise AssertionError(f"{found} leaked: ...{blob[max(0, at - 300) : at + 200]}...")
+
+
+def _counts(status: Any) -> dict[str, dict[str, int]]:
+    return {lane.lane: dict(lane.counts) for lane in status.lanes}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    root = tmp_path_factory.mktemp("iso")
+    a, b = root / "x" / "ws-a", root / "x" / "ws-a-other"
+    _tenant(a, CANARY_A, "sess-a")
+    _tenant(b, CANARY_B, "sess-b")
+    _links_into(a, b)
+    data = root / "data"
+    store = TokenStore(data / "tokens.json")
+    tokens = {}
+    for who, scope, role in (
+        ("ops-a", [str(a)], "operator"),
+        ("agent-a", [str(a)], "agent"),
+        ("ops-b", [str(b)], "operator"),
+        ("agent-b", [str(b)], "agent"),
+        ("admin", None, "operator"),
+    ):
+        tokens[who] = store.create(who, "org", scope, role)[1]
+    make_vendor(root / "vendor").install(data)  # Enterprise: the document graph
+    server = ServerThread(
+        root,
+        authenticate=store.authenticate,
+        auth="on",
+        workspaces=[str(a), str(b)],
+        skill_roots=[str(a / ".claude" / "skills"), str(b / ".claude" / "skills")],
+        **dev_keys(data),
+    )
+    w = World(root, a, b, server.address, data, tokens)
+    try:
+        for who, ws in (("ops-b", b), ("ops-a", a)):
+            with w.client(who) as kc:
+                _summary(kc.ingest_sessions([str(ws / "logs")]))
+                _summary(kc.index_workspace(str(ws)))
+                req = v1.BuildDocGraphRequest(root=str(ws), structural_only=True)
+                _summary(kc.build_doc_graph(req))
+        with w.client("admin") as kc:
+            _summary(kc.rebuild_derived(full=True))
+        with w.client("agent-b") as kc:
+            resp = kc.search(f"{CANARY_B} deploy parcel service", limit=50)
+            w.b_episode_ids = [i.id for i in resp.lanes.episodes.items]
+            w.b_chunk_ids = [i.id for i in resp.lanes.code.items]
+            w.b_actor_ids = [x.actor_id for x in resp.actors]
+        assert w.b_episode_ids and w.b_chunk_ids and w.b_actor_ids, "tenant B has no data"
+        yield w
+    finally:
+        server.stop()
+
+
+# -- the cases, one per RPC -------------------------------------------------------------------
+
+
+def _search(w: World) -> None:
+    """ISO-1: Search in every mode, every lane alone and all lanes, with B's canary, a
+    shared question and A's canary, and with filters naming B's root (by itself, by a
+    ``..`` path, through a link, as the string-prefix sibling) or B's session id:
+    nothing of B, and lane counts of A's workspace only."""
+    filters: list[dict[str, Any]] = [
+        {},
+        {"workspaces": [str(w.b)]},
+        {"workspaces": [f"{w.a}/../{w.b.name}"]},
+        {"workspaces": [str(w.a / "b-link")]},
+        {"workspaces": [str(w.a) + "-other"]},
+        {"session_ids": ["sess-b"]},
+        {"paths": ["src/app.py"]},
+    ]
+    own_seen = 0
+    with w.client("agent-a") as kc:
+        for mode in MODES:
+            for include in [[lane] for lane in LANES] + [list(LANES)]:
+                for query in (CANARY_B, "deploy the parcel service", CANARY_A):
+                    for extra in filters if mode == "auto" else [{}]:
+                        resp = kc.search(
+                            query, mode=mode, include=include, limit=50, trace=True, **extra
+                        )
+                        asked = [query, *(str(v) for vs in extra.values() for v in vs)]
+                        _no_leak(w, resp, *asked)
+                        counts = resp.lanes.episodes.counts
+                        assert counts.sessions <= 1, (mode, include, extra, counts)
+                        if query == CANARY_A and not extra:
+                            lanes = resp.lanes
+                            own_seen += len(lanes.episodes.items) + len(lanes.code.items)
+    assert own_seen, "tenant A never found its own canary: the case cannot fail"
+
+
+def _dispatch(w: World) -> None:
+    """ISO-3: Dispatch as A (dry run and commit, automatic and with B's actor id, with a
+    workspace filter naming B): the plan, context pack, evidence, hand-off package and the
+    outbox file it writes hold nothing of B; B's actor is refused like an unknown one; a
+    commit that repeats one recorded by a principal seeing B answers without its package."""
+    task = f"deploy the parcel service {CANARY_B} {CANARY_A}"
+    with w.client("agent-a") as kc:
+        for commit in (False, True):
+            for extra in ({}, {"workspaces": [str(w.b)]}):
+                resp = kc.dispatch(task, commit=commit, **extra)
+                _no_leak(w, resp, task, *extra.get("workspaces", ()))
+                if commit and resp.assignment is not None and resp.assignment.outbox_path:
+                    text = Path(resp.assignment.outbox_path).read_text()
+                    _no_leak(w, text, task, json.dumps(task)[1:-1])
+        for actor in w.b_actor_ids:
+            _not_found_like(lambda i: kc.dispatch(task, actor_id=i), actor, "actor:does-not-exist")
+        own_actor = kc.search(CANARY_A, limit=10).actors[0].actor_id
+    # The same task to A's actor, committed first by a principal that sees both tenants:
+    # its recorded package holds B's evidence, and A repeating the commit gets an answer
+    # built for A, not that package.
+    again = f"ship the parcel with the deploy service {CANARY_B} {CANARY_A}"
+    with w.client("admin") as kc:
+        first = kc.dispatch(again, actor_id=own_actor, commit=True)
+        assert _leaks(w, first.handoff, again), "the case cannot fail: the admin's package has no B"
+    with w.client("agent-a") as kc:
+        resp = kc.dispatch(again, actor_id=own_actor, commit=True)
+        _no_leak(w, resp, again)
+        assert resp.assignment is not None
+        assert resp.assignment.assignment_id == first.assignment.assignment_id
+
+
+def _not_found_like(call: Callable[[str], Any], foreign: str, unknown: str) -> None:
+    with pytest.raises(NotFound) as theirs:
+        call(foreign)
+    with pytest.raises(NotFound) as nobody:
+        call(unknown)
+    assert (theirs.value.reason, theirs.value.message) == (
+        nobody.value.reason,
+        nobody.value.message,
+    )
+
+
+def _get_episode(w: World) -> None:
+    """ISO-2: GetEpisode with each of B's episode ids answers as an unknown id does."""
+    with w.client("agent-a") as kc:
+        for eid in w.b_episode_ids:
+            _not_found_like(lambda i: kc.get_episode(i, neighbours=5), eid, "ep:sess-nobody:1")
+        own = kc.search(CANARY_A, include=["episodes"]).lanes.episodes.items
+        assert own
+        _no_leak(w, kc.get_episode(own[0].id, neighbours=20))
+
+
+def _get_chunk(w: World) -> None:
+    """ISO-2: GetChunk with each of B's chunk ids answers as an unknown id of the same
+    shape does."""
+    with w.client("agent-a") as kc:
+        for cid in w.b_chunk_ids:
+            fake = cid[:-4] + ("0000" if not cid.endswith("0000") else "1111")
+            _not_found_like(kc.get_chunk, cid, fake)
+        own = kc.search(CANARY_A, include=["code"]).lanes.code.items
+        assert own
+        _no_leak(w, kc.get_chunk(own[0].id))
+
+
+def _themes(w: World) -> None:
+    """ISO-4: Themes, unscoped and with a scope naming B's root (directly, by ``..``,
+    through a link, as the string-prefix sibling), answers from A's layer only."""
+    with w.client("agent-a") as kc:
+        for scope in ("", str(w.b), f"{w.a}/../{w.b.name}", str(w.a / "b-link"), "docs"):
+            resp = kc.themes(scope=scope, limit=50)
+            _no_leak(w, resp, scope)
+
+
+def _entity_neighbors(w: World) -> None:
+    """ISO-4: EntityNeighbors of B's entities (its author, its category) finds nothing of
+    B; of a shared document name, only A's."""
+    with w.client("agent-a") as kc:
+        for entity in (f"Ada {CANARY_B.title()}", f"{CANARY_B}ops", "guide.md", "Deploy guide"):
+            for kind in ("entity", "theme"):
+                resp = kc.entity_neighbors(entity, depth=3, kind=kind, limit=200)
+                _no_leak(w, resp, entity)
+
+
+def _doc_relations(w: World) -> None:
+    """ISO-4: DocRelations of a document both tenants have (``docs/guide.md``) and of B's
+    entities answers from A's layer only."""
+    with w.client("agent-a") as kc:
+        seen = 0
+        for doc, entity in (
+            ("docs/guide.md", ""),
+            ("guide.md", ""),
+            ("", f"Ada {CANARY_B.title()}"),
+        ):
+            resp = kc.doc_relations(doc=doc, entity=entity, limit=200)
+            _no_leak(w, resp, doc, entity)
+            seen += resp.found
+        assert seen, "A's own document relations were not found: the case cannot fail"
+
+
+def _global_overview(w: World) -> None:
+    """ISO-4: GlobalOverview counts A's documents only."""
+    with w.client("agent-a") as kc:
+        resp = kc.global_overview(limit=50)
+    _no_leak(w, resp)
+    assert resp.documents == A_DOCUMENTS, resp.documents
+
+
+def _search_levels(w: World) -> None:
+    """ISO-4: SearchLevels with B's canary and a shared question answers from A only."""
+    with w.client("agent-a") as kc:
+        for query in (CANARY_B, "deploy guide operations", f"Ada {CANARY_B.title()}"):
+            resp = kc.search_levels(query, limit=50)
+            resp.low_level, resp.high_level = [], []  # the query's own words, echoed
+            _no_leak(w, resp, query)
+
+
+def _get_status(w: World) -> None:
+    """ISO-5: GetStatus for A names only A's workspace and counts only A's sessions,
+    files, skills, actors and documents; B sees its own, the admin the sum."""
+    with w.client("agent-a") as kc:
+        a = kc.get_status()
+    with w.client("agent-b") as kc:
+        b = kc.get_status()
+    with w.client("admin") as kc:
+        everything = kc.get_status()
+    _no_leak(w, a)
+    ca, cb, call = _counts(a), _counts(b), _counts(everything)
+    assert ca["episodes"]["sessions"] == 1 and ca["skills"]["skills"] == 1, ca
+    assert ca["docgraph"]["documents"] == A_DOCUMENTS and ca["docgraph"]["workspaces"] == 1, ca
+    for lane, counts in call.items():
+        for key, total in counts.items():
+            if key in ("live",):
+                continue
+            assert ca[lane].get(key, 0) + cb[lane].get(key, 0) <= total, (lane, key)
+            if total:
+                assert ca[lane].get(key, 0) < total or cb[lane].get(key, 0) == 0, (lane, key)
+
+
+def _escapes(w: World) -> list[str]:
+    """Roots in A's string range (or next to it) that are, or resolve into, B's tree."""
+    a, b = str(w.a), str(w.b)
+    return [
+        b,
+        a + "-other",
+        f"{a}/../{w.b.name}",
+        f"{a}//..//{w.b.name}",
+        f"{a}/b-link",
+        f"{a}//b-link",
+        f"{a}/b-link/.",
+        f"{a}/./b-link/src",
+        f"{a}/src/deep/nested/b-dir",
+        f"{a}/src/deep/nested/b-dir/docs",
+        f"{a}/src/deep/../deep/nested/b-dir/",
+    ]
+
+
+def _index_workspace(w: World) -> None:
+    """ISO-6: IndexWorkspace refuses every root that is, or resolves into, B's tree with
+    PERMISSION_DENIED; A's own root spelled with ``//`` or ``/.`` indexes A without any of
+    B's files (the walker follows no link)."""
+    with w.client("ops-a") as kc:
+        for root in _escapes(w):
+            with pytest.raises(PermissionDenied):
+                _summary(kc.index_workspace(root))
+        for spelled in (f"{w.a}//", f"{w.a}/.", f"{w.a}/src/../"):
+            summary = _summary(kc.index_workspace(spelled, full=True))
+            _no_leak(w, summary)
+            assert summary.counters["chunks"] >= 1
+    with w.client("agent-a") as kc:
+        resp = kc.search(f"{CANARY_B} ship parcel", include=["code"], limit=50)
+        _no_leak(w, resp, f"{CANARY_B} ship parcel")
+
+
+def _build_doc_graph(w: World) -> None:
+    """ISO-6: BuildDocGraph refuses every root that is, or resolves into, B's tree with
+    PERMISSION_DENIED (real paths, not strings); with no root it builds A's layer only."""
+    with w.client("ops-a") as kc:
+        for root in _escapes(w):
+            with pytest.raises(PermissionDenied):
+                _summary(kc.build_doc_graph(v1.BuildDocGraphRequest(root=root)))
+        summary = _summary(kc.build_doc_graph(v1.BuildDocGraphRequest(structural_only=True)))
+        _no_leak(w, summary)
+        assert summary.counters["workspaces"] == 1 and summary.counters["documents"] == A_DOCUMENTS
+
+
+def _ingest_sessions(w: World) -> None:
+    """ISO-7: IngestSessions answers each path outside A (B's logs by string, by ``..``,
+    ``//``, trailing ``/.``, a link at any depth, a linked file, the string-prefix
+    sibling) exactly as a missing path; A's own folder with links into B ingests A's one
+    session and counts only A's sessions."""
+    a = str(w.a)
+
+    def refusal(kc: KnowledgeClient, path: str) -> tuple[str, str]:
+        with pytest.raises(InvalidRequest) as info:
+            _summary(kc.ingest_sessions([path]))
+        return info.value.reason, info.value.message.replace(os.path.normpath(path), "<path>")
+
+    with w.client("ops-a") as kc:
+        missing = refusal(kc, f"{a}/logs/nothing-here.jsonl")
+        for path in [
+            *(root + "/logs" for root in _escapes(w)),
+            f"{w.b}/logs/s.jsonl",
+            f"{a}/logs/b-logs",
+            f"{a}/logs/b-logs/.",
+            f"{a}//logs//b-logs/s.jsonl",
+            f"{a}/logs/stolen.jsonl",
+        ]:
+            assert refusal(kc, path) == missing, path
+        for spelled in (f"{a}/logs", f"{a}//logs/.", f"{a}/logs/../logs/"):
+            summary = _summary(kc.ingest_sessions([spelled]))
+            _no_leak(w, summary)
+            assert summary.counters["files_seen"] == 1, summary.counters
+            assert summary.counters["sessions"] == 1, summary.counters
+
+
+def _rebuild_derived(w: World) -> None:
+    """ISO-8: RebuildDerived by A's operator reports nothing of B and counts of A's
+    workspace only."""
+    with w.client("ops-a") as kc:
+        summary = _summary(kc.rebuild_derived(full=True))
+    _no_leak(w, summary)
+    with w.client("agent-a") as kc:
+        mine = _counts(kc.get_status())["skills"]
+    for key in ("skills", "actors"):
+        if key in summary.counters:
+            assert summary.counters[key] == mine[key], (key, dict(summary.counters), mine)
+
+
+CASES: dict[str, Callable[[World], None]] = {
+    "knowledge.v1.KnowledgeService/Search": _search,
+    "knowledge.v1.KnowledgeService/Dispatch": _dispatch,
+    "knowledge.v1.KnowledgeService/GetEpisode": _get_episode,
+    "knowledge.v1.KnowledgeService/GetChunk": _get_chunk,
+    "knowledge.v1.DocGraphService/Themes": _themes,
+    "knowledge.v1.DocGraphService/EntityNeighbors": _entity_neighbors,
+    "knowledge.v1.DocGraphService/DocRelations": _doc_relations,
+    "knowledge.v1.DocGraphService/GlobalOverview": _global_overview,
+    "knowledge.v1.DocGraphService/SearchLevels": _search_levels,
+    "knowledge.v1.IndexService/IndexWorkspace": _index_workspace,
+    "knowledge.v1.IndexService/IngestSessions": _ingest_sessions,
+    "knowledge.v1.IndexService/RebuildDerived": _rebuild_derived,
+    "knowledge.v1.IndexService/BuildDocGraph": _build_doc_graph,
+    "knowledge.v1.IndexService/GetStatus": _get_status,
+}
+
+
+def _declared_rpcs() -> list[str]:
+    """Every RPC of every service in the generated descriptors of the server's package."""
+    out: set[str] = set()
+    for info in pkgutil.walk_packages(_gen.__path__, _gen.__name__ + "."):
+        if not info.name.endswith("_pb2"):
+            continue
+        module = importlib.import_module(info.name)
+        for service in module.DESCRIPTOR.services_by_name.values():
+            out.update(f"{service.full_name}/{m.name}" for m in service.methods)
+    return sorted(out)
+
+
+RPCS = _declared_rpcs()
+
+
+def test_every_rpc_has_an_isolation_case() -> None:
+    """Every RPC the contracts declare has an ISO case here (a new RPC fails until it does)."""
+    assert len(RPCS) >= 14
+    assert sorted(CASES) == RPCS
+
+
+@pytest.mark.parametrize("rpc", RPCS)
+def test_rpc_keeps_the_other_tenant_out(world: World, rpc: str) -> None:
+    """The ISO case of ``rpc`` (its docstring names the invariant)."""
+    case = CASES.get(rpc)
+    assert case is not None, f"{rpc} has no isolation case"
+    case(world)
+
+
+# -- known holes, each on its own server --------------------------------------------------------
+
+
+def _two_tenants(tmp_path: Path) -> tuple[Path, Path, TokenStore]:
+    a, b = tmp_path / "x" / "ws-a", tmp_path / "x" / "ws-a-other"
+    for ws, canary, session in ((a, CANARY_A, "sess-a"), (b, CANARY_B, "sess-b")):
+        ws.mkdir(parents=True)
+        (ws / "logs").mkdir()
+        write_session_log(ws / "logs" / "s.jsonl", session, ws, f"deploy the service {canary}")
+    return a, b, TokenStore(tmp_path / "data" / "tokens.json")
+
+
+async def _drain(stream: Any) -> Any:
+    summary = None
+    async for ev in stream:
+        if ev.summary is not None:
+            summary = ev.summary
+    return summary
+
+
+async def test_a_logs_cwd_cannot_place_evidence_in_another_workspace(tmp_path: Path) -> None:
+    """ISO-9: a log under A's workspace whose ``cwd`` names B's root (or a path in it), or
+    whose session id is one B already holds, adds nothing B's principals see; a session
+    id of B's claimed by A first never shows A B's events either."""
+    a, b, tokens = _two_tenants(tmp_path)
+    write_session_log(a / "logs" / "poison.jsonl", "sess-poison", b, f"run {POISON} now")
+    write_session_log(
+        a / "logs" / "deep.jsonl", "sess-deep", b / "src" / "..", f"also {POISON} here"
+    )
+    # A claims B's session id, with A's cwd, before B ingests it.
+    write_session_log(a / "logs" / "claim.jsonl", "sess-b", a, f"claimed {POISON}")
+    ops_a = tokens.create("ops-a", "org", [str(a)], "operator")[1]
+    ops_b = tokens.create("ops-b", "org", [str(b)], "operator")[1]
+    agent_a = tokens.create("agent-a", "org", [str(a)], "agent")[1]
+    agent_b = tokens.create("agent-b", "org", [str(b)], "agent")[1]
+    rs = await start_server(tmp_path, authenticate=tokens.authenticate, auth="on")
+    try:
+        async with AsyncKnowledgeClient(rs.address, token=ops_a) as kc:
+            summary = await _drain(kc.ingest_sessions([str(a / "logs")]))
+            assert summary.counters["sessions_out_of_scope"] == 2, dict(summary.counters)
+            assert summary.counters["sessions"] == 2  # sess-a and A's own "sess-b"
+        async with AsyncKnowledgeClient(rs.address, token=ops_b) as kc:
+            summary = await _drain(kc.ingest_sessions([str(b / "logs")]))
+            # B's sess-b is A's already: it is not merged into A's session.
+            assert summary.counters["sessions_out_of_scope"] == 1, dict(summary.counters)
+        async with AsyncKnowledgeClient(rs.address, token=agent_b) as kc:
+            resp = await kc.search(POISON, include=["episodes"], limit=50)
+            assert not resp.lanes.episodes.items, resp.lanes.episodes.items
+            st = await kc.get_status()
+            assert _counts(st)["episodes"]["sessions"] == 0
+        async with AsyncKnowledgeClient(rs.address, token=agent_a) as kc:
+            resp = await kc.search(f"{CANARY_B} deploy service", include=["episodes"], limit=50)
+            assert CANARY_B not in str(resp).replace(CANARY_B + " deploy service", "")
+    finally:
+        await rs.server.stop(0)
+
+
+async def test_no_paths_means_the_configured_folders_in_the_operators_scope(
+    tmp_path: Path,
+) -> None:
+    """ISO-10: IngestSessions with no paths from a scoped operator reads only the server's
+    configured log folders that lie in its workspaces (by real path), and with none there
+    answers INVALID_ARGUMENT; it never ingests the folders outside its scope."""
+    a, b, tokens = _two_tenants(tmp_path)
+    owner = tmp_path / "owner-logs"
+    owner.mkdir()
+    write_session_log(owner / "o.jsonl", "sess-owner-a", a, f"the owner's {POISON}")
+    (a / "linked-logs").symlink_to(b / "logs", target_is_directory=True)
+    ops_a = tokens.create("ops-a", "org", [str(a)], "operator")[1]
+    admin = tokens.create("admin", "org", None, "operator")[1]
+    configured = [str(owner), str(b / "logs"), str(a / "linked-logs")]
+    rs = await start_server(
+        tmp_path, authenticate=tokens.authenticate, auth="on", session_paths=configured
+    )
+    try:
+        async with AsyncKnowledgeClient(rs.address, token=ops_a) as kc:
+            with pytest.raises(InvalidRequest) as info:
+                await _drain(kc.ingest_sessions([]))
+            assert info.value.metadata.get("field") == "paths"
+            assert str(owner) not in info.value.message and str(b) not in info.value.message
+        async with AsyncKnowledgeClient(rs.address, token=admin) as kc:
+            st = await kc.get_status()
+            assert _counts(st)["episodes"]["sessions"] == 0  # nothing was ingested
+        await rs.server.stop(0)
+        rs = await start_server(
+            tmp_path,
+            authenticate=tokens.authenticate,
+            auth="on",
+            session_paths=[*configured, str(a / "logs")],
+        )
+        async with AsyncKnowledgeClient(rs.address, token=ops_a) as kc:
+            summary = await _drain(kc.ingest_sessions([]))
+            assert summary.counters["files_seen"] == 1 and summary.counters["sessions"] == 1
+        async with AsyncKnowledgeClient(rs.address, token=admin) as kc:
+            st = await kc.get_status()
+            assert _counts(st)["episodes"]["sessions"] == 1
+    finally:
+        await rs.server.stop(0)
