@@ -36,6 +36,7 @@ from grpc_status import rpc_status
 from knowledge_server import errors
 from knowledge_server._gen.knowledge.v1 import errors_pb2
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
+from knowledge_server.deadline import REQUEST_DEADLINE
 from knowledge_server.edition import EditionState
 from knowledge_server.transport.policy import EDITION_NAMES, POLICIES, Policy
 from knowledge_server.transport.rules import check_limits
@@ -241,6 +242,10 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
             structlog.contextvars.bind_contextvars(
                 request_id=request_id, rpc_method=method, peer=context.peer()
             )
+            # The caller's deadline, for the work the handler runs (deadline.py). The
+            # handler runs in this call's own task, so the value is this call's alone.
+            left = context.time_remaining()
+            REQUEST_DEADLINE.set(None if left is None else time.monotonic() + left)
             return time.perf_counter(), None
 
         async def fail(context: Context, exc: BaseException, started: float) -> None:
