@@ -242,11 +242,15 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
             structlog.contextvars.bind_contextvars(
                 request_id=request_id, rpc_method=method, peer=context.peer()
             )
-            # The caller's deadline, for the work the handler runs (deadline.py). The
-            # handler runs in this call's own task, so the value is this call's alone.
+            return time.perf_counter(), None
+
+        def bind_deadline(context: Context) -> None:
+            # The caller's deadline, for the work a unary handler runs (deadline.py); it
+            # runs in this call's own task, so the value is this call's alone. Operator
+            # streams are not bound: their work is not the call's (it goes on, and is
+            # committed, when the caller stops listening).
             left = context.time_remaining()
             REQUEST_DEADLINE.set(None if left is None else time.monotonic() + left)
-            return time.perf_counter(), None
 
         async def fail(context: Context, exc: BaseException, started: float) -> None:
             if isinstance(exc, errors.KnowledgeError):
@@ -263,6 +267,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         def unary(fn: Behavior) -> Behavior:
             async def run(request: Any, context: Context) -> Any:
                 started, _ = begin(context)
+                bind_deadline(context)
                 context.set_trailing_metadata((("x-request-id", request_id),))
                 try:
                     result = await _call_unary(fn, request, context)
