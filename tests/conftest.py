@@ -38,6 +38,7 @@ TIERS = {
         "test_cli",
         "test_code_kill",
         "test_code_server",
+        "test_deadline_e2e",
         "test_docgraph_editions",
         "test_docgraph_server",
         "test_edition_gate",

@@ -70,7 +70,8 @@ class InvalidRequest(RPCError):
 
 
 class DeadlineExceeded(RPCError):
-    """The call did not finish within its deadline (DEADLINE_EXCEEDED)."""
+    """The call did not finish within its deadline (DEADLINE_EXCEEDED; reason
+    ``KNOWLEDGE_DEADLINE_EXCEEDED`` when the server noticed it before the client did)."""
 
     status = grpc.StatusCode.DEADLINE_EXCEEDED
 

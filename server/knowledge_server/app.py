@@ -8,7 +8,6 @@ in as a plain argument (``docs/architecture.md``).
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -17,7 +16,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from knowledge_server import __version__
+from knowledge_server import __version__, deadline
 from knowledge_server._gen.knowledge.v1 import (
     dispatch_pb2,
     index_service_pb2,
@@ -29,7 +28,7 @@ from knowledge_server.config import Config
 from knowledge_server.dispatch import run_dispatch, validate_dispatch
 from knowledge_server.edition import LicenceView
 from knowledge_server.errors import InvalidRequest, PermissionDenied, Unimplemented
-from knowledge_server.lanes.common import in_thread, run_with_progress
+from knowledge_server.lanes.common import run_with_progress
 from knowledge_server.lanes.contract import Lanes
 from knowledge_server.logs import get_logger
 from knowledge_server.search.coordinator import Coordinator
@@ -115,22 +114,32 @@ class KnowledgeApp:
     ) -> search_pb2.SearchResponse:
         valid = validate_search(req)
         scope = effective_workspaces(principal, valid.workspaces)
-        return await self.coordinator.search(valid, scope)
+        # Lanes read on the loop, each within its lane deadline and the caller's, whichever
+        # comes first (their readers stop a query there); past the caller's, the answer
+        # is no use to anyone.
+        with deadline.interrupted_as_deadline():
+            resp = await deadline.awaited(self.coordinator.search(valid, scope))
+        deadline.check()
+        return resp
 
     async def dispatch(
         self, req: dispatch_pb2.DispatchRequest, principal: Principal
     ) -> dispatch_pb2.DispatchResponse:
         valid = validate_dispatch(req)
         scope = effective_workspaces(principal, valid.workspaces)
-        return await run_dispatch(
-            self.coordinator,
-            self.lanes,
-            self.config.data_dir,
-            valid,
-            scope,
-            principal_id=principal.id,
-            outbox_quota=self.config.outbox_quota_per_principal,
-        )
+        # Planning reads in the request pool and searches on the loop, as Search does.
+        with deadline.interrupted_as_deadline():
+            return await deadline.awaited(
+                run_dispatch(
+                    self.coordinator,
+                    self.lanes,
+                    self.config.data_dir,
+                    valid,
+                    scope,
+                    principal_id=principal.id,
+                    outbox_quota=self.config.outbox_quota_per_principal,
+                )
+            )
 
     async def get_episode(
         self, req: knowledge_service_pb2.GetEpisodeRequest, principal: Principal
@@ -139,7 +148,9 @@ class KnowledgeApp:
         if lane is None:
             raise Unimplemented("GetEpisode needs the built-in episodes lane")
         scope = effective_workspaces(principal, ())
-        return await asyncio.to_thread(lane.get_episode_sync, req.id, req.neighbours, scope)
+        return await deadline.off_loop(
+            lane.get_episode_sync, req.id, req.neighbours, scope, pool="episodes"
+        )
 
     async def get_chunk(
         self, req: knowledge_service_pb2.GetChunkRequest, principal: Principal
@@ -148,7 +159,7 @@ class KnowledgeApp:
         if lane is None:
             raise Unimplemented("GetChunk needs the built-in code lane")
         scope = effective_workspaces(principal, ())
-        return await asyncio.to_thread(lane.get_chunk_sync, req.id, scope)
+        return await deadline.off_loop(lane.get_chunk_sync, req.id, scope, pool="code")
 
     # -- DocGraphService ---------------------------------------------------------------
     async def docgraph(self, op: str, req: Message, principal: Principal, response: type[M]) -> M:
@@ -157,7 +168,7 @@ class KnowledgeApp:
         if lane is None:
             raise Unimplemented(f"{op} (document graph) needs the built-in docgraph lane")
         scope = effective_workspaces(principal, ())
-        out = await in_thread(lane.op_sync, op, req, scope, pool="docgraph")
+        out = await deadline.off_loop(lane.op_sync, op, req, scope, pool="docgraph")
         if not isinstance(out, response):
             raise TypeError(f"{op} answered {type(out).__name__}, not {response.__name__}")
         return out
@@ -298,16 +309,22 @@ class KnowledgeApp:
         resp.started_at.FromDatetime(self.started_at)
         scope = effective_workspaces(principal, ())
         resp.workspaces.extend(w for w in self.config.workspaces if scope is None or w in scope)
+        # The lanes count their stores (within the caller's scope): SQLite reads, in a thread.
+        resp.lanes.extend(await deadline.off_loop(self._lane_statuses, scope, pool="status"))
+        return resp
+
+    def _lane_statuses(self, scope: tuple[str, ...] | None) -> list[index_service_pb2.LaneStatus]:
+        out = []
         for name, lane in self.lanes.reporting():
             if lane is not None:
-                resp.lanes.append(lane.status(scope))
+                out.append(lane.status(scope))
             else:
-                resp.lanes.append(
+                out.append(
                     index_service_pb2.LaneStatus(
                         lane=name, degraded=True, capability="degraded", reason="not built"
                     )
                 )
-        return resp
+        return out
 
     def reload(self) -> None:
         """SIGHUP: re-read the licence."""

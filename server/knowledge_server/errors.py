@@ -82,6 +82,13 @@ class StorageFull(ResourceExhausted):
     reason = "KNOWLEDGE_STORAGE_FULL"
 
 
+class DeadlineExceeded(KnowledgeError):
+    """The caller's deadline passed before the answer was ready (``deadline.py``)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reason = "KNOWLEDGE_DEADLINE_EXCEEDED"
+
+
 class InternalError(KnowledgeError):
     code = grpc.StatusCode.INTERNAL
     reason = "KNOWLEDGE_INTERNAL"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
+from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, search_pb2
 from knowledge_server.dispatch.planner import (
     DEFAULT_OUTBOX_QUOTA,
@@ -65,7 +65,7 @@ async def run_dispatch(
     plan = await dispatcher.plan(valid, scope)
     if valid.dry_run:
         return plan.response
-    return await asyncio.to_thread(dispatcher.commit, plan, valid, principal_id)
+    return await deadline.off_loop(dispatcher.commit, plan, valid, principal_id, pool="dispatch")
 
 
 __all__ = [

@@ -18,7 +18,6 @@ otherwise no target, a ``KNOWLEDGE_NO_SOURCE`` warning, and still a context pack
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import re
@@ -31,6 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_pb2
 from knowledge_server.derived.store import ActorInfo, DerivedStore, assignment_id_for
 from knowledge_server.dispatch import outbox
@@ -474,12 +474,12 @@ class Dispatcher:
         warnings: list[errors_pb2.Notice] = []
         choice: Choice | None = None
         if v.actor_id is not None:
-            choice = await asyncio.to_thread(self._explicit, v.actor_id, scope)
+            choice = await deadline.off_loop(self._explicit, v.actor_id, scope, pool="dispatch")
         else:
-            choice = await asyncio.to_thread(self._by_skill, v.text, scope)
+            choice = await deadline.off_loop(self._by_skill, v.text, scope, pool="dispatch")
         resp = await self.coordinator.search(self._search_request(v), scope)
         if choice is None and v.actor_id is None:
-            choice = await asyncio.to_thread(self._by_search, resp)
+            choice = await deadline.off_loop(self._by_search, resp, pool="dispatch")
         for notice in list(resp.warnings) + list(resp.errors):
             if not any(w.code == notice.code and w.lane == notice.lane for w in warnings):
                 warnings.append(
@@ -502,7 +502,9 @@ class Dispatcher:
                     message="no actor fits this task in the visible workspaces; the context pack is still prepared",
                 )
             )
-        pack, evidence = await asyncio.to_thread(self._pack, v, choice, resp, scope)
+        pack, evidence = await deadline.off_loop(
+            self._pack, v, choice, resp, scope, pool="dispatch"
+        )
 
         out = dispatch_pb2.DispatchResponse(schema=SCHEMA, mode=v.mode, request_id=v.request_id)
         if choice is not None:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import (
     errors_pb2,
     index_service_pb2,
@@ -14,7 +15,7 @@ from knowledge_server._gen.knowledge.v1 import (
     search_pb2,
 )
 from knowledge_server.code import bitknn
-from knowledge_server.code.embed import Embedder
+from knowledge_server.code.embed import Embedder, HashingEmbedder
 from knowledge_server.code.index import CodeIndex
 from knowledge_server.code.model import (
     ChunkRecord,
@@ -86,13 +87,14 @@ class CodeLane:
     ) -> None:
         self.path = str(data_dir / DB_FILE)
         self.embedder = embedder
+        # Only the built-in hashing embedder embeds a query in microseconds, in process.
+        self._query_off_loop = embedder is not None and not isinstance(embedder, HashingEmbedder)
         # In-process chunking: the server never forks worker processes next to gRPC threads.
         self.options = options or IndexOptions(workers=1)
         self._writer = CodeIndex(self.path, embedder=embedder, options=self.options)
         self._write_lock = WriterLock(data_dir, "code")
         self._readers: Pool[CodeIndex] = Pool(
-            lambda: bound_store(CodeIndex(self.path, embedder=embedder, options=self.options)),
-            size=4,
+            lambda: bound_store(CodeIndex(self.path, embedder=embedder, options=self.options))
         )
         self.last_error = ""
         self.storage = StorageErrors(self.name)
@@ -299,6 +301,12 @@ class CodeLane:
         return revs, fresh, vectors
 
     async def search(self, q: LaneQuery) -> LaneResult:
+        if self._query_off_loop:
+            # The query's embedding comes from a model or over the network: work no
+            # deadline can interrupt (an HTTP endpoint may take its full timeout, with
+            # retries), so it runs in the request pool. The coordinator awaits it like an
+            # external lane's answer; its reads still stop at the deadline.
+            return await deadline.off_loop(run_bounded, self._search_sync, q, pool="code")
         return run_bounded(self._search_sync, q)
 
     # -- GetChunk ------------------------------------------------------------------------

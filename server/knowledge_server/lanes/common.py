@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import fcntl
-import functools
 import os
 import queue
 import threading
@@ -19,7 +17,9 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 import apsw
 from google.protobuf import timestamp_pb2
 
+from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2
+from knowledge_server.deadline import POOL_THREADS, REQUEST_DEADLINE
 from knowledge_server.errors import StorageFull, as_storage_full
 from knowledge_server.search.lanes import LANE_DEADLINE
 
@@ -28,11 +28,18 @@ R = TypeVar("R")
 H = TypeVar("H")
 
 
+# Reader connections per store: one for the searches on the loop, one per thread of the
+# request pools that read the store (``deadline.off_loop``: its own lane's, "status" and
+# "dispatch"), and one for an operator stream. The loop never waits for a reader that
+# threads hold.
+READERS = 1 + 3 * POOL_THREADS + 1
+
+
 class Pool(Generic[T]):
     """A small pool of read-only store connections, one per concurrent user (a search on
     the loop, a GetEpisode in a thread, ...)."""
 
-    def __init__(self, factory: Callable[[], T], size: int = 4) -> None:
+    def __init__(self, factory: Callable[[], T], size: int = READERS) -> None:
         self._factory = factory
         self._free: queue.SimpleQueue[T] = queue.SimpleQueue()
         self._size = size
@@ -148,8 +155,8 @@ ProgressFn = Callable[[str, int, int, str], None]
 # What a thread gave for free, ``bound_reader`` gives back: a reader connection stops a
 # query at the lane's deadline (``LANE_DEADLINE``, set by the coordinator) instead of
 # holding the loop, and waits for a busy database no longer than that either. Every other
-# reader use (GetEpisode, GetChunk, document-graph operations) still runs in a thread,
-# outside any deadline.
+# reader use (GetEpisode, GetChunk, GetStatus, dispatch planning, document-graph
+# operations) runs in a thread (``deadline.off_loop``), within the caller's deadline.
 
 # SQLite virtual-machine steps between two deadline checks: some tens of microseconds of
 # query work, beside which the check itself costs next to nothing.
@@ -160,16 +167,27 @@ class LaneDeadlineExceeded(TimeoutError):
     """A lane's query was stopped at its deadline."""
 
 
-def bound_reader(conn: apsw.Connection, busy_ms: int) -> None:
-    """Make a reader connection honour ``LANE_DEADLINE`` of whatever runs on it.
+def _deadline() -> float | None:
+    """The earlier of the current lane call's deadline and the caller's own."""
+    lane, request = LANE_DEADLINE.get(), REQUEST_DEADLINE.get()
+    if lane is None or request is None:
+        return lane if request is None else request
+    return min(lane, request)
 
-    Within a lane call, a query still running at the deadline is interrupted
-    (``run_bounded`` turns that into ``LaneDeadlineExceeded``), and a busy database is
-    retried until the deadline at most. Outside one (no deadline set), the connection
-    behaves as before: no interruption, busy retries for ``busy_ms``."""
+
+def bound_reader(conn: apsw.Connection, busy_ms: int) -> None:
+    """Make a reader connection honour the deadline of whatever runs on it: the lane
+    call's (``LANE_DEADLINE``) and the caller's (``deadline.REQUEST_DEADLINE``), whichever
+    comes first; the deadline is read in the thread that runs the query.
+
+    Within a deadline, a query still running when it passes is interrupted
+    (``run_bounded`` turns that into ``LaneDeadlineExceeded``, ``deadline.off_loop`` into
+    ``DeadlineExceeded``), and a busy database is retried until the deadline at most.
+    Outside one (no deadline set), the connection behaves as before: no interruption,
+    busy retries for ``busy_ms``."""
 
     def past_deadline() -> bool:
-        deadline = LANE_DEADLINE.get()
+        deadline = _deadline()
         return deadline is not None and time.monotonic() > deadline
 
     waiting_since = [0.0]
@@ -178,7 +196,7 @@ def bound_reader(conn: apsw.Connection, busy_ms: int) -> None:
         now = time.monotonic()
         if count == 0:
             waiting_since[0] = now
-        deadline = LANE_DEADLINE.get()
+        deadline = _deadline()
         if deadline is None:
             deadline = waiting_since[0] + busy_ms / 1000
         if now >= deadline:
@@ -235,6 +253,9 @@ def finish_kept(
     by_id = {h.id: h for h in reversed(hits)}  # type: ignore[attr-defined]
 
     def finish(items: Sequence[Any]) -> None:
+        # Describing is Python work no query interruption reaches: past the caller's
+        # deadline it is not started (the answer is not sent anyway).
+        deadline.check()
         wanted = [by_id[it.id] for it in items if it.id in by_id]
         if wanted:
             apply(items, {h.id: h for h in describe(wanted)})  # type: ignore[attr-defined]
@@ -251,34 +272,6 @@ def run_bounded(fn: Callable[..., R], *args: object) -> R:
         if LANE_DEADLINE.get() is None:
             raise
         raise LaneDeadlineExceeded("stopped at the lane deadline") from None
-
-
-# Blocking work that may take long (document-graph operations) runs in small thread pools,
-# one per lane (named by ``pool``), not in asyncio's shared default pool: one lane's work
-# never waits for another lane's, and work whose caller gave up before a thread was free
-# is cancelled, never run.
-POOL_THREADS = 2
-_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
-
-
-def _pool(name: str) -> concurrent.futures.ThreadPoolExecutor:
-    pool = _pools.get(name)
-    if pool is None:
-        with _pools_lock:
-            pool = _pools.get(name)
-            if pool is None:
-                pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=POOL_THREADS, thread_name_prefix=f"lane-{name}"
-                )
-                _pools[name] = pool
-    return pool
-
-
-async def in_thread(fn: Callable[..., R], *args: object, pool: str = "misc") -> R:
-    """Run blocking work in the thread pool named ``pool`` (one per lane)."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_pool(pool), functools.partial(fn, *args))
 
 
 async def run_with_progress(

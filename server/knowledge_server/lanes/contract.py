@@ -8,8 +8,8 @@ call). The search coordinator sees less still: only :class:`~knowledge_server.se
 
 Call model (``docs/architecture.md``): methods ending in ``_sync`` block and are run
 by the application in a worker thread (``run_with_progress`` for the long operator
-streams, ``in_thread`` for reads); ``search`` is a coroutine that the coordinator
-bounds with the lane timeout.
+streams, ``deadline.off_loop`` for reads, within the caller's deadline); ``search`` is a
+coroutine that the coordinator bounds with the lane timeout.
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class DerivedLane:
         self._actor_of: RevisionMemo[str, str | None] = RevisionMemo(100_000)
         self._facts: RevisionMemo[str, tuple[Any, list[tuple[str, int]]]] = RevisionMemo(100_000)
         self._readers: Pool[DerivedStore] = Pool(
-            lambda: bound_store(DerivedStore(self.path, read_only=True)), size=4
+            lambda: bound_store(DerivedStore(self.path, read_only=True))
         )
         self.last_error = ""
         self.storage = StorageErrors(self.name)

@@ -31,7 +31,7 @@ from knowledge_server.docgraph import (
     make_client,
 )
 from knowledge_server.errors import FailedPrecondition, InvalidRequest, PermissionDenied
-from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock
+from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, bound_reader
 from knowledge_server.lanes.contract import DocumentSource
 from knowledge_server.workspaces import is_under
 
@@ -67,6 +67,11 @@ def llm_settings_from_config(config: Any) -> LLMSettings | None:
         api_key_env=config.llm_key_env or None,
         api_key_file=str(config.llm_key_file) if config.llm_key_file else None,
     )
+
+
+def _bound(store: DocGraphStore) -> DocGraphStore:
+    bound_reader(store.conn, busy_ms=5000)
+    return store
 
 
 def _in_scope(workspace: str, scope: tuple[str, ...] | None) -> bool:
@@ -306,7 +311,8 @@ class DocGraphLane:
         )
         self._writer = DocGraphStore(self.data_dir)
         self._write_lock = WriterLock(data_dir, "docgraph")
-        self._readers: Pool[DocGraphStore] = Pool(lambda: DocGraphStore(self.data_dir), size=4)
+        # Readers stop a query at the caller's deadline (operations run in deadline.off_loop).
+        self._readers: Pool[DocGraphStore] = Pool(lambda: _bound(DocGraphStore(self.data_dir)))
         self._llm: LLMClient | None = make_client(self.llm_settings)
 
     def close(self) -> None:

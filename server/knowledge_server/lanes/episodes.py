@@ -73,7 +73,7 @@ class EpisodesLane:
         self._writer = EpisodeStore(self.path)
         self._write_lock = WriterLock(data_dir, "episodes")
         self._readers: Pool[EpisodeStore] = Pool(
-            lambda: bound_store(EpisodeStore(self.path, read_only=True)), size=4
+            lambda: bound_store(EpisodeStore(self.path, read_only=True))
         )
         # Lane counters per (index revision, minute, scope): they change only with either.
         self._counts: dict[tuple[object, ...], dict[str, int]] = {}

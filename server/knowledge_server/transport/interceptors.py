@@ -36,6 +36,7 @@ from grpc_status import rpc_status
 from knowledge_server import errors
 from knowledge_server._gen.knowledge.v1 import errors_pb2
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
+from knowledge_server.deadline import REQUEST_DEADLINE
 from knowledge_server.edition import EditionState
 from knowledge_server.transport.policy import EDITION_NAMES, POLICIES, Policy
 from knowledge_server.transport.rules import check_limits
@@ -243,6 +244,14 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
             )
             return time.perf_counter(), None
 
+        def bind_deadline(context: Context) -> None:
+            # The caller's deadline, for the work a unary handler runs (deadline.py); it
+            # runs in this call's own task, so the value is this call's alone. Operator
+            # streams are not bound: their work is not the call's (it goes on, and is
+            # committed, when the caller stops listening).
+            left = context.time_remaining()
+            REQUEST_DEADLINE.set(None if left is None else time.monotonic() + left)
+
         async def fail(context: Context, exc: BaseException, started: float) -> None:
             if isinstance(exc, errors.KnowledgeError):
                 log.info("rpc.error", code=exc.code.name, reason=exc.reason, ms=_ms(started))
@@ -258,6 +267,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         def unary(fn: Behavior) -> Behavior:
             async def run(request: Any, context: Context) -> Any:
                 started, _ = begin(context)
+                bind_deadline(context)
                 context.set_trailing_metadata((("x-request-id", request_id),))
                 try:
                     result = await _call_unary(fn, request, context)

@@ -276,6 +276,11 @@ class ErrorReason(betterproto2.Enum):
     The data directory's filesystem is full; nothing more could be written.
     """
 
+    KNOWLEDGE_DEADLINE_EXCEEDED = 23
+    """
+    The caller's deadline passed before the answer was ready (gRPC DEADLINE_EXCEEDED).
+    """
+
     @classmethod
     def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
         return {
@@ -302,6 +307,7 @@ class ErrorReason(betterproto2.Enum):
             20: "ERROR_REASON_KNOWLEDGE_LLM_UNAVAILABLE",
             21: "ERROR_REASON_KNOWLEDGE_QUOTA_EXCEEDED",
             22: "ERROR_REASON_KNOWLEDGE_STORAGE_FULL",
+            23: "ERROR_REASON_KNOWLEDGE_DEADLINE_EXCEEDED",
         }
 
     @classmethod
@@ -330,6 +336,7 @@ class ErrorReason(betterproto2.Enum):
             "ERROR_REASON_KNOWLEDGE_LLM_UNAVAILABLE": 20,
             "ERROR_REASON_KNOWLEDGE_QUOTA_EXCEEDED": 21,
             "ERROR_REASON_KNOWLEDGE_STORAGE_FULL": 22,
+            "ERROR_REASON_KNOWLEDGE_DEADLINE_EXCEEDED": 23,
         }
 
 

@@ -69,6 +69,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A per-principal quota was reached (e.g. pending outbox packages); nothing was written."""
     ERROR_REASON_KNOWLEDGE_STORAGE_FULL: _ErrorReason.ValueType  # 22
     """The data directory's filesystem is full; nothing more could be written."""
+    ERROR_REASON_KNOWLEDGE_DEADLINE_EXCEEDED: _ErrorReason.ValueType  # 23
+    """The caller's deadline passed before the answer was ready (gRPC DEADLINE_EXCEEDED)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Reason codes. A whole-request failure is a gRPC status whose details hold a
@@ -124,6 +126,8 @@ ERROR_REASON_KNOWLEDGE_QUOTA_EXCEEDED: ErrorReason.ValueType  # 21
 """A per-principal quota was reached (e.g. pending outbox packages); nothing was written."""
 ERROR_REASON_KNOWLEDGE_STORAGE_FULL: ErrorReason.ValueType  # 22
 """The data directory's filesystem is full; nothing more could be written."""
+ERROR_REASON_KNOWLEDGE_DEADLINE_EXCEEDED: ErrorReason.ValueType  # 23
+"""The caller's deadline passed before the answer was ready (gRPC DEADLINE_EXCEEDED)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final
