@@ -37,6 +37,7 @@ TIERS = {
         "test_bad_input",
         "test_cli",
         "test_code_kill",
+        "test_code_openai_e2e",
         "test_code_server",
         "test_deadline_e2e",
         "test_docgraph_editions",

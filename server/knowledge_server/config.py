@@ -73,6 +73,8 @@ class Config:
     embedder_model: str = ""
     embedder_key_env: str = ""
     embedder_dim: int = 0
+    # Chunk texts per embeddings call while indexing (embedder=openai).
+    embedder_batch: int = 64
     llm_url: str = ""
     llm_model: str = ""
     llm_key_env: str = ""
@@ -146,6 +148,7 @@ _INT_FIELDS = {
     "lane_timeout_ms",
     "max_file_bytes",
     "embedder_dim",
+    "embedder_batch",
     "workers",
     "sqlite_mmap_mib",
     "outbox_quota_per_principal",
@@ -198,6 +201,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
 _INT_RANGES = {
     "lane_timeout_ms": (10, 60_000),
     "workers": (1, 64),
+    "embedder_batch": (1, 2048),
     "sqlite_mmap_mib": (0, 1_048_576),
     "outbox_quota_per_principal": (1, 1_000_000),
 }

@@ -132,6 +132,9 @@ def make_embedder(config: Config) -> Embedder:
             config.embedder_model,
             config.embedder_dim,
             api_key_env=config.embedder_key_env or None,
+            batch_size=config.embedder_batch,
+            # A query is embedded inside the code lane's deadline.
+            query_timeout_s=config.lane_timeout_ms / 1000,
         )
     if config.embedder == "e5":
         try:

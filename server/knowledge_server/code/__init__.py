@@ -9,6 +9,7 @@ from .model import (
     CodeHit,
     CodeSearchResult,
     Freshness,
+    IndexInterrupted,
     IndexOptions,
     IndexReport,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "EmbeddingError",
     "Freshness",
     "HashingEmbedder",
+    "IndexInterrupted",
     "IndexOptions",
     "IndexReport",
     "OpenAIEmbedder",

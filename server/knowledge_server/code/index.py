@@ -17,6 +17,7 @@ from .model import (
     IndexOptions,
     IndexReport,
     ProgressCallback,
+    StopCheck,
 )
 from .store import BUSY_MS, open_store
 
@@ -56,6 +57,8 @@ class CodeIndex:
         progress_callback: ProgressCallback | None = None,
         embedder: Embedder | None = None,
         options: IndexOptions | None = None,
+        vector_progress: ProgressCallback | None = None,
+        should_stop: StopCheck | None = None,
     ) -> IndexReport:
         return _indexer.index_workspace(
             self.conn,
@@ -63,11 +66,26 @@ class CodeIndex:
             embedder=embedder or self.embedder,
             progress_callback=progress_callback,
             options=options or self.options,
+            vector_progress=vector_progress,
+            should_stop=should_stop,
         )
 
-    def fill_vectors(self, root: str | None = None, *, embedder: Embedder | None = None) -> int:
+    def fill_vectors(
+        self,
+        root: str | None = None,
+        *,
+        embedder: Embedder | None = None,
+        progress_callback: ProgressCallback | None = None,
+        should_stop: StopCheck | None = None,
+    ) -> int:
         ws = None if root is None else _indexer.normalise_root(root)
-        return _indexer.fill_vectors(self.conn, embedder or self.embedder, workspace=ws)
+        return _indexer.fill_vectors(
+            self.conn,
+            embedder or self.embedder,
+            workspace=ws,
+            progress_callback=progress_callback,
+            should_stop=should_stop,
+        )
 
     def search(
         self,

@@ -15,16 +15,19 @@ import apsw
 import numpy as np
 
 from knowledge_server import fts
+from knowledge_server.logs import get_logger
 
 from . import bitknn
 from .chunking import CHUNKER_VERSION, chunk_file
-from .embed import Embedder
-from .model import IndexOptions, IndexReport, ProgressCallback
+from .embed import Embedder, EmbeddingError
+from .model import IndexInterrupted, IndexOptions, IndexReport, ProgressCallback, StopCheck
 from .store import is_binary, scalar, vec_table_for, vec_tables
 from .tokenize import index_tokens
 from .walker import read_text, walk_workspace
 
 __all__ = ["fill_vectors", "gc", "index_workspace", "normalise_root"]
+
+_log = get_logger("knowledge.code.embed")
 
 
 def normalise_root(root: str) -> str:
@@ -137,7 +140,14 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
     embedder: Embedder,
     progress_callback: ProgressCallback | None = None,
     options: IndexOptions | None = None,
+    vector_progress: ProgressCallback | None = None,
+    should_stop: StopCheck | None = None,
 ) -> IndexReport:
+    """Index ``root`` into a new revision (committed in one transaction), then embed its
+    new chunks. ``progress_callback`` follows the walked files, ``vector_progress`` the
+    embedded chunks. A provider that fails after its retries leaves the revision
+    lexical-only (``vectors_error``; the next run fills them); ``should_stop`` ends the
+    embedding between two batches with ``IndexInterrupted``."""
     opts = options or IndexOptions()
     ws = normalise_root(root)
     t0 = time.perf_counter()
@@ -220,6 +230,10 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
     for done, wf in enumerate(walk.files, 1):
         if progress_callback is not None:
             progress_callback(done, total, wf.path)
+        if should_stop is not None and done % 64 == 0 and should_stop():
+            # Before the commit: the previous revision stays current; file versions
+            # already written are reused by the next run (found by their hash).
+            raise IndexInterrupted(f"stopped after reading {done}/{total} files")
         ks = known_skips.get(wf.path)
         if ks is not None and ks[0] == wf.size and ks[1] == wf.mtime_ns:
             skipped[ks[2]] += 1
@@ -368,7 +382,19 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
     timings["lexical_total"] = (time.perf_counter() - t0) * 1000
     if opts.fill_vectors:
         t3 = time.perf_counter()
-        report.vectors_embedded = fill_vectors(conn, embedder, workspace=ws)
+        try:
+            report.vectors_embedded = fill_vectors(
+                conn,
+                embedder,
+                workspace=ws,
+                progress_callback=vector_progress,
+                should_stop=should_stop,
+            )
+        except EmbeddingError as exc:
+            # The revision is committed and answers lexically; its chunks stay counted
+            # as missing vectors, which the lane reports, until a run fills them.
+            report.vectors_error = str(exc)
+            _log.warning("code.embed.failed", error=str(exc))
         timings["vectors"] = (time.perf_counter() - t3) * 1000
     report.vectors_missing = int(
         scalar(conn, "SELECT vec_missing FROM revisions WHERE rev=?", (report.index_rev,)) or 0
@@ -404,43 +430,88 @@ def _drift_reason(
     return "; ".join(parts)
 
 
-def fill_vectors(
+def _fill_log(
+    embedder: Embedder, done: int, total: int, started: float, **extra: object
+) -> dict[str, object]:
+    secs = time.perf_counter() - started
+    return {
+        "embedder": type(embedder).__name__,
+        "chunks_done": done,
+        "chunks_total": total,
+        "seconds": round(secs, 2),
+        "chunks_per_s": round(done / secs, 2) if secs > 0 else 0.0,
+        **extra,
+    }
+
+
+def fill_vectors(  # noqa: C901 - one loop: gather, embed a batch, commit it, report, check for a stop
     conn: apsw.Connection,
     embedder: Embedder,
     *,
     workspace: str | None = None,
-    batch_size: int = 256,
+    batch_size: int | None = None,
+    progress_callback: ProgressCallback | None = None,
+    should_stop: StopCheck | None = None,
+    log_every_s: float = 5.0,
 ) -> int:
     """Embed the chunks of every file of the current revision(s) that has no vectors yet.
 
-    Work is committed file by file (a batch holds whole files), so an interrupted
-    fill resumes where it stopped."""
+    Chunks go to the embedder ``batch_size`` (default: ``embedder.batch_size``) at a time,
+    each batch committed on its own; a file counts as embedded (``file_vec``) once its
+    last chunk is. Between two batches it reports progress (``progress_callback`` with
+    chunks done/total, a ``code.embed.progress`` log line every ``log_every_s``) and
+    checks ``should_stop``: a stop raises ``IndexInterrupted`` after recording how many
+    chunks still miss vectors, and the next run embeds only those (chunks that already
+    have a vector are not sent again)."""
+    bs = max(1, batch_size or embedder.batch_size)
     vtbl = vec_table_for(conn, embedder.identity, embedder.dim, create=True)
     quant = "vec_quantize_binary(?)" if is_binary(embedder.dim) else "?"
     ws_filter = "" if workspace is None else " AND w.root = ?"
     params: tuple[Any, ...] = (embedder.identity,) + (() if workspace is None else (workspace,))
     files = [
-        r[0]
+        (int(r[0]), int(r[1]))
         for r in conn.execute(
-            "SELECT DISTINCT rf.file_id FROM workspaces w"  # noqa: S608 - constant SQL fragments only, values bound
+            "SELECT DISTINCT rf.file_id, f.n_chunks FROM workspaces w"  # noqa: S608 - constant SQL fragments only, values bound
             " JOIN revisions r ON r.id = w.current_rev_id AND r.embedder = ?"
             " JOIN rev_file rf ON rf.rev_id = w.current_rev_id"
+            " JOIN file_versions f ON f.id = rf.file_id"
             f" WHERE 1=1{ws_filter}"
             " AND NOT EXISTS (SELECT 1 FROM file_vec v WHERE v.file_id = rf.file_id AND v.tbl = ?)"
             " ORDER BY rf.file_id",
             (*params, vtbl),
         )
     ]
+    total = sum(n for _, n in files)
     done = 0
-    batch_files: list[int] = []
+    embedded = 0
     batch: list[tuple[int, str, str, str]] = []
+    complete: list[int] = []  # files whose every chunk is in ``batch`` or already stored
+    started = last_log = time.perf_counter()
+    if files:
+        _log.info("code.embed.started", **_fill_log(embedder, 0, total, started))
+
+    def update_missing() -> None:
+        with conn:
+            conn.execute(
+                "UPDATE revisions SET vec_missing = (SELECT coalesce(sum(f.n_chunks), 0)"  # noqa: S608 - constant SQL fragments only, values bound
+                " FROM rev_file rf JOIN file_versions f ON f.id = rf.file_id"
+                " WHERE rf.rev_id = revisions.id AND NOT EXISTS"
+                " (SELECT 1 FROM file_vec v WHERE v.file_id = f.id AND v.tbl = ?))"
+                " WHERE id IN (SELECT current_rev_id FROM workspaces"
+                + ("" if workspace is None else " WHERE root = ?")
+                + ") AND embedder = ?",
+                (vtbl,) + (() if workspace is None else (workspace,)) + (embedder.identity,),
+            )
 
     def flush() -> None:
-        nonlocal done
-        if batch:
-            vecs = embedder.embed([f"{p} {s}\n{t}" for _, p, s, t in batch])
+        nonlocal done, embedded, last_log
+        if should_stop is not None and should_stop():
+            update_missing()
+            _log.info("code.embed.stopped", **_fill_log(embedder, done, total, started))
+            raise IndexInterrupted(f"stopped after embedding {done}/{total} chunks")
+        vecs = embedder.embed([f"{p} {s}\n{t}" for _, p, s, t in batch]) if batch else []
         with conn:
-            for (cid, *_), v in zip(batch, vecs if batch else [], strict=True):
+            for (cid, *_), v in zip(batch, vecs, strict=True):
                 blob = np.ascontiguousarray(v, dtype=np.float32).tobytes()
                 conn.execute(f"DELETE FROM {vtbl} WHERE rowid = ?", (cid,))  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
                 conn.execute(
@@ -449,37 +520,42 @@ def fill_vectors(
                 conn.execute(f"INSERT OR REPLACE INTO {vtbl}_f(id, v) VALUES(?, ?)", (cid, blob))
             conn.executemany(
                 "INSERT OR IGNORE INTO file_vec(file_id, tbl) VALUES(?, ?)",
-                [(f, vtbl) for f in batch_files],
+                [(f, vtbl) for f in complete],
             )
             if batch:
                 bitknn.bump_epoch(conn, vtbl)
+        embedded += len(batch)
         done += len(batch)
         batch.clear()
-        batch_files.clear()
+        complete.clear()
+        if progress_callback is not None:
+            progress_callback(done, total, "")
+        now = time.perf_counter()
+        if now - last_log >= log_every_s:
+            last_log = now
+            _log.info("code.embed.progress", **_fill_log(embedder, done, total, started))
 
-    for fid in files:
-        batch.extend(
-            conn.execute(
-                "SELECT id, path, symbol, text FROM chunks WHERE file_id = ? ORDER BY id", (fid,)
-            )
-        )
-        batch_files.append(fid)
-        if len(batch) >= batch_size:
-            flush()
-    if batch_files:
+    for fid, _ in files:
+        for cid, path, symbol, text, stored in conn.execute(
+            f"SELECT c.id, c.path, c.symbol, c.text, EXISTS(SELECT 1 FROM {vtbl}_f v"  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
+            " WHERE v.id = c.id) FROM chunks c WHERE c.file_id = ? ORDER BY c.id",
+            (fid,),
+        ).fetchall():
+            if stored:  # embedded by a run that stopped before the file was complete
+                done += 1
+                continue
+            batch.append((cid, path, symbol, text))
+            if len(batch) >= bs:
+                flush()
+        complete.append(fid)
+        if len(complete) >= 1000 and not batch:
+            flush()  # files whose chunks were all stored already: record them now
+    if batch or complete:
         flush()
-    with conn:
-        conn.execute(
-            "UPDATE revisions SET vec_missing = (SELECT coalesce(sum(f.n_chunks), 0)"  # noqa: S608 - constant SQL fragments only, values bound
-            " FROM rev_file rf JOIN file_versions f ON f.id = rf.file_id"
-            " WHERE rf.rev_id = revisions.id AND NOT EXISTS"
-            " (SELECT 1 FROM file_vec v WHERE v.file_id = f.id AND v.tbl = ?))"
-            " WHERE id IN (SELECT current_rev_id FROM workspaces"
-            + ("" if workspace is None else " WHERE root = ?")
-            + ") AND embedder = ?",
-            (vtbl,) + (() if workspace is None else (workspace,)) + (embedder.identity,),
-        )
-    return done
+    update_missing()
+    if files:
+        _log.info("code.embed.done", **_fill_log(embedder, done, total, started))
+    return embedded
 
 
 def gc(conn: apsw.Connection, workspace: str, *, keep: int = 2) -> int:

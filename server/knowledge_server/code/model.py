@@ -10,7 +10,17 @@ SourceKind = Literal["symbol", "section", "window"]
 Capability = Literal["full", "degraded"]
 
 ProgressCallback = Callable[[int, int, str], None]
-"""(done_files, total_files, relative_path) — called once per walked file."""
+"""(done, total, relative_path): once per walked file while indexing; once per embedded
+batch while filling vectors (done/total chunks, path empty)."""
+
+StopCheck = Callable[[], bool]
+"""True once the run should stop (the server is shutting down)."""
+
+
+class IndexInterrupted(Exception):
+    """An indexing run stopped because it was asked to (``StopCheck``). What it committed
+    stays: the new revision, if it was made, with the vectors embedded so far; the rest
+    are counted as missing and filled by the next run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +81,8 @@ class IndexReport:
     unchanged: bool = False
     vectors_embedded: int = 0
     vectors_missing: int = 0
+    # Why vectors could not be filled (the provider failed after its retries), else "".
+    vectors_error: str = ""
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 

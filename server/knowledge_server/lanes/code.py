@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,18 +16,19 @@ from knowledge_server._gen.knowledge.v1 import (
     search_pb2,
 )
 from knowledge_server.code import bitknn
-from knowledge_server.code.embed import Embedder, HashingEmbedder
+from knowledge_server.code.embed import Embedder, EmbeddingError, HashingEmbedder
 from knowledge_server.code.index import CodeIndex
 from knowledge_server.code.model import (
     ChunkRecord,
     CodeHit,
     CodeSearchResult,
     Freshness,
+    IndexInterrupted,
     IndexOptions,
 )
 from knowledge_server.code.search import check_freshness
 from knowledge_server.code.store import is_binary, vec_table_for
-from knowledge_server.errors import InvalidRequest, NotFound
+from knowledge_server.errors import InvalidRequest, NotFound, Unavailable
 from knowledge_server.lanes.common import (
     Pool,
     ProgressFn,
@@ -103,16 +105,27 @@ class CodeLane:
         self._fresh: dict[str, Freshness] = {}
         self._fresh_lock = threading.Lock()
         self._stop = threading.Event()
+        # Set by close(): a running index stops embedding between two batches.
+        self._cancel = threading.Event()
         self._fresh_thread = threading.Thread(
             target=self._freshness_loop, name="code-freshness", daemon=True
         )
         self._fresh_thread.start()
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 30.0) -> None:
+        """Stop a running index between two embedding batches, wait for it to let go of
+        the writer (at most ``wait_s``), then close the stores."""
+        self._cancel.set()
         self._stop.set()
         self._fresh_thread.join(timeout=5)
-        self._readers.close_all(lambda s: s.close())
-        self._writer.close()
+        idle = self._write_lock.acquire_thread(timeout=wait_s)
+        try:
+            self._readers.close_all(lambda s: s.close())
+            if idle:
+                self._writer.close()
+        finally:
+            if idle:
+                self._write_lock.release_thread()
 
     def refresh_freshness(self, roots: Sequence[str] | None = None) -> dict[str, Freshness]:
         """Re-check the given (default: all indexed) workspaces against the disk now."""
@@ -185,17 +198,29 @@ class CodeLane:
             if q.workspaces == ():
                 lane.empty_reason = NOT_INDEXED
                 return LaneResult(lane=lane)
-            result = idx.search(
-                q.query,
-                workspaces=q.workspaces,
-                path_prefixes=list(q.paths) or None,
-                # Documents are a minority of chunks: look deeper, then keep documents only.
-                limit=q.top_k * 4 if q.docs_only else q.top_k,
-                mode="hybrid",
-                snippet_chars=q.snippet_chars,
-                check_fresh=False,
-                describe_hits=False,  # only for the items the coordinator keeps: _finisher
-            )
+            provider_down = ""
+            for mode in ("hybrid", "lexical"):
+                try:
+                    result = idx.search(
+                        q.query,
+                        workspaces=q.workspaces,
+                        path_prefixes=list(q.paths) or None,
+                        # Documents are a minority of chunks: look deeper, then keep documents only.
+                        limit=q.top_k * 4 if q.docs_only else q.top_k,
+                        mode=mode,
+                        snippet_chars=q.snippet_chars,
+                        check_fresh=False,
+                        describe_hits=False,  # only for the items the coordinator keeps: _finisher
+                    )
+                    break
+                except EmbeddingError as exc:
+                    # The embedding provider did not embed the query: answer lexically
+                    # and say so, rather than losing the whole lane.
+                    provider_down = f"embedding provider unavailable ({exc}); lexical only"
+            if provider_down:
+                result = dataclasses.replace(
+                    result, capability="degraded", degradation_reason=provider_down
+                )
             scoped = [r for r in roots if _visible(r, q.workspaces)]
             if not result.hits:
                 lane.empty_reason = _why_empty(idx, scoped)
@@ -296,9 +321,13 @@ class CodeLane:
                 )
             )
             vectors = (emb.identity, vec_table_for(idx.conn, emb.identity, emb.dim, create=False))
+        # A remote provider's state (failures, cooling down): an answer made lexically while
+        # it was down is not served from the cache once it may answer again.
+        health = getattr(emb, "health", None)
+        provider = health() if callable(health) else None
         with self._fresh_lock:
             fresh = tuple(sorted((r, f.stale) for r, f in self._fresh.items()))
-        return revs, fresh, vectors
+        return revs, fresh, vectors, provider
 
     async def search(self, q: LaneQuery) -> LaneResult:
         if self._query_off_loop:
@@ -355,9 +384,16 @@ class CodeLane:
             )
         with self._write_lock:
             options = self.options
-            report = self._writer.index_workspace(
-                root, progress_callback=lambda d, t, p: progress("index", d, t, p), options=options
-            )
+            try:
+                report = self._writer.index_workspace(
+                    root,
+                    progress_callback=lambda d, t, p: progress("index", d, t, p),
+                    vector_progress=lambda d, t, p: progress("embed", d, t, p),
+                    options=options,
+                    should_stop=self._cancel.is_set,
+                )
+            except IndexInterrupted as exc:
+                raise Unavailable(f"the server is stopping; indexing {exc}") from None
         self.refresh_freshness([report.workspace])
         summary = operation_summary(
             report,
@@ -377,6 +413,12 @@ class CodeLane:
         summary.counters["drift_written"] = int(report.drift_written)
         for reason, n in sorted(report.files_skipped.items()):
             summary.counters[f"skipped_{reason}"] = int(n)
+        if report.vectors_error:
+            summary.problems.add(
+                code="EMBEDDING_FAILED",
+                message=f"{report.vectors_error}; the revision answers lexically until a later"
+                " index run fills the missing vectors",
+            )
         for lang, n in sorted(report.parse_fallbacks.items()):
             summary.problems.add(
                 code="PARSE_FALLBACK", message=f"{lang}: {n} file(s) chunked by line windows"

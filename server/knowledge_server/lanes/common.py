@@ -108,6 +108,14 @@ class WriterLock:
     def locked(self) -> bool:
         return self._thread.locked()
 
+    def acquire_thread(self, timeout: float) -> bool:
+        """This process's writers only (no file lock): for closing the store once the
+        writer running in this process, if any, has finished."""
+        return self._thread.acquire(timeout=timeout)
+
+    def release_thread(self) -> None:
+        self._thread.release()
+
 
 def operation_summary(
     report: object, counters: Sequence[str], *, index_rev: str, changed: bool, started: float
