@@ -36,6 +36,7 @@ TIERS = {
         "test_auth_e2e",
         "test_bad_input",
         "test_cli",
+        "test_code_e5_stop",
         "test_code_kill",
         "test_code_openai_e2e",
         "test_code_server",

@@ -309,12 +309,23 @@ async def run_with_progress(
             loop.call_soon_threadsafe(events.put_nowait, done)
 
     task = asyncio.create_task(runner())
-    while True:
-        item = await events.get()
-        if item is done:
-            break
-        yield item  # type: ignore[misc]
-    yield await task
+    try:
+        while True:
+            item = await events.get()
+            if item is done:
+                break
+            yield item  # type: ignore[misc]
+        yield await task
+    finally:
+        if not task.done():
+            # The caller went away (cancelled at shutdown, stream closed): the work's
+            # outcome has no reader, so it must not be reported as never retrieved.
+            task.add_done_callback(_discard_outcome)
+
+
+def _discard_outcome(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class StorageErrors:
