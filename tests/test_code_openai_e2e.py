@@ -107,7 +107,7 @@ async def test_openai_embedder_over_grpc(
             async with AsyncKnowledgeClient(rs.address) as kc:
                 events = [ev async for ev in kc.index_workspace(str(ws))]
                 summary = events[-1].summary
-                assert summary is not None and not summary.problems
+                assert summary is not None and not summary.problems and not summary.stopped_by
                 chunks = summary.counters["chunks"]
                 assert chunks >= 14 and summary.counters["vectors_embedded"] == chunks
                 assert summary.counters["vectors_missing"] == 0
@@ -140,6 +140,7 @@ async def test_openai_embedder_over_grpc(
                 summary = events[-1].summary
                 assert summary is not None and summary.index_rev
                 assert [p.code for p in summary.problems] == ["EMBEDDING_FAILED"]
+                assert summary.stopped_by == "embedding_failed"
                 assert "HTTP 500" in summary.problems[0].message
                 assert summary.counters["vectors_missing"] >= 1
                 lexical = await kc.search("refund order", include=["code"])

@@ -414,6 +414,7 @@ class CodeLane:
         for reason, n in sorted(report.files_skipped.items()):
             summary.counters[f"skipped_{reason}"] = int(n)
         if report.vectors_error:
+            summary.stopped_by = "embedding_failed"  # the CLI says: run again to resume
             summary.problems.add(
                 code="EMBEDDING_FAILED",
                 message=f"{report.vectors_error}; the revision answers lexically until a later"
