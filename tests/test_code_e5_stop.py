@@ -70,7 +70,10 @@ def test_sigterm_during_e5_embedding_exits_promptly(tmp_path: Path) -> None:
         total = int(progress["chunks_total"])  # type: ignore[call-overload]
         assert progress["chunks_per_s"] and int(progress["chunks_done"]) < total  # type: ignore[call-overload]
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)  # one e5 batch (4 chunks) plus shutdown
+        # One e5 batch (4 chunks, about 4 s here; up to 20 s when the 2 cores are shared
+        # with other heavy work) plus the shutdown. Before the stop was checked between
+        # batches, a run went on through its whole batch of 256 chunks (minutes).
+        _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
