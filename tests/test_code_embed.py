@@ -42,7 +42,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
-        self.wfile.write(out)
+        try:
+            self.wfile.write(out)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up first (the "slow" failure)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -67,12 +70,9 @@ class _Handler(BaseHTTPRequestHandler):
             elif failure == "json":
                 self._send(200, b'{"data": [{"index": 0, "embedd')
                 return
-        out = json.dumps({"object": "list", "data": data, "model": body["model"]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+        self._send(
+            200, json.dumps({"object": "list", "data": data, "model": body["model"]}).encode()
+        )
 
     def log_message(self, *args: object) -> None:
         pass

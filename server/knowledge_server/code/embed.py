@@ -184,8 +184,8 @@ class OpenAIEmbedder:
 
     Indexing sends ``batch_size`` chunk texts per call and retries a failed call (connection
     error, timeout, 429, 5xx, a malformed answer) ``max_retries`` times with exponential
-    backoff. A query is embedded on the serving loop inside the lane's deadline, so it gets
-    one try within ``query_timeout_s``; after a failure the provider is left alone for
+    backoff. A query is answered inside the lane's deadline, so its embedding gets one try
+    within ``query_timeout_s``; after a failure the provider is left alone for
     ``cooldown_s`` and the lane answers lexically meanwhile (``health()`` tells the result
     cache). The API key is read from the environment variable named by ``api_key_env``; it
     is sent in the ``Authorization`` header only and never appears in an error or a log."""
