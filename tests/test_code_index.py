@@ -82,7 +82,8 @@ def test_results_order_snippet_and_get_chunk(index: CodeIndex, ws: Path) -> None
     assert len(top.snippet) <= 20
     keys = [(-h.score, h.path, h.start_line) for h in res.hits]
     assert keys == sorted(keys)
-    assert {w.split(":")[0] for w in top.why} == {"lex", "vec"}
+    assert top.why[0].startswith("lex: ")
+    assert {w.split(":")[0] for w in top.why} == {"lex", "file", "vec"}
     rec = index.get_chunk(top.id)
     assert rec is not None and rec.text.startswith("def parse_config_file")
     assert rec.index_rev == res.index_rev
@@ -217,29 +218,36 @@ def test_vectors_filled_later_degraded_then_full(index: CodeIndex, ws: Path) -> 
     assert res.degradation_reason == (
         f"vectors not ready: 0/{rep.chunks} chunks embedded; lexical only"
     )
-    assert res.hits and all(w.startswith("lex:") for h in res.hits for w in h.why)
+    assert res.hits and all(h.why[0].startswith("lex:") for h in res.hits)
+    assert not any(w.startswith("vec") for h in res.hits for w in h.why)
     assert index.fill_vectors(str(ws)) == rep.chunks
     res = index.search("user name")
     assert res.capability == "full"
     assert any(w.startswith("vec: ") for h in res.hits for w in h.why)
 
 
-def test_rrf_fuses_both_lists(index: CodeIndex, ws: Path) -> None:
+def test_hybrid_ranks_files_and_answers_with_their_best_chunks(index: CodeIndex, ws: Path) -> None:
+    """Hybrid and lexical results are files ranked by code.rank: a file's k-th chunk scores
+    NEXT_CHUNK_DECAY**k of its best, hits come in score order, every lexical hit's file is
+    among the hybrid ones, and vectors add evidence ("vec:") without replacing it."""
     index.index_workspace(str(ws))
-    # The hybrid pool is 30 per lane; this corpus has fewer chunks, so each lane is complete.
     lex = index.search("user name", mode="lexical", limit=50).hits
     vec = index.search("user name", mode="vector", limit=50).hits
     hyb = index.search("user name", mode="hybrid", limit=50).hits
-    lrank = {h.chunk_id: i for i, h in enumerate(lex)}
-    vrank = {h.chunk_id: i for i, h in enumerate(vec)}
-    for h in hyb:
-        expect = sum(
-            w / (search_mod.RRF_K + r[h.chunk_id] + 1)
-            for r, w in ((lrank, search_mod.LEX_WEIGHT), (vrank, search_mod.VEC_WEIGHT))
-            if h.chunk_id in r
-        )
-        assert h.score == pytest.approx(expect, abs=1e-6)
-        assert len(h.why) == (h.chunk_id in lrank) + (h.chunk_id in vrank)
+    assert lex and vec and hyb
+    for hits in (lex, hyb):
+        keys = [(-h.score, h.path, h.start_line) for h in hits]
+        assert keys == sorted(keys)
+        best: dict[str, float] = {}
+        seen: dict[str, int] = {}
+        for h in sorted(hits, key=lambda h: -h.score):
+            k = seen.get(h.path, 0)
+            best.setdefault(h.path, h.score)
+            assert h.score == pytest.approx(best[h.path] * search_mod.NEXT_CHUNK_DECAY**k, abs=1e-5)
+            seen[h.path] = k + 1
+    assert {h.path for h in lex} <= {h.path for h in hyb}
+    assert any(w.startswith("vec: ") for h in hyb for w in h.why)
+    assert not any(w.startswith("vec: ") for h in lex for w in h.why)
     for h in vec:
         (why,) = h.why
         assert why.startswith("vec: ") and -1.0 <= float(why[5:]) <= 1.0
@@ -465,7 +473,8 @@ def test_path_filter_ranks_only_chunks_under_the_prefixes(
             (match,),
         ).fetchall()
         want = [r[0] for r in rows if any(r[1].startswith(p) for p in prefixes)][:50]
-        assert [h.row_id for h in res.hits] == want
+        # Files first (code.rank), so the order differs from chunk BM25; the chunks are the same.
+        assert sorted(h.row_id for h in res.hits) == sorted(want)
         assert any(h.path == "pkg3/mod3.py" for h in res.hits)
         for mode in ("hybrid", "vector"):
             hits = ix.search(query, mode=mode, path_prefixes=prefixes, limit=50).hits

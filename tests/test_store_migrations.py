@@ -238,9 +238,13 @@ def test_code_store_of_the_previous_version_gets_its_later_step(tmp_path: Path) 
     path = _from_fixture(tmp_path / "code.sqlite", "code_before_migrations.sql")
     idx = CodeIndex(str(path))
     try:
-        # The baseline was there; the full-text settings step ran (automerge was missing).
-        assert _recorded(path) == ["001_initial", "002_fts_rank_and_automerge"]
+        # The baseline was there; the full-text settings step ran (automerge was missing),
+        # then the file-level index was added and filled.
+        assert _recorded(path) == ["001_initial", "002_fts_rank_and_automerge", "003_files_fts"]
         settings = dict(idx.conn.execute("SELECT k, v FROM chunks_fts_config").fetchall())
+        # Every stored file version has its row in the file-level index, from its chunks.
+        versions = idx.conn.execute("SELECT id FROM file_versions ORDER BY id").fetchall()
+        assert versions == idx.conn.execute("SELECT rowid FROM files_fts ORDER BY rowid").fetchall()
         assert settings["automerge"] == code_store.FTS_AUTOMERGE
         assert settings["rank"] == code_store.FTS_RANK
         ws = tmp_path / "ws"
@@ -265,7 +269,8 @@ def test_docgraph_store_of_the_previous_version_is_adopted_and_reads(tmp_path: P
 
 def test_a_fresh_store_runs_every_step_and_has_the_previous_schema(tmp_path: Path) -> None:
     """Stores created now hold the same tables, indexes and triggers, with the same
-    definitions, as the previous version created: only the record of steps is new."""
+    definitions, as a store the previous version created once its later steps ran: the
+    steps are the only way the schema changes."""
     stores = (
         ("episodes", lambda p: EpisodeStore(str(p)).close()),
         ("derived", lambda p: DerivedStore(str(p)).close()),
@@ -276,6 +281,7 @@ def test_a_fresh_store_runs_every_step_and_has_the_previous_schema(tmp_path: Pat
         fresh = tmp_path / f"{name}.sqlite"
         create(fresh)
         old = _from_fixture(tmp_path / f"{name}-old.sqlite", f"{name}_before_migrations.sql")
+        create(old)
 
         def layout(path: Path) -> set[tuple[str, str, str]]:
             conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)

@@ -98,8 +98,11 @@ class CodeIndex:
         snippet_chars: int = 300,
         check_fresh: bool = True,
         describe_hits: bool = True,
+        intent: str = "",
     ) -> CodeSearchResult:
-        """``mode``: "hybrid" (RRF of lexical and vector), "lexical" or "vector".
+        """``mode``: "hybrid" (files ranked by code.rank, a semantic embedder's vectors
+        voting), "lexical" (the same without vectors) or "vector" (similarity alone).
+        ``intent``: the router's (find_code, find_knowledge ...), for how file kinds weigh.
         ``describe_hits=False``: hits without snippets and "lex:" explanations (``describe``)."""
         if mode not in ("hybrid", "lexical", "vector"):
             raise ValueError(f"unknown search mode {mode!r}")
@@ -123,6 +126,7 @@ class CodeIndex:
             snippet_chars=snippet_chars,
             freshness=fresh,
             describe_hits=describe_hits,
+            intent=intent,
         )
 
     def describe(

@@ -21,7 +21,7 @@ from . import bitknn
 from .chunking import CHUNKER_VERSION, chunk_file
 from .embed import Embedder, EmbeddingError
 from .model import IndexInterrupted, IndexOptions, IndexReport, ProgressCallback, StopCheck
-from .store import is_binary, scalar, vec_table_for, vec_tables
+from .store import file_tokens, is_binary, scalar, vec_table_for, vec_tables
 from .tokenize import index_tokens
 from .walker import read_text, walk_workspace
 
@@ -131,6 +131,10 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
                     "INSERT INTO chunks_fts(rowid, tokens, meta) VALUES(?,?,?)",
                     (conn.last_insert_rowid(), tokens, meta),
                 )
+            conn.execute(
+                "INSERT INTO files_fts(rowid, tokens, path) VALUES(?,?,?)",
+                (file_id, file_tokens([t for t, _ in f["tokens"]]), index_tokens(f["path"])),
+            )
 
 
 def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by size+mtime, read, chunk, write, drop); splitting it scatters one transaction plan
@@ -406,6 +410,8 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
         total = int(scalar(conn, "SELECT coalesce(max(id), 0) FROM chunks") or 0)
         if fts.compact(conn, "chunks_fts", changed_rows=report.chunks_new, total_rows=total):
             timings["fts_merge"] = (time.perf_counter() - t4) * 1000
+        files = int(scalar(conn, "SELECT coalesce(max(id), 0) FROM file_versions") or 0)
+        fts.compact(conn, "files_fts", changed_rows=report.files_indexed, total_rows=files)
     timings["total"] = (time.perf_counter() - t0) * 1000
     report.timings_ms = {k: round(v, 2) for k, v in timings.items()}
     return report
@@ -591,6 +597,7 @@ def gc(conn: apsw.Connection, workspace: str, *, keep: int = 2) -> int:
                 for t in tables:
                     conn.execute(f"DELETE FROM {t} WHERE rowid = ?", (cid,))  # noqa: S608 - t is a checked vec_<hex> name (vec_tables)
                     conn.execute(f"DELETE FROM {t}_f WHERE id = ?", (cid,))  # noqa: S608 - likewise
+            conn.execute("DELETE FROM files_fts WHERE rowid = ?", (fid,))
             conn.execute("DELETE FROM file_vec WHERE file_id = ?", (fid,))
             conn.execute("DELETE FROM chunks WHERE file_id = ?", (fid,))
             conn.execute("DELETE FROM file_versions WHERE id = ?", (fid,))

@@ -15,19 +15,20 @@ import numpy as np
 from knowledge_server.memo import RevisionMemo
 from knowledge_server.schema import int_array, prefix_upper
 
-from . import bitknn
+from . import bitknn, rank
 from .embed import Embedder
 from .model import ChunkRecord, CodeHit, CodeSearchResult, Freshness, IndexOptions
-from .store import FTS_SCORE, ID_SETS, is_binary, scalar, vec_table_for
+from .store import FILE_SCORE, FTS_SCORE, ID_SETS, is_binary, scalar, vec_table_for
 from .tokenize import fts_quote, matched_terms, query_terms
 from .walker import walk_workspace
 
-__all__ = ["RRF_K", "check_freshness", "describe", "get_chunk", "search"]
+__all__ = ["EVIDENCE_FLOOR", "check_freshness", "describe", "get_chunk", "search"]
 
-RRF_K = 60
-# Reciprocal-rank fusion weights: score = sum(weight / (RRF_K + rank)) over the lanes.
-LEX_WEIGHT = 1.0
+# The vectors' vote in hybrid ranking: a file's best chunk similarity, scaled like the
+# other signals of code.rank. The offline hashing embedder's vote raises MRR on three of
+# the four labelled sets and leaves the fourth level (bench/RESULTS.md).
 VEC_WEIGHT = 0.5
+NEXT_CHUNK_DECAY = rank.NEXT_CHUNK_DECAY
 # A term found in more than this share of chunks does not select candidates (it
 # still scores them): selecting with it would make FTS5 score most of the table.
 _FREQUENT_SHARE = 0.05
@@ -237,7 +238,7 @@ def _vector(
 
     Returns the best ``n`` rows, each ending with its cosine distance (1 - similarity),
     and the similarity of every candidate and of every row in ``also`` (the hybrid
-    lexical candidates, which the vector lane ranks too: ``_rank_union``). The float
+    lexical candidates, which the vector lane ranks too). The float
     vectors of all of them are read in one query."""
     q = np.ascontiguousarray(qvec, dtype=np.float32)
     binary = is_binary(dim)
@@ -297,31 +298,119 @@ def _vector(
     return [(*r[:11], 1.0 - sims[r[0]]) for r in rows[:n]], sims
 
 
-def _rank_union(
-    vec_rows: list[tuple[Any, ...]],
-    lex_rows: list[tuple[Any, ...]],
-    sims: dict[int, float],
-) -> list[tuple[Any, ...]]:
-    """The vector lane's ranking of every hybrid candidate: its own KNN hits plus the
-    lexical candidates it did not reach, all by exact cosine (``sims``, from ``_vector``).
+# Files per question ranked at file level, and how many chunks are read for their best ones.
+_FILE_POOL = 60
+_FILE_CHUNKS = 200
+# A question whose best file answers less than this share of it (rank.evidence_share)
+# has no code answer: no items, and the lane says so. Set on the labelled sets: below
+# it are made-up words, UUIDs and questions about other projects (bench/RESULTS.md).
+EVIDENCE_FLOOR = 0.12
+# How many of the best files are checked for it.
+_EVIDENCE_FILES = 3
 
-    Without this, RRF can only add vector evidence to the few chunks both lanes found;
-    with it, the vector lane re-orders the lexical candidates by how closely they read
-    like the query (word order, morphology), which is what lifts a right chunk that BM25
-    ranked just below the cut."""
-    seen = {r[0] for r in vec_rows}
-    missing = [r for r in lex_rows if r[0] not in seen]
-    if not missing:
-        return vec_rows
-    rows = list(vec_rows)
-    for r in missing:
-        sim = sims.get(r[0])
-        if sim is not None:
-            rows.append((*r[:11], 1.0 - sim))
-    # Distances equal to 9 decimals tie (then path, line). round(x * 1e9) buckets as
-    # round(x, 9) does, more cheaply, and it runs for every candidate of every query.
-    rows.sort(key=lambda r: (round(float(r[11]) * 1e9), r[3], r[4]))
-    return rows
+_file_df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
+
+
+def _file_weights(conn: apsw.Connection, terms: list[str]) -> dict[str, float]:
+    """{term: idf} over file versions (FTS5's BM25 idf); a term in no file gets the
+    highest idf there is."""
+    state = tuple(
+        conn.execute(
+            "SELECT (SELECT max(id) FROM file_versions),"
+            " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces)"
+        ).fetchone()
+    )
+    known = _file_df_memos[conn.filename].at(state) if conn.filename else {}
+    for t in terms:
+        if t not in known:
+            known[t] = int(
+                scalar(
+                    conn,
+                    "SELECT count(*) FROM files_fts WHERE files_fts MATCH ?",
+                    (fts_quote(t),),
+                )
+            )
+    n = int(state[0] or 0) + 1
+    return {t: rank.idf(known[t], n) for t in terms}
+
+
+def _file_candidates(
+    conn: apsw.Connection,
+    terms: list[str],
+    workspaces: Sequence[str] | None,
+    prefixes: Sequence[str] | None,
+    n: int,
+) -> list[tuple[int, str, str, float]]:
+    """The best ``n`` current file versions in scope by whole-file BM25 (text and path):
+    (file_id, path, language, score > 0)."""
+    if not terms:
+        return []
+    where, params = [], []
+    if workspaces is not None:
+        where.append("w.root IN (SELECT value FROM json_each(?))")
+        params.append(_json_list(workspaces))
+    if prefixes:
+        where.append("(" + " OR ".join("substr(fv.path, 1, ?) = ?" for _ in prefixes) + ")")
+        params += [x for p in prefixes for x in (len(p), p)]
+    cond = (" WHERE " + " AND ".join(where)) if where else ""
+    fetch = max(n * 4, 200)
+    rows = conn.execute(
+        f"WITH m AS MATERIALIZED (SELECT rowid, {FILE_SCORE} AS s FROM files_fts"  # noqa: S608 - constants and placeholders; the MATCH expression is bound
+        " WHERE files_fts MATCH ? ORDER BY s LIMIT ?)"
+        " SELECT fv.id, fv.path, fv.language, m.s FROM m"
+        " CROSS JOIN file_versions fv ON fv.id = m.rowid"
+        " CROSS JOIN rev_file rf ON rf.file_id = fv.id"
+        f" CROSS JOIN workspaces w ON w.current_rev_id = rf.rev_id{cond}"
+        " ORDER BY m.s, fv.path LIMIT ?",
+        [" OR ".join(fts_quote(t) for t in terms), fetch, *params, n],
+    ).fetchall()
+    return [(r[0], r[1], r[2], -float(r[3])) for r in rows]
+
+
+def _evidence(conn: apsw.Connection, weights: dict[str, float], file_ids: Sequence[int]) -> float:
+    """The best share of the question that one of ``file_ids`` answers (rank.evidence_share),
+    from one full-text lookup per telling term and file."""
+    best = 0.0
+    telling = [t for t in weights if rank.telling(t)]
+    for fid in file_ids:
+        present = [
+            t
+            for t in telling
+            if conn.execute(
+                "SELECT 1 FROM files_fts WHERE files_fts MATCH ? AND rowid = ?", (fts_quote(t), fid)
+            ).fetchone()
+        ]
+        best = max(best, rank.evidence_share(weights, present))
+    return best if telling else 1.0
+
+
+def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
+    if not chunk_ids:
+        return {}
+    return dict(
+        conn.execute(
+            "SELECT id, file_id FROM chunks WHERE id IN (SELECT value FROM carray(?))",
+            (int_array(chunk_ids),),
+        ).fetchall()
+    )
+
+
+def _first_chunks(
+    conn: apsw.Connection, file_ids: Sequence[int], scope: tuple[str, list[Any]]
+) -> dict[int, tuple[Any, ...]]:
+    """file_id -> its first chunk's row (a file found by its path alone)."""
+    if not file_ids:
+        return {}
+    rows = conn.execute(
+        f"SELECT {_COLS}, 0.0, c.file_id FROM chunks c"  # noqa: S608 - constants and _scope_sql's placeholders
+        + _scope_and(scope, "c.file_id IN (SELECT value FROM carray(?))")
+        + " ORDER BY c.file_id, c.start_line",
+        [*scope[1], int_array(file_ids)],
+    ).fetchall()
+    out: dict[int, tuple[Any, ...]] = {}
+    for r in rows:
+        out.setdefault(r[12], r[:12])
+    return out
 
 
 def _texts(conn: apsw.Connection, ids: list[int]) -> dict[int, str]:
@@ -379,6 +468,122 @@ def _scope_state(
     return label, "full", None, revs
 
 
+def _hit(r: tuple[Any, ...], score: float, why: list[str], lexical: bool) -> CodeHit:
+    return CodeHit(
+        id="chunk:" + r[1],
+        chunk_id=r[1],
+        workspace=r[2],
+        path=r[3],
+        start_line=r[4],
+        end_line=r[5],
+        source_kind=r[6],
+        symbol=r[7],
+        language=r[8],
+        score=round(score, 6),
+        why=why,
+        snippet="",
+        index_rev=r[10],
+        row_id=r[0],
+        lexical=lexical,
+    )
+
+
+def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chunks, vectors, order
+    conn: apsw.Connection,
+    terms: list[str],
+    kept: list[str],
+    rare: list[str],
+    scope: tuple[str, list[Any]],
+    among: np.ndarray | None,
+    workspaces: Sequence[str] | None,
+    prefixes: Sequence[str] | None,
+    limit: int,
+    intent: str,
+    vec: tuple[Embedder, str, np.ndarray] | None,
+) -> tuple[list[CodeHit], float]:
+    """(hits, evidence): files ranked by code.rank, each answering with its best chunks
+    (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
+    share of the question (rank.evidence_share) for the relevance floor."""
+    weights = _file_weights(conn, terms) if terms else {}
+    files = _file_candidates(conn, terms, workspaces, prefixes, _FILE_POOL)
+    ev = {f[0]: rank.FileEvidence(f[0], f[1], f[2], file_bm25=f[3]) for f in files}
+    rows = _lexical(conn, kept, rare, scope, max(limit * 3, 60), among)
+    # The best chunks of the best files: the global chunk list may not reach them.
+    top = [f[0] for f in files[:30]]
+    if top and kept:
+        ids = np.unique(
+            np.fromiter(
+                (
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT id FROM chunks WHERE file_id IN (SELECT value FROM carray(?))",
+                        (int_array(top),),
+                    )
+                ),
+                dtype=np.int64,
+            )
+        )
+        if among is not None:
+            ids = np.intersect1d(ids, among)
+        if len(ids):
+            rows += _lexical(conn, kept, kept, scope, _FILE_CHUNKS, ids)
+    by_id: dict[int, tuple[Any, ...]] = {}
+    for r in rows:
+        by_id.setdefault(r[0], r)
+    sims: dict[int, float] = {}
+    if vec is not None:
+        embedder, vtbl, qv = vec
+        vec_rows, sims = _vector(
+            conn, vtbl, embedder.dim, qv, scope, max(limit * 3, 60), list(by_id.values()), among
+        )
+        for r in vec_rows:
+            by_id.setdefault(r[0], (*r[:11], 0.0))
+    file_of = _file_of(conn, list(by_id))
+    per_file: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for cid, r in by_id.items():
+        fid = file_of.get(cid)
+        if fid is None:
+            continue
+        e = ev.get(fid)
+        if e is None:
+            e = ev[fid] = rank.FileEvidence(fid, r[3], r[8])
+        e.chunk_bm25 = max(e.chunk_bm25, -float(r[11]))
+        e.vector = max(e.vector, sims.get(cid, 0.0))
+        per_file[fid].append(r)
+    if not ev:
+        return [], 0.0
+    priors = rank.priors_for(intent, terms)
+    scores = rank.score_files(ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0)
+    order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))
+    evidence = _evidence(conn, weights, order[:_EVIDENCE_FILES])
+    # Files found by their path alone answer with their first chunk.
+    missing = [f for f in order[:limit] if f not in per_file]
+    for fid, r in _first_chunks(conn, missing, scope).items():
+        per_file[fid].append(r)
+    ranked: list[tuple[float, str, int, tuple[Any, ...], int]] = []
+    for fid in order:
+        chunks = sorted(
+            per_file.get(fid, ()), key=lambda r: (float(r[11]), -sims.get(r[0], 0.0), r[4])
+        )
+        for k, r in enumerate(chunks[:limit]):
+            # Ordered by the score as reported (6 decimals), then path and line.
+            score = round(scores[fid] * NEXT_CHUNK_DECAY**k, 6)
+            if score > 0:
+                ranked.append((score, r[3], r[4], r, fid))
+    ranked.sort(key=lambda x: (-x[0], x[1], x[2]))
+    hits = []
+    for score, _, _, r, fid in ranked[:limit]:
+        e = ev[fid]
+        why = [f"file: {scores[fid]:.2f}"]
+        kind = rank.file_kind(e.path, e.language)
+        if priors[kind] < 1.0:
+            why.append(f"{kind} file: weighs {priors[kind]:g}")
+        if r[0] in sims:
+            why.append(f"vec: {sims[r[0]]:.2f}")
+        hits.append(_hit(r, score, why, float(r[11]) < 0))
+    return hits, evidence
+
+
 def search(
     conn: apsw.Connection,
     query: str,
@@ -391,91 +596,64 @@ def search(
     snippet_chars: int = 300,
     freshness: dict[str, Freshness] | None = None,
     describe_hits: bool = True,
+    intent: str = "",
 ) -> CodeSearchResult:
     """Ranked hits for ``query``. With ``describe_hits=False`` they come without snippets
-    and "lex:" explanations, for the caller to add to the ones it keeps (``describe``)."""
+    and "lex:" explanations, for the caller to add to the ones it keeps (``describe``).
+
+    ``lexical`` and ``hybrid`` rank files first (code.rank) and return their best chunks;
+    ``intent`` (the router's: find_code, find_knowledge ...) sets how file kinds weigh.
+    ``vector`` ranks chunks by embedding similarity alone."""
     label, capability, reason, _ = _scope_state(conn, workspaces, embedder)
+    empty = CodeSearchResult(label, capability, reason or "", freshness or {}, [])
     if workspaces is not None and not workspaces:
-        return CodeSearchResult(label, capability, reason or "", freshness or {}, [])
+        return empty
     scope = _scope_sql(workspaces, path_prefixes)
     # A path filter keeps few chunks: rank only those, rather than ranking everything and
     # then filtering most of it away (figures in bench/RESULTS.md).
     among = _chunks_under(conn, workspaces, path_prefixes) if path_prefixes else None
     if among is not None and not len(among):
-        return CodeSearchResult(label, capability, reason or "", freshness or {}, [])
+        return empty
     terms = query_terms(query)
-    pool = max(limit, 30)
-    hybrid = mode == "hybrid"
-    lex_rows: list[tuple[Any, ...]] = []
-    vec_rows: list[tuple[Any, ...]] = []
-    kept, rare = _split_terms(conn, terms)
+    # Chunks are indexed by exact words: their stems join the question there ("loaded"
+    # finds load_config); the file-level index stems by itself (porter).
+    kept, rare = _split_terms(conn, rank.with_stems(terms) if mode != "vector" else terms)
     if among is not None:
         # Frequent across the index says nothing about the chunks under the prefixes: all
         # terms pick candidates, and only those chunks are scored (knowledge_in_set).
         rare = kept
-    if mode in ("hybrid", "lexical"):
-        lex_rows = _lexical(conn, kept, rare, scope, pool if hybrid else limit, among)
-    use_vec = mode in ("hybrid", "vector") and capability == "full"
-    if use_vec and embedder is not None and query.strip():
+    vectors = (
+        embedder is not None
+        and capability == "full"
+        and bool(query.strip())
+        and mode in ("vector", "hybrid")
+    )
+    qv = None
+    vtbl = None
+    if vectors and embedder is not None:
         vtbl = vec_table_for(conn, embedder.identity, embedder.dim, create=False)
         if vtbl is not None:
             qv = embedder.embed_query([query])[0]
             # A query without any embeddable feature has no direction: no vector hits.
-            if float(np.linalg.norm(qv)) > 0:
-                vec_rows, sims = _vector(
-                    conn,
-                    vtbl,
-                    embedder.dim,
-                    qv,
-                    scope,
-                    pool if hybrid else limit,
-                    also=lex_rows if hybrid else (),
-                    among=among,
-                )
-                if hybrid:
-                    vec_rows = _rank_union(vec_rows, lex_rows, sims)
-
-    by_id: dict[int, tuple[Any, ...]] = {}
-    score: dict[int, float] = {}
-    lex_of: set[int] = set()
-    cos_of: dict[int, float] = {}
-    for rank, row in enumerate(lex_rows):
-        cid = row[0]
-        by_id[cid] = row
-        lex_of.add(cid)
-        score[cid] = LEX_WEIGHT / (RRF_K + rank + 1) if hybrid else -float(row[11])
-    for rank, row in enumerate(vec_rows):
-        cid = row[0]
-        by_id.setdefault(cid, row)
-        cos_of[cid] = 1.0 - float(row[11])
-        score[cid] = score.get(cid, 0.0) + (
-            VEC_WEIGHT / (RRF_K + rank + 1) if hybrid else cos_of[cid]
+            if float(np.linalg.norm(qv)) == 0:
+                qv = None
+    if mode == "vector":
+        rows: list[tuple[Any, ...]] = []
+        if qv is not None and vtbl is not None and embedder is not None:
+            rows, _ = _vector(conn, vtbl, embedder.dim, qv, scope, limit, among=among)
+        hits = [
+            _hit(r, 1.0 - float(r[11]), [f"vec: {1.0 - float(r[11]):.2f}"], False) for r in rows
+        ]
+    else:
+        vec = (embedder, vtbl, qv) if qv is not None and vtbl is not None else None
+        hits, evidence = _file_ranked(
+            conn, terms, kept, rare, scope, among, workspaces, path_prefixes, limit, intent, vec
         )
-    # Scores equal to 12 decimals tie (then path, line); see _rank_union for the rounding.
-    order = sorted(by_id, key=lambda i: (-round(score[i] * 1e12), by_id[i][3], by_id[i][4]))[:limit]
-    hits = []
-    for i in order:
-        r = by_id[i]
-        hits.append(
-            CodeHit(
-                id="chunk:" + r[1],
-                chunk_id=r[1],
-                workspace=r[2],
-                path=r[3],
-                start_line=r[4],
-                end_line=r[5],
-                source_kind=r[6],
-                symbol=r[7],
-                language=r[8],
-                score=round(score[i], 6),
-                why=[f"vec: {cos_of[i]:.2f}"] if i in cos_of else [],
-                snippet="",
-                index_rev=r[10],
-                row_id=i,
-                lexical=i in lex_of,
-            )
-        )
+        if hits and evidence < EVIDENCE_FLOOR:
+            hits = []
     snippet_terms = kept or terms
+    # "lex:" names the words a hit contains, stems included (what ranked it).
+    terms = rank.with_stems(terms) if mode != "vector" else terms
     if describe_hits:
         hits = describe(conn, hits, terms, snippet_terms, snippet_chars)
     return CodeSearchResult(

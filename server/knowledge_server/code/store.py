@@ -120,6 +120,8 @@ FTS_RANK = "bm25({}, {})".format(*FTS_WEIGHTS)
 # n in SQLite's sorter; ``ORDER BY rank`` makes FTS5 sort every match first (slower).
 FTS_SCORE = "bm25(chunks_fts, {}, {})".format(*FTS_WEIGHTS)
 FTS_AUTOMERGE = 16
+# Whole-file BM25: words of the text 1.0, of the path 2.0.
+FILE_SCORE = "bm25(files_fts, 1.0, 2.0)"
 # How long a connection waits for another one's lock.
 BUSY_MS = 10_000
 
@@ -146,11 +148,54 @@ def _legacy(cur: apsw.Cursor) -> list[str]:
     return ["001_initial"]
 
 
+# One row per file version (rowid = file_versions.id): the tokens of all its chunks and
+# its path, for file-level ranking (code.search: a file whose chunks together cover the
+# question is strong evidence). Porter-stemmed: "timestamps" finds "timestamp"; the
+# chunk table keeps exact tokens (figures for both in bench/RESULTS.md).
+_FILES_FTS = """
+CREATE VIRTUAL TABLE files_fts USING fts5(
+  tokens, path, content='', contentless_delete=1,
+  tokenize='porter unicode61 remove_diacritics 2'
+);
+CREATE VIRTUAL TABLE files_fts_vocab USING fts5vocab(files_fts, 'row');
+"""
+
+
+def file_tokens(chunk_tokens: list[str]) -> str:
+    """The ``files_fts.tokens`` value of a file: its chunks' tokens in order."""
+    return " ".join(chunk_tokens)
+
+
+def _fill_files_fts(cur: apsw.Cursor) -> None:
+    """Create ``files_fts`` and fill it for the file versions already stored, from their
+    chunks (the same text the indexer gives new versions)."""
+    from .tokenize import index_tokens
+
+    cur.execute(_FILES_FTS)
+    cur.execute("INSERT INTO files_fts(files_fts, rank) VALUES('automerge', ?)", (FTS_AUTOMERGE,))
+    files = cur.execute("SELECT id, path FROM file_versions ORDER BY id").fetchall()
+    for fid, path in files:
+        texts = [
+            r[0]
+            for r in cur.execute(
+                "SELECT text FROM chunks WHERE file_id = ? ORDER BY start_line, id", (fid,)
+            )
+        ]
+        cur.execute(
+            "INSERT INTO files_fts(rowid, tokens, path) VALUES(?,?,?)",
+            (fid, file_tokens([index_tokens(t) for t in texts]), index_tokens(path)),
+        )
+
+
 # The schema as named steps (``knowledge_server.schema.Migrations``): add new ones at the
 # end. A new ranking or merge setting is a new step, not an edit of step 002.
 MIGRATIONS = Migrations(
     "code.sqlite",
-    (Step("001_initial", _BASELINE), Step("002_fts_rank_and_automerge", _fts_settings)),
+    (
+        Step("001_initial", _BASELINE),
+        Step("002_fts_rank_and_automerge", _fts_settings),
+        Step("003_files_fts", _fill_files_fts),
+    ),
     legacy=_legacy,
 )
 

@@ -211,6 +211,8 @@ class CodeLane:
                         snippet_chars=q.snippet_chars,
                         check_fresh=False,
                         describe_hits=False,  # only for the items the coordinator keeps: _finisher
+                        # mode=docs asks for documents: they weigh as in a knowledge question.
+                        intent="find_knowledge" if q.docs_only else q.intent,
                     )
                     break
                 except EmbeddingError as exc:

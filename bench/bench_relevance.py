@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Code-search relevance on the labelled sets in ``shared/data/code-eval`` (750 questions).
+
+Each set's snapshot is extracted and indexed as a workspace through the real indexer
+(``CodeIndex.index_workspace``, the offline default embedder), then `knowledge serve` runs
+as a separate process on a free loopback port and every question is asked over gRPC
+through the real ``Search`` path: ``mode=find_code``, ``include=["code"]``, limit 10,
+scoped to the set's workspace; then again with ``mode=auto`` and all lanes.
+
+Metric (the sets' README): the ranked paths of the code items, repeats dropped; the first
+one among the question's answer files gives Recall@1, Recall@10 and MRR@10. The floor is
+whole-file BM25 over the set's source files, as measured by the README.
+
+Usage: python bench/bench_relevance.py [--sets click,starlette,cobra,fd] [--work DIR]
+                                       [--limit-questions N] [--no-auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from served import served  # noqa: E402 - after the path above
+
+SETS = ("click", "starlette", "cobra", "fd")
+# The sets' README: whole-file BM25 (SQLite FTS5, default tokenizer) over the source files.
+FLOOR = {
+    "click": (0.345, 0.880, 0.529),
+    "starlette": (0.350, 0.855, 0.515),
+    "cobra": (0.460, 0.967, 0.628),
+    "fd": (0.495, 0.890, 0.621),
+}
+
+
+@dataclass
+class Score:
+    ranks: list[int | None] = field(default_factory=list)  # 1-based rank of the first answer
+    latency_ms: list[float] = field(default_factory=list)
+    empty: int = 0
+
+    def add(self, paths: list[str], answers: set[str], ms: float) -> None:
+        seen: list[str] = []
+        for p in paths:
+            if p not in seen:
+                seen.append(p)
+        rank = next((i + 1 for i, p in enumerate(seen[:10]) if p in answers), None)
+        self.ranks.append(rank)
+        self.latency_ms.append(ms)
+        self.empty += not paths
+
+    def figures(self) -> tuple[float, float, float]:
+        n = len(self.ranks) or 1
+        r1 = sum(r == 1 for r in self.ranks) / n
+        r10 = sum(r is not None for r in self.ranks) / n
+        mrr = sum(1 / r for r in self.ranks if r is not None) / n
+        return r1, r10, mrr
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))] if s else 0.0
+
+
+def extract(shared: Path, name: str, work: Path) -> Path:
+    """The set's snapshot under ``work/src/NAME`` (extracted once)."""
+    tar = next(shared.glob(f"{name}-*.tar.gz"))
+    dest = work / "src" / tar.name.removesuffix(".tar.gz")
+    if not dest.exists():
+        tmp = dest.with_name(dest.name + ".part")
+        tmp.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(tar) as t:
+            t.extractall(tmp, filter="data")
+        tmp.rename(dest)
+    # The archive holds one top directory (the repository); that is the workspace.
+    inner = [p for p in dest.iterdir() if p.is_dir()]
+    return inner[0] if len(inner) == 1 and not any(dest.glob("*.*")) else dest
+
+
+def questions(shared: Path, name: str) -> list[tuple[str, set[str]]]:
+    out = []
+    for line in (shared / f"{name}-eval.jsonl").read_text().splitlines():
+        if line.strip():
+            q = json.loads(line)
+            out.append((q["query"], set(q["files"])))
+    return out
+
+
+def index(data: Path, roots: dict[str, Path]) -> None:
+    from knowledge_server.code.index import CodeIndex
+
+    data.mkdir(parents=True, exist_ok=True)
+    with CodeIndex(str(data / "code.sqlite")) as idx:
+        for name, root in roots.items():
+            t0 = time.perf_counter()
+            rep = idx.index_workspace(str(root))
+            print(
+                f"indexed {name}: {rep.files_indexed} files, {rep.chunks} chunks"
+                f" in {time.perf_counter() - t0:.1f}s (rev {rep.index_rev})",
+                flush=True,
+            )
+
+
+def ask(address: str, root: Path, qs: list[tuple[str, set[str]]], mode: str) -> Score:
+    from knowledge_sdk import KnowledgeClient
+
+    score = Score()
+    include = ["code"] if mode == "find_code" else ["episodes", "code", "skills"]
+    with KnowledgeClient(address, timeout=60) as kc:
+        kc.search("warm up", mode=mode, include=include, workspaces=[str(root)])
+        for query, answers in qs:
+            t0 = time.perf_counter()
+            resp = kc.search(query, mode=mode, include=include, limit=10, workspaces=[str(root)])
+            ms = (time.perf_counter() - t0) * 1000
+            prefix = str(root).rstrip("/") + "/"
+            paths = [it.path.removeprefix(prefix) for it in resp.lanes.code.items]
+            score.add(paths, answers, ms)
+    return score
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    shared = Path(os.environ.get("KNOWLEDGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+    ap.add_argument("--shared", type=Path, default=shared / "code-eval")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/knowledge-relevance"))
+    ap.add_argument("--sets", default=",".join(SETS))
+    ap.add_argument("--limit-questions", type=int, default=0, help="first N questions per set")
+    ap.add_argument("--no-auto", action="store_true", help="skip the mode=auto pass")
+    args = ap.parse_args()
+    if not args.shared.is_dir():
+        sys.exit(f"no code-eval data at {args.shared}")
+    names = [s for s in args.sets.split(",") if s]
+    roots = {n: extract(args.shared, n, args.work) for n in names}
+    data = args.work / "data"
+    index(data, roots)
+    modes = ["find_code"] if args.no_auto else ["find_code", "auto"]
+    results: dict[tuple[str, str], Score] = {}
+    with served(
+        data, "--no-bootstrap", *(a for r in roots.values() for a in ("--workspace", str(r)))
+    ) as (
+        _,
+        address,
+    ):
+        for name, root in roots.items():
+            qs = questions(args.shared, name)
+            if args.limit_questions:
+                qs = qs[: args.limit_questions]
+            for mode in modes:
+                results[(name, mode)] = ask(address, root, qs, mode)
+    for mode in modes:
+        print(
+            f"\n== mode={mode}" + (', include=["code"]' if mode == "find_code" else ", all lanes")
+        )
+        print(
+            f"{'set':<10} {'n':>4} {'R@1':>6} {'R@10':>6} {'MRR':>6}   {'floor R@1':>9} {'R@10':>6}"
+            f" {'MRR':>6}   {'MRR/floor':>9}  {'P50 ms':>7} {'P95 ms':>7} {'empty':>5}"
+        )
+        for name in names:
+            s = results[(name, mode)]
+            r1, r10, mrr = s.figures()
+            f1, f10, fm = FLOOR[name]
+            print(
+                f"{name:<10} {len(s.ranks):>4} {r1:>6.3f} {r10:>6.3f} {mrr:>6.3f}   {f1:>9.3f} {f10:>6.3f}"
+                f" {fm:>6.3f}   {mrr / fm:>9.2f}  {statistics.median(s.latency_ms):>7.1f}"
+                f" {pct(s.latency_ms, 95):>7.1f} {s.empty:>5}"
+            )
+
+
+if __name__ == "__main__":
+    main()

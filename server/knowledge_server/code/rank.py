@@ -1,0 +1,257 @@
+"""File-level ranking of code-search candidates.
+
+A question such as "Handle empty zstd responses" is answered by a file: the one the
+change touches. Chunk BM25 alone ranks the one chunk that repeats a word most; the
+signals here look at the file:
+
+* the file as a whole (BM25 over all its chunks: several chunks matching different
+  words is strong evidence);
+* its best chunk (BM25 over chunk text, with symbol name and path weighted up);
+* its path: the share of the question's weight found in the path's words
+  (``_urls.py`` for "URL");
+* what kind of file it is, by the question's intent: for finding code, source files
+  come ahead of tests, documents, changelogs, lock files and generated or vendored
+  files (demoted, never dropped; a question that names the kind lifts its demotion).
+
+Each signal is divided by its best value in the question's candidates, so score gaps
+carry over (a clear winner stays clear). Weights and priors were chosen on the
+labelled sets of ``bench/bench_relevance.py`` (figures in bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+import snowballstemmer
+
+from .tokenize import index_tokens
+
+__all__ = [
+    "FileEvidence",
+    "evidence_share",
+    "file_kind",
+    "path_share",
+    "priors_for",
+    "score_files",
+    "telling",
+    "with_stems",
+]
+
+# Weights of the three signals (each scaled to 0..1 within the question).
+FILE_WEIGHT = 1.0
+CHUNK_WEIGHT = 0.5
+PATH_WEIGHT = 0.3
+# How much a file's second, third ... chunk weighs against its best one.
+NEXT_CHUNK_DECAY = 0.5
+
+SOURCE_LANGUAGES = frozenset(
+    {
+        "python",
+        "go",
+        "rust",
+        "javascript",
+        "typescript",
+        "tsx",
+        "jsx",
+        "java",
+        "kotlin",
+        "scala",
+        "c",
+        "cpp",
+        "csharp",
+        "ruby",
+        "php",
+        "swift",
+        "sql",
+        "proto",
+        "bash",
+        "sh",
+        "lua",
+        "elixir",
+        "haskell",
+        "ocaml",
+        "zig",
+        "dart",
+    }
+)
+
+_CHANGELOG = re.compile(
+    r"(^|/)(changelog|changes|history|news|release[-_ ]?notes?|releases?)([.-][^/]*)?$"
+)
+_LOCK_NAMES = frozenset(
+    {
+        "go.sum",
+        "package-lock.json",
+        "yarn.lock",
+        "pnpm-lock.yaml",
+        "poetry.lock",
+        "cargo.lock",
+        "uv.lock",
+        "pipfile.lock",
+        "composer.lock",
+        "gemfile.lock",
+        "requirements.lock",
+    }
+)
+_GENERATED_DIRS = frozenset(
+    {"vendor", "node_modules", "third_party", "thirdparty", "dist", "_gen", "generated"}
+)
+_TEST_DIRS = frozenset({"test", "tests", "testing", "__tests__", "spec", "specs", "testdata"})
+_TEST_NAME = re.compile(r"(^test_.*|.*_test\.\w+|.*\.(test|spec)\.\w+|.*_spec\.\w+|conftest\.py)$")
+_DOC_DIRS = frozenset({"doc", "docs", "documentation", "site", "man"})
+_DOC_LANGUAGES = frozenset({"markdown", "text", "rst", "txt", "asciidoc", "html"})
+
+
+@lru_cache(maxsize=65_536)
+def file_kind(path: str, language: str) -> str:
+    """source | test | docs | changelog | lock | generated | config, from the path and
+    the language the chunker gave the file."""
+    low = path.lower()
+    parts = low.split("/")
+    name, dirs = parts[-1], parts[:-1]
+    if _CHANGELOG.search(low):
+        return "changelog"
+    if name in _LOCK_NAMES or name.endswith(".lock"):
+        return "lock"
+    if any(d in _GENERATED_DIRS for d in dirs) or ".min." in name or "_pb2" in name:
+        return "generated"
+    if any(d in _TEST_DIRS for d in dirs) or _TEST_NAME.match(name):
+        return "test"
+    if language in SOURCE_LANGUAGES:
+        return "source"  # code under docs/ is code (cobra's doc/ generates documentation)
+    if language in _DOC_LANGUAGES or any(d in _DOC_DIRS for d in dirs):
+        return "docs"
+    return "config"
+
+
+# Score multipliers by kind when the question is about code (find_code, or the code lane
+# without a stated intent) and when it asks for knowledge (documents weigh as much as code).
+_CODE_PRIORS = {
+    "source": 1.0,
+    "config": 0.5,
+    "test": 0.5,
+    "docs": 0.4,
+    "changelog": 0.2,
+    "generated": 0.2,
+    "lock": 0.1,
+}
+_KNOWLEDGE_PRIORS = {**_CODE_PRIORS, "docs": 1.0, "changelog": 0.5, "config": 0.7}
+# A question with one of these words asks for that kind: its demotion is lifted, to just
+# below source files ("add tests for X" is mostly answered by X).
+LIFTED = 0.7
+_KIND_WORDS = {
+    "test": ("test", "tests", "testing", "fixture", "fixtures", "pytest", "spec"),
+    "docs": ("doc", "docs", "documentation", "readme", "guide", "tutorial", "manual"),
+    "changelog": ("changelog", "changes", "release", "releases", "news", "history"),
+    "lock": ("lock", "lockfile", "pinned", "pin"),
+    "config": ("config", "configuration", "settings", "ci", "workflow", "yaml", "toml"),
+    "generated": ("generated", "vendor", "vendored"),
+}
+
+
+def priors_for(intent: str, terms: Iterable[str]) -> Mapping[str, float]:
+    """The kind multipliers for a question with ``terms`` routed to ``intent``."""
+    base = _KNOWLEDGE_PRIORS if intent == "find_knowledge" else _CODE_PRIORS
+    words = set(terms)
+    lifted = {kind for kind, cues in _KIND_WORDS.items() if words.intersection(cues)}
+    if not lifted:
+        return base
+    return {kind: (LIFTED if kind in lifted else prior) for kind, prior in base.items()}
+
+
+_stemmer = snowballstemmer.stemmer("porter")
+
+
+@lru_cache(maxsize=65_536)
+def _stem(word: str) -> str:
+    return str(_stemmer.stemWord(word))
+
+
+def with_stems(terms: list[str]) -> list[str]:
+    """``terms`` followed by those of their stems that differ from every term."""
+    out = list(terms)
+    for t in terms:
+        st = _stem(t)
+        if st not in out and len(st) > 2:
+            out.append(st)
+    return out
+
+
+@lru_cache(maxsize=65_536)
+def _path_words(path: str) -> frozenset[str]:
+    return frozenset(_stem(t) for t in index_tokens(path).split())
+
+
+def path_share(path: str, weights: Mapping[str, float]) -> float:
+    """The share (0..1) of the question's term weight whose words are in ``path``."""
+    total = sum(weights.values())
+    if total <= 0:
+        return 0.0
+    words = _path_words(path)
+    return sum(w for t, w in weights.items() if _stem(t) in words) / total
+
+
+def idf(df: int, n: int) -> float:
+    """FTS5's BM25 idf, with its floor for terms in more than half the rows."""
+    return max(math.log((n - df + 0.5) / (df + 0.5)), 1e-6)
+
+
+def telling(term: str) -> bool:
+    """Whether a term can show that a file answers a question: not a part of one or two
+    characters or digits only (a UUID or hash splits into many such parts, and each is
+    in some file)."""
+    return len(term) > 2 and not term.isdigit()
+
+
+def evidence_share(weights: Mapping[str, float], present: Iterable[str]) -> float:
+    """The share (0..1) of the question's telling terms' weight that a file contains
+    (``present``): how much of the question the file answers. Terms absent from the
+    index count with the highest idf (a made-up word is most of a question). A question
+    without a telling term is not judged (1.0)."""
+    total = sum(w for t, w in weights.items() if telling(t))
+    if total <= 0:
+        return 1.0
+    return sum(weights[t] for t in set(present) if t in weights and telling(t)) / total
+
+
+@dataclass(slots=True)
+class FileEvidence:
+    """What the candidates say about one file version."""
+
+    file_id: int
+    path: str
+    language: str
+    file_bm25: float = 0.0  # positive: higher is better
+    chunk_bm25: float = 0.0  # its best chunk's
+    vector: float = 0.0  # its best chunk's cosine similarity (semantic embedders only)
+
+
+def score_files(
+    files: Iterable[FileEvidence],
+    weights: Mapping[str, float],
+    priors: Mapping[str, float],
+    vector_weight: float = 0.0,
+) -> dict[int, float]:
+    """file_id -> score: the signals, each divided by its best value among ``files``,
+    weighted, summed, times the kind's prior."""
+    files = list(files)
+    best_file = max((f.file_bm25 for f in files), default=0.0) or 1.0
+    best_chunk = max((f.chunk_bm25 for f in files), default=0.0) or 1.0
+    best_vec = max((f.vector for f in files), default=0.0) or 1.0
+    paths = {f.file_id: path_share(f.path, weights) for f in files}
+    best_path = max(paths.values(), default=0.0) or 1.0
+    out = {}
+    for f in files:
+        s = (
+            FILE_WEIGHT * f.file_bm25 / best_file
+            + CHUNK_WEIGHT * f.chunk_bm25 / best_chunk
+            + PATH_WEIGHT * paths[f.file_id] / best_path
+        )
+        if vector_weight and f.vector > 0:
+            s += vector_weight * f.vector / best_vec
+        out[f.file_id] = s * priors[file_kind(f.path, f.language)]
+    return out

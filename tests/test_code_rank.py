@@ -1,0 +1,195 @@
+"""Each ranking signal of the code lane (code.rank) on its own, and together on small
+real snippets indexed through the real indexer."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from knowledge_server.code import rank
+from knowledge_server.code.index import CodeIndex
+
+
+@pytest.mark.parametrize(
+    ("path", "language", "kind"),
+    [
+        ("src/click/core.py", "python", "source"),
+        ("tests/test_core.py", "python", "test"),
+        ("command_test.go", "go", "test"),
+        ("web/app.spec.ts", "typescript", "test"),
+        ("conftest.py", "python", "test"),
+        ("CHANGELOG.md", "markdown", "changelog"),
+        ("docs/changes.rst", "rst", "changelog"),
+        ("Cargo.lock", "lock", "lock"),
+        ("go.sum", "sum", "lock"),
+        ("vendor/github.com/x/y.go", "go", "generated"),
+        ("server/_gen/knowledge/v1/search_pb2.py", "python", "generated"),
+        ("docs/guide.md", "markdown", "docs"),
+        ("README.md", "markdown", "docs"),
+        ("doc/md_docs.go", "go", "source"),  # code under docs/ is code
+        ("pyproject.toml", "toml", "config"),
+    ],
+)
+def test_file_kind(path: str, language: str, kind: str) -> None:
+    assert rank.file_kind(path, language) == kind
+
+
+def test_find_code_demotes_but_a_question_naming_the_kind_lifts_it() -> None:
+    code = rank.priors_for("find_code", ["parse", "headers"])
+    assert code["source"] == 1.0
+    assert code["lock"] < code["changelog"] < code["docs"] < code["test"] < 1.0
+    tests = rank.priors_for("find_code", ["tests", "for", "parse"])
+    assert code["test"] < tests["test"] < tests["source"]  # lifted, still below the code
+    assert tests["changelog"] == code["changelog"]
+    knowledge = rank.priors_for("find_knowledge", ["parse"])
+    assert knowledge["docs"] == 1.0 and knowledge["test"] == code["test"]
+
+
+def test_path_share_counts_the_question_weight_in_the_path_words() -> None:
+    weights = {"url": 3.0, "parse": 1.0}
+    assert rank.path_share("httpx/_urls.py", weights) == pytest.approx(0.75)  # stem: urls -> url
+    assert rank.path_share("httpx/_client.py", weights) == 0.0
+    assert rank.path_share("src/url_parse.rs", weights) == pytest.approx(1.0)
+    assert rank.path_share("a.py", {}) == 0.0
+
+
+def test_evidence_share_ignores_short_and_numeric_parts() -> None:
+    weights = {"zstd": 4.0, "empty": 2.0, "05": 5.0, "c": 5.0}
+    assert rank.evidence_share(weights, ["zstd"]) == pytest.approx(4 / 6)
+    assert rank.evidence_share(weights, ["05", "c"]) == 0.0  # a UUID's parts show nothing
+    assert rank.evidence_share({"05": 1.0}, []) == 1.0  # nothing telling: not judged
+
+
+def test_score_files_divides_each_signal_by_its_best_and_applies_the_prior() -> None:
+    files = [
+        rank.FileEvidence(1, "src/decoders.py", "python", file_bm25=10.0, chunk_bm25=4.0),
+        rank.FileEvidence(2, "tests/test_decoders.py", "python", file_bm25=12.0, chunk_bm25=5.0),
+        rank.FileEvidence(3, "CHANGELOG.md", "markdown", file_bm25=6.0, chunk_bm25=5.0),
+    ]
+    weights = {"decoders": 1.0, "zstd": 1.0}
+    s = rank.score_files(files, weights, rank.priors_for("find_code", weights))
+    # The test file has more of the words, but the source file comes first for find_code.
+    assert s[1] > s[2] > s[3]
+    both = rank.FILE_WEIGHT * 10 / 12 + rank.CHUNK_WEIGHT * 4 / 5 + rank.PATH_WEIGHT * 1.0
+    assert s[1] == pytest.approx(both)
+    # With a vote, vectors add to the evidence: a file only they found still ranks.
+    files.append(rank.FileEvidence(4, "src/zstd.py", "python", vector=0.5))
+    v = rank.score_files(files, weights, rank.priors_for("find_code", weights), 0.5)
+    assert v[4] > 0 and v[1] > v[4]
+
+
+def test_with_stems_adds_the_stems_that_differ() -> None:
+    assert rank.with_stems(["loaded", "config"]) == ["loaded", "config", "load"]
+    assert rank.with_stems(["timestamps"]) == ["timestamps", "timestamp"]
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[CodeIndex, Path]:
+    """A small project: source, its tests, a changelog and docs that repeat its words."""
+    root = tmp_path / "proj"
+    _write(
+        root,
+        "httpkit/decoders.py",
+        "class ZstdDecoder:\n    def decode(self, data: bytes) -> bytes:\n"
+        "        if not data:  # an empty response body\n            return b''\n        return self._zstd.decompress(data)\n\n"
+        "def get_decoder(encoding: str):\n    return DECODERS[encoding]()\n",
+    )
+    _write(
+        root,
+        "httpkit/_urls.py",
+        "def join_url(base: str, path: str) -> str:\n    return base.rstrip('/') + '/' + path\n",
+    )
+    _write(
+        root,
+        "httpkit/config.py",
+        "import tomllib\n\ndef load_config(path):\n    with open(path, 'rb') as f:\n"
+        "        return tomllib.load(f)\n",
+    )
+    _write(
+        root,
+        "tests/test_decoders.py",
+        "from httpkit.decoders import ZstdDecoder\n\ndef test_empty_zstd_response():\n"
+        "    assert ZstdDecoder().decode(b'') == b''  # empty zstd response\n\n"
+        "def test_zstd_response():\n    assert ZstdDecoder().decode(ZSTD) == b'x'  # zstd response\n",
+    )
+    _write(
+        root,
+        "CHANGELOG.md",
+        "# Changes\n\n- Handle empty zstd responses (empty zstd body).\n- Fix zstd decoder response.\n",
+    )
+    _write(root, "docs/urls.md", "# URLs\n\nHow a URL is joined: join_url joins base and path.\n")
+    # The rest of the project: BM25 weighs a word by how few files have it, and in a
+    # project of six files every word is in half of them.
+    for i, (noun, verb) in enumerate(
+        zip(
+            ("cookie", "session", "header", "timeout", "proxy", "retry", "socket", "stream"),
+            ("store", "expire", "merge", "raise", "route", "count", "close", "read"),
+            strict=True,
+        )
+    ):
+        _write(
+            root,
+            f"httpkit/_{noun}s.py",
+            f"def {verb}_{noun}(value):\n    return {verb}({noun}, value)  # {i}\n",
+        )
+    idx = CodeIndex(str(tmp_path / "data" / "code.sqlite"))
+    idx.index_workspace(str(root))
+    return idx, root
+
+
+def _paths(idx: CodeIndex, query: str, **kw: object) -> list[str]:
+    out: list[str] = []
+    for h in idx.search(query, intent="find_code", **kw).hits:  # type: ignore[arg-type]
+        if h.path not in out:
+            out.append(h.path)
+    return out
+
+
+def test_source_file_ahead_of_its_tests_and_the_changelog(project: tuple[CodeIndex, Path]) -> None:
+    idx, _ = project
+    paths = _paths(idx, "Handle empty zstd responses")
+    assert paths[0] == "httpkit/decoders.py"
+    # Demoted, never hidden.
+    assert {"tests/test_decoders.py", "CHANGELOG.md"} <= set(paths)
+    # A question naming the tests finds them ahead of the changelog.
+    named = _paths(idx, "tests for empty zstd responses")
+    assert named.index("tests/test_decoders.py") < named.index("CHANGELOG.md")
+
+
+def test_path_words_and_stems(project: tuple[CodeIndex, Path]) -> None:
+    idx, _ = project
+    assert _paths(idx, "URL")[0] == "httpkit/_urls.py"  # the file name, stemmed
+    hits = idx.search("where is the config loaded", intent="find_code").hits
+    assert (hits[0].path, hits[0].symbol) == ("httpkit/config.py", "load_config")
+    assert any(w.startswith("lex: ") and "load" in w for w in hits[0].why)
+
+
+def test_a_question_with_no_answer_in_the_code_gets_no_items(
+    project: tuple[CodeIndex, Path],
+) -> None:
+    """The relevance floor: made-up words and a UUID return nothing, in every mode that
+    ranks files (the offline vectors alone would always return something)."""
+    idx, _ = project
+    for query in ("qzxvbn florbix", str(uuid.UUID(int=7 << 100 | 12345)), "0x5f3759df"):
+        for mode in ("hybrid", "lexical"):
+            assert idx.search(query, mode=mode).hits == [], (query, mode)
+    # A real question just above the floor still answers.
+    assert idx.search("zstd decoder").hits
+
+
+def test_hits_are_lines_that_exist_in_the_indexed_file(project: tuple[CodeIndex, Path]) -> None:
+    """Every returned path:start_line-end_line exists in the indexed revision."""
+    idx, root = project
+    for query in ("Handle empty zstd responses", "join url", "load config", "changes"):
+        for h in idx.search(query, limit=20).hits:
+            lines = (root / h.path).read_text().splitlines()
+            assert 1 <= h.start_line <= h.end_line <= len(lines)
+            rec = idx.get_chunk(h.id)
+            assert rec is not None and rec.text.splitlines() == lines[h.start_line - 1 : h.end_line]

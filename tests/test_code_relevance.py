@@ -1,0 +1,76 @@
+"""Relevance regression: a fixed subset of the labelled code-search sets
+(``shared/data/code-eval``, 30 questions per set, spread over each set) asked through
+the real indexer and ranking. Fails when MRR@10 falls below a threshold set from
+``bench/bench_relevance.py`` with margin, or when R@10 falls below whole-file BM25's."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from knowledge_server.code.index import CodeIndex
+
+SUBSET = 30
+# Per set: (MRR@10 threshold, the whole-file BM25 floor's R@10 from the sets' README).
+# Measured on this subset with the ranking of code.rank: MRR click 0.619, starlette 0.781,
+# cobra 0.878, fd 0.669; R@10 0.933-0.967. The thresholds leave about 0.06 of margin.
+THRESHOLDS = {
+    "click": (0.56, 0.880),
+    "starlette": (0.72, 0.855),
+    "cobra": (0.82, 0.967),
+    "fd": (0.61, 0.890),
+}
+
+
+@pytest.fixture(scope="module")
+def indexed(
+    shared_data: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[CodeIndex, dict[str, Path]]:
+    sets = shared_data / "code-eval"
+    if not sets.is_dir():
+        pytest.skip(f"no code-eval sets in {shared_data}")
+    base = tmp_path_factory.mktemp("code-eval")
+    roots = {}
+    for name in THRESHOLDS:
+        tar = next(sets.glob(f"{name}-*.tar.gz"))
+        with tarfile.open(tar) as t:
+            t.extractall(base / name, filter="data")
+        (root,) = [p for p in (base / name).iterdir() if p.is_dir()]
+        roots[name] = root
+    idx = CodeIndex(str(base / "data" / "code.sqlite"))
+    for root in roots.values():
+        idx.index_workspace(str(root))
+    return idx, roots
+
+
+def _subset(shared_data: Path, name: str) -> list[dict[str, object]]:
+    lines = (shared_data / "code-eval" / f"{name}-eval.jsonl").read_text().splitlines()
+    qs = [json.loads(line) for line in lines if line.strip()]
+    step = len(qs) / SUBSET
+    return [qs[int(i * step)] for i in range(SUBSET)]
+
+
+@pytest.mark.parametrize("name", list(THRESHOLDS))
+def test_find_code_mrr_stays_above_its_threshold(
+    name: str, indexed: tuple[CodeIndex, dict[str, Path]], shared_data: Path
+) -> None:
+    idx, roots = indexed
+    reciprocal, found = [], 0
+    for q in _subset(shared_data, name):
+        res = idx.search(
+            str(q["query"]), workspaces=[str(roots[name])], limit=10, intent="find_code"
+        )
+        paths: list[str] = []
+        for h in res.hits:
+            if h.path not in paths:
+                paths.append(h.path)
+        rank = next((i + 1 for i, p in enumerate(paths) if p in q["files"]), None)  # type: ignore[operator]
+        reciprocal.append(1 / rank if rank else 0.0)
+        found += rank is not None
+    mrr, r10 = sum(reciprocal) / SUBSET, found / SUBSET
+    want_mrr, floor_r10 = THRESHOLDS[name]
+    print(f"{name}: MRR@10 {mrr:.3f} R@10 {r10:.3f}")
+    assert mrr >= want_mrr, f"{name}: MRR@10 {mrr:.3f} < {want_mrr}"
+    assert r10 >= floor_r10 - 0.1, f"{name}: R@10 {r10:.3f} far below the floor's {floor_r10}"
