@@ -298,9 +298,13 @@ def _vector(
     return [(*r[:11], 1.0 - sims[r[0]]) for r in rows[:n]], sims
 
 
-# Files per question ranked at file level, and how many chunks are read for their best ones.
+# Files per question ranked at file level.
 _FILE_POOL = 60
-_FILE_CHUNKS = 200
+# Chunks ranked per question: their best per file is the chunk signal. FTS5 scores every
+# match before it keeps the best, so 200 cost hardly more than 60; a second query for the
+# best chunks of the best files changed no figure of the benchmark (bench/RESULTS.md).
+_CHUNK_POOL = 100
+_VEC_POOL = 30
 # A question whose best file answers less than this share of it (rank.evidence_share)
 # has no code answer: no items, and the lane says so. Set on the labelled sets: below
 # it are made-up words, UUIDs and questions about other projects (bench/RESULTS.md).
@@ -369,19 +373,22 @@ def _file_candidates(
 
 def _evidence(conn: apsw.Connection, weights: dict[str, float], file_ids: Sequence[int]) -> float:
     """The best share of the question that one of ``file_ids`` answers (rank.evidence_share),
-    from one full-text lookup per telling term and file."""
-    best = 0.0
+    from one full-text lookup per telling term."""
     telling = [t for t in weights if rank.telling(t)]
-    for fid in file_ids:
-        present = [
-            t
-            for t in telling
-            if conn.execute(
-                "SELECT 1 FROM files_fts WHERE files_fts MATCH ? AND rowid = ?", (fts_quote(t), fid)
-            ).fetchone()
-        ]
-        best = max(best, rank.evidence_share(weights, present))
-    return best if telling else 1.0
+    if not telling:
+        return 1.0
+    if not file_ids:
+        return 0.0
+    present: dict[int, list[str]] = defaultdict(list)
+    ids = int_array(file_ids)
+    for t in telling:
+        for (fid,) in conn.execute(
+            "SELECT rowid FROM files_fts WHERE files_fts MATCH ?"
+            " AND rowid IN (SELECT value FROM carray(?))",
+            (fts_quote(t), ids),
+        ):
+            present[fid].append(t)
+    return max(rank.evidence_share(weights, present.get(f, ())) for f in file_ids)
 
 
 def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
@@ -507,38 +514,27 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     weights = _file_weights(conn, terms) if terms else {}
     files = _file_candidates(conn, terms, workspaces, prefixes, _FILE_POOL)
     ev = {f[0]: rank.FileEvidence(f[0], f[1], f[2], file_bm25=f[3]) for f in files}
-    rows = _lexical(conn, kept, rare, scope, max(limit * 3, 60), among)
-    # The best chunks of the best files: the global chunk list may not reach them.
-    top = [f[0] for f in files[:30]]
-    if top and kept:
-        ids = np.unique(
-            np.fromiter(
-                (
-                    r[0]
-                    for r in conn.execute(
-                        "SELECT id FROM chunks WHERE file_id IN (SELECT value FROM carray(?))",
-                        (int_array(top),),
-                    )
-                ),
-                dtype=np.int64,
-            )
-        )
-        if among is not None:
-            ids = np.intersect1d(ids, among)
-        if len(ids):
-            rows += _lexical(conn, kept, kept, scope, _FILE_CHUNKS, ids)
+    rows = _lexical(conn, kept, rare, scope, max(limit * 3, _CHUNK_POOL), among)
     by_id: dict[int, tuple[Any, ...]] = {}
     for r in rows:
         by_id.setdefault(r[0], r)
     sims: dict[int, float] = {}
+    file_of = _file_of(conn, list(by_id))
     if vec is not None:
         embedder, vtbl, qv = vec
+        # The vectors rank their own nearest chunks and each file's best lexical chunk
+        # (the rows are in BM25 order): a file's vector signal is its best similarity.
+        best_row: dict[int, tuple[Any, ...]] = {}
+        for cid, r in by_id.items():
+            if cid in file_of:
+                best_row.setdefault(file_of[cid], r)
         vec_rows, sims = _vector(
-            conn, vtbl, embedder.dim, qv, scope, max(limit * 3, 60), list(by_id.values()), among
+            conn, vtbl, embedder.dim, qv, scope, max(limit, _VEC_POOL), list(best_row.values()), among
         )
-        for r in vec_rows:
-            by_id.setdefault(r[0], (*r[:11], 0.0))
-    file_of = _file_of(conn, list(by_id))
+        new = [r for r in vec_rows if r[0] not in by_id]
+        for r in new:
+            by_id[r[0]] = (*r[:11], 0.0)
+        file_of.update(_file_of(conn, [r[0] for r in new]))
     per_file: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
     for cid, r in by_id.items():
         fid = file_of.get(cid)
