@@ -193,3 +193,15 @@ def test_hits_are_lines_that_exist_in_the_indexed_file(project: tuple[CodeIndex,
             assert 1 <= h.start_line <= h.end_line <= len(lines)
             rec = idx.get_chunk(h.id)
             assert rec is not None and rec.text.splitlines() == lines[h.start_line - 1 : h.end_line]
+
+
+def test_the_readme_question_finds_load_config(tmp_path: Path) -> None:
+    """The README's example question, on the service's own tree (its default workspace),
+    answers with ``load_config`` first or second."""
+    idx = CodeIndex(str(tmp_path / "code.sqlite"))
+    try:
+        idx.index_workspace(str(Path(__file__).resolve().parent.parent))
+        hits = idx.search("where is the config loaded", intent="find_code").hits
+        assert "load_config" in [h.symbol for h in hits[:2]], [(h.path, h.symbol) for h in hits[:5]]
+    finally:
+        idx.close()

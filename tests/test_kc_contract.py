@@ -576,17 +576,24 @@ def test_kc_a_lane_left_out_of_include_is_not_requested_not_degraded(world: Worl
 def test_kc_empty_lanes_say_why_no_match_and_not_indexed(world: World) -> None:
     """Seed 000 §9: no "empty = all fine"; an empty lane carries its reason, so the
     zero-result rate is measurable from answers. Nothing matched (the caller's data was
-    searched) is told apart from nothing indexed in the caller's workspaces."""
+    searched) is told apart from nothing indexed in the caller's workspaces; a question
+    the code cannot answer gets no code items at all."""
     elsewhere = world.root / "ws_c"  # a folder with neither an index nor sessions
     elsewhere.mkdir(exist_ok=True)
     with world.client(world.token_ops) as ops, world.client(world.token_a) as a:
-        nothing = ops.search("qqxvzrtk wwpfhjnb", include=["episodes", "skills"])
+        nothing = ops.search("qqxvzrtk wwpfhjnb", include=["episodes", "code", "skills"])
+        uuid_q = ops.search("3f2b8c1e-9d4a-4e7b-a1c5-7e9f0b2d6a48", include=["code"])
         no_path = ops.search("json decoder", include=["code"], paths=["no/such/dir"])
         unindexed = ops.search("json decoder", workspaces=[str(elsewhere)])
         foreign = a.search("json decoder", workspaces=[str(world.ws_b)])
         found = ops.search("where is the json decoder defined")
     assert not nothing.lanes.episodes.items and nothing.lanes.episodes.empty_reason == "no_match"
     assert not nothing.lanes.skills.items and nothing.lanes.skills.empty_reason == "no_match"
+    # The code lane's relevance floor: made-up words and a UUID have no answer in the code
+    # (the offline vectors alone would return ten chunks); the lane says so.
+    for resp in (nothing, uuid_q):
+        assert not resp.lanes.code.items and resp.lanes.code.empty_reason == "no_match"
+        assert not resp.lanes.code.degraded
     assert not no_path.lanes.code.items and no_path.lanes.code.empty_reason == "no_match"
     for resp in (unindexed, foreign):
         for name in ("episodes", "code", "skills"):
