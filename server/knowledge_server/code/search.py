@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -299,11 +300,15 @@ def _vector(
 
 
 # Files per question ranked at file level.
-_FILE_POOL = 60
-# Chunks ranked per question: their best per file is the chunk signal. FTS5 scores every
-# match before it keeps the best, so 200 cost hardly more than 60; a second query for the
-# best chunks of the best files changed no figure of the benchmark (bench/RESULTS.md).
-_CHUNK_POOL = 100
+_FILE_POOL = 40
+# From this many file versions on, terms in more than a tenth of them (idf below log 9) do
+# not pick file candidates (``_file_match``).
+_FILE_PRUNE_FROM = 500
+_RARE_IDF = math.log(9)
+# Chunks ranked per question: their best per file is the chunk signal. 60, 100 or 200 of
+# them, and a second query for the best chunks of the best files, gave the same figures on
+# the labelled sets (bench/RESULTS.md); 60 costs least.
+_CHUNK_POOL = 60
 _VEC_POOL = 30
 # A question whose best file answers less than this share of it (rank.evidence_share)
 # has no code answer: no items, and the lane says so. Set on the labelled sets: below
@@ -315,9 +320,9 @@ _EVIDENCE_FILES = 3
 _file_df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
 
 
-def _file_weights(conn: apsw.Connection, terms: list[str]) -> dict[str, float]:
-    """{term: idf} over file versions (FTS5's BM25 idf); a term in no file gets the
-    highest idf there is."""
+def _file_weights(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, float], int]:
+    """({term: idf} over file versions (FTS5's BM25 idf), how many there are); a term in
+    no file gets the highest idf there is."""
     state = tuple(
         conn.execute(
             "SELECT (SELECT max(id) FROM file_versions),"
@@ -335,12 +340,30 @@ def _file_weights(conn: apsw.Connection, terms: list[str]) -> dict[str, float]:
                 )
             )
     n = int(state[0] or 0) + 1
-    return {t: rank.idf(known[t], n) for t in terms}
+    return {t: rank.idf(known[t], n) for t in terms}, n
+
+
+def _file_match(terms: list[str], weights: dict[str, float], n_files: int) -> str:
+    """The MATCH expression of the file-level query: all terms OR-ed; with many files,
+    those in more than a tenth of them only score the files the rarer ones pick (as
+    ``_lexical`` does for chunks: FTS5 then seeks their long posting lists instead of
+    scoring every file that has a common word)."""
+    expr = " OR ".join(fts_quote(t) for t in terms)
+    if len(terms) < 2 or n_files < _FILE_PRUNE_FROM:
+        return expr
+    rare = [t for t in terms if weights.get(t, 0.0) >= _RARE_IDF]
+    if not rare:
+        rare = [max(terms, key=lambda t: weights.get(t, 0.0))]
+    if len(rare) == len(terms):
+        return expr
+    return "(" + " OR ".join(fts_quote(t) for t in rare) + f") AND ({expr})"
 
 
 def _file_candidates(
     conn: apsw.Connection,
     terms: list[str],
+    weights: dict[str, float],
+    n_files: int,
     workspaces: Sequence[str] | None,
     prefixes: Sequence[str] | None,
     n: int,
@@ -366,7 +389,7 @@ def _file_candidates(
         " CROSS JOIN rev_file rf ON rf.file_id = fv.id"
         f" CROSS JOIN workspaces w ON w.current_rev_id = rf.rev_id{cond}"
         " ORDER BY m.s, fv.path LIMIT ?",
-        [" OR ".join(fts_quote(t) for t in terms), fetch, *params, n],
+        [_file_match(terms, weights, n_files), fetch, *params, n],
     ).fetchall()
     return [(r[0], r[1], r[2], -float(r[3])) for r in rows]
 
@@ -511,8 +534,8 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     """(hits, evidence): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
     share of the question (rank.evidence_share) for the relevance floor."""
-    weights = _file_weights(conn, terms) if terms else {}
-    files = _file_candidates(conn, terms, workspaces, prefixes, _FILE_POOL)
+    weights, n_files = _file_weights(conn, terms)
+    files = _file_candidates(conn, terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
     ev = {f[0]: rank.FileEvidence(f[0], f[1], f[2], file_bm25=f[3]) for f in files}
     rows = _lexical(conn, kept, rare, scope, max(limit * 3, _CHUNK_POOL), among)
     by_id: dict[int, tuple[Any, ...]] = {}
@@ -529,7 +552,14 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             if cid in file_of:
                 best_row.setdefault(file_of[cid], r)
         vec_rows, sims = _vector(
-            conn, vtbl, embedder.dim, qv, scope, max(limit, _VEC_POOL), list(best_row.values()), among
+            conn,
+            vtbl,
+            embedder.dim,
+            qv,
+            scope,
+            max(limit, _VEC_POOL),
+            list(best_row.values()),
+            among,
         )
         new = [r for r in vec_rows if r[0] not in by_id]
         for r in new:
@@ -561,9 +591,14 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         chunks = sorted(
             per_file.get(fid, ()), key=lambda r: (float(r[11]), -sims.get(r[0], 0.0), r[4])
         )
+        top = -float(chunks[0][11]) if chunks else 0.0
         for k, r in enumerate(chunks[:limit]):
+            # A chunk about as good as the file's best keeps about the file's score (the
+            # question may be about either); otherwise the k-th weighs DECAY**k of it.
+            near = -float(r[11]) / top if top > 0 else 0.0
+            factor = max(NEXT_CHUNK_DECAY**k, near) if k else 1.0
             # Ordered by the score as reported (6 decimals), then path and line.
-            score = round(scores[fid] * NEXT_CHUNK_DECAY**k, 6)
+            score = round(scores[fid] * factor, 6)
             if score > 0:
                 ranked.append((score, r[3], r[4], r, fid))
     ranked.sort(key=lambda x: (-x[0], x[1], x[2]))
