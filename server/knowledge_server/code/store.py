@@ -25,6 +25,8 @@ from knowledge_server.schema import (
     use_wal,
 )
 
+from .tokenize import index_tokens
+
 __all__ = ["MIGRATIONS", "open_store", "vec_table_for"]
 
 _BASELINE = """
@@ -169,8 +171,6 @@ def file_tokens(chunk_tokens: list[str]) -> str:
 def _fill_files_fts(cur: apsw.Cursor) -> None:
     """Create ``files_fts`` and fill it for the file versions already stored, from their
     chunks (the same text the indexer gives new versions)."""
-    from .tokenize import index_tokens
-
     cur.execute(_FILES_FTS)
     cur.execute("INSERT INTO files_fts(files_fts, rank) VALUES('automerge', ?)", (FTS_AUTOMERGE,))
     files = cur.execute("SELECT id, path FROM file_versions ORDER BY id").fetchall()
