@@ -228,7 +228,7 @@ def test_vectors_filled_later_degraded_then_full(index: CodeIndex, ws: Path) -> 
 
 def test_hybrid_ranks_files_and_answers_with_their_best_chunks(index: CodeIndex, ws: Path) -> None:
     """Hybrid and lexical results are files ranked by code.rank: a file's k-th chunk scores
-    NEXT_CHUNK_DECAY**k of its best, hits come in score order, every lexical hit's file is
+    at least NEXT_CHUNK_DECAY**k of its best and never more, hits come in score order, every lexical hit's file is
     among the hybrid ones, and vectors add evidence ("vec:") without replacing it."""
     index.index_workspace(str(ws))
     lex = index.search("user name", mode="lexical", limit=50).hits
@@ -243,7 +243,8 @@ def test_hybrid_ranks_files_and_answers_with_their_best_chunks(index: CodeIndex,
         for h in sorted(hits, key=lambda h: -h.score):
             k = seen.get(h.path, 0)
             best.setdefault(h.path, h.score)
-            assert h.score == pytest.approx(best[h.path] * search_mod.NEXT_CHUNK_DECAY**k, abs=1e-5)
+            floor = best[h.path] * search_mod.NEXT_CHUNK_DECAY**k
+            assert floor - 1e-5 <= h.score <= best[h.path] + 1e-5
             seen[h.path] = k + 1
     assert {h.path for h in lex} <= {h.path for h in hyb}
     assert any(w.startswith("vec: ") for h in hyb for w in h.why)

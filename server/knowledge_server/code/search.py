@@ -596,7 +596,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             # A chunk about as good as the file's best keeps about the file's score (the
             # question may be about either); otherwise the k-th weighs DECAY**k of it.
             near = -float(r[11]) / top if top > 0 else 0.0
-            factor = max(NEXT_CHUNK_DECAY**k, near) if k else 1.0
+            factor = max(NEXT_CHUNK_DECAY**k, near * NEXT_CHUNK_DECAY ** (k - 1)) if k else 1.0
             # Ordered by the score as reported (6 decimals), then path and line.
             score = round(scores[fid] * factor, 6)
             if score > 0:
