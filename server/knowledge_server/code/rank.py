@@ -242,7 +242,18 @@ def score_files(
     best_file = max((f.file_bm25 for f in files), default=0.0) or 1.0
     best_chunk = max((f.chunk_bm25 for f in files), default=0.0) or 1.0
     best_vec = max((f.vector for f in files), default=0.0) or 1.0
-    paths = {f.file_id: path_share(f.path, weights) for f in files}
+    stems: dict[str, float] = {}
+    for t, w in weights.items():
+        stems[_stem(t)] = stems.get(_stem(t), 0.0) + w
+    total = sum(weights.values())
+    paths = {
+        f.file_id: (
+            sum(w for st, w in stems.items() if st in _path_words(f.path)) / total
+            if total > 0
+            else 0.0
+        )
+        for f in files
+    }
     best_path = max(paths.values(), default=0.0) or 1.0
     out = {}
     for f in files:

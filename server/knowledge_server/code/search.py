@@ -428,19 +428,24 @@ def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
 def _first_chunks(
     conn: apsw.Connection, file_ids: Sequence[int], scope: tuple[str, list[Any]]
 ) -> dict[int, tuple[Any, ...]]:
-    """file_id -> its first chunk's row (a file found by its path alone)."""
+    """file_id -> its first chunk's row (a file found by its path or whole text alone)."""
     if not file_ids:
         return {}
+    firsts = [
+        r[0]
+        for r in conn.execute(
+            "SELECT (SELECT id FROM chunks WHERE file_id = f.value ORDER BY start_line, id LIMIT 1)"
+            " FROM carray(?) f",
+            (int_array(file_ids),),
+        )
+        if r[0] is not None
+    ]
     rows = conn.execute(
         f"SELECT {_COLS}, 0.0, c.file_id FROM chunks c"  # noqa: S608 - constants and _scope_sql's placeholders
-        + _scope_and(scope, "c.file_id IN (SELECT value FROM carray(?))")
-        + " ORDER BY c.file_id, c.start_line",
-        [*scope[1], int_array(file_ids)],
+        + _scope_and(scope, "c.id IN (SELECT value FROM carray(?))"),
+        [*scope[1], int_array(firsts)],
     ).fetchall()
-    out: dict[int, tuple[Any, ...]] = {}
-    for r in rows:
-        out.setdefault(r[12], r[:12])
-    return out
+    return {r[12]: r[:12] for r in rows}
 
 
 def _texts(conn: apsw.Connection, ids: list[int]) -> dict[int, str]:
