@@ -106,7 +106,10 @@ _DOC_DIRS = frozenset({"doc", "docs", "documentation", "site", "man"})
 _DOC_LANGUAGES = frozenset({"markdown", "text", "rst", "txt", "asciidoc", "html"})
 
 
-@lru_cache(maxsize=65_536)
+# Bounded caches per serving process: one entry per path (kinds, path words) or per
+# question word (stems); every question brings new words, so the stem cache stays small
+# (a 10-minute soak of never-seen questions grew the process by 10% with 65,536 entries).
+@lru_cache(maxsize=16_384)
 def file_kind(path: str, language: str) -> str:
     """source | test | docs | changelog | lock | generated | config, from the path and
     the language the chunker gave the file."""
@@ -166,7 +169,7 @@ def priors_for(intent: str, terms: Iterable[str]) -> Mapping[str, float]:
 _stemmer = snowballstemmer.stemmer("porter")
 
 
-@lru_cache(maxsize=65_536)
+@lru_cache(maxsize=2_048)
 def _stem(word: str) -> str:
     return str(_stemmer.stemWord(word))
 
@@ -181,7 +184,7 @@ def with_stems(terms: list[str]) -> list[str]:
     return out
 
 
-@lru_cache(maxsize=65_536)
+@lru_cache(maxsize=16_384)
 def _path_words(path: str) -> frozenset[str]:
     return frozenset(_stem(t) for t in index_tokens(path).split())
 
