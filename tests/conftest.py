@@ -21,6 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # - unit: everything else (one module, real SQLite files, no server).
 TIERS = {
     "contract": {
+        "test_audit_log",
         "test_budget_fit",
         "test_contract_proto",
         "test_dispatch_kd",
