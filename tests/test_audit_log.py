@@ -164,3 +164,19 @@ def test_aud8_the_input_is_hashed_never_stored(tmp_path: Path) -> None:
 def test_an_event_needs_an_operation(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="operation"):
         AuditLog(tmp_path / "a.sqlite").append(principal="p", org="o", operation="")
+
+
+def test_the_app_records_a_principals_write_in_its_data_directory(tmp_path: Path) -> None:
+    """AUD-9: ``KnowledgeApp.record`` appends the principal's id and organisation."""
+    import asyncio
+
+    from knowledge_server.app import KnowledgeApp
+    from knowledge_server.auth_model import Principal
+    from knowledge_server.config import Config
+
+    app = KnowledgeApp(Config(data_dir=tmp_path))
+    who = Principal(id="ed", organisation="acme", workspaces=None, role="operator")
+    ev = asyncio.run(app.record(who, "kb.topic.create", targets=["t-1"], input={"k": "v"}))
+    assert (ev.seq, ev.principal, ev.org, ev.targets) == (1, "ed", "acme", ("t-1",))
+    app.close()
+    assert AuditLog(tmp_path / "audit.sqlite").verify().checked == 1

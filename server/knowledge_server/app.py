@@ -8,6 +8,8 @@ in as a plain argument (``docs/architecture.md``).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -23,6 +25,7 @@ from knowledge_server._gen.knowledge.v1 import (
     knowledge_service_pb2,
     search_pb2,
 )
+from knowledge_server.audit import AuditEvent, AuditLog
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.config import Config
 from knowledge_server.dispatch import run_dispatch, validate_dispatch
@@ -90,6 +93,7 @@ class KnowledgeApp:
         self.started_at = datetime.now(UTC)
         self.licence = licence or LicenceView()
         self.lanes = lanes or Lanes()
+        self._audit: AuditLog | None = None
         self.coordinator = coordinator or Coordinator(
             self._search_lanes(),
             timeout_ms=config.lane_timeout_ms,
@@ -326,11 +330,45 @@ class KnowledgeApp:
                 )
         return out
 
+    # -- audit ---------------------------------------------------------------------------
+    @property
+    def audit(self) -> AuditLog:
+        """The data directory's audit log (``docs/audit.md``), opened on first use."""
+        if self._audit is None:
+            self._audit = AuditLog(self.data_path("audit.sqlite"))
+        return self._audit
+
+    async def record(
+        self,
+        principal: Principal,
+        operation: str,
+        *,
+        targets: tuple[str, ...] | list[str] = (),
+        input: object = None,
+        outcome: str = "ok",
+    ) -> AuditEvent:
+        """Append one audit event for a write ``principal`` made (``input`` is hashed,
+        never stored). In a thread, and not bound to the call's deadline: the write it
+        records has happened, so its event is written even if the caller has gone."""
+        log = self.audit
+        append = functools.partial(
+            log.append,
+            principal=principal.id,
+            org=principal.organisation,
+            operation=operation,
+            targets=list(targets),
+            input=input,
+            outcome=outcome,
+        )
+        return await asyncio.shield(asyncio.to_thread(append))
+
     def reload(self) -> None:
         """SIGHUP: re-read the licence."""
         self.licence.reload()
 
     def close(self) -> None:
+        if self._audit is not None:
+            self._audit.close()
         for _, lane in self.lanes.reporting():
             if lane is not None:
                 lane.close()

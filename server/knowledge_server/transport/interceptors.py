@@ -362,7 +362,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return refusing_handler(
                 handler,
                 errors.PermissionDenied(
-                    f"role {principal.role!r} may not call {method.rsplit('/', 1)[-1]}"
+                    f"role {principal.role!r} may not call {method.rsplit('/', 1)[-1]}:"
+                    f" it needs the {policy.right!r} capability, which this token does not hold"
                 ),
             )
         ctx_principal = principal
