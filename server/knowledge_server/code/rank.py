@@ -108,7 +108,7 @@ _DOC_LANGUAGES = frozenset({"markdown", "text", "rst", "txt", "asciidoc", "html"
 
 # Bounded caches per serving process: one entry per path (kinds, path words) or per
 # question word (stems); every question brings new words, so the stem cache stays small
-# (a 10-minute soak of never-seen questions grew the process by 10% with 65,536 entries).
+# (the soak's memory figures are in bench/RESULTS.md).
 @lru_cache(maxsize=16_384)
 def file_kind(path: str, language: str) -> str:
     """source | test | docs | changelog | lock | generated | config, from the path and
