@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -650,8 +651,9 @@ class KBStore:
         return self.upload_dir / f"{upload_id}.part"
 
     def keep_blob(self, part: Path) -> tuple[str, int]:
-        """Move a finished upload into the blob folder under its SHA-256; returns
-        (sha256, size). Written once: the same bytes uploaded again reuse the blob."""
+        """Keep a finished upload in the blob folder under its SHA-256 (a hard link; the
+        part file is left for its owner to remove); returns (sha256, size). Written once:
+        the same bytes uploaded again reuse the blob."""
         digest = hashlib.sha256()
         size = 0
         with part.open("rb") as fh:
@@ -661,8 +663,11 @@ class KBStore:
         sha = digest.hexdigest()
         target = self.blob_path(sha)
         target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            part.unlink()
-        else:
-            os.replace(part, target)
+        if not target.exists():
+            tmp = target.with_suffix(f".{secrets.token_hex(4)}.tmp")
+            try:
+                os.link(part, tmp)
+            except OSError:
+                shutil.copyfile(part, tmp)
+            os.replace(tmp, target)
         return sha, size

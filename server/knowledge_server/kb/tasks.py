@@ -20,6 +20,7 @@ FAILED) and ``RESTAGE`` (reconcile: index a revision's chunks again, state uncha
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import secrets
 import socket
@@ -82,7 +83,7 @@ class TaskQueue:
     def get(self, who: Principal, task_id: str) -> TaskRow:
         row = self.store.task(who.organisation, task_id)
         if row is None:
-            raise NotFound(f"task {task_id!r} not found", metadata={"field": "task_id"})
+            raise NotFound("task not found", metadata={"field": "task_id"})
         return row
 
     def enqueue(
@@ -107,9 +108,7 @@ class TaskQueue:
                 return Enqueued(existing, False)
             rev = self.store.revision(org, revision_id)
             if rev is None:
-                raise NotFound(
-                    f"revision {revision_id!r} not found", metadata={"field": "revision_id"}
-                )
+                raise NotFound("revision not found", metadata={"field": "revision_id"})
             if rev.version != expected_version:
                 raise StaleVersion(
                     f"revision: expected version {expected_version}, but it is at version"
@@ -346,7 +345,11 @@ class Worker:
         if self._task is not None and not self._task.done():
             return
         self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        # A context of its own: started from an RPC, it must not carry that call's
+        # request id and principal into its logs.
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), context=contextvars.Context()
+        )
 
     def wake(self) -> None:
         if self._wake is not None:

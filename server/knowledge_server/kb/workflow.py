@@ -146,13 +146,13 @@ class Workflow:
     def topic(self, who: Principal, topic_id: str) -> TopicRow:
         row = self.store.topic(who.organisation, topic_id)
         if row is None:
-            raise NotFound(f"topic {topic_id!r} not found", metadata={"field": "topic_id"})
+            raise NotFound("topic not found", metadata={"field": "topic_id"})
         return row
 
     def revision(self, who: Principal, revision_id: str) -> RevisionRow:
         row = self.store.revision(who.organisation, revision_id)
         if row is None:
-            raise NotFound(f"revision {revision_id!r} not found", metadata={"field": "revision_id"})
+            raise NotFound("revision not found", metadata={"field": "revision_id"})
         return row
 
     def _draft(self, who: Principal, revision_id: str, expected_version: int) -> RevisionRow:
@@ -385,7 +385,7 @@ class Workflow:
         for src in self.store.sources(who.organisation, revision_id):
             if src.id == source_id:
                 return src
-        raise NotFound(f"source {source_id!r} not found", metadata={"field": "source_id"})
+        raise NotFound("source not found", metadata={"field": "source_id"})
 
     def put_faq(
         self,
@@ -607,7 +607,7 @@ class Workflow:
         with self.store.tx() as c:
             tag = self.store.tag(who.organisation, code)
             if tag is None:
-                raise NotFound(f"tag {code!r} not found", metadata={"field": "tag_code"})
+                raise NotFound("tag not found", metadata={"field": "tag_code"})
             _require_version("tag", expected_version, tag.version)
             name = (
                 _text("display_name", display_name, limit=120)
@@ -698,9 +698,7 @@ class Workflow:
         with self.store.tx() as c:
             fb = self.store.feedback_item(org, feedback_id)
             if fb is None:
-                raise NotFound(
-                    f"feedback {feedback_id!r} not found", metadata={"field": "feedback_id"}
-                )
+                raise NotFound("feedback not found", metadata={"field": "feedback_id"})
             _require_version("feedback", expected_version, fb.version)
             if fb.status != "OPEN":
                 raise IllegalTransition(
