@@ -460,3 +460,97 @@ def test_a_server_killed_during_process_restarts_cleanly(tmp_path: Path, shared_
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def test_four_eyes_over_the_wire_until_the_policy_allows_self_approval(world: World) -> None:
+    with world.client("editor-b") as kc:  # holds every kb capability
+        topic = kc.kb_create_topic("four-eyes", "Four eyes").topic
+        assert topic is not None
+        rev = kc.kb_create_revision(topic.id, "1").revision
+        assert rev is not None
+        rev = kc.kb_put_faq(rev.id, rev.version, "q?", "a.").revision
+        assert rev is not None
+        rev = kc.kb_submit(rev.id, rev.version).revision
+        assert rev is not None
+        with pytest.raises(PermissionDenied, match="four-eyes"):
+            kc.kb_approve(rev.id, rev.version)
+        policy = kc.kb_get_policy().policy
+        assert policy is not None and not policy.allow_self_approval
+        kc.kb_set_policy(True, policy.version)
+        approved = kc.kb_approve(rev.id, rev.version).revision
+        assert approved is not None and approved.state == "APPROVED"
+    with world.client("admin") as kc:  # organisation A's policy is its own
+        policy = kc.kb_get_policy().policy
+        assert policy is not None and not policy.allow_self_approval
+
+
+def test_the_cli_drives_a_revision_with_json_output(world: World) -> None:
+    import json
+    import re
+
+    from click.testing import CliRunner
+    from knowledge_server.cli import main
+
+    runner = CliRunner()
+    base = ["--address", world.server.address, "--token"]
+
+    def run(who: str, *args: str) -> Any:
+        result = runner.invoke(main, [*base, world.tokens[who], "kb", *args, "--json"])
+        assert result.exit_code == 0, result.output
+        # The server runs in this process: its log lines share the captured stdout.
+        lines = [ln for ln in result.stdout.splitlines() if not re.match(r"\d{4}-\d\d-\d\d ", ln)]
+        return json.loads("\n".join(lines))
+
+    topic = run("editor", "topic", "create", "cli-topic", "--title", "CLI topic")["topic"]
+    rev = run("editor", "revision", "create", topic["id"], "--label", "1")["revision"]
+    rev = run(
+        "editor",
+        "faq",
+        "put",
+        rev["id"],
+        "--expected-version",
+        str(rev["version"]),
+        "--question",
+        "Who?",
+        "--answer",
+        "The CLI.",
+    )["revision"]
+    rev = run("editor", "revision", "submit", rev["id"], "--expected-version", str(rev["version"]))[
+        "revision"
+    ]
+    rev = run(
+        "reviewer", "revision", "approve", rev["id"], "--expected-version", str(rev["version"])
+    )["revision"]
+    task = run(
+        "publisher", "revision", "process", rev["id"], "--expected-version", str(rev["version"])
+    )
+    assert task["state"] == "SUCCEEDED" and int(task["chunks"]) == 1  # int64: a JSON string
+    shown = run("publisher", "revision", "show", rev["id"])
+    assert shown["revision"]["state"] == "PROCESSED"
+    published = run(
+        "publisher",
+        "revision",
+        "publish",
+        rev["id"],
+        "--expected-version",
+        str(shown["revision"]["version"]),
+    )
+    assert published["release"]["revision_id"] == rev["id"]
+    refused = runner.invoke(main, [*base, world.tokens["agent"], "kb", "topic", "list"])
+    assert refused.exit_code == 1 and "kb.edit" in refused.output
+    stale = runner.invoke(
+        main,
+        [
+            *base,
+            world.tokens["editor"],
+            "kb",
+            "revision",
+            "update",
+            rev["id"],
+            "--expected-version",
+            "1",
+            "--label",
+            "x",
+        ],
+    )
+    assert stale.exit_code == 1 and "KNOWLEDGE_STALE_VERSION" in stale.output
