@@ -31,6 +31,7 @@ from knowledge_server.errors import (
     SourceTooLarge,
     StaleVersion,
     UnsupportedSource,
+    as_storage_full,
 )
 from knowledge_server.kb import pipeline
 from knowledge_server.kb.service import KnowledgeBase, ReconcileReport
@@ -268,7 +269,13 @@ class KnowledgeBaseAdmin:
         """Run ``op`` in the knowledge-base pool; audit it when it is a write."""
         self.kb.worker.start()  # on this loop, once: the queue is served where RPCs are
         try:
-            resp, audit = await deadline.off_loop(self.ops[op], req, principal, pool="kb")
+            try:
+                resp, audit = await deadline.off_loop(self.ops[op], req, principal, pool="kb")
+            except Exception as exc:
+                full = as_storage_full(exc)  # SQLITE_FULL, ENOSPC: not an internal error
+                if full is None or isinstance(exc, KnowledgeError):
+                    raise
+                raise full from None
         except KnowledgeError as err:
             if op in self.writes:
                 targets = [

@@ -386,4 +386,8 @@ class Worker:
                     pass
                 continue
             log.info("kb.task_started", task_id=task.id, kind=task.kind, attempt=task.attempts)
-            await asyncio.shield(asyncio.to_thread(self.process, task))
+            try:
+                await asyncio.shield(asyncio.to_thread(self.process, task))
+            except Exception as exc:  # noqa: BLE001 - e.g. a full disk while failing the task: the lease recovers it
+                log.error("kb.task_crashed", task_id=task.id, error_type=type(exc).__name__)
+                await asyncio.sleep(self.poll_seconds)
