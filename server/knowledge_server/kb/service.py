@@ -89,6 +89,7 @@ class KnowledgeBase:
         self.worker = Worker(self.queue, self.process_task, poll_seconds=poll_seconds)
 
     def close(self) -> None:
+        self.worker.halt()
         if self.index is not None:
             self.index.close()
         self.store.close()

@@ -355,6 +355,12 @@ class Worker:
         if self._wake is not None:
             self._wake.set()
 
+    def halt(self) -> None:
+        """Stop taking tasks (on closing the store): the loop task is cancelled; a task
+        running in its thread finishes there or, its process gone, is recovered later."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
