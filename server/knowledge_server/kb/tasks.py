@@ -233,8 +233,8 @@ class TaskQueue:
                 c.execute(
                     "UPDATE tasks SET state = 'RUNNING', owner = ?, lease_until = ?,"
                     " attempts = attempts + 1, step = 'start', version = version + 1,"
-                    " updated_at = ? WHERE id = ? AND state = 'QUEUED'",
-                    (owner, time.time() + LEASE_SECONDS, now(), task.id),
+                    " updated_at = ? WHERE org = ? AND id = ? AND state = 'QUEUED'",
+                    (owner, time.time() + LEASE_SECONDS, now(), task.org, task.id),
                 )
                 return must(self.store.task(task.org, task.id), "task")
         return None
