@@ -73,3 +73,20 @@ async def test_a_full_disk_is_storage_full_and_nothing_half_written(app: Knowled
             created += 1
     # The refused one left nothing: exactly the topics that were answered exist.
     assert len(app.kb.store.topics("org-a", limit=1000)) == created
+
+
+def test_the_upload_limit_is_a_setting_the_served_app_uses(tmp_path: Path) -> None:
+    from knowledge_server.config import ConfigError
+    from knowledge_server.runtime import build_app
+
+    cfg = load_config(
+        env={"KNOWLEDGE_KB_MAX_SOURCE_MIB": "2"},
+        overrides={"data_dir": str(tmp_path), "bootstrap": False},
+    )
+    app = build_app(cfg)
+    try:
+        assert app.kb is not None and app.kb.max_source_bytes == 2 * 1024 * 1024
+    finally:
+        app.close()
+    with pytest.raises(ConfigError, match="kb_max_source_mib"):
+        load_config(env={}, overrides={"data_dir": str(tmp_path), "kb_max_source_mib": 0})

@@ -183,7 +183,12 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
     # The knowledge base's metadata and queue; its retrieval index is wired in once the
     # index port's implementations are in (until then processing fails its tasks with
     # the category ``no_index``).
-    kb = KnowledgeBase(config.data_dir, index=None, embedder=embedder)
+    kb = KnowledgeBase(
+        config.data_dir,
+        index=None,
+        embedder=embedder,
+        max_source_bytes=config.kb_max_source_mib * 1024 * 1024,
+    )
     lanes = Lanes(
         episodes=EpisodesLane(
             config.data_dir, session_paths=config.session_paths, workspaces=config.workspaces
