@@ -12,7 +12,7 @@ from knowledge_server.app import KnowledgeApp
 from knowledge_server.auth_model import Principal
 from knowledge_server.code.embed import HashingEmbedder
 from knowledge_server.config import load_config
-from knowledge_server.errors import StaleVersion, StorageFull
+from knowledge_server.errors import NotFound, StaleVersion, StorageFull
 from knowledge_server.kb.service import KnowledgeBase
 
 from tests.kb_fakes import MemoryIndex
@@ -90,3 +90,33 @@ def test_the_upload_limit_is_a_setting_the_served_app_uses(tmp_path: Path) -> No
         app.close()
     with pytest.raises(ConfigError, match="kb_max_source_mib"):
         load_config(env={}, overrides={"data_dir": str(tmp_path), "kb_max_source_mib": 0})
+
+
+async def test_an_unfinished_upload_is_forgotten_after_its_time(app: KnowledgeApp) -> None:
+    assert app.kb is not None
+    topic = (
+        await app.kb_admin("CreateTopic", pb.CreateTopicRequest(knowledge_key="u", title="U"), ED)
+    ).topic
+    rev = (
+        await app.kb_admin(
+            "CreateRevision", pb.CreateRevisionRequest(topic_id=topic.id, version_label="1"), ED
+        )
+    ).revision
+    piece = await app.kb_admin(
+        "UploadSource",
+        pb.UploadSourceRequest(revision_id=rev.id, file_name="a.md", data=b"# half"),
+        ED,
+    )
+    part = app.kb.store.upload_part(piece.upload_id)
+    assert part.exists()
+    assert app.kb.sweep_uploads() == 0  # young: kept
+    assert app.kb.sweep_uploads(older_than_s=-1) == 1
+    assert not part.exists()
+    with pytest.raises(NotFound):
+        await app.kb_admin(
+            "UploadSource",
+            pb.UploadSourceRequest(
+                revision_id=rev.id, upload_id=piece.upload_id, offset=6, data=b"x"
+            ),
+            ED,
+        )

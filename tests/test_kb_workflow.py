@@ -269,3 +269,42 @@ def test_templates_default_stays_active_and_versions_are_checked(wf: Workflow) -
     assert cs.status == "INACTIVE"
     assert [x.code for x in wf.store.templates("org-a")] == ["CUSTOMER_SERVICE", "DEFAULT"]
     assert wf.store.templates("org-b") == []
+
+
+def test_two_writers_naming_the_same_release_one_wins(tmp_path: Path) -> None:
+    """Two serving processes (two connections) publish over the same release at once:
+    one switches it, the other is refused as stale; the release is never a mix."""
+    import threading
+
+    wf = Workflow(KBStore(tmp_path))
+    first = _processed(wf, "race")
+    topic_id = wf.revision(EDITOR, first).topic_id
+    wf.publish(EDITOR, first, wf.revision(EDITOR, first).version, "")
+    rivals = []
+    for label in ("2", "3"):
+        r = wf.create_revision(EDITOR, topic_id, label, based_on=first)
+        _force_state(wf, r.id, "PROCESSED")
+        rivals.append(wf.revision(EDITOR, r.id))
+    outcomes: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def publish(rev_id: str, version: int) -> None:
+        other = Workflow(KBStore(tmp_path))  # its own connection, as another process has
+        barrier.wait()
+        try:
+            other.publish(EDITOR, rev_id, version, first)
+            outcomes.append("ok")
+        except StaleVersion:
+            outcomes.append("stale")
+
+    threads = [threading.Thread(target=publish, args=(r.id, r.version)) for r in rivals]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["ok", "stale"]
+    visible = wf.store.published_revision_ids("org-a")
+    assert len(visible) == 1 and visible <= {r.id for r in rivals}
+    states = sorted(wf.revision(EDITOR, r.id).state for r in rivals)
+    assert states == ["PROCESSED", "PUBLISHED"]
+    assert wf.revision(EDITOR, first).state == "SUPERSEDED"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +29,8 @@ log = get_logger("knowledge.kb")
 
 # Largest uploaded file (bytes); a bigger one is refused while it is uploaded.
 MAX_SOURCE_BYTES = 32 * 1024 * 1024
+# An upload not finished within this long is forgotten (its part file removed).
+UPLOAD_TTL_SECONDS = 24 * 3600.0
 
 
 class StagingIndex(Protocol):
@@ -86,13 +89,31 @@ class KnowledgeBase:
         self.index = index
         self.embedder = embedder
         self.max_source_bytes = max_source_bytes
-        self.worker = Worker(self.queue, self.process_task, poll_seconds=poll_seconds)
+        self.worker = Worker(
+            self.queue, self.process_task, poll_seconds=poll_seconds, on_start=self.sweep_uploads
+        )
 
     def close(self) -> None:
         self.worker.halt()
         if self.index is not None:
             self.index.close()
         self.store.close()
+
+    def sweep_uploads(self, older_than_s: float = UPLOAD_TTL_SECONDS) -> int:
+        """Forget uploads not finished within ``older_than_s`` (their rows and part
+        files); runs when the worker starts. Returns how many went."""
+        cutoff = (datetime.now(UTC) - timedelta(seconds=older_than_s)).strftime(
+            "%Y-%m-%dT%H:%M:%S.%fZ"
+        )
+        with self.store.tx() as c:
+            stale = [
+                str(r[0])
+                for r in c.execute("SELECT id FROM uploads WHERE created_at < ?", (cutoff,))
+            ]
+            c.execute("DELETE FROM uploads WHERE created_at < ?", (cutoff,))
+        for upload_id in stale:
+            self.store.upload_part(upload_id).unlink(missing_ok=True)
+        return len(stale)
 
     # -- reads for the retrieve side ----------------------------------------------------------
     def published_revision_ids(self, org: str) -> frozenset[str]:

@@ -332,9 +332,11 @@ class Worker:
         process: Callable[[TaskRow], None],
         *,
         poll_seconds: float = 0.5,
+        on_start: Callable[[], object] | None = None,
     ) -> None:
         self.queue = queue
         self.process = process
+        self.on_start = on_start
         self.poll_seconds = poll_seconds
         self.owner = owner_identity()
         self._wake: asyncio.Event | None = None
@@ -375,6 +377,8 @@ class Worker:
             recovered = await asyncio.to_thread(self.queue.recover)
             if recovered:
                 log.info("kb.tasks_recovered", tasks=len(recovered))
+            if self.on_start is not None:
+                await asyncio.to_thread(self.on_start)
         except Exception as exc:  # noqa: BLE001 - the worker goes on with the queue as it is
             log.error("kb.recover_failed", error_type=type(exc).__name__)
         wake = self._wake or asyncio.Event()
