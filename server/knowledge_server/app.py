@@ -31,6 +31,8 @@ from knowledge_server.config import Config
 from knowledge_server.dispatch import run_dispatch, validate_dispatch
 from knowledge_server.edition import LicenceView
 from knowledge_server.errors import InvalidRequest, PermissionDenied, Unimplemented
+from knowledge_server.kb.admin import KnowledgeBaseAdmin
+from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.lanes.common import run_with_progress
 from knowledge_server.lanes.contract import Lanes
 from knowledge_server.logs import get_logger
@@ -88,12 +90,16 @@ class KnowledgeApp:
         lanes: Lanes | None = None,
         licence: LicenceView | None = None,
         coordinator: Coordinator | None = None,
+        kb: KnowledgeBase | None = None,
     ) -> None:
         self.config = config
         self.started_at = datetime.now(UTC)
         self.licence = licence or LicenceView()
         self.lanes = lanes or Lanes()
         self._audit: AuditLog | None = None
+        # The knowledge base (kb/): None when this deployment has none.
+        self.kb = kb
+        self._kb_admin = KnowledgeBaseAdmin(kb, self.record) if kb is not None else None
         self.coordinator = coordinator or Coordinator(
             self._search_lanes(),
             timeout_ms=config.lane_timeout_ms,
@@ -330,6 +336,20 @@ class KnowledgeApp:
                 )
         return out
 
+    # -- KnowledgeBaseAdminService ---------------------------------------------------------
+    async def kb_admin(self, op: str, req: Message, principal: Principal) -> Message:
+        """One knowledge-base management RPC (``kb/admin.py``), audited when it writes."""
+        if self._kb_admin is None:
+            raise Unimplemented("this server has no knowledge base")
+        return await self._kb_admin.call(op, req, principal)
+
+    async def kb_watch(self, req: Any, principal: Principal) -> AsyncIterator[Message]:
+        """WatchTask: the task's progress until it ends."""
+        if self._kb_admin is None:
+            raise Unimplemented("this server has no knowledge base")
+        async for event in self._kb_admin.watch(req, principal):
+            yield event
+
     # -- audit ---------------------------------------------------------------------------
     @property
     def audit(self) -> AuditLog:
@@ -369,6 +389,8 @@ class KnowledgeApp:
     def close(self) -> None:
         if self._audit is not None:
             self._audit.close()
+        if self.kb is not None:
+            self.kb.close()
         for _, lane in self.lanes.reporting():
             if lane is not None:
                 lane.close()

@@ -88,6 +88,8 @@ class Config:
     sqlite_mmap_mib: int = 256
     # Outbox packages one principal may have pending (committed Dispatch calls).
     outbox_quota_per_principal: int = 100
+    # Largest source file the knowledge base takes in an upload, in MiB.
+    kb_max_source_mib: int = 32
 
     @property
     def listen_host(self) -> str:
@@ -152,6 +154,7 @@ _INT_FIELDS = {
     "workers",
     "sqlite_mmap_mib",
     "outbox_quota_per_principal",
+    "kb_max_source_mib",
 }
 _FLOAT_FIELDS = {"grace_seconds"}
 _BOOL_FIELDS = {"bootstrap"}
@@ -204,6 +207,7 @@ _INT_RANGES = {
     "embedder_batch": (1, 2048),
     "sqlite_mmap_mib": (0, 1_048_576),
     "outbox_quota_per_principal": (1, 1_000_000),
+    "kb_max_source_mib": (1, 4096),
 }
 
 

@@ -34,6 +34,7 @@ from knowledge_server.cli.common import (
     run_stream,
 )
 from knowledge_server.cli.docgraph import docgraph
+from knowledge_server.cli.kb import kb
 from knowledge_server.cli.licence import install_command
 from knowledge_server.cli.mcp import mcp_command
 from knowledge_server.cli.outbox import outbox
@@ -674,6 +675,7 @@ license_group.add_command(install_command, "install")
 main.add_command(license_group, "license")
 main.add_command(tokens_group, "token")
 main.add_command(docgraph, "docgraph")
+main.add_command(kb, "kb")
 
 
 def iter_commands(group: click.Group | None = None, prefix: str = "") -> Iterator[str]:
