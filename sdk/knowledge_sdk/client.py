@@ -319,6 +319,15 @@ class KnowledgeClient(_Client):
     rebuild_derived = _sync(_calls.rebuild_derived)
     build_doc_graph = _sync(_calls.build_doc_graph)
     get_status = _sync(_calls.get_status)
+    # MemoryService
+    remember = _sync(_calls.remember)
+    recall = _sync(_calls.recall)
+    timeline = _sync(_calls.timeline)
+    rooms = _sync(_calls.rooms)
+    relations = _sync(_calls.relations)
+    memory_policy = _sync(_calls.memory_policy)
+    consolidate = _sync(_calls.consolidate)
+    restore = _sync(_calls.restore)
 
 
 class AsyncKnowledgeClient(_Client):
@@ -393,3 +402,12 @@ class AsyncKnowledgeClient(_Client):
     rebuild_derived = _async(_calls.rebuild_derived)
     build_doc_graph = _async(_calls.build_doc_graph)
     get_status = _async(_calls.get_status)
+    # MemoryService
+    remember = _async(_calls.remember)
+    recall = _async(_calls.recall)
+    timeline = _async(_calls.timeline)
+    rooms = _async(_calls.rooms)
+    relations = _async(_calls.relations)
+    memory_policy = _async(_calls.memory_policy)
+    consolidate = _async(_calls.consolidate)
+    restore = _async(_calls.restore)

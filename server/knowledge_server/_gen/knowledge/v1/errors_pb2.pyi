@@ -71,6 +71,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The data directory's filesystem is full; nothing more could be written."""
     ERROR_REASON_KNOWLEDGE_DEADLINE_EXCEEDED: _ErrorReason.ValueType  # 23
     """The caller's deadline passed before the answer was ready (gRPC DEADLINE_EXCEEDED)."""
+    ERROR_REASON_KNOWLEDGE_SECRET_REFUSED: _ErrorReason.ValueType  # 40
+    """A memory value (or category, key) looks like a secret; nothing was written."""
+    ERROR_REASON_KNOWLEDGE_PATH_OUTSIDE_SCOPE: _ErrorReason.ValueType  # 41
+    """A memory value names a path outside the caller's workspaces; nothing was written."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Reason codes. A whole-request failure is a gRPC status whose details hold a
@@ -128,6 +132,10 @@ ERROR_REASON_KNOWLEDGE_STORAGE_FULL: ErrorReason.ValueType  # 22
 """The data directory's filesystem is full; nothing more could be written."""
 ERROR_REASON_KNOWLEDGE_DEADLINE_EXCEEDED: ErrorReason.ValueType  # 23
 """The caller's deadline passed before the answer was ready (gRPC DEADLINE_EXCEEDED)."""
+ERROR_REASON_KNOWLEDGE_SECRET_REFUSED: ErrorReason.ValueType  # 40
+"""A memory value (or category, key) looks like a secret; nothing was written."""
+ERROR_REASON_KNOWLEDGE_PATH_OUTSIDE_SCOPE: ErrorReason.ValueType  # 41
+"""A memory value names a path outside the caller's workspaces; nothing was written."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final
