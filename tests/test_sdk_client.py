@@ -95,7 +95,7 @@ def _free_port() -> int:
 
 
 def test_the_rpc_table_names_every_method_once() -> None:
-    assert len(set(RPC_METHODS.values())) == len(RPC_METHODS) == 14
+    assert len(set(RPC_METHODS.values())) == len(RPC_METHODS) == 22
 
 
 def test_unavailable_is_retried_by_the_channel(scripted: tuple[str, Script]) -> None:
