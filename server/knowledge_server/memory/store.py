@@ -747,19 +747,32 @@ class MemoryStore:
                     )
                     report.decayed += 1
                 confidence[e.id] = conf
-            # 2. consolidate near-duplicates within a category: each entry is compared with
-            # its neighbours in the order of its sorted words (bounded: ``_NEIGHBOURS`` each),
-            # the better-ranked one keeps and takes the other's confirmations.
+            # 2. consolidate near-duplicates within a category. Bounded: an entry is compared
+            # only with the entries sharing one of its ``_RARE_WORDS`` rarest words (at most
+            # ``_BUCKET`` per word, the oldest first); two values similar enough to merge share
+            # most words, so they share a rare one. The better-ranked entry keeps and takes
+            # the other's confirmations; the other is archived.
             alive = {e.id: e for e in current}
             by_cat: dict[str, list[Entry]] = {}
             for e in current:
                 by_cat.setdefault(e.category, []).append(e)
             for cat in sorted(by_cat):
-                group = sorted(by_cat[cat], key=lambda e: (" ".join(sorted(words(e.value))), e.id))
-                for i, a in enumerate(group):
+                group = by_cat[cat]  # id order
+                wordsets = {e.id: words(e.value) for e in group}
+                df: dict[str, int] = {}
+                buckets: dict[str, list[Entry]] = {}
+                for e in group:
+                    for w in wordsets[e.id]:
+                        df[w] = df.get(w, 0) + 1
+                        bucket = buckets.setdefault(w, [])
+                        if len(bucket) < _BUCKET:
+                            bucket.append(e)
+                for a in group:
                     if a.id not in alive:
                         continue
-                    for b in group[i + 1 : i + 1 + _NEIGHBOURS]:
+                    rare = sorted(wordsets[a.id], key=lambda w: (df[w], w))[:_RARE_WORDS]
+                    seen = {b.id: b for w in rare for b in buckets[w] if b.id != a.id}
+                    for b in sorted(seen.values(), key=lambda e: e.id):
                         if b.id not in alive or a.key == b.key:
                             continue
                         if not same_value(a.value, b.value, p.similarity_threshold):
@@ -769,8 +782,9 @@ class MemoryStore:
                             key=lambda e: (-confidence[e.id], -e.confirmations, -e.touched, -e.id),
                         )
                         conn.execute(
-                            "UPDATE entries SET confirmations = confirmations + ? WHERE id = ?",
-                            (drop.confirmations, keep.id),
+                            "UPDATE entries SET confirmations = confirmations +"
+                            " (SELECT confirmations FROM entries WHERE id = ?) WHERE id = ?",
+                            (drop.id, keep.id),
                         )
                         self._archive(conn, scope, [drop.id], "consolidated", keep.id)
                         report.merged += 1
@@ -846,7 +860,8 @@ class MemoryStore:
         return [(int(a), int(b), str(s)) for a, b, s in rows]  # type: ignore[call-overload]
 
 
-_NEIGHBOURS = 8
+_RARE_WORDS = 2  # an entry's rarest words that pick its merge candidates
+_BUCKET = 64  # entries per word considered as candidates
 
 
 def _check_store(store: str) -> None:
