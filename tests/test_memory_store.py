@@ -332,3 +332,17 @@ def test_mem11_every_value_written_is_live_or_restorable(
                 key,
                 value,
             )
+
+
+def test_mem9_near_duplicates_far_apart_in_word_order_are_merged(tmp_path: Path) -> None:
+    """MEM-9: two values that differ in one word merge even when many entries of the same
+    category sort between them by their words (a sort-order window missed them)."""
+    m = _store(tmp_path, similarity_threshold=0.7)
+    m.remember(A, "facts", "ops", "first", "aardvark staging database moves to port", 0.9)
+    for i, word in enumerate(["abacus", "abbey", "acorn", "adder", "aerie", "agate", "aisle"]):
+        for j in range(2):
+            m.remember(A, "facts", "ops", f"filler-{i}-{j}", f"{word} filler{j} entry{i}", 0.9)
+    m.remember(A, "facts", "ops", "second", "zebra staging database moves to port", 0.5)
+    rep = m.consolidate(A, ["facts"])
+    assert rep.merged == 1
+    assert [(e.key, e.reason) for e in m.archived(A, "facts")] == [("second", "consolidated")]
