@@ -52,6 +52,8 @@ _COLUMNS = (
     " updated_at, decay_from, valid_from, valid_until, supersedes, touched"
 )
 
+_E_COLUMNS = ", ".join("e." + c.strip() for c in _COLUMNS.split(","))
+
 _BASELINE = f"""
 CREATE TABLE entries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -96,6 +98,24 @@ CREATE TABLE contradictions (
 CREATE INDEX contradictions_scope ON contradictions(org, workspace, id);
 CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT INTO counters VALUES ('touched', 0);
+CREATE VIRTUAL TABLE entries_words USING fts5(
+    category, key, value, content='entries', content_rowid='id',
+    tokenize='unicode61 remove_diacritics 0'
+);
+CREATE TRIGGER entries_words_insert AFTER INSERT ON entries BEGIN
+    INSERT INTO entries_words(rowid, category, key, value)
+    VALUES (new.id, new.category, new.key, new.value);
+END;
+CREATE TRIGGER entries_words_delete AFTER DELETE ON entries BEGIN
+    INSERT INTO entries_words(entries_words, rowid, category, key, value)
+    VALUES ('delete', old.id, old.category, old.key, old.value);
+END;
+CREATE TRIGGER entries_words_update AFTER UPDATE OF category, key, value ON entries BEGIN
+    INSERT INTO entries_words(entries_words, rowid, category, key, value)
+    VALUES ('delete', old.id, old.category, old.key, old.value);
+    INSERT INTO entries_words(rowid, category, key, value)
+    VALUES (new.id, new.category, new.key, new.value);
+END;
 """  # noqa: S608 - columns, tables and placeholders from module constants; values bound
 
 MIGRATIONS = Migrations(DB_FILE, (Step("001_initial", _BASELINE),))
@@ -531,24 +551,28 @@ class MemoryStore:
         _check_store(store)
         budget = min(limit or self.policy.recall_facts_limit, self.policy.recall_facts_limit)
         wanted = sorted(words(query))
-        sql = (
-            f"SELECT {_COLUMNS} FROM entries WHERE org = ? AND workspace = ? AND store = ?"  # noqa: S608 - columns, tables and placeholders from module constants; values bound
-            " AND valid_until IS NULL"
-        )
-        args: list[object] = [scope.org, scope.workspace, store]
-        if category:
-            sql += " AND category = ?"
-            args.append(category)
         if wanted:
-            # Any query word in the entry's text (the exact word test is below).
-            sql += (
-                " AND ("
-                + " OR ".join(
-                    ["instr(lower(category || ' ' || key || ' ' || value), ?) > 0"] * len(wanted)
-                )
-                + ")"
+            # Candidates from the word index (any query word), then the scope in SQL.
+            sql = (
+                f"SELECT {_E_COLUMNS} FROM entries_words"  # noqa: S608 - columns from module constants; values bound
+                " JOIN entries e ON e.id = entries_words.rowid WHERE entries_words MATCH ?"
+                " AND e.org = ? AND e.workspace = ? AND e.store = ? AND e.valid_until IS NULL"
             )
-            args.extend(wanted)
+            args: list[object] = [
+                " OR ".join('"' + w.replace('"', '""') + '"' for w in wanted),
+                scope.org,
+                scope.workspace,
+                store,
+            ]
+        else:
+            sql = (
+                f"SELECT {_COLUMNS} FROM entries WHERE org = ? AND workspace = ? AND store = ?"  # noqa: S608 - columns from module constants; values bound
+                " AND valid_until IS NULL"
+            )
+            args = [scope.org, scope.workspace, store]
+        if category:
+            sql += " AND e.category = ?" if wanted else " AND category = ?"
+            args.append(category)
         with self._lock:
             rows = self.conn.execute(sql, args).fetchall()
         scored: list[tuple[int, Entry]] = []
