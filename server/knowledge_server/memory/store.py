@@ -163,6 +163,13 @@ def severity(confidence: float, confirmations: int, contradiction_threshold: flo
     return "low"
 
 
+def _int(value: object) -> int:
+    """An integer column's value (SQLite hands back ``int``; anything else is a bug)."""
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"expected an integer, got {type(value).__name__}")
+
+
 def _iso(when: datetime) -> str:
     return when.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
@@ -430,7 +437,7 @@ class MemoryStore:
         row = conn.execute(
             "UPDATE counters SET value = value + 1 WHERE name = 'touched' RETURNING value"
         ).fetchone()
-        return int(row[0]) if row else 0  # type: ignore[call-overload]
+        return _int(row[0]) if row else 0
 
     def _current(
         self, conn: apsw.Connection, scope: Scope, store: str, category: str, key: str
@@ -453,7 +460,7 @@ class MemoryStore:
             " ORDER BY valid_from DESC, id DESC LIMIT 1",
             (scope.org, scope.workspace, store, category, key) * 2,
         ).fetchone()
-        return int(row[0]) if row else None  # type: ignore[call-overload]
+        return _int(row[0]) if row else None
 
     def _get(self, conn: apsw.Connection, scope: Scope, entry_id: int) -> Entry | None:
         row = conn.execute(
@@ -477,7 +484,7 @@ class MemoryStore:
                 f"SELECT count(*) FROM {table} WHERE org = ? AND workspace = ? AND store = ?",  # noqa: S608 - columns, tables and placeholders from module constants; values bound
                 (scope.org, scope.workspace, store),
             ).fetchone()
-        return int(row[0]) if row else 0  # type: ignore[call-overload]
+        return _int(row[0]) if row else 0
 
     def _make_room(self, conn: apsw.Connection, scope: Scope, store: str) -> int:
         """The one capacity manager: called before an entry is added to ``store``. At
@@ -489,7 +496,7 @@ class MemoryStore:
             "SELECT count(*) FROM entries WHERE org = ? AND workspace = ? AND store = ?",
             (scope.org, scope.workspace, store),
         ).fetchone()
-        size = int(row[0]) if row else 0  # type: ignore[call-overload]
+        size = _int(row[0]) if row else 0
         if size < maximum:
             return 0
         keep = (
@@ -499,7 +506,7 @@ class MemoryStore:
         )
         self.reclaims += 1
         ids = [
-            int(r[0])  # type: ignore[call-overload]
+            _int(r[0])
             for r in conn.execute(
                 "SELECT id FROM entries WHERE org = ? AND workspace = ? AND store = ?"  # noqa: S608 - columns, tables and placeholders from module constants; values bound
                 f" ORDER BY {RETENTION[store]} LIMIT -1 OFFSET ?",
@@ -626,7 +633,7 @@ class MemoryStore:
             budget,
             tuple(e.evidence_id for e in dropped[-OMITTED_IDS:]),
         )
-        return versions[len(dropped) :], cut, int(archived[0]) if archived else 0  # type: ignore[call-overload]
+        return versions[len(dropped) :], cut, _int(archived[0]) if archived else 0
 
     def rooms(
         self, scope: Scope, store: str, *, limit: int = 0
@@ -642,7 +649,7 @@ class MemoryStore:
                 " ORDER BY count(*) DESC, category",
                 (scope.org, scope.workspace, store),
             ).fetchall()
-        rooms = [(str(c), int(n), str(u)) for c, n, u in rows]  # type: ignore[call-overload]
+        rooms = [(str(c), _int(n), str(u)) for c, n, u in rows]
         cut = Cut(
             len(rooms),
             "rooms_limit",
@@ -746,7 +753,7 @@ class MemoryStore:
                 )
             ]
             decay_rows = {
-                int(r[0]): r[1]  # type: ignore[call-overload]
+                _int(r[0]): r[1]
                 for r in conn.execute(
                     "SELECT id, decay_from FROM entries WHERE org = ? AND workspace = ?"
                     " AND store = ? AND valid_until IS NULL",
@@ -881,7 +888,7 @@ class MemoryStore:
                 " workspace = ? ORDER BY id",
                 (scope.org, scope.workspace),
             ).fetchall()
-        return [(int(a), int(b), str(s)) for a, b, s in rows]  # type: ignore[call-overload]
+        return [(_int(a), _int(b), str(s)) for a, b, s in rows]
 
 
 _RARE_WORDS = 2  # an entry's rarest words that pick its merge candidates
