@@ -47,10 +47,20 @@ def test_request_checks(tmp_path: Path) -> None:
         memory_pb2.RememberRequest(category="c", key="k", value="v", confidence=1.5),
         memory_pb2.RememberRequest(store="relations", category="k", key="a -> b", value="c"),
         memory_pb2.RememberRequest(category=" ", key="k", value="v"),
+        memory_pb2.RememberRequest(store="secrets", category="c", key="k", value="v"),
     ]
     for req in bad:
         with pytest.raises(InvalidRequest):
             ops.run("remember", req, who)
+    for op, req in (
+        ("recall", memory_pb2.RecallRequest(limit=-1)),
+        ("recall", memory_pb2.RecallRequest(store="nope")),
+        ("timeline", memory_pb2.TimelineRequest(category="c", key="k", limit=501)),
+        ("restore", memory_pb2.RestoreRequest(limit=-5)),
+        ("policy", memory_pb2.PolicyRequest(value="edit")),
+    ):
+        with pytest.raises(InvalidRequest):
+            ops.run(op, req, who)
     history, _ = ops.run(
         "remember", memory_pb2.RememberRequest(store="history", category="deploys", value="v1"), who
     )

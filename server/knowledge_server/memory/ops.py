@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 from google.protobuf.message import Message
 
-from knowledge_server._gen.knowledge.v1 import memory_pb2
+from knowledge_server._gen.knowledge.v1 import memory_pb2, options_pb2
 from knowledge_server.auth_model import Principal
 from knowledge_server.errors import (
     InvalidRequest,
@@ -83,6 +83,31 @@ def memory_scope(principal: Principal, requested: str) -> Scope:
         "workspace: this principal has several workspaces; name the one whose memory to use",
         metadata={"field": "workspace"},
     )
+
+
+def check_rules(req: Message) -> None:
+    """The accepted values and bounds the proto declares for a request's fields
+    (``(knowledge.v1.rules)``; a zero or empty value means the default and passes)."""
+    for field in req.DESCRIPTOR.fields:
+        options = field.GetOptions()
+        if not options.HasExtension(options_pb2.rules):
+            continue
+        rules = options.Extensions[options_pb2.rules]
+        value = getattr(req, field.name)
+        if rules.values and value and value not in rules.values:
+            raise InvalidRequest(
+                f"{field.name}: expected one of {', '.join(rules.values)}",
+                metadata={"field": field.name},
+            )
+        if isinstance(value, int) and not isinstance(value, bool) and value:
+            low = rules.minimum if rules.HasField("minimum") else None
+            high = rules.maximum if rules.HasField("maximum") else None
+            if (low is not None and value < low) or (high is not None and value > high):
+                raise InvalidRequest(
+                    f"{field.name}: must be within {'' if low is None else low}.."
+                    f"{'' if high is None else high}",
+                    metadata={"field": field.name},
+                )
 
 
 def _paths(text: str) -> list[str]:
@@ -179,6 +204,7 @@ class MemoryOps:
     # -- operations -----------------------------------------------------------------------
     def run(self, op: str, req: Message, principal: Principal) -> tuple[Message, list[str]]:
         """Answer ``op``; also the ids a write touched (for its audit event)."""
+        check_rules(req)
         if op == "policy":
             return self.policy_answer(req), []  # type: ignore[arg-type]
         scope = memory_scope(principal, getattr(req, "workspace", ""))
