@@ -36,6 +36,7 @@ from knowledge_server.errors import (
     KnowledgeError,
     PermissionDenied,
     Unimplemented,
+    as_storage_full,
 )
 from knowledge_server.lanes.common import run_with_progress
 from knowledge_server.lanes.contract import Lanes
@@ -226,7 +227,7 @@ class KnowledgeApp:
                     summary = event
                 yield event
         except KnowledgeError as exc:
-            await self.record(
+            await self.record_failure(
                 principal, operation, targets=targets, input=_request_dict(req), outcome=exc.reason
             )
             raise
@@ -402,7 +403,7 @@ class KnowledgeApp:
             out, targets = await deadline.off_loop(ops.run, op, req, principal, pool="memory")
         except KnowledgeError as exc:
             if op in WRITES:
-                await self.record(
+                await self.record_failure(
                     principal, f"memory.{op}", input=_request_dict(req), outcome=exc.reason
                 )
             raise
@@ -442,7 +443,32 @@ class KnowledgeApp:
             input=input,
             outcome=outcome,
         )
-        return await asyncio.shield(asyncio.to_thread(append))
+        try:
+            return await asyncio.shield(asyncio.to_thread(append))
+        except Exception as exc:
+            full = as_storage_full(exc)
+            if full is not None:
+                raise full from None
+            raise
+
+    async def record_failure(
+        self,
+        principal: Principal,
+        operation: str,
+        *,
+        targets: tuple[str, ...] | list[str] = (),
+        input: object = None,
+        outcome: str,
+    ) -> None:
+        """``record`` for an operation that failed: the operation's own error is what the
+        caller gets, so an event that cannot be written (e.g. the disk is full, which may
+        be why the operation failed) is logged instead of replacing it."""
+        try:
+            await self.record(principal, operation, targets=targets, input=input, outcome=outcome)
+        except Exception as exc:  # noqa: BLE001 - the operation's error goes to the caller
+            get_logger("knowledge.audit").error(
+                "audit.append_failed", operation=operation, error_type=type(exc).__name__
+            )
 
     def reload(self) -> None:
         """SIGHUP: re-read the licence."""
