@@ -90,7 +90,9 @@ def test_a_larger_file_with_the_same_evidence_ranks_first_but_size_never_outweig
     s = rank.score_files([big, small], weights, priors)
     assert s[1] > s[2]
     assert s[1] / s[2] <= 1 + rank.SIZE_WEIGHT
-    better = rank.FileEvidence(2, "src/small.rs", "rust", file_bm25=10.0, chunk_bm25=5.0, n_chunks=3)
+    better = rank.FileEvidence(
+        2, "src/small.rs", "rust", file_bm25=10.0, chunk_bm25=5.0, n_chunks=3
+    )
     s = rank.score_files([big, better], weights, priors)
     assert s[2] > s[1]
 

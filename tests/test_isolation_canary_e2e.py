@@ -34,6 +34,9 @@ Invariants (ISO-n, named in each case's docstring):
   refuses an agent's token (PERMISSION_DENIED), answers another organisation's topic,
   revision, task, feedback, tag or template exactly as an unknown one, lists and
   reconciles only the caller's organisation, and keeps keys unique per organisation.
+* ISO-11 MemoryService calls answer from and write to the memory of the caller's own
+  workspace only; a ``workspace`` naming B's root (by string, ``..``, a link at any depth,
+  the string-prefix sibling) is refused with PERMISSION_DENIED and writes nothing.
 """
 
 from __future__ import annotations
@@ -496,6 +499,46 @@ def _rebuild_derived(w: World) -> None:
             assert summary.counters[key] == mine[key], (key, dict(summary.counters), mine)
 
 
+def _seed_memory(w: World) -> None:
+    """B's agent remembers B's canary (a fact and a relation) in B's memory."""
+    with w.client("agent-b") as kc:
+        kc.remember("canary", "b", f"{CANARY_B} lives here")
+        kc.remember("depends_on", CANARY_B, "db", store="relations")
+
+
+def _memory_case(rpc: str, call: Callable[[KnowledgeClient, str], Any]) -> Callable[[World], None]:
+    def case(w: World) -> None:
+        _seed_memory(w)
+        with w.client("agent-a") as kc:
+            _no_leak(w, call(kc, ""), CANARY_B)
+            if rpc == "Policy":
+                return
+            for root in _escapes(w):
+                with pytest.raises(PermissionDenied):
+                    call(kc, root)
+        with w.client("agent-b") as kc:
+            mine = kc.recall(CANARY_B)
+            assert [e.key for e in mine.entries] == ["b"], "B's memory changed"
+
+    case.__doc__ = (
+        f"ISO-11: {rpc} as A answers from A's memory only (none of B's canary) and refuses "
+        "every workspace that is, or resolves into, B's tree"
+    )
+    return case
+
+
+_MEMORY_CALLS: dict[str, Callable[[KnowledgeClient, str], Any]] = {
+    "Remember": lambda kc, ws: kc.remember("iso", "k", "a value of A", workspace=ws),
+    "Recall": lambda kc, ws: kc.recall(CANARY_B, workspace=ws),
+    "Timeline": lambda kc, ws: kc.timeline("canary", "b", workspace=ws),
+    "Rooms": lambda kc, ws: kc.rooms(workspace=ws),
+    "Relations": lambda kc, ws: kc.relations("", workspace=ws),
+    "Policy": lambda kc, ws: kc.memory_policy(),
+    "Consolidate": lambda kc, ws: kc.consolidate(all=True, dry_run=True, workspace=ws),
+    "Restore": lambda kc, ws: kc.restore(query="", limit=50, workspace=ws),
+}
+
+
 CASES: dict[str, Callable[[World], None]] = {
     "knowledge.v1.KnowledgeService/Search": _search,
     "knowledge.v1.KnowledgeService/Dispatch": _dispatch,
@@ -511,6 +554,10 @@ CASES: dict[str, Callable[[World], None]] = {
     "knowledge.v1.IndexService/RebuildDerived": _rebuild_derived,
     "knowledge.v1.IndexService/BuildDocGraph": _build_doc_graph,
     "knowledge.v1.IndexService/GetStatus": _get_status,
+    **{
+        f"knowledge.v1.MemoryService/{rpc}": _memory_case(rpc, call)
+        for rpc, call in _MEMORY_CALLS.items()
+    },
 }
 
 

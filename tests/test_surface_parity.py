@@ -58,6 +58,14 @@ CLI_COMMANDS = {
     "knowledge.v1.KnowledgeBaseAdminService/ResolveFeedback": "kb feedback resolve",
     "knowledge.v1.KnowledgeBaseAdminService/GetPolicy": "kb policy show",
     "knowledge.v1.KnowledgeBaseAdminService/SetPolicy": "kb policy set",
+    "knowledge.v1.MemoryService/Remember": "memory remember",
+    "knowledge.v1.MemoryService/Recall": "memory recall",
+    "knowledge.v1.MemoryService/Timeline": "memory timeline",
+    "knowledge.v1.MemoryService/Rooms": "memory rooms",
+    "knowledge.v1.MemoryService/Relations": "memory relations",
+    "knowledge.v1.MemoryService/Policy": "memory policy",
+    "knowledge.v1.MemoryService/Consolidate": "memory consolidate",
+    "knowledge.v1.MemoryService/Restore": "memory restore",
 }
 
 
@@ -101,9 +109,9 @@ def test_every_cli_command_is_documented() -> None:
 
 
 def test_every_rpc_has_an_mcp_tool_or_a_reasoned_exclusion() -> None:
-    from knowledge_mcp import EXCLUDED_RPCS, TOOLS
+    from knowledge_mcp import ACTION_TOOLS, EXCLUDED_RPCS, TOOLS
 
-    tool_rpcs = {t.rpc for t in TOOLS}
+    tool_rpcs = {t.rpc for t in TOOLS} | {rpc for t in ACTION_TOOLS for rpc in t.rpcs}
     assert tool_rpcs | set(EXCLUDED_RPCS) == _rpcs()
     assert not tool_rpcs & set(EXCLUDED_RPCS)
     for rpc in EXCLUDED_RPCS:

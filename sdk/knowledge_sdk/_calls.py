@@ -238,6 +238,17 @@ KB_GET_POLICY = Rpc(
 KB_SET_POLICY = Rpc(
     _A, "SetPolicy", v1.SetPolicyRequest, v1.SetPolicyResponse, False, "kb_set_policy"
 )
+_M = "knowledge.v1.MemoryService"
+REMEMBER = Rpc(_M, "Remember", v1.RememberRequest, v1.RememberResponse, False, "remember")
+RECALL = Rpc(_M, "Recall", v1.RecallRequest, v1.RecallResponse, False, "recall")
+TIMELINE = Rpc(_M, "Timeline", v1.TimelineRequest, v1.TimelineResponse, False, "timeline")
+ROOMS = Rpc(_M, "Rooms", v1.RoomsRequest, v1.RoomsResponse, False, "rooms")
+RELATIONS = Rpc(_M, "Relations", v1.RelationsRequest, v1.RelationsResponse, False, "relations")
+MEMORY_POLICY = Rpc(_M, "Policy", v1.PolicyRequest, v1.PolicyResponse, False, "memory_policy")
+CONSOLIDATE = Rpc(
+    _M, "Consolidate", v1.ConsolidateRequest, v1.ConsolidateResponse, False, "consolidate"
+)
+RESTORE = Rpc(_M, "Restore", v1.RestoreRequest, v1.RestoreResponse, False, "restore")
 
 RPCS: tuple[Rpc[Any, Any], ...] = (
     SEARCH,
@@ -284,6 +295,14 @@ RPCS: tuple[Rpc[Any, Any], ...] = (
     KB_RESOLVE_FEEDBACK,
     KB_GET_POLICY,
     KB_SET_POLICY,
+    REMEMBER,
+    RECALL,
+    TIMELINE,
+    ROOMS,
+    RELATIONS,
+    MEMORY_POLICY,
+    CONSOLIDATE,
+    RESTORE,
 )
 
 
@@ -944,3 +963,110 @@ def kb_set_policy(
         ),
         timeout,
     )
+
+
+# MemoryService
+
+
+def remember(
+    category: str,
+    key: str,
+    value: str,
+    *,
+    store: str = "facts",
+    confidence: float = 0.0,
+    workspace: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.RememberResponse]:
+    """Write one value to the memory of ``workspace`` (empty: the token's only one).
+    For ``store="relations"``: ``category`` is the relation kind, ``key`` the source and
+    ``value`` the target. ``confidence`` 0 means the service's default (0.7)."""
+    request = v1.RememberRequest(
+        workspace=workspace,
+        store=store,
+        category=category,
+        key=key,
+        value=value,
+        confidence=confidence,
+    )
+    return UnaryCall(REMEMBER, request, timeout)
+
+
+def recall(
+    query: str = "",
+    *,
+    store: str = "facts",
+    category: str = "",
+    limit: int = 0,
+    workspace: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.RecallResponse]:
+    """Current entries matching ``query``; ``truncation`` says what the budget cut."""
+    request = v1.RecallRequest(
+        workspace=workspace, store=store, query=query, category=category, limit=limit
+    )
+    return UnaryCall(RECALL, request, timeout)
+
+
+def timeline(
+    category: str,
+    key: str,
+    *,
+    store: str = "facts",
+    limit: int = 0,
+    workspace: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.TimelineResponse]:
+    """Every version of one key, oldest first."""
+    request = v1.TimelineRequest(
+        workspace=workspace, store=store, category=category, key=key, limit=limit
+    )
+    return UnaryCall(TIMELINE, request, timeout)
+
+
+def rooms(
+    *, store: str = "facts", limit: int = 0, workspace: str = "", timeout: float | None = None
+) -> UnaryCall[v1.RoomsResponse]:
+    """Categories of a store with their number of current entries."""
+    return UnaryCall(ROOMS, v1.RoomsRequest(workspace=workspace, store=store, limit=limit), timeout)
+
+
+def relations(
+    ref: str = "", *, limit: int = 0, workspace: str = "", timeout: float | None = None
+) -> UnaryCall[v1.RelationsResponse]:
+    """Relation edges from or to ``ref`` (every edge when empty)."""
+    request = v1.RelationsRequest(workspace=workspace, ref=ref, limit=limit)
+    return UnaryCall(RELATIONS, request, timeout)
+
+
+def memory_policy(
+    value: str = "show", *, timeout: float | None = None
+) -> UnaryCall[v1.PolicyResponse]:
+    """The memory policy in force (``value="validate"``: with its range check)."""
+    return UnaryCall(MEMORY_POLICY, v1.PolicyRequest(value=value), timeout)
+
+
+def consolidate(
+    *,
+    all: bool = False,
+    dry_run: bool = False,
+    workspace: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.ConsolidateResponse]:
+    """Decay, consolidate near-duplicates and compact (facts, or every store with
+    ``all``); ``dry_run`` computes on a copy and writes nothing."""
+    request = v1.ConsolidateRequest(workspace=workspace, all=all, dry_run=dry_run)
+    return UnaryCall(CONSOLIDATE, request, timeout)
+
+
+def restore(
+    *,
+    store: str = "facts",
+    query: str = "",
+    limit: int = 0,
+    workspace: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.RestoreResponse]:
+    """Bring archived entries back (most recently archived first; 0 = 10)."""
+    request = v1.RestoreRequest(workspace=workspace, store=store, query=query, limit=limit)
+    return UnaryCall(RESTORE, request, timeout)

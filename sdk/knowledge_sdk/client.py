@@ -350,6 +350,15 @@ class KnowledgeClient(_Client):
     kb_resolve_feedback = _sync(_calls.kb_resolve_feedback)
     kb_get_policy = _sync(_calls.kb_get_policy)
     kb_set_policy = _sync(_calls.kb_set_policy)
+    # MemoryService
+    remember = _sync(_calls.remember)
+    recall = _sync(_calls.recall)
+    timeline = _sync(_calls.timeline)
+    rooms = _sync(_calls.rooms)
+    relations = _sync(_calls.relations)
+    memory_policy = _sync(_calls.memory_policy)
+    consolidate = _sync(_calls.consolidate)
+    restore = _sync(_calls.restore)
 
 
 class AsyncKnowledgeClient(_Client):
@@ -455,3 +464,12 @@ class AsyncKnowledgeClient(_Client):
     kb_resolve_feedback = _async(_calls.kb_resolve_feedback)
     kb_get_policy = _async(_calls.kb_get_policy)
     kb_set_policy = _async(_calls.kb_set_policy)
+    # MemoryService
+    remember = _async(_calls.remember)
+    recall = _async(_calls.recall)
+    timeline = _async(_calls.timeline)
+    rooms = _async(_calls.rooms)
+    relations = _async(_calls.relations)
+    memory_policy = _async(_calls.memory_policy)
+    consolidate = _async(_calls.consolidate)
+    restore = _async(_calls.restore)

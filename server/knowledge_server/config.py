@@ -18,6 +18,8 @@ from typing import Any
 
 import platformdirs
 
+from knowledge_server.memory.policy import MemoryPolicy, PolicyError, load_policy
+
 __all__ = [
     "Config",
     "ConfigError",
@@ -90,6 +92,8 @@ class Config:
     outbox_quota_per_principal: int = 100
     # Largest source file the knowledge base takes in an upload, in MiB.
     kb_max_source_mib: int = 32
+    # The memory policy: [memory.knowledge] and [memory.lifecycle] (docs/memory.md).
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
 
     @property
     def listen_host(self) -> str:
@@ -285,8 +289,9 @@ def load_config(
 ) -> Config:
     """Build a validated Config from a TOML file, the environment and CLI overrides."""
     env = os.environ if env is None else env
-    names = {f.name for f in fields(Config)}
+    names = {f.name for f in fields(Config)} - {"memory"}
     values: dict[str, Any] = {}
+    memory_tables: Any = None
     if path is None and env.get("KNOWLEDGE_CONFIG"):
         path = Path(env["KNOWLEDGE_CONFIG"])
     if path is not None:
@@ -297,6 +302,7 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
         table = raw.get("server", raw)
+        memory_tables = raw.get("memory")
         for key, value in table.items():
             if isinstance(value, dict):
                 continue
@@ -318,4 +324,13 @@ def load_config(
         if key not in names:
             raise ConfigError(f"unknown setting {key!r}")
         values[key] = _coerce(key, value, "command line")
+    values["memory"] = _memory_policy(memory_tables, env, path)
     return _validate(Config(**values))
+
+
+def _memory_policy(tables: Any, env: Mapping[str, str], path: Path | None) -> MemoryPolicy:
+    """The ``[memory]`` tables of the file with ``KNOWLEDGE_MEMORY_*`` overrides."""
+    try:
+        return load_policy(tables, env, f"config file {path}" if path else "defaults")
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None

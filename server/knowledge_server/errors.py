@@ -32,6 +32,18 @@ class InvalidRequest(KnowledgeError):
     reason = "KNOWLEDGE_INVALID_REQUEST"
 
 
+class SecretRefused(InvalidRequest):
+    """A value to be stored looks like a secret (``redact.looks_like_secret``)."""
+
+    reason = "KNOWLEDGE_SECRET_REFUSED"
+
+
+class PathOutsideScope(InvalidRequest):
+    """A value to be stored names a path outside the caller's workspaces."""
+
+    reason = "KNOWLEDGE_PATH_OUTSIDE_SCOPE"
+
+
 class NotFound(KnowledgeError):
     code = grpc.StatusCode.NOT_FOUND
     reason = "KNOWLEDGE_NOT_FOUND"

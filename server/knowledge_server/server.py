@@ -31,6 +31,8 @@ from knowledge_server._gen.knowledge.v1 import (
     kb_admin_pb2_grpc,
     knowledge_service_pb2,
     knowledge_service_pb2_grpc,
+    memory_pb2,
+    memory_pb2_grpc,
 )
 from knowledge_server.app import KnowledgeApp
 from knowledge_server.auth_model import Principal
@@ -47,6 +49,7 @@ from knowledge_server.transport.servicers import (
     IndexServicer,
     KnowledgeBaseAdminServicer,
     KnowledgeServicer,
+    MemoryServicer,
 )
 from knowledge_server.workers import WorkerGroup, WorkerMain
 
@@ -57,6 +60,7 @@ SERVICE_NAMES = (
     docgraph_pb2.DESCRIPTOR.services_by_name["DocGraphService"].full_name,
     index_service_pb2.DESCRIPTOR.services_by_name["IndexService"].full_name,
     kb_admin_pb2.DESCRIPTOR.services_by_name["KnowledgeBaseAdminService"].full_name,
+    memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
 )
 
 
@@ -150,6 +154,7 @@ async def create_server(
     kb_admin_pb2_grpc.add_KnowledgeBaseAdminServiceServicer_to_server(
         KnowledgeBaseAdminServicer(app), server
     )
+    memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(app), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

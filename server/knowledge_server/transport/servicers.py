@@ -19,6 +19,8 @@ from knowledge_server._gen.knowledge.v1 import (
     kb_admin_pb2_grpc,
     knowledge_service_pb2,
     knowledge_service_pb2_grpc,
+    memory_pb2,
+    memory_pb2_grpc,
     search_pb2,
 )
 from knowledge_server.app import KnowledgeApp
@@ -191,3 +193,51 @@ class KnowledgeBaseAdminServicer(kb_admin_pb2_grpc.KnowledgeBaseAdminServiceServ
     ) -> AsyncIterator[Message]:
         async for event in self.app.kb_watch(request, current_call().principal):
             yield event
+
+
+class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
+    def __init__(self, app: KnowledgeApp) -> None:
+        self.app = app
+
+    async def _op(self, op: str, request: Message, response: type[R]) -> R:
+        return await self.app.memory(op, request, current_call().principal, response)
+
+    async def Remember(
+        self, request: memory_pb2.RememberRequest, context: Context
+    ) -> memory_pb2.RememberResponse:
+        return await self._op("remember", request, memory_pb2.RememberResponse)
+
+    async def Recall(
+        self, request: memory_pb2.RecallRequest, context: Context
+    ) -> memory_pb2.RecallResponse:
+        return await self._op("recall", request, memory_pb2.RecallResponse)
+
+    async def Timeline(
+        self, request: memory_pb2.TimelineRequest, context: Context
+    ) -> memory_pb2.TimelineResponse:
+        return await self._op("timeline", request, memory_pb2.TimelineResponse)
+
+    async def Rooms(
+        self, request: memory_pb2.RoomsRequest, context: Context
+    ) -> memory_pb2.RoomsResponse:
+        return await self._op("rooms", request, memory_pb2.RoomsResponse)
+
+    async def Relations(
+        self, request: memory_pb2.RelationsRequest, context: Context
+    ) -> memory_pb2.RelationsResponse:
+        return await self._op("relations", request, memory_pb2.RelationsResponse)
+
+    async def Policy(
+        self, request: memory_pb2.PolicyRequest, context: Context
+    ) -> memory_pb2.PolicyResponse:
+        return await self._op("policy", request, memory_pb2.PolicyResponse)
+
+    async def Consolidate(
+        self, request: memory_pb2.ConsolidateRequest, context: Context
+    ) -> memory_pb2.ConsolidateResponse:
+        return await self._op("consolidate", request, memory_pb2.ConsolidateResponse)
+
+    async def Restore(
+        self, request: memory_pb2.RestoreRequest, context: Context
+    ) -> memory_pb2.RestoreResponse:
+        return await self._op("restore", request, memory_pb2.RestoreResponse)

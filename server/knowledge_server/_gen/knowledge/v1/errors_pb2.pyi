@@ -83,6 +83,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """Knowledge base: an uploaded file of a type that cannot be converted."""
     ERROR_REASON_KNOWLEDGE_SOURCE_TOO_LARGE: _ErrorReason.ValueType  # 29
     """Knowledge base: an uploaded file over the size limit."""
+    ERROR_REASON_KNOWLEDGE_SECRET_REFUSED: _ErrorReason.ValueType  # 30
+    """A memory value (or category, key) looks like a secret; nothing was written."""
+    ERROR_REASON_KNOWLEDGE_PATH_OUTSIDE_SCOPE: _ErrorReason.ValueType  # 31
+    """A memory value names a path outside the caller's workspaces; nothing was written."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Reason codes. A whole-request failure is a gRPC status whose details hold a
@@ -152,6 +156,10 @@ ERROR_REASON_KNOWLEDGE_UNSUPPORTED_SOURCE: ErrorReason.ValueType  # 28
 """Knowledge base: an uploaded file of a type that cannot be converted."""
 ERROR_REASON_KNOWLEDGE_SOURCE_TOO_LARGE: ErrorReason.ValueType  # 29
 """Knowledge base: an uploaded file over the size limit."""
+ERROR_REASON_KNOWLEDGE_SECRET_REFUSED: ErrorReason.ValueType  # 30
+"""A memory value (or category, key) looks like a secret; nothing was written."""
+ERROR_REASON_KNOWLEDGE_PATH_OUTSIDE_SCOPE: ErrorReason.ValueType  # 31
+"""A memory value names a path outside the caller's workspaces; nothing was written."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

@@ -64,6 +64,10 @@ class _RightEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Right.ValueType
     """Search, dispatch and read operations (roles `agent` and `operator`)."""
     RIGHT_MANAGE: _Right.ValueType  # 2
     """Indexing, ingestion, rebuilds and status details (role `operator`)."""
+    RIGHT_MEMORY_READ: _Right.ValueType  # 8
+    """Memory reads: recall, timeline, rooms, relations, policy (capability `memory.read`)."""
+    RIGHT_MEMORY_WRITE: _Right.ValueType  # 9
+    """Memory writes: remember, consolidate, restore (capability `memory.write`)."""
 
 class Right(_Right, metaclass=_RightEnumTypeWrapper):
     """What a caller's role must allow to call an RPC."""
@@ -74,6 +78,10 @@ RIGHT_READ: Right.ValueType  # 1
 """Search, dispatch and read operations (roles `agent` and `operator`)."""
 RIGHT_MANAGE: Right.ValueType  # 2
 """Indexing, ingestion, rebuilds and status details (role `operator`)."""
+RIGHT_MEMORY_READ: Right.ValueType  # 8
+"""Memory reads: recall, timeline, rooms, relations, policy (capability `memory.read`)."""
+RIGHT_MEMORY_WRITE: Right.ValueType  # 9
+"""Memory writes: remember, consolidate, restore (capability `memory.write`)."""
 Global___Right: _TypeAlias = Right  # noqa: Y015
 
 @_typing.final
