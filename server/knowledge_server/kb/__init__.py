@@ -1,0 +1,1 @@
+"""The governed knowledge base."""
