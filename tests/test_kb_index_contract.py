@@ -13,6 +13,7 @@ KB-IDX-9  a backend answer holding another organisation's row is filtered out
 KB-IDX-10 ``get_chunks`` returns the organisation's chunks, fields intact, in request order
 KB-IDX-11 rows survive closing and reopening the index
 KB-IDX-12 staging refuses rows of another organisation or revision, and mismatched vectors
+KB-IDX-13 the embedded store refuses a file written by a newer version (named migrations)
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 from knowledge_server.kb.chunk import chunk_document
 from knowledge_server.kb.convert import FaqEntry, convert_faq
 from knowledge_server.kb.index.port import RRF_K, IndexChunk, RetrievalIndex, index_chunks
 from knowledge_server.kb.index.sqlite import STORE_FILE, SqliteRetrievalIndex
+from knowledge_server.schema import StoreTooNew
 
 DIM = 8
 Opener = Callable[[], RetrievalIndex]
@@ -257,7 +260,9 @@ def test_kb_idx_7_lexical_vector_and_hybrid(index: RetrievalIndex) -> None:
         [_unit(0), _unit(1)],
     )
     revs = ["r1", "filler"]
-    lexical = index.search("acme", "working days", None, revision_ids=revs, k=3)
+    # One term only in r1:0 ("days" is in a filler row too: Milvus Lite weighs terms by its
+    # segments' statistics, so how two partial matches compare is the backend's business).
+    lexical = index.search("acme", "working", None, revision_ids=revs, k=3)
     assert lexical[0].chunk.chunk_id == "r1:0"
     assert lexical[0].lexical_rank == 1 and lexical[0].vector_rank is None
     assert lexical[0].score == pytest.approx(1 / (RRF_K + 1))
@@ -383,3 +388,16 @@ def test_kb_idx_12_stage_refuses_inconsistent_rows(index: RetrievalIndex) -> Non
         with pytest.raises(ValueError):
             index.stage("acme", "r1", chunks, vectors)
     assert index.revision_counts() == {}
+
+
+def test_kb_idx_13_sqlite_store_of_a_newer_version_is_refused(tmp_path: Path) -> None:
+    """KB-IDX-13: the embedded index's schema is named migrations; a store that records a
+    step this version does not know is refused instead of misread."""
+    path = tmp_path / STORE_FILE
+    SqliteRetrievalIndex(path, dim=DIM).close()
+    conn = apsw.Connection(str(path))
+    assert [r[0] for r in conn.execute("SELECT name FROM migrations")] == ["001_initial"]
+    conn.execute("INSERT INTO migrations(name, applied_at) VALUES('999_future', 'now')")
+    conn.close()
+    with pytest.raises(StoreTooNew, match="999_future"):
+        SqliteRetrievalIndex(path, dim=DIM)
