@@ -167,7 +167,8 @@ def test_html_blocks_in_order_without_scripts() -> None:
         "<script>steal()</script><h1>Refund policy</h1><p>Intro <b>text</b>.</p>"
         "<h2>Timing</h2><ul><li><p>Cards: 3 days</p></li></ul>"
         "<table><tr><th>Case</th><th>Days</th></tr><tr><td>bank</td><td>10</td></tr></table>"
-        "<iframe src='http://example.invalid'>frame text</iframe></body></html>"
+        "<iframe src='http://example.invalid'>frame text</iframe>"
+        "<div>Loose <i>text</i> in a div<p>and its paragraph</p></div></body></html>"
     )
     doc = Converter().convert(Source("p.html", html.encode()))
     assert doc.title == "Refund policy"
@@ -178,6 +179,8 @@ def test_html_blocks_in_order_without_scripts() -> None:
         ("text", "- Cards: 3 days"),
         ("text", "Case | Days"),
         ("text", "bank | 10"),
+        ("text", "Loose text in a div"),
+        ("text", "and its paragraph"),
     ]
 
 

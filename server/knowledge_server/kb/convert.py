@@ -311,6 +311,23 @@ def convert_markdown(source: Source, *, text: str | None = None) -> Document:
 _DROPPED = "script, style, noscript, template, iframe, object, embed, svg, head"
 _BLOCKS = "h1, h2, h3, h4, h5, h6, p, li, pre, tr, dt, dd, blockquote, figcaption, caption"
 _BLOCK_TAGS = frozenset(t.strip() for t in _BLOCKS.split(","))
+# Containers whose own text (outside the block elements in them) is kept as a paragraph.
+_CONTAINERS = "div, section, article, main, td, th, body"
+_CONTAINER_TAGS = frozenset(t.strip() for t in _CONTAINERS.split(","))
+
+
+def _loose_text(node: LexborNode) -> str:
+    """A container's text outside the block elements and containers inside it (those
+    are paragraphs of their own), and outside anything holding one (a list, a table)."""
+    parts = []
+    for child in node.iter(include_text=True):
+        tag = child.tag or ""
+        if tag in _BLOCK_TAGS or tag in _CONTAINER_TAGS:
+            continue
+        if tag != "-text" and child.css_first(f"{_BLOCKS}, {_CONTAINERS}") is not None:
+            continue
+        parts.append(child.text() or "")
+    return _clean(" ".join(parts))
 
 
 def _inside_block(node: LexborNode) -> bool:
@@ -331,10 +348,15 @@ def convert_html(source: Source) -> Document:
     for node in tree.css(_DROPPED):
         node.decompose()
     blocks: list[Block] = []
-    for node in tree.css(_BLOCKS):
+    for node in tree.css(f"{_BLOCKS}, {_CONTAINERS}"):
         if _inside_block(node):
             continue
         tag = node.tag or ""
+        if tag not in _BLOCK_TAGS:
+            loose = _loose_text(node)
+            if loose:
+                blocks.append(Block("text", loose))
+            continue
         if tag == "tr":
             cells = [_clean(c.text()) for c in node.css("th, td")]
             text = " | ".join(cells) if any(cells) else ""
