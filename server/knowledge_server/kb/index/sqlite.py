@@ -51,6 +51,12 @@ BUSY_MS = 10_000
 CANDIDATES_PER_HIT = 4
 MAX_CANDIDATES = 400
 
+# Vectors per sqlite-vec storage chunk. vec0 allocates whole chunks per partition (here an
+# organisation): with its default of 1,024, 100 organisations of one row each took 103 MiB
+# at 256 dimensions, with 64 they took 6.5 MiB; a KNN query over 10,000 rows of one
+# organisation took the same time (5.5 ms) with either.
+VEC_CHUNK_SIZE = 64
+
 _BASELINE = """
 CREATE TABLE chunks(
   id INTEGER PRIMARY KEY,
@@ -137,7 +143,8 @@ class SqliteRetrievalIndex:
                 conn.execute(
                     f"CREATE VIRTUAL TABLE IF NOT EXISTS {self._vec} USING vec0("
                     f"org text partition key, revision_id text, "
-                    f"embedding float[{int(dim)}] distance_metric=cosine)"
+                    f"embedding float[{int(dim)}] distance_metric=cosine, "
+                    f"chunk_size={VEC_CHUNK_SIZE})"
                 )
                 conn.execute(
                     "INSERT OR IGNORE INTO vector_tables(dim, tbl) VALUES(?, ?)", (dim, self._vec)
