@@ -20,11 +20,10 @@ import numpy as np
 from knowledge_server.app import KnowledgeApp
 from knowledge_server.code.embed import HashingEmbedder
 from knowledge_server.config import load_config
+from knowledge_server.kb.index.sqlite import STORE_FILE, SqliteRetrievalIndex
 from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.runtime import build_authenticator, start_background
 from knowledge_server.server import serve
-
-from tests.kb_fakes import MemoryIndex
 
 
 class SlowEmbedder(HashingEmbedder):
@@ -52,7 +51,7 @@ def main() -> None:
     )
     kb = KnowledgeBase(
         data,
-        index=MemoryIndex(data / "kb-index.json"),
+        index=SqliteRetrievalIndex(data / STORE_FILE, dim=SlowEmbedder(data / "slow").dim),
         embedder=SlowEmbedder(data / "slow"),
         poll_seconds=0.2,
     )

@@ -5,8 +5,7 @@ revision published while the first stays visible until the switch, rollback, off
 reconcile after a manual drift, audit events and their chain; and a serving process
 killed (SIGKILL) during PROCESS that restarts cleanly.
 
-The retrieval index is the stand-in of ``tests/kb_fakes.py`` until the index port's
-implementations are wired into the server (docs/kb.md)."""
+The retrieval index is the real embedded one (``kb/index/sqlite.py``)."""
 
 from __future__ import annotations
 
@@ -34,11 +33,11 @@ from knowledge_server.app import KnowledgeApp
 from knowledge_server.auth import TokenStore
 from knowledge_server.code.embed import HashingEmbedder
 from knowledge_server.config import Config
+from knowledge_server.kb.index.sqlite import STORE_FILE, SqliteRetrievalIndex
 from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.transport.policy import service_methods
 
 from tests.conftest import REPO_ROOT, ServerThread
-from tests.kb_fakes import MemoryIndex
 
 EIP = "eip-1014.md"
 
@@ -55,7 +54,7 @@ ROLES = {
 class World:
     server: ServerThread
     tokens: dict[str, str]
-    index: MemoryIndex
+    index: SqliteRetrievalIndex
 
     def client(self, who: str) -> KnowledgeClient:
         return KnowledgeClient(self.server.address, token=self.tokens[who], timeout=30)
@@ -85,7 +84,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("kbe2e")
     tokens = _tokens(root / "data")
     store = TokenStore(root / "data" / "tokens.json")
-    index = MemoryIndex()
+    index = SqliteRetrievalIndex(root / "data" / STORE_FILE, dim=HashingEmbedder().dim)
 
     def factory(cfg: Config) -> KnowledgeApp:
         kb = KnowledgeBase(cfg.data_dir, index=index, embedder=HashingEmbedder(), poll_seconds=0.1)

@@ -41,3 +41,34 @@ def test_settings_are_checked_and_describe_hides_credentials() -> None:
     ).describe()
     assert "s3cret" not in shown and "milvus.internal:19530" in shown
     assert IndexSettings().describe() == f"sqlite ({STORE_FILE})"
+
+
+def test_the_configuration_names_the_index_and_the_token_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from knowledge_server.config import ConfigError, load_config
+    from knowledge_server.runtime import kb_index_settings
+
+    monkeypatch.setenv("KB_MILVUS_TOKEN", "user:secret")
+    cfg = load_config(
+        env={},
+        overrides={
+            "data_dir": str(tmp_path),
+            "kb_index": "milvus",
+            "kb_milvus_uri": "http://milvus.internal:19530",
+            "kb_milvus_token_env": "KB_MILVUS_TOKEN",
+        },
+    )
+    settings = kb_index_settings(cfg)
+    assert (settings.backend, settings.milvus_uri, settings.milvus_token) == (
+        "milvus",
+        "http://milvus.internal:19530",
+        "user:secret",
+    )
+    assert "secret" not in settings.describe()
+    assert (
+        kb_index_settings(load_config(env={}, overrides={"data_dir": str(tmp_path)})).backend
+        == "sqlite"
+    )
+    with pytest.raises(ConfigError, match="kb_index"):
+        load_config(env={}, overrides={"data_dir": str(tmp_path), "kb_index": "elastic"})

@@ -129,7 +129,7 @@ def test_processing_stages_structured_chunks_and_records_embed_calls(tmp_path: P
     assert rev.chunk_count == len(chunks) == index.revision_counts("org-a")[("org-a", rev_id)]
     by_text = {c.text: c for c in chunks}
     assert by_text["Refunds take three days."].section_path == ("Example proposal", "Motivation")
-    assert by_text["Q: How long?\nA: Three days."].kind == "faq"
+    assert by_text["How long?\nThree days."].kind == "faq"  # question and answer together
     assert all(c.title == "Example" for c in chunks)
     assert not any("eip: 1" in c.text for c in chunks)  # front matter left out
     fence = next(c for c in chunks if "not a heading" in c.text)

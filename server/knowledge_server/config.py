@@ -92,6 +92,14 @@ class Config:
     outbox_quota_per_principal: int = 100
     # Largest source file the knowledge base takes in an upload, in MiB.
     kb_max_source_mib: int = 32
+    # The knowledge base's retrieval index: "sqlite" (embedded, DATA_DIR/kb_index.sqlite) or
+    # "milvus" (kb_milvus_uri: a server or cluster URI; empty = a Milvus Lite file in the
+    # data directory). The token, if the server needs one, is read from the environment
+    # variable kb_milvus_token_env names, never from this file.
+    kb_index: str = "sqlite"
+    kb_milvus_uri: str = ""
+    kb_milvus_token_env: str = ""
+    kb_milvus_collection: str = "kb_chunks"
     # The memory policy: [memory.knowledge] and [memory.lifecycle] (docs/memory.md).
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
 
@@ -167,6 +175,7 @@ _CHOICES = {
     "log_format": ("auto", "json", "console"),
     "log_level": ("debug", "info", "warning", "error"),
     "embedder": ("hash", "openai", "e5"),
+    "kb_index": ("sqlite", "milvus"),
 }
 
 

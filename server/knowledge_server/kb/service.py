@@ -173,7 +173,7 @@ class KnowledgeBase:
                 answer=src.answer,
             )
             try:
-                blocks = pipeline.convert_source(source)
+                blocks = pipeline.convert_source(source, title)
             except pipeline.ConversionError as exc:
                 raise _TaskFailed(exc.category, f"source {src.ordinal}: {exc}") from None
             chunks.extend(

@@ -35,9 +35,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
+from types import ModuleType
 from typing import Any
-
-from pymilvus import AnnSearchRequest, DataType, Function, FunctionType, MilvusClient, RRFRanker
 
 from knowledge_server.kb.index.port import (
     RRF_K,
@@ -46,6 +45,16 @@ from knowledge_server.kb.index.port import (
     recheck,
     validate_stage,
 )
+
+
+def _pymilvus() -> ModuleType:
+    """pymilvus, imported on first use: importing it takes seconds (bench/RESULTS.md), and a
+    server on the embedded index never needs it."""
+    import pymilvus
+
+    module: ModuleType = pymilvus
+    return module
+
 
 __all__ = ["ANALYZER", "MilvusRetrievalIndex"]
 
@@ -131,45 +140,47 @@ class MilvusRetrievalIndex:
         self.dim = dim
         self.collection = f"{collection}_d{int(dim)}"
         self.timeout_s = timeout_s
-        self.client = MilvusClient(uri=uri, token=token, db_name=db_name, timeout=timeout_s)
+        self.client = _pymilvus().MilvusClient(
+            uri=uri, token=token, db_name=db_name, timeout=timeout_s
+        )
         if not self.client.has_collection(self.collection):
             self._create(analyzer or ANALYZER)
         self.client.load_collection(self.collection)
 
     def _create(self, analyzer: Mapping[str, Any]) -> None:
         schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
-        schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=64)
-        schema.add_field("org", DataType.VARCHAR, max_length=256, is_partition_key=True)
-        schema.add_field("chunk_id", DataType.VARCHAR, max_length=512)
-        schema.add_field("topic_id", DataType.VARCHAR, max_length=256)
-        schema.add_field("revision_id", DataType.VARCHAR, max_length=256)
-        schema.add_field("source_id", DataType.VARCHAR, max_length=256)
-        schema.add_field("ordinal", DataType.INT64)
-        schema.add_field("kind", DataType.VARCHAR, max_length=16)
-        schema.add_field("title", DataType.VARCHAR, max_length=4096)
-        schema.add_field("section_path", DataType.VARCHAR, max_length=8192)
-        schema.add_field("page", DataType.INT64)
-        schema.add_field("text", DataType.VARCHAR, max_length=_MAX_VARCHAR)
+        schema.add_field("pk", _pymilvus().DataType.VARCHAR, is_primary=True, max_length=64)
+        schema.add_field("org", _pymilvus().DataType.VARCHAR, max_length=256, is_partition_key=True)
+        schema.add_field("chunk_id", _pymilvus().DataType.VARCHAR, max_length=512)
+        schema.add_field("topic_id", _pymilvus().DataType.VARCHAR, max_length=256)
+        schema.add_field("revision_id", _pymilvus().DataType.VARCHAR, max_length=256)
+        schema.add_field("source_id", _pymilvus().DataType.VARCHAR, max_length=256)
+        schema.add_field("ordinal", _pymilvus().DataType.INT64)
+        schema.add_field("kind", _pymilvus().DataType.VARCHAR, max_length=16)
+        schema.add_field("title", _pymilvus().DataType.VARCHAR, max_length=4096)
+        schema.add_field("section_path", _pymilvus().DataType.VARCHAR, max_length=8192)
+        schema.add_field("page", _pymilvus().DataType.INT64)
+        schema.add_field("text", _pymilvus().DataType.VARCHAR, max_length=_MAX_VARCHAR)
         schema.add_field(
             "lexical",
-            DataType.VARCHAR,
+            _pymilvus().DataType.VARCHAR,
             max_length=_MAX_VARCHAR,
             enable_analyzer=True,
             analyzer_params=dict(analyzer),
         )
-        schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
-        schema.add_field("dense", DataType.FLOAT_VECTOR, dim=self.dim)
+        schema.add_field("sparse", _pymilvus().DataType.SPARSE_FLOAT_VECTOR)
+        schema.add_field("dense", _pymilvus().DataType.FLOAT_VECTOR, dim=self.dim)
         schema.add_field(
             "tags",
-            DataType.ARRAY,
-            element_type=DataType.VARCHAR,
+            _pymilvus().DataType.ARRAY,
+            element_type=_pymilvus().DataType.VARCHAR,
             max_capacity=_MAX_TAGS,
             max_length=128,
         )
         schema.add_function(
-            Function(
+            _pymilvus().Function(
                 name="lexical_bm25",
-                function_type=FunctionType.BM25,
+                function_type=_pymilvus().FunctionType.BM25,
                 input_field_names=["lexical"],
                 output_field_names=["sparse"],
             )
@@ -272,11 +283,15 @@ class MilvusRetrievalIndex:
         dense = None if vector is None else [float(x) for x in vector]
         if query and dense is not None:
             reqs = [
-                AnnSearchRequest(data=[query], anns_field="sparse", param={}, limit=k, expr=expr),
-                AnnSearchRequest(data=[dense], anns_field="dense", param={}, limit=k, expr=expr),
+                _pymilvus().AnnSearchRequest(
+                    data=[query], anns_field="sparse", param={}, limit=k, expr=expr
+                ),
+                _pymilvus().AnnSearchRequest(
+                    data=[dense], anns_field="dense", param={}, limit=k, expr=expr
+                ),
             ]
             result = self.client.hybrid_search(
-                self.collection, reqs, RRFRanker(RRF_K), limit=k, output_fields=_FIELDS
+                self.collection, reqs, _pymilvus().RRFRanker(RRF_K), limit=k, output_fields=_FIELDS
             )
             ranked: list[tuple[Any, float, int | None, int | None]] = [
                 (hit, float(hit["distance"]), None, None) for hit in result[0]
