@@ -172,10 +172,12 @@ def main() -> None:
     timings.append(("clean", (time.perf_counter() - t) * 1000, clean))
     # drift: 10 revisions lost from the index, 10 orphans planted
     lost = [r.id for r in kb.store.revisions_in_states("org-0", ("PUBLISHED",))[:10]]
+    # (the orphans copy a chunk each, read before any revision is dropped)
+    models = [index.get_chunks("org-0", [f"{topics[i][2]}:0"]) for i in range(10)]
+    assert all(models), "no staged chunk to copy for the orphans"
     for rev_id in lost:
         index.drop_revision("org-0", rev_id)
-    for i in range(10):
-        model = index.get_chunks("org-0", [f"{topics[i][2]}:0"])
+    for i, model in enumerate(models):
         orphan = [
             replace(c, revision_id=f"rev_orphan{i}", chunk_id=f"rev_orphan{i}:0") for c in model
         ]
