@@ -88,6 +88,10 @@ class Config:
     sqlite_mmap_mib: int = 256
     # Outbox packages one principal may have pending (committed Dispatch calls).
     outbox_quota_per_principal: int = 100
+    # Prometheus endpoint (HOST:PORT, or PORT for 127.0.0.1); empty = no metrics.
+    metrics_listen: str = ""
+    # OpenTelemetry traces exported by OTLP/gRPC to this collector URL; empty = no tracing.
+    tracing_otlp_endpoint: str = ""
 
     @property
     def listen_host(self) -> str:
@@ -242,11 +246,35 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError(
             f"auth=off is only allowed on a loopback address; {cfg.listen} is reachable from other hosts"
         )
+    cfg = _telemetry(cfg)
     if cfg.embedder == "openai" and not (
         cfg.embedder_url and cfg.embedder_model and cfg.embedder_dim > 0
     ):
         raise ConfigError("embedder=openai needs embedder_url, embedder_model and embedder_dim")
     return cfg
+
+
+def _telemetry(cfg: Config) -> Config:
+    """``metrics_listen``: ``HOST:PORT`` as given, ``PORT`` or ``:PORT`` on loopback;
+    ``tracing_otlp_endpoint``: an http(s) URL."""
+    endpoint = cfg.tracing_otlp_endpoint
+    if endpoint and not endpoint.startswith(("http://", "https://")):
+        raise ConfigError(
+            "tracing_otlp_endpoint: expected the http:// or https:// URL of an OTLP/gRPC "
+            f"collector, got {endpoint!r}"
+        )
+    text = cfg.metrics_listen.strip()
+    if not text:
+        return cfg
+    if text.isdigit():
+        text = f"127.0.0.1:{text}"
+    elif text.startswith(":"):
+        text = f"127.0.0.1{text}"
+    try:
+        parse_listen(text)
+    except ConfigError as exc:
+        raise ConfigError(f"metrics_{exc}") from None
+    return replace(cfg, metrics_listen=text)
 
 
 def check_workspaces(cfg: Config) -> None:
