@@ -54,6 +54,7 @@ TIERS = {
         "test_sdk_client",
         "test_sdk_standalone",
         "test_server_e2e",
+        "test_ts_client_e2e",
         "test_observability_e2e",
         "test_skills_scope_e2e",
         "test_storage_full",
