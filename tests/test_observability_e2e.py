@@ -275,3 +275,27 @@ async def test_a_refused_call_sends_its_request_id_back(tmp_path: Path) -> None:
     finally:
         await shutdown(rs.served, 0)
     assert refused.request_id
+
+
+async def test_an_answer_with_warnings_only_is_not_logged_as_partial(tmp_path: Path) -> None:
+    """A search trimmed to its budget (a warning, no error, no degraded lane) logs its
+    codes at info level: a warning line per trimmed answer would be noise."""
+    ws, logs = _workspace(tmp_path, files=30)
+    rs = await start_server(tmp_path, workspaces=[str(ws)], session_paths=[str(logs)])
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            async for _ in kc.index_workspace(str(ws)):
+                pass
+            async for _ in kc.ingest_sessions([str(logs)]):
+                pass
+            with _call_logs() as entries:
+                answer = await kc.search(
+                    f"{WORD} decode frames", include=["code"], limit=50, max_tokens=500
+                )
+    finally:
+        await shutdown(rs.served, 0)
+    assert answer.limits.truncated and not answer.errors
+    assert not any(getattr(answer.lanes, n).degraded for n in ("code", "episodes"))
+    [line] = [e for e in entries if e.get("event") == "rpc.ok"]
+    assert line["log_level"] == "info" and "partial" not in line
+    assert "KNOWLEDGE_BUDGET_EXCEEDED" in line["warnings"]

@@ -254,8 +254,8 @@ def _body_request_id(request: Any) -> str:
     return value if value.isascii() and value.isprintable() else ""
 
 
-def _partial(result: Any) -> dict[str, Any]:
-    """The warning, error and degradation codes of a partial answer (no text)."""
+def _notices(result: Any) -> dict[str, Any]:
+    """The warning, error and degradation codes of an answer (no text)."""
     out: dict[str, Any] = {}
     for name in ("warnings", "errors"):
         notices = getattr(result, name, None)
@@ -274,11 +274,13 @@ def _partial(result: Any) -> dict[str, Any]:
 
 
 def _log_ok(result: Any, started: float) -> None:
-    partial = _partial(result)
-    if partial:
-        log.warning("rpc.ok", ms=_ms(started), partial=True, **partial)
+    """One line per answer. A partial one (errors or degraded lanes) is a warning; an
+    answer whose notices are warnings only (e.g. trimmed to its budget) stays info."""
+    notices = _notices(result)
+    if "errors" in notices or "degraded" in notices:
+        log.warning("rpc.ok", ms=_ms(started), partial=True, **notices)
     else:
-        log.info("rpc.ok", ms=_ms(started))
+        log.info("rpc.ok", ms=_ms(started), **notices)
 
 
 class _Observed:
@@ -332,8 +334,8 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
 
     The request id is the one the request body carries (``request_id`` of Search and
     Dispatch), else the ``x-request-id`` header, else a generated one; it is sent back
-    in the ``x-request-id`` trailer. A partial answer (warnings, errors or degraded
-    lanes) is logged at warning level with those codes.
+    in the ``x-request-id`` trailer. An answer's notice codes are in its line; a partial
+    answer (errors or degraded lanes) is logged at warning level.
 
     A raw exception never leaves a handler: domain errors become their gRPC status
     with ErrorInfo; anything else becomes INTERNAL / KNOWLEDGE_INTERNAL, logged with
