@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import structlog
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused
-from knowledge_server.config import load_config
+from knowledge_server.config import ConfigError, load_config
 from knowledge_server.runtime import build_app
 from knowledge_server.server import create_server, shutdown
-from knowledge_server.tracing import Tracing
+from knowledge_server.tracing import Tracing, provider_with
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -299,3 +300,33 @@ async def test_an_answer_with_warnings_only_is_not_logged_as_partial(tmp_path: P
     [line] = [e for e in entries if e.get("event") == "rpc.ok"]
     assert line["log_level"] == "info" and "partial" not in line
     assert "KNOWLEDGE_BUDGET_EXCEEDED" in line["warnings"]
+
+
+async def test_a_sample_ratio_of_zero_traces_no_call_and_configuration_checks_it(
+    tmp_path: Path,
+) -> None:
+    """tracing_sample_ratio: an untraced call has no span, and neither have its lanes."""
+    with pytest.raises(ConfigError, match="tracing_sample_ratio"):
+        load_config(env={}, overrides={"tracing_sample_ratio": 1.5})
+    spans: dict[float, int] = {}
+    for ratio in (0.0, 1.0):
+        exporter = InMemorySpanExporter()
+        provider = provider_with(exporter, ratio)
+        cfg = load_config(
+            env={},
+            overrides={
+                "listen": "127.0.0.1:0",
+                "data_dir": str(tmp_path / f"d{ratio}"),
+                "bootstrap": False,
+            },
+        )
+        served = await create_server(cfg, build_app(cfg), tracing=Tracing(provider))
+        await served.server.start()
+        try:
+            async with AsyncKnowledgeClient(f"127.0.0.1:{served.port}") as kc:
+                for i in range(5):
+                    await kc.search(f"{WORD} question {i}", include=["episodes", "code"])
+        finally:
+            await shutdown(served, 0)  # flushes the batch of spans
+        spans[ratio] = len(exporter.get_finished_spans())
+    assert spans == {0.0: 0, 1.0: 15}  # five calls, each with two lanes

@@ -92,6 +92,8 @@ class Config:
     metrics_listen: str = ""
     # OpenTelemetry traces exported by OTLP/gRPC to this collector URL; empty = no tracing.
     tracing_otlp_endpoint: str = ""
+    # Share of calls traced (0..1), when tracing is on; a call's lane spans follow it.
+    tracing_sample_ratio: float = 1.0
 
     @property
     def listen_host(self) -> str:
@@ -157,7 +159,7 @@ _INT_FIELDS = {
     "sqlite_mmap_mib",
     "outbox_quota_per_principal",
 }
-_FLOAT_FIELDS = {"grace_seconds"}
+_FLOAT_FIELDS = {"grace_seconds", "tracing_sample_ratio"}
 _BOOL_FIELDS = {"bootstrap"}
 _CHOICES = {
     "auth": ("auto", "on", "off"),
@@ -257,6 +259,8 @@ def _validate(cfg: Config) -> Config:
 def _telemetry(cfg: Config) -> Config:
     """``metrics_listen``: ``HOST:PORT`` as given, ``PORT`` or ``:PORT`` on loopback;
     ``tracing_otlp_endpoint``: an http(s) URL."""
+    if not 0.0 <= cfg.tracing_sample_ratio <= 1.0:
+        raise ConfigError(f"tracing_sample_ratio: {cfg.tracing_sample_ratio} is out of range 0..1")
     endpoint = cfg.tracing_otlp_endpoint
     if endpoint and not endpoint.startswith(("http://", "https://")):
         raise ConfigError(

@@ -131,7 +131,7 @@ async def create_server(
     if metrics is None and config.metrics_listen:
         metrics = Metrics()
     if tracing is None and config.tracing_otlp_endpoint:
-        tracing = Tracing(otlp_provider(config.tracing_otlp_endpoint))
+        tracing = Tracing(otlp_provider(config.tracing_otlp_endpoint, config.tracing_sample_ratio))
     if metrics is not None:
         metrics.watch_licence(app.licence.status)
     app.coordinator.observers.extend(o for o in (metrics, tracing) if o is not None)
