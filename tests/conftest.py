@@ -21,6 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # - unit: everything else (one module, real SQLite files, no server).
 TIERS = {
     "contract": {
+        "test_audit_log",
         "test_budget_fit",
         "test_contract_proto",
         "test_dispatch_kd",
@@ -29,6 +30,7 @@ TIERS = {
         "test_layering",
         "test_lane_deadline",
         "test_lane_finish",
+        "test_memory_store",
         "test_proto_options",
         "test_surface_parity",
         "test_workspace_sql",
@@ -48,7 +50,9 @@ TIERS = {
         "test_integrations",
         "test_integrations_live",
         "test_isolation_canary_e2e",
+        "test_kb_admin_e2e",
         "test_mcp_bridge",
+        "test_memory_e2e",
         "test_outbox_quota_e2e",
         "test_request_limits",
         "test_sdk_client",

@@ -253,3 +253,54 @@ def test_cli_create_human_and_errors(tmp_path: Path) -> None:
     assert result.exit_code == 2
     result = runner.invoke(tokens_group, ["--help"])
     assert result.exit_code == 0 and "revoke" in result.output
+
+
+# -- capabilities ---------------------------------------------------------------------
+
+
+def test_a_token_holds_its_roles_capabilities_or_the_subset_it_was_given(tmp_path: Path) -> None:
+    """An operator token limited to kb.edit cannot review or publish; an agent token holds
+    kb.read and memory but never a management capability."""
+    store = TokenStore.in_data_dir(tmp_path)
+    _, editor = store.create("ed", "acme", None, "operator", ["kb.read", "kb.edit"])
+    _, agent = store.create("ag", "acme", None, "agent")
+    _, quiet = store.create("q", "acme", None, "agent", ["read", "kb.read", "memory.read"])
+    ed, ag, q = (store.authenticate(t) for t in (editor, agent, quiet))
+    assert ed is not None and ag is not None and q is not None
+    assert ed.held() == ("kb.read", "kb.edit")
+    assert not ed.allows("kb.publish") and not ed.allows("manage") and not ed.allows("read")
+    assert ag.held() == ("read", "kb.read", "memory.read", "memory.write")
+    assert not q.allows("memory.write") and q.allows("memory.read")
+    with pytest.raises(ValueError, match=r"cannot hold 'kb\.publish'"):
+        store.create("x", "acme", None, "agent", ["kb.publish"])
+    # Stored and read back the same way: a token created without a list has all of the role's.
+    listed = {t.principal.id: t.to_dict() for t in store.list()}
+    assert "capabilities" not in listed["ag"] and listed["ed"]["capabilities"] == [
+        "kb.read",
+        "kb.edit",
+    ]
+
+
+def test_token_create_cli_takes_capabilities(tmp_path: Path) -> None:
+    runner = CliRunner()
+    base = ["token", "create", "--id", "ed", "--org", "acme", "--all-workspaces"]
+    ok = runner.invoke(
+        tokens_group,
+        [
+            *base[1:],
+            "--role",
+            "operator",
+            "--capability",
+            "kb.edit",
+            "--json",
+            "--data-dir",
+            str(tmp_path),
+        ],
+    )
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["capabilities"] == ["kb.edit"]
+    bad = runner.invoke(
+        tokens_group,
+        [*base[1:], "--role", "agent", "--capability", "kb.admin", "--data-dir", str(tmp_path)],
+    )
+    assert bad.exit_code != 0 and "cannot hold 'kb.admin'" in bad.output

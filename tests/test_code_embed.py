@@ -264,3 +264,20 @@ def test_e5_embedder(tmp_path: Path) -> None:
     q = e.embed_query(["load the configuration file"])[0]
     assert p.shape == (2, 384) and np.allclose(np.linalg.norm(p, axis=1), 1.0, atol=1e-4)
     assert float(p[0] @ q) > float(p[1] @ q)
+
+
+def test_questions_leave_the_indexing_caches_as_they_were() -> None:
+    """Every question brings words no other has: embedding it or taking its terms must not
+    add them to the caches that serve indexing (a serving process would grow with each
+    question), and it must give the same vector as indexing the same text would."""
+    from knowledge_server.code.tokenize import query_terms, split_identifier
+
+    e = HashingEmbedder()
+    e.embed(["def load_config(path): return parse(path)"])
+    cached, split_cached = len(e._cache), split_identifier.cache_info().currsize
+    question = "where is qzxUnseenWordOne frobnicated by plonkHandler"
+    qv = e.embed_query([question])
+    query_terms(question + " anotherNeverSeenIdentifierQq")
+    assert len(e._cache) == cached
+    assert split_identifier.cache_info().currsize == split_cached
+    assert np.allclose(qv, e.embed([question]))

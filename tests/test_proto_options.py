@@ -19,7 +19,9 @@ from knowledge_server._gen.knowledge.v1 import (
     docgraph_pb2,
     errors_pb2,
     index_service_pb2,
+    kb_admin_pb2,
     knowledge_service_pb2,
+    memory_pb2,
     options_pb2,
     search_pb2,
 )
@@ -46,7 +48,9 @@ def test_every_proto_file_has_the_pinned_language_options() -> None:
         docgraph_pb2,
         errors_pb2,
         index_service_pb2,
+        kb_admin_pb2,
         knowledge_service_pb2,
+        memory_pb2,
         options_pb2,
         search_pb2,
     ]

@@ -27,7 +27,8 @@ from typing import Any
 
 import click
 
-from knowledge_server.auth_model import ROLE_RIGHTS, Principal
+from knowledge_server.audit import record_cli
+from knowledge_server.auth_model import CAPABILITIES, ROLE_RIGHTS, Principal
 from knowledge_server.logs import get_logger
 from knowledge_server.workspaces import normalise_workspace as _normalise
 
@@ -90,14 +91,19 @@ def normalise_workspace(path: str | os.PathLike[str]) -> str:
 
 
 def make_principal(
-    id: str, organisation: str, workspaces: tuple[str, ...] | None, role: str
+    id: str,
+    organisation: str,
+    workspaces: tuple[str, ...] | None,
+    role: str,
+    capabilities: Iterable[str] | None = None,
 ) -> Principal:
     """A validated :class:`Principal`.
 
     The class itself lives in ``knowledge_server.auth_model`` (shared with the
     transport layer); every principal built from the token file goes through here.
-    Raises ValueError for an empty id or organisation, an unknown role, or a
-    workspace that is not an absolute, normalised path.
+    Raises ValueError for an empty id or organisation, an unknown role, a
+    workspace that is not an absolute, normalised path, or a capability the role cannot
+    hold (``capabilities`` None: all of the role's).
     """
     if not isinstance(id, str) or not id.strip():
         raise ValueError("principal id must be a non-empty string")
@@ -113,7 +119,20 @@ def make_principal(
                 raise ValueError(f"workspace {root!r} is not an absolute path")
             if os.path.normpath(root) != root:
                 raise ValueError(f"workspace {root!r} is not normalised")
-    return Principal(id=id, organisation=organisation, workspaces=workspaces, role=role)
+    caps: frozenset[str] | None = None
+    if capabilities is not None:
+        if isinstance(capabilities, str):
+            raise ValueError("capabilities must be a list of names")
+        caps = frozenset(capabilities)
+        outside = sorted(c for c in caps if c not in ROLE_RIGHTS[role])
+        if outside:
+            raise ValueError(
+                f"role {role!r} cannot hold {', '.join(map(repr, outside))}"
+                f" (it can hold: {', '.join(c for c in CAPABILITIES if c in ROLE_RIGHTS[role])})"
+            )
+    return Principal(
+        id=id, organisation=organisation, workspaces=workspaces, role=role, capabilities=caps
+    )
 
 
 def principal_to_dict(principal: Principal) -> dict[str, Any]:
@@ -123,6 +142,11 @@ def principal_to_dict(principal: Principal) -> dict[str, Any]:
         "organisation": principal.organisation,
         "workspaces": None if principal.workspaces is None else list(principal.workspaces),
         "role": principal.role,
+        **(
+            {}
+            if principal.capabilities is None
+            else {"capabilities": [c for c in CAPABILITIES if c in principal.capabilities]}
+        ),
     }
 
 
@@ -135,7 +159,12 @@ def principal_from_dict(data: Any) -> Principal:
         if not isinstance(workspaces, list):
             raise ValueError("workspaces must be a list or null")
         workspaces = tuple(workspaces)
-    return make_principal(data.get("id"), data.get("organisation"), workspaces, data.get("role"))
+    capabilities = data.get("capabilities")
+    if capabilities is not None and not isinstance(capabilities, list):
+        raise ValueError("capabilities must be a list or absent")
+    return make_principal(
+        data.get("id"), data.get("organisation"), workspaces, data.get("role"), capabilities
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,14 +414,16 @@ class TokenStore:
         organisation: str,
         workspaces: Sequence[str | os.PathLike[str]] | None,
         role: str,
+        capabilities: Iterable[str] | None = None,
     ) -> tuple[str, str]:
-        """Add a token; returns (token_id, plain_token). The plain token is not stored."""
+        """Add a token; returns (token_id, plain_token). The plain token is not stored.
+        ``capabilities``: a subset of the role's (None: all of them)."""
         roots = (
             None
             if workspaces is None
             else tuple(dict.fromkeys(normalise_workspace(p) for p in workspaces))
         )
-        principal = make_principal(principal_id, organisation, roots, role)
+        principal = make_principal(principal_id, organisation, roots, role, capabilities)
         plain = _new_token()
         with self._lock, self._write_lock():
             entries = self._read_entries()
@@ -470,6 +501,15 @@ def tokens_group() -> None:
     required=True,
     help="agent: search and read. operator: also index, ingest, rebuild, detailed status.",
 )
+@click.option(
+    "--capability",
+    "capabilities",
+    multiple=True,
+    type=click.Choice(CAPABILITIES),
+    help="Give the token only these capabilities (repeatable; each must be one the role"
+    " can hold). Default: all of the role's. agent: read, kb.read, memory.read,"
+    " memory.write; operator: all.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @_data_dir_option
 @click.pass_context
@@ -480,6 +520,7 @@ def create_command(
     workspaces: tuple[Path, ...],
     all_workspaces: bool,
     role: str,
+    capabilities: tuple[str, ...],
     as_json: bool,
     data_dir: Path | None,
 ) -> None:
@@ -492,11 +533,23 @@ def create_command(
     store = _store_from(ctx, data_dir)
     try:
         token_id, plain = store.create(
-            principal_id, organisation, None if all_workspaces else list(workspaces), role
+            principal_id,
+            organisation,
+            None if all_workspaces else list(workspaces),
+            role,
+            capabilities or None,
         )
     except (ValueError, TokenStoreError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     info = next(t for t in store.list() if t.token_id == token_id)
+    # The token itself is never part of the event: the input hashed is the principal.
+    record_cli(
+        store.path.parent,
+        "token.create",
+        org=organisation,
+        targets=[token_id],
+        input=principal_to_dict(info.principal),
+    )
     if as_json:
         click.echo(json.dumps({**info.to_dict(), "token": plain}, sort_keys=True))
         return
@@ -525,7 +578,10 @@ def list_command(ctx: click.Context, as_json: bool, data_dir: Path | None) -> No
     for t in tokens:
         p = t.principal
         roots = "all workspaces" if p.workspaces is None else ", ".join(p.workspaces)
-        click.echo(f"{t.token_id}  {p.role:<8}  {p.id} ({p.organisation})  {roots}  {t.created_at}")
+        caps = "" if p.capabilities is None else f"  [{', '.join(p.held())}]"
+        click.echo(
+            f"{t.token_id}  {p.role:<8}  {p.id} ({p.organisation})  {roots}  {t.created_at}{caps}"
+        )
 
 
 @tokens_group.command("revoke")
@@ -536,9 +592,17 @@ def revoke_command(ctx: click.Context, token_id: str, data_dir: Path | None) -> 
     """Revoke a token by id; running servers stop accepting it on their next call."""
     store = _store_from(ctx, data_dir)
     try:
+        holder = next((t.principal for t in store.list() if t.token_id == token_id), None)
         removed = store.revoke(token_id)
     except TokenStoreError as exc:
         raise click.ClickException(str(exc)) from None
-    if not removed:
+    if not removed or holder is None:
         raise click.ClickException(f"no token with id {token_id}")
+    record_cli(
+        store.path.parent,
+        "token.revoke",
+        org=holder.organisation,
+        targets=[token_id],
+        input={"token_id": token_id},
+    )
     click.echo(f"revoked {token_id}")

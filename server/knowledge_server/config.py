@@ -18,6 +18,8 @@ from typing import Any
 
 import platformdirs
 
+from knowledge_server.memory.policy import MemoryPolicy, PolicyError, load_policy
+
 __all__ = [
     "Config",
     "ConfigError",
@@ -88,6 +90,10 @@ class Config:
     sqlite_mmap_mib: int = 256
     # Outbox packages one principal may have pending (committed Dispatch calls).
     outbox_quota_per_principal: int = 100
+    # Largest source file the knowledge base takes in an upload, in MiB.
+    kb_max_source_mib: int = 32
+    # The memory policy: [memory.knowledge] and [memory.lifecycle] (docs/memory.md).
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     # Prometheus endpoint (HOST:PORT, or PORT for 127.0.0.1); empty = no metrics.
     metrics_listen: str = ""
     # OpenTelemetry traces exported by OTLP/gRPC to this collector URL; empty = no tracing.
@@ -158,6 +164,7 @@ _INT_FIELDS = {
     "workers",
     "sqlite_mmap_mib",
     "outbox_quota_per_principal",
+    "kb_max_source_mib",
 }
 _FLOAT_FIELDS = {"grace_seconds", "tracing_sample_ratio"}
 _BOOL_FIELDS = {"bootstrap"}
@@ -210,6 +217,7 @@ _INT_RANGES = {
     "embedder_batch": (1, 2048),
     "sqlite_mmap_mib": (0, 1_048_576),
     "outbox_quota_per_principal": (1, 1_000_000),
+    "kb_max_source_mib": (1, 4096),
 }
 
 
@@ -313,8 +321,9 @@ def load_config(
 ) -> Config:
     """Build a validated Config from a TOML file, the environment and CLI overrides."""
     env = os.environ if env is None else env
-    names = {f.name for f in fields(Config)}
+    names = {f.name for f in fields(Config)} - {"memory"}
     values: dict[str, Any] = {}
+    memory_tables: Any = None
     if path is None and env.get("KNOWLEDGE_CONFIG"):
         path = Path(env["KNOWLEDGE_CONFIG"])
     if path is not None:
@@ -325,6 +334,7 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
         table = raw.get("server", raw)
+        memory_tables = raw.get("memory")
         for key, value in table.items():
             if isinstance(value, dict):
                 continue
@@ -346,4 +356,13 @@ def load_config(
         if key not in names:
             raise ConfigError(f"unknown setting {key!r}")
         values[key] = _coerce(key, value, "command line")
+    values["memory"] = _memory_policy(memory_tables, env, path)
     return _validate(Config(**values))
+
+
+def _memory_policy(tables: Any, env: Mapping[str, str], path: Path | None) -> MemoryPolicy:
+    """The ``[memory]`` tables of the file with ``KNOWLEDGE_MEMORY_*`` overrides."""
+    try:
+        return load_policy(tables, env, f"config file {path}" if path else "defaults")
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None

@@ -25,6 +25,7 @@ from knowledge_server.code.embed import E5Embedder, Embedder, HashingEmbedder, O
 from knowledge_server.code.model import IndexOptions
 from knowledge_server.config import Config, ConfigError
 from knowledge_server.edition import EditionState, LicenceView
+from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.lanes.code import CodeLane
 from knowledge_server.lanes.contract import Lanes
 from knowledge_server.lanes.derived import DerivedLane
@@ -173,10 +174,20 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
     licence = WatchedLicence(config, clock)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     set_mmap_mib(config.sqlite_mmap_mib)  # before any store is opened
+    embedder = make_embedder(config)
     code = CodeLane(
         config.data_dir,
-        embedder=make_embedder(config),
+        embedder=embedder,
         options=IndexOptions(workers=1, max_file_bytes=config.max_file_bytes),
+    )
+    # The knowledge base's metadata and queue; its retrieval index is wired in once the
+    # index port's implementations are in (until then processing fails its tasks with
+    # the category ``no_index``).
+    kb = KnowledgeBase(
+        config.data_dir,
+        index=None,
+        embedder=embedder,
+        max_source_bytes=config.kb_max_source_mib * 1024 * 1024,
     )
     lanes = Lanes(
         episodes=EpisodesLane(
@@ -190,7 +201,7 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
         # its input documents through the code lane.
         docgraph=DocGraphLane(config.data_dir, llm_settings_from_config(config), code=code),
     )
-    return KnowledgeApp(config, licence=licence, lanes=lanes)
+    return KnowledgeApp(config, licence=licence, lanes=lanes, kb=kb)
 
 
 async def start_background(app: KnowledgeApp) -> None:
@@ -199,6 +210,8 @@ async def start_background(app: KnowledgeApp) -> None:
     licence = app.licence
     if isinstance(licence, WatchedLicence):
         tasks.append(asyncio.create_task(licence.watch()))
+    if app.kb is not None:
+        app.kb.worker.start()  # resumes the queue (tasks a dead process left) at start
     if app.config.bootstrap:
         tasks.append(asyncio.create_task(app.bootstrap()))
     try:

@@ -29,6 +29,50 @@ import {
   GetEpisodeRequestSchema,
   KnowledgeService,
 } from "./gen/knowledge/v1/knowledge_service_pb.js";
+import {
+  KnowledgeBaseAdminService,
+  ApproveRevisionRequestSchema,
+  CancelTaskRequestSchema,
+  CreateFeedbackRequestSchema,
+  CreateRevisionRequestSchema,
+  CreateTagRequestSchema,
+  CreateTopicRequestSchema,
+  GetPolicyRequestSchema,
+  GetRevisionRequestSchema,
+  GetTopicRequestSchema,
+  ListFeedbackRequestSchema,
+  ListTagsRequestSchema,
+  ListTemplatesRequestSchema,
+  ListTopicsRequestSchema,
+  OfflineTopicRequestSchema,
+  ProcessRevisionRequestSchema,
+  PublishRevisionRequestSchema,
+  PutFaqRequestSchema,
+  PutTemplateRequestSchema,
+  ReconcileRequestSchema,
+  RemoveSourceRequestSchema,
+  ResolveFeedbackRequestSchema,
+  RetryTaskRequestSchema,
+  ReturnRevisionRequestSchema,
+  RollbackTopicRequestSchema,
+  SetPolicyRequestSchema,
+  SubmitRevisionRequestSchema,
+  UpdateRevisionRequestSchema,
+  UpdateTagRequestSchema,
+  UploadSourceRequestSchema,
+  WatchTaskRequestSchema,
+} from "./gen/knowledge/v1/kb_admin_pb.js";
+import {
+  MemoryService,
+  ConsolidateRequestSchema,
+  PolicyRequestSchema,
+  RecallRequestSchema,
+  RelationsRequestSchema,
+  RememberRequestSchema,
+  RestoreRequestSchema,
+  RoomsRequestSchema,
+  TimelineRequestSchema,
+} from "./gen/knowledge/v1/memory_pb.js";
 import { SearchRequestSchema } from "./gen/knowledge/v1/search_pb.js";
 
 /** The `schema` value each versioned request carries (the client fills it in). */
@@ -77,13 +121,16 @@ function baseUrl(address: string, tls: boolean): string {
   return `${tls ? "https" : "http"}://${address}`;
 }
 
-/** A client of the three services (KnowledgeService, DocGraphService, IndexService). */
+/** A client of every service (KnowledgeService, DocGraphService, IndexService,
+ * KnowledgeBaseAdminService, MemoryService). */
 export class KnowledgeClient {
   readonly address: string;
   private readonly deadlineMs: number | undefined;
   private readonly knowledge: Client<typeof KnowledgeService>;
   private readonly docgraph: Client<typeof DocGraphService>;
   private readonly index: Client<typeof IndexService>;
+  private readonly kbAdmin: Client<typeof KnowledgeBaseAdminService>;
+  private readonly memory: Client<typeof MemoryService>;
 
   constructor(options: ClientOptions = {}) {
     this.address = options.address ?? process.env.KNOWLEDGE_ADDRESS ?? "127.0.0.1:50151";
@@ -107,6 +154,8 @@ export class KnowledgeClient {
     this.knowledge = createClient(KnowledgeService, transport);
     this.docgraph = createClient(DocGraphService, transport);
     this.index = createClient(IndexService, transport);
+    this.kbAdmin = createClient(KnowledgeBaseAdminService, transport);
+    this.memory = createClient(MemoryService, transport);
   }
 
   private options(call: CallOptions, unary: boolean) {
@@ -223,5 +272,161 @@ export class KnowledgeClient {
 
   getStatus(call: CallOptions = {}) {
     return this.unary((r, o) => this.index.getStatus(r, o), GetStatusRequestSchema, {}, call);
+  }
+
+  // MemoryService (the project memory: facts, timeline, rooms, relations)
+
+  remember(request: KnowledgeRequest<typeof RememberRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.memory.remember(r, o), RememberRequestSchema, request, call);
+  }
+
+  recall(request: KnowledgeRequest<typeof RecallRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.memory.recall(r, o), RecallRequestSchema, request, call);
+  }
+
+  timeline(request: KnowledgeRequest<typeof TimelineRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.memory.timeline(r, o), TimelineRequestSchema, request, call);
+  }
+
+  rooms(request: KnowledgeRequest<typeof RoomsRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.memory.rooms(r, o), RoomsRequestSchema, request, call);
+  }
+
+  relations(request: KnowledgeRequest<typeof RelationsRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.memory.relations(r, o), RelationsRequestSchema, request, call);
+  }
+
+  policy(request: KnowledgeRequest<typeof PolicyRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.memory.policy(r, o), PolicyRequestSchema, request, call);
+  }
+
+  consolidate(request: KnowledgeRequest<typeof ConsolidateRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.memory.consolidate(r, o), ConsolidateRequestSchema, request, call);
+  }
+
+  restore(request: KnowledgeRequest<typeof RestoreRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.memory.restore(r, o), RestoreRequestSchema, request, call);
+  }
+
+  // KnowledgeBaseAdminService (topics, revisions, sources, tasks, tags, feedback)
+
+  createTopic(request: KnowledgeRequest<typeof CreateTopicRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.createTopic(r, o), CreateTopicRequestSchema, request, call);
+  }
+
+  listTopics(request: KnowledgeRequest<typeof ListTopicsRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.listTopics(r, o), ListTopicsRequestSchema, request, call);
+  }
+
+  getTopic(request: KnowledgeRequest<typeof GetTopicRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.getTopic(r, o), GetTopicRequestSchema, request, call);
+  }
+
+  createRevision(request: KnowledgeRequest<typeof CreateRevisionRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.createRevision(r, o), CreateRevisionRequestSchema, request, call);
+  }
+
+  getRevision(request: KnowledgeRequest<typeof GetRevisionRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.getRevision(r, o), GetRevisionRequestSchema, request, call);
+  }
+
+  updateRevision(request: KnowledgeRequest<typeof UpdateRevisionRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.updateRevision(r, o), UpdateRevisionRequestSchema, request, call);
+  }
+
+  uploadSource(request: KnowledgeRequest<typeof UploadSourceRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.uploadSource(r, o), UploadSourceRequestSchema, request, call);
+  }
+
+  putFaq(request: KnowledgeRequest<typeof PutFaqRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.putFaq(r, o), PutFaqRequestSchema, request, call);
+  }
+
+  removeSource(request: KnowledgeRequest<typeof RemoveSourceRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.removeSource(r, o), RemoveSourceRequestSchema, request, call);
+  }
+
+  submitRevision(request: KnowledgeRequest<typeof SubmitRevisionRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.submitRevision(r, o), SubmitRevisionRequestSchema, request, call);
+  }
+
+  approveRevision(request: KnowledgeRequest<typeof ApproveRevisionRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.approveRevision(r, o), ApproveRevisionRequestSchema, request, call);
+  }
+
+  returnRevision(request: KnowledgeRequest<typeof ReturnRevisionRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.returnRevision(r, o), ReturnRevisionRequestSchema, request, call);
+  }
+
+  processRevision(request: KnowledgeRequest<typeof ProcessRevisionRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.processRevision(r, o), ProcessRevisionRequestSchema, request, call);
+  }
+
+  retryTask(request: KnowledgeRequest<typeof RetryTaskRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.retryTask(r, o), RetryTaskRequestSchema, request, call);
+  }
+
+  cancelTask(request: KnowledgeRequest<typeof CancelTaskRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.cancelTask(r, o), CancelTaskRequestSchema, request, call);
+  }
+
+  watchTask(request: KnowledgeRequest<typeof WatchTaskRequestSchema> = {}, call: CallOptions = {}) {
+    return this.stream((r, o) => this.kbAdmin.watchTask(r, o), WatchTaskRequestSchema, request, call);
+  }
+
+  publishRevision(request: KnowledgeRequest<typeof PublishRevisionRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.publishRevision(r, o), PublishRevisionRequestSchema, request, call);
+  }
+
+  rollbackTopic(request: KnowledgeRequest<typeof RollbackTopicRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.rollbackTopic(r, o), RollbackTopicRequestSchema, request, call);
+  }
+
+  offlineTopic(request: KnowledgeRequest<typeof OfflineTopicRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.offlineTopic(r, o), OfflineTopicRequestSchema, request, call);
+  }
+
+  reconcile(request: KnowledgeRequest<typeof ReconcileRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.reconcile(r, o), ReconcileRequestSchema, request, call);
+  }
+
+  createTag(request: KnowledgeRequest<typeof CreateTagRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.createTag(r, o), CreateTagRequestSchema, request, call);
+  }
+
+  updateTag(request: KnowledgeRequest<typeof UpdateTagRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.updateTag(r, o), UpdateTagRequestSchema, request, call);
+  }
+
+  listTags(request: KnowledgeRequest<typeof ListTagsRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.listTags(r, o), ListTagsRequestSchema, request, call);
+  }
+
+  putTemplate(request: KnowledgeRequest<typeof PutTemplateRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.putTemplate(r, o), PutTemplateRequestSchema, request, call);
+  }
+
+  listTemplates(request: KnowledgeRequest<typeof ListTemplatesRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.listTemplates(r, o), ListTemplatesRequestSchema, request, call);
+  }
+
+  createFeedback(request: KnowledgeRequest<typeof CreateFeedbackRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.createFeedback(r, o), CreateFeedbackRequestSchema, request, call);
+  }
+
+  listFeedback(request: KnowledgeRequest<typeof ListFeedbackRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.listFeedback(r, o), ListFeedbackRequestSchema, request, call);
+  }
+
+  resolveFeedback(request: KnowledgeRequest<typeof ResolveFeedbackRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.resolveFeedback(r, o), ResolveFeedbackRequestSchema, request, call);
+  }
+
+  getPolicy(request: KnowledgeRequest<typeof GetPolicyRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.getPolicy(r, o), GetPolicyRequestSchema, request, call);
+  }
+
+  setPolicy(request: KnowledgeRequest<typeof SetPolicyRequestSchema> = {}, call: CallOptions = {}) {
+    return this.unary((r, o) => this.kbAdmin.setPolicy(r, o), SetPolicyRequestSchema, request, call);
   }
 }

@@ -18,6 +18,8 @@ import {
 } from "../src/index.js";
 import { DocGraphService } from "../src/gen/knowledge/v1/docgraph_pb.js";
 import { IndexService } from "../src/gen/knowledge/v1/index_service_pb.js";
+import { KnowledgeBaseAdminService } from "../src/gen/knowledge/v1/kb_admin_pb.js";
+import { MemoryService } from "../src/gen/knowledge/v1/memory_pb.js";
 import { KnowledgeService } from "../src/gen/knowledge/v1/knowledge_service_pb.js";
 
 function env(name: string): string {
@@ -35,8 +37,15 @@ const sessions = env("KNOWLEDGE_TS_SESSIONS");
 const word = env("KNOWLEDGE_TS_WORD");
 const client = new KnowledgeClient({ address, token, deadlineMs: 30_000 });
 
-test("every RPC of the three services has a client method", () => {
-  for (const service of [KnowledgeService, DocGraphService, IndexService]) {
+test("every RPC of every service has a client method", () => {
+  const services = [
+    KnowledgeService,
+    DocGraphService,
+    IndexService,
+    KnowledgeBaseAdminService,
+    MemoryService,
+  ];
+  for (const service of services) {
     for (const method of service.methods) {
       const fn = (client as unknown as Record<string, unknown>)[method.localName];
       assert.equal(typeof fn, "function", `${service.typeName}.${method.name} has no method`);

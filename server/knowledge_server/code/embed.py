@@ -21,7 +21,7 @@ import numpy as np
 
 from knowledge_server.textlang import STOP_WORDS
 
-from .tokenize import split_identifier
+from .tokenize import split_identifier, split_uncached
 
 __all__ = ["E5Embedder", "Embedder", "EmbeddingError", "HashingEmbedder", "OpenAIEmbedder"]
 
@@ -114,7 +114,7 @@ class HashingEmbedder:
     def dim(self) -> int:
         return self._dim
 
-    def _features(self, tok: str) -> tuple[np.ndarray, np.ndarray]:
+    def _features(self, tok: str, remember: bool) -> tuple[np.ndarray, np.ndarray]:
         hit = self._cache.get(tok)
         if hit is not None:
             return hit
@@ -128,18 +128,28 @@ class HashingEmbedder:
             h = zlib.crc32(f.encode("utf-8", "surrogatepass"))
             idx[k] = h % self._dim
             val[k] = w if (h >> 31) & 1 else -w  # signed hashing keeps collisions unbiased
-        if len(self._cache) < 500_000:
+        if remember and len(self._cache) < 500_000:
             self._cache[tok] = (idx, val)
         return idx, val
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self._embed(texts, remember=True)
+
+    def embed_query(self, texts: Sequence[str]) -> np.ndarray:
+        """As ``embed``, but a question's words are not added to the feature cache (nor to
+        ``split_identifier``'s): the cache serves indexing, where words repeat, and every
+        question brings words no other has, so a serving process would grow with each."""
+        return self._embed(texts, remember=False)
+
+    def _embed(self, texts: Sequence[str], *, remember: bool) -> np.ndarray:
+        split = split_identifier if remember else split_uncached
         out = np.zeros((len(texts), self._dim), dtype=np.float32)
         for row, text in enumerate(texts):
             counts: Counter[str] = Counter()
             pairs: Counter[str] = Counter()
             prev = ""
             for word in _WORD.findall(text):
-                counts.update(split_identifier(word))
+                counts.update(split(word))
                 low = word.lower()
                 if low in STOP_WORDS or low.isdigit():
                     continue
@@ -152,7 +162,7 @@ class HashingEmbedder:
             for tok, n in counts.items():
                 if len(tok) < 2 or tok.isdigit():
                     continue
-                idx, val = self._features(tok)
+                idx, val = self._features(tok, remember)
                 idx_parts.append(idx)
                 val_parts.append(val * (1.0 + math.log(n)))  # sublinear tf
             if pairs:
@@ -169,9 +179,6 @@ class HashingEmbedder:
         if self._mix is not None:
             out = out @ self._mix
         return _normalise(out)
-
-    def embed_query(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed(texts)
 
 
 class _Permanent(EmbeddingError):

@@ -27,8 +27,12 @@ def _split(word: str) -> tuple[str, ...]:
 
 @lru_cache(maxsize=200_000)
 def split_identifier(word: str) -> tuple[str, ...]:
-    """``getUserName`` -> (``get``, ``user``, ``name``, ``getusername``)."""
+    """``getUserName`` -> (``get``, ``user``, ``name``, ``getusername``). Cached, for
+    indexing; a question's words go through ``split_uncached``."""
     return _split(word)
+
+
+split_uncached = _split
 
 
 class _JoinedCache(dict[str, str]):
@@ -68,8 +72,10 @@ def index_tokens(text: str) -> str:
 def query_terms(text: str) -> list[str]:
     """Distinct query terms, in order, without stopwords (unless nothing else is left)."""
     seen: dict[str, None] = {}
+    # Not through split_identifier's cache: every question brings words no other has, and a
+    # question's few words are split in microseconds (bench/RESULTS.md, soak memory).
     for word in _WORD.findall(text):
-        for tok in split_identifier(word):
+        for tok in split_uncached(word):
             seen.setdefault(tok, None)
     terms = list(seen)
     kept = [t for t in terms if t not in STOP_WORDS]

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file knowledge/v1/options.proto.
  */
 export const file_knowledge_v1_options: GenFile = /*@__PURE__*/
-  fileDesc("Chprbm93bGVkZ2UvdjEvb3B0aW9ucy5wcm90bxIMa25vd2xlZGdlLnYxImsKDE1ldGhvZFBvbGljeRIPCgdmZWF0dXJlGAEgASgJEiYKB2VkaXRpb24YAiABKA4yFS5rbm93bGVkZ2UudjEuRWRpdGlvbhIiCgVyaWdodBgDIAEoDjITLmtub3dsZWRnZS52MS5SaWdodCKZAQoKRmllbGRSdWxlcxIQCghyZXF1aXJlZBgBIAEoCBIOCgZ2YWx1ZXMYAiADKAkSFAoHbWluaW11bRgDIAEoA0gAiAEBEhQKB21heGltdW0YBCABKANIAYgBARISCgptYXhfbGVuZ3RoGAUgASgNEhEKCW1heF9pdGVtcxgGIAEoDUIKCghfbWluaW11bUIKCghfbWF4aW11bSpiCgdFZGl0aW9uEhcKE0VESVRJT05fVU5TUEVDSUZJRUQQABIVChFFRElUSU9OX0NPTU1VTklUWRABEg8KC0VESVRJT05fUFJPEAISFgoSRURJVElPTl9FTlRFUlBSSVNFEAMqQAoFUmlnaHQSFQoRUklHSFRfVU5TUEVDSUZJRUQQABIOCgpSSUdIVF9SRUFEEAESEAoMUklHSFRfTUFOQUdFEAI6VAoGcG9saWN5Eh4uZ29vZ2xlLnByb3RvYnVmLk1ldGhvZE9wdGlvbnMY54cDIAEoCzIaLmtub3dsZWRnZS52MS5NZXRob2RQb2xpY3lSBnBvbGljeTpPCgVydWxlcxIdLmdvb2dsZS5wcm90b2J1Zi5GaWVsZE9wdGlvbnMY6IcDIAEoCzIYLmtub3dsZWRnZS52MS5GaWVsZFJ1bGVzUgVydWxlc0KZAQohY29tLmtub3dsZWRnZXNlcnZpY2Uua25vd2xlZGdlLnYxQgxPcHRpb25zUHJvdG9QAVowa25vd2xlZGdlc2VydmljZS9nZW4vZ28va25vd2xlZGdlL3YxO2tub3dsZWRnZXYxogIDS1hYqgIMS25vd2xlZGdlLlYxygIMS25vd2xlZGdlXFYx6gINS25vd2xlZGdlOjpWMWIGcHJvdG8z", [file_google_protobuf_descriptor]);
+  fileDesc("Chprbm93bGVkZ2UvdjEvb3B0aW9ucy5wcm90bxIMa25vd2xlZGdlLnYxIoEBCgxNZXRob2RQb2xpY3kSDwoHZmVhdHVyZRgBIAEoCRImCgdlZGl0aW9uGAIgASgOMhUua25vd2xlZGdlLnYxLkVkaXRpb24SIgoFcmlnaHQYAyABKA4yEy5rbm93bGVkZ2UudjEuUmlnaHQSFAoMY2FwYWJpbGl0aWVzGAQgAygJIpkBCgpGaWVsZFJ1bGVzEhAKCHJlcXVpcmVkGAEgASgIEg4KBnZhbHVlcxgCIAMoCRIUCgdtaW5pbXVtGAMgASgDSACIAQESFAoHbWF4aW11bRgEIAEoA0gBiAEBEhIKCm1heF9sZW5ndGgYBSABKA0SEQoJbWF4X2l0ZW1zGAYgASgNQgoKCF9taW5pbXVtQgoKCF9tYXhpbXVtKmIKB0VkaXRpb24SFwoTRURJVElPTl9VTlNQRUNJRklFRBAAEhUKEUVESVRJT05fQ09NTVVOSVRZEAESDwoLRURJVElPTl9QUk8QAhIWChJFRElUSU9OX0VOVEVSUFJJU0UQAypvCgVSaWdodBIVChFSSUdIVF9VTlNQRUNJRklFRBAAEg4KClJJR0hUX1JFQUQQARIQCgxSSUdIVF9NQU5BR0UQAhIVChFSSUdIVF9NRU1PUllfUkVBRBAIEhYKElJJR0hUX01FTU9SWV9XUklURRAJOlQKBnBvbGljeRIeLmdvb2dsZS5wcm90b2J1Zi5NZXRob2RPcHRpb25zGOeHAyABKAsyGi5rbm93bGVkZ2UudjEuTWV0aG9kUG9saWN5UgZwb2xpY3k6TwoFcnVsZXMSHS5nb29nbGUucHJvdG9idWYuRmllbGRPcHRpb25zGOiHAyABKAsyGC5rbm93bGVkZ2UudjEuRmllbGRSdWxlc1IFcnVsZXNCmQEKIWNvbS5rbm93bGVkZ2VzZXJ2aWNlLmtub3dsZWRnZS52MUIMT3B0aW9uc1Byb3RvUAFaMGtub3dsZWRnZXNlcnZpY2UvZ2VuL2dvL2tub3dsZWRnZS92MTtrbm93bGVkZ2V2MaICA0tYWKoCDEtub3dsZWRnZS5WMcoCDEtub3dsZWRnZVxWMeoCDUtub3dsZWRnZTo6VjFiBnByb3RvMw", [file_google_protobuf_descriptor]);
 
 /**
  * Access policy of one RPC.
@@ -40,6 +40,14 @@ export type MethodPolicy = Message<"knowledge.v1.MethodPolicy"> & {
    * @generated from field: knowledge.v1.Right right = 3;
    */
   right: Right;
+
+  /**
+   * Capabilities (e.g. "kb.edit") of which the caller's token must hold at least one;
+   * when set, they are checked instead of `right`.
+   *
+   * @generated from field: repeated string capabilities = 4;
+   */
+  capabilities: string[];
 };
 
 /**
@@ -176,6 +184,20 @@ export enum Right {
    * @generated from enum value: RIGHT_MANAGE = 2;
    */
   MANAGE = 2,
+
+  /**
+   * Memory reads: recall, timeline, rooms, relations, policy (capability `memory.read`).
+   *
+   * @generated from enum value: RIGHT_MEMORY_READ = 8;
+   */
+  MEMORY_READ = 8,
+
+  /**
+   * Memory writes: remember, consolidate, restore (capability `memory.write`).
+   *
+   * @generated from enum value: RIGHT_MEMORY_WRITE = 9;
+   */
+  MEMORY_WRITE = 9,
 }
 
 /**

@@ -1,0 +1,341 @@
+"""The service's audit log: one append-only, tamper-evident record of every write.
+
+Every operation that changes what the service knows or who may use it (index, ingest,
+dispatch commit, tokens, licence, knowledge-base state changes, memory writes) appends one
+event: when, which principal of which organisation, the operation, the ids it touched, a
+hash of its input and its outcome. Never the input itself: an event holds no query text,
+no snippets, no secrets, only ``input_hash`` (SHA-256 of the input's canonical JSON).
+
+Tamper evidence is a hash chain. Each event's ``hash`` is SHA-256 over the previous
+event's hash and the event's own canonical fields (``seq`` included), so editing an event
+breaks its own hash, removing one leaves a gap in ``seq`` and a broken link, and reordering
+breaks the links of both. What a chain cannot show by itself is a cut tail (the newest
+events removed, the rest intact): ``verify(expect=...)`` checks a head (``seq`` and
+``hash``) an operator recorded earlier (``knowledge audit verify --expect SEQ:HASH``), and
+``head()`` gives the current one to record.
+
+Append-only is also enforced by the store: triggers refuse UPDATE and DELETE on the events
+table, so only someone who edits the file outside this code can change history, and then
+``verify`` names the first event that no longer fits.
+
+The log is its own store, ``audit.sqlite`` in the data directory, written under
+``BEGIN IMMEDIATE`` so the serving processes of one data directory append to one chain.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from threading import Lock
+from typing import cast
+
+import apsw
+
+from knowledge_server.schema import Migrations, Step, immediate, open_db
+
+__all__ = [
+    "AUDIT_FILE",
+    "GENESIS",
+    "AuditEvent",
+    "AuditLog",
+    "Verification",
+    "cli_principal",
+    "input_hash",
+    "record_cli",
+]
+
+AUDIT_FILE = "audit.sqlite"
+
+# The "previous hash" of the first event.
+GENESIS = "0" * 64
+
+_BASELINE = """
+CREATE TABLE events (
+    seq INTEGER PRIMARY KEY,
+    at TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    org TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    targets TEXT NOT NULL,
+    input_hash TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE INDEX events_operation ON events(operation, seq);
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+"""
+
+MIGRATIONS = Migrations("audit.sqlite", (Step("001_initial", _BASELINE),))
+
+_SELECT = (
+    "SELECT seq, at, principal, org, operation, targets, input_hash, outcome, prev_hash, hash"
+    " FROM events"
+)
+
+
+def _canonical(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def input_hash(value: object) -> str:
+    """SHA-256 of a JSON-able input in canonical form (sorted keys, no spaces): the same
+    input gives the same hash on every machine. ``None`` hashes as JSON ``null``."""
+    return hashlib.sha256(_canonical(value)).hexdigest()
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    seq: int
+    at: str  # RFC 3339, UTC, microseconds
+    principal: str
+    org: str
+    operation: str
+    targets: tuple[str, ...]
+    input_hash: str
+    outcome: str  # "ok", or the error code the operation ended with
+    prev_hash: str
+    hash: str
+
+    def body(self) -> dict[str, object]:
+        """The fields the chain hash covers (everything but the hash itself)."""
+        return {
+            "seq": self.seq,
+            "at": self.at,
+            "principal": self.principal,
+            "org": self.org,
+            "operation": self.operation,
+            "targets": list(self.targets),
+            "input_hash": self.input_hash,
+            "outcome": self.outcome,
+            "prev_hash": self.prev_hash,
+        }
+
+    def to_json(self) -> str:
+        """One line of ``knowledge audit export`` (JSON lines)."""
+        return json.dumps({**self.body(), "hash": self.hash}, ensure_ascii=False)
+
+
+def chain_hash(prev_hash: str, body: dict[str, object]) -> str:
+    return hashlib.sha256(prev_hash.encode() + b"\n" + _canonical(body)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Verification:
+    ok: bool
+    checked: int  # events read
+    head_seq: int  # 0 for an empty log
+    head_hash: str
+    first_bad_seq: int | None = None
+    reason: str = ""
+
+
+def _row_event(row: Sequence[object]) -> AuditEvent:
+    seq, at, principal, org, operation, targets, ihash, outcome, prev, h = row
+    return AuditEvent(
+        seq=int(seq),  # type: ignore[call-overload]
+        at=str(at),
+        principal=str(principal),
+        org=str(org),
+        operation=str(operation),
+        targets=tuple(json.loads(str(targets))),
+        input_hash=str(ihash),
+        outcome=str(outcome),
+        prev_hash=str(prev),
+        hash=str(h),
+    )
+
+
+def _last(conn: apsw.Connection) -> tuple[int, str]:
+    rows = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchall()
+    return (cast(int, rows[0][0]), cast(str, rows[0][1])) if rows else (0, GENESIS)
+
+
+class AuditLog:
+    """The audit store of one data directory. Thread-safe: one writer connection, used
+    under a lock; ``append`` is a short write (one row), so callers on the event loop run
+    it off the loop like any other store write."""
+
+    def __init__(self, path: Path | str, *, busy_ms: int = 10_000) -> None:
+        self.path = str(path)
+        self._lock = Lock()
+        self._conn = open_db(self.path, MIGRATIONS, busy_ms=busy_ms, synchronous_normal=False)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def append(
+        self,
+        *,
+        principal: str,
+        org: str,
+        operation: str,
+        targets: Sequence[str] = (),
+        input: object = None,
+        outcome: str = "ok",
+    ) -> AuditEvent:
+        """Append one event; returns it with its place in the chain. ``input`` is hashed,
+        never stored. Committed (synchronous=FULL) before this returns."""
+        if not operation:
+            raise ValueError("an audit event needs an operation")
+        at = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+        ihash = input_hash(input)
+        with self._lock, immediate(self._conn):
+            last_seq, prev = _last(self._conn)
+            seq = last_seq + 1
+            event = AuditEvent(
+                seq=seq,
+                at=at,
+                principal=principal,
+                org=org,
+                operation=operation,
+                targets=tuple(str(t) for t in targets),
+                input_hash=ihash,
+                outcome=outcome,
+                prev_hash=prev,
+                hash="",
+            )
+            h = chain_hash(prev, event.body())
+            self._conn.execute(
+                "INSERT INTO events (seq, at, principal, org, operation, targets, input_hash, outcome,"
+                " prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    seq,
+                    at,
+                    principal,
+                    org,
+                    operation,
+                    json.dumps(list(event.targets)),
+                    ihash,
+                    outcome,
+                    prev,
+                    h,
+                ),
+            )
+        return AuditEvent(**{**event.__dict__, "hash": h})
+
+    def events(self, *, after_seq: int = 0, batch: int = 1000) -> Iterator[AuditEvent]:
+        """Every event after ``after_seq``, in chain order, read in batches."""
+        cursor = after_seq
+        while True:
+            with self._lock:
+                rows = self._conn.execute(
+                    _SELECT + " WHERE seq > ? ORDER BY seq LIMIT ?",
+                    (cursor, batch),
+                ).fetchall()
+            if not rows:
+                return
+            for row in rows:
+                event = _row_event(row)
+                cursor = event.seq
+                yield event
+
+    def tail(self, n: int) -> list[AuditEvent]:
+        """The newest ``n`` events, oldest first."""
+        with self._lock:
+            rows = self._conn.execute(
+                _SELECT + " ORDER BY seq DESC LIMIT ?", (max(0, n),)
+            ).fetchall()
+        return [_row_event(r) for r in reversed(rows)]
+
+    def head(self) -> tuple[int, str]:
+        """The last event's ``seq`` and ``hash`` (``(0, GENESIS)`` when empty): record it
+        somewhere else to detect a cut tail later."""
+        with self._lock:
+            return _last(self._conn)
+
+    def verify(self, *, expect: tuple[int, str] | None = None) -> Verification:
+        """Walk the chain from the first event. Reports the first event that does not fit:
+        a gap or reordering in ``seq`` (removed or moved events), a ``prev_hash`` that is
+        not its predecessor's hash, or a hash that does not match the event's fields
+        (edited). With ``expect``, the event at that ``seq`` must still carry that hash (a
+        cut tail, or history rewritten up to there)."""
+        prev_seq, prev_hash, checked = 0, GENESIS, 0
+        seen_expected = expect is None or expect[0] == 0
+        try:
+            for event in self.events():
+                checked += 1
+                bad = self._misfit(event, prev_seq, prev_hash)
+                if bad:
+                    return Verification(False, checked, prev_seq, prev_hash, event.seq, bad)
+                if expect is not None and event.seq == expect[0]:
+                    if event.hash != expect[1]:
+                        return Verification(
+                            False,
+                            checked,
+                            prev_seq,
+                            prev_hash,
+                            event.seq,
+                            "the event's hash is not the one recorded for it",
+                        )
+                    seen_expected = True
+                prev_seq, prev_hash = event.seq, event.hash
+        except (ValueError, TypeError, apsw.SQLError) as exc:
+            return Verification(
+                False, checked, prev_seq, prev_hash, prev_seq + 1, f"unreadable event: {exc}"
+            )
+        if expect is not None and not seen_expected:
+            return Verification(
+                False,
+                checked,
+                prev_seq,
+                prev_hash,
+                prev_seq + 1,
+                f"the log ends at seq {prev_seq}; the recorded head is seq {expect[0]}"
+                " (events were removed from its end)",
+            )
+        return Verification(True, checked, prev_seq, prev_hash)
+
+    @staticmethod
+    def _misfit(event: AuditEvent, prev_seq: int, prev_hash: str) -> str:
+        if event.seq != prev_seq + 1:
+            return f"seq {event.seq} follows seq {prev_seq} (events removed or reordered)"
+        if event.prev_hash != prev_hash:
+            return "prev_hash is not the previous event's hash (events removed or reordered)"
+        if chain_hash(event.prev_hash, event.body()) != event.hash:
+            return "the event's fields do not match its hash (edited)"
+        return ""
+
+
+def cli_principal() -> str:
+    """Who a write made on the server's machine with the CLI is recorded as: the CLI has
+    no token, so ``cli:<operating-system user>``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"cli:{user}"
+
+
+def record_cli(
+    data_dir: Path | str,
+    operation: str,
+    *,
+    org: str,
+    targets: Sequence[str] = (),
+    input: object = None,
+    outcome: str = "ok",
+) -> AuditEvent:
+    """Append one event for a CLI write to ``<data_dir>/audit.sqlite``."""
+    log = AuditLog(Path(data_dir) / AUDIT_FILE)
+    try:
+        return log.append(
+            principal=cli_principal(),
+            org=org,
+            operation=operation,
+            targets=targets,
+            input=input,
+            outcome=outcome,
+        )
+    finally:
+        log.close()

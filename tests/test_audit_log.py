@@ -1,0 +1,182 @@
+"""The shared audit log (``knowledge_server.audit``): AUD-n invariants.
+
+AUD-1 a chain of appended events verifies; AUD-2 an edited event is found; AUD-3 a
+removed event is found; AUD-4 reordered events are found; AUD-5 a cut tail is found
+against a recorded head; AUD-6 the store refuses UPDATE and DELETE; AUD-7 appends from
+several processes form one valid chain; AUD-8 the input is hashed, never stored.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import apsw
+import pytest
+from knowledge_server.audit import GENESIS, AuditLog, chain_hash, input_hash
+
+
+def _fill(log: AuditLog, n: int) -> None:
+    for i in range(n):
+        log.append(
+            principal=f"p{i % 3}",
+            org="acme",
+            operation="kb.revision.submit",
+            targets=[f"rev-{i}"],
+            input={"i": i},
+        )
+
+
+def _raw(path: Path) -> apsw.Connection:
+    """The store opened outside the log's code, triggers dropped: what a tamperer does."""
+    conn = apsw.Connection(str(path))
+    conn.execute("DROP TRIGGER IF EXISTS events_no_update; DROP TRIGGER IF EXISTS events_no_delete")
+    return conn
+
+
+def test_aud1_appended_events_verify(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit.sqlite")
+    assert log.verify().ok and log.head() == (0, GENESIS)
+    _fill(log, 25)
+    v = log.verify()
+    assert v.ok and v.checked == 25 and (v.head_seq, v.head_hash) == log.head()
+    assert [e.seq for e in log.tail(3)] == [23, 24, 25]
+    assert log.tail(3)[0].prev_hash == log.tail(4)[0].hash
+
+
+def test_aud2_an_edited_event_is_found(tmp_path: Path) -> None:
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path)
+    _fill(log, 10)
+    _raw(path).execute("UPDATE events SET principal='someone-else' WHERE seq=6")
+    v = log.verify()
+    assert not v.ok and v.first_bad_seq == 6 and "edited" in v.reason
+
+
+def test_aud2_an_edited_outcome_with_a_recomputed_hash_breaks_the_next_link(
+    tmp_path: Path,
+) -> None:
+    """Rewriting one event and its own hash still leaves the next event pointing at the old one."""
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path)
+    _fill(log, 5)
+    ev = log.tail(5)[2]
+    forged = {**ev.body(), "outcome": "KNOWLEDGE_DENIED"}
+    conn = _raw(path)
+    conn.execute(
+        "UPDATE events SET outcome=?, hash=? WHERE seq=?",
+        ("KNOWLEDGE_DENIED", chain_hash(ev.prev_hash, forged), ev.seq),
+    )
+    v = log.verify()
+    assert not v.ok and v.first_bad_seq == ev.seq + 1 and "prev_hash" in v.reason
+
+
+def test_aud3_a_removed_event_is_found(tmp_path: Path) -> None:
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path)
+    _fill(log, 10)
+    _raw(path).execute("DELETE FROM events WHERE seq=4")
+    v = log.verify()
+    assert not v.ok and v.first_bad_seq == 5 and "removed" in v.reason
+    # The first one too.
+    _raw(path).execute("DELETE FROM events WHERE seq=1")
+    assert log.verify().first_bad_seq == 2
+
+
+def test_aud4_reordered_events_are_found(tmp_path: Path) -> None:
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path)
+    _fill(log, 10)
+    conn = _raw(path)
+    # Swap events 3 and 7, each keeping its own hash and link: the order is the lie.
+    conn.execute("UPDATE events SET seq=-3 WHERE seq=3")
+    conn.execute("UPDATE events SET seq=3 WHERE seq=7")
+    conn.execute("UPDATE events SET seq=7 WHERE seq=-3")
+    v = log.verify()
+    assert not v.ok and v.first_bad_seq == 3
+
+
+def test_aud5_a_cut_tail_is_found_against_a_recorded_head(tmp_path: Path) -> None:
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path)
+    _fill(log, 10)
+    head = log.head()
+    assert log.verify(expect=head).ok
+    _fill(log, 2)
+    assert log.verify(expect=head).ok  # appending after the recorded head is fine
+    _raw(path).execute("DELETE FROM events WHERE seq>=9")
+    assert log.verify().ok  # the chain alone cannot tell
+    v = log.verify(expect=head)
+    assert not v.ok and "removed from its end" in v.reason
+    # A head whose hash no longer matches (history rewritten up to it) is found as well.
+    assert not log.verify(expect=(5, "f" * 64)).ok
+
+
+def test_aud6_the_store_refuses_update_and_delete(tmp_path: Path) -> None:
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path)
+    _fill(log, 3)
+    conn = apsw.Connection(str(path))
+    with pytest.raises(apsw.ConstraintError, match="append-only"):
+        conn.execute("UPDATE events SET outcome='x' WHERE seq=1")
+    with pytest.raises(apsw.ConstraintError, match="append-only"):
+        conn.execute("DELETE FROM events")
+    assert log.verify().ok and log.head()[0] == 3
+
+
+def _append_many(path: str, who: str, n: int) -> None:
+    log = AuditLog(path)
+    for i in range(n):
+        log.append(principal=who, org="acme", operation="index", targets=[str(i)])
+    log.close()
+
+
+def test_aud7_appends_from_several_processes_form_one_chain(tmp_path: Path) -> None:
+    path = str(tmp_path / "audit.sqlite")
+    AuditLog(path).close()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(path, f"w{k}", 60)) for k in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    log = AuditLog(path)
+    v = log.verify()
+    assert v.ok and v.checked == 180
+    assert {e.principal for e in log.events()} == {"w0", "w1", "w2"}
+
+
+def test_aud8_the_input_is_hashed_never_stored(tmp_path: Path) -> None:
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path)
+    secret = "sk-live-THE-INPUT-TEXT-1234567890"
+    ev = log.append(
+        principal="alice", org="acme", operation="memory.remember", input={"text": secret}
+    )
+    assert ev.input_hash == input_hash({"text": secret}) != input_hash({"text": secret + "x"})
+    log.close()
+    for f in tmp_path.iterdir():
+        assert secret.encode() not in f.read_bytes()
+    assert secret not in ev.to_json()
+
+
+def test_an_event_needs_an_operation(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="operation"):
+        AuditLog(tmp_path / "a.sqlite").append(principal="p", org="o", operation="")
+
+
+def test_the_app_records_a_principals_write_in_its_data_directory(tmp_path: Path) -> None:
+    """AUD-9: ``KnowledgeApp.record`` appends the principal's id and organisation."""
+    import asyncio
+
+    from knowledge_server.app import KnowledgeApp
+    from knowledge_server.auth_model import Principal
+    from knowledge_server.config import Config
+
+    app = KnowledgeApp(Config(data_dir=tmp_path))
+    who = Principal(id="ed", organisation="acme", workspaces=None, role="operator")
+    ev = asyncio.run(app.record(who, "kb.topic.create", targets=["t-1"], input={"k": "v"}))
+    assert (ev.seq, ev.principal, ev.org, ev.targets) == (1, "ed", "acme", ("t-1",))
+    app.close()
+    assert AuditLog(tmp_path / "audit.sqlite").verify().checked == 1
