@@ -26,6 +26,7 @@ TIERS = {
         "test_contract_proto",
         "test_dispatch_kd",
         "test_generated",
+        "test_kb_index_contract",
         "test_kc_contract",
         "test_layering",
         "test_lane_deadline",
