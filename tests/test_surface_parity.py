@@ -116,3 +116,15 @@ def test_every_rpc_has_an_mcp_tool_or_a_reasoned_exclusion() -> None:
     assert not tool_rpcs & set(EXCLUDED_RPCS)
     for rpc in EXCLUDED_RPCS:
         assert EXCLUDED_RPCS[rpc], rpc  # a reason is given
+
+
+def test_every_rpc_has_a_typescript_client_method() -> None:
+    """The TypeScript client (clients/typescript/src/client.ts) has one method per RPC,
+    named as protoc-gen-es names the RPC (lower camel case). Its own node:test suite
+    checks the same against the generated descriptors at run time."""
+    source = (REPO_ROOT / "clients" / "typescript" / "src" / "client.ts").read_text()
+    methods = set(re.findall(r"^  (?:async \*?)?([a-z]\w*)\(", source, re.MULTILINE))
+    for rpc in _rpcs():
+        name = rpc.rsplit("/", 1)[1]
+        camel = name[0].lower() + name[1:]
+        assert camel in methods, f"{rpc}: no method {camel}() in the TypeScript client"

@@ -109,6 +109,12 @@ class Config:
     kb_docling_timeout_s: float = 120.0
     # The memory policy: [memory.knowledge] and [memory.lifecycle] (docs/memory.md).
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
+    # Prometheus endpoint (HOST:PORT, or PORT for 127.0.0.1); empty = no metrics.
+    metrics_listen: str = ""
+    # OpenTelemetry traces exported by OTLP/gRPC to this collector URL; empty = no tracing.
+    tracing_otlp_endpoint: str = ""
+    # Share of calls traced (0..1), when tracing is on; a call's lane spans follow it.
+    tracing_sample_ratio: float = 1.0
 
     @property
     def listen_host(self) -> str:
@@ -175,7 +181,7 @@ _INT_FIELDS = {
     "outbox_quota_per_principal",
     "kb_max_source_mib",
 }
-_FLOAT_FIELDS = {"grace_seconds", "kb_docling_timeout_s"}
+_FLOAT_FIELDS = {"grace_seconds", "kb_docling_timeout_s", "tracing_sample_ratio"}
 _BOOL_FIELDS = {"bootstrap"}
 _CHOICES = {
     "auth": ("auto", "on", "off"),
@@ -274,11 +280,37 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError(
             f"auth=off is only allowed on a loopback address; {cfg.listen} is reachable from other hosts"
         )
+    cfg = _telemetry(cfg)
     if cfg.embedder == "openai" and not (
         cfg.embedder_url and cfg.embedder_model and cfg.embedder_dim > 0
     ):
         raise ConfigError("embedder=openai needs embedder_url, embedder_model and embedder_dim")
     return cfg
+
+
+def _telemetry(cfg: Config) -> Config:
+    """``metrics_listen``: ``HOST:PORT`` as given, ``PORT`` or ``:PORT`` on loopback;
+    ``tracing_otlp_endpoint``: an http(s) URL."""
+    if not 0.0 <= cfg.tracing_sample_ratio <= 1.0:
+        raise ConfigError(f"tracing_sample_ratio: {cfg.tracing_sample_ratio} is out of range 0..1")
+    endpoint = cfg.tracing_otlp_endpoint
+    if endpoint and not endpoint.startswith(("http://", "https://")):
+        raise ConfigError(
+            "tracing_otlp_endpoint: expected the http:// or https:// URL of an OTLP/gRPC "
+            f"collector, got {endpoint!r}"
+        )
+    text = cfg.metrics_listen.strip()
+    if not text:
+        return cfg
+    if text.isdigit():
+        text = f"127.0.0.1:{text}"
+    elif text.startswith(":"):
+        text = f"127.0.0.1{text}"
+    try:
+        parse_listen(text)
+    except ConfigError as exc:
+        raise ConfigError(f"metrics_{exc}") from None
+    return replace(cfg, metrics_listen=text)
 
 
 def check_workspaces(cfg: Config) -> None:

@@ -38,6 +38,8 @@ from knowledge_server.app import KnowledgeApp
 from knowledge_server.auth_model import Principal
 from knowledge_server.config import Config, ConfigError, parse_listen
 from knowledge_server.logs import get_logger
+from knowledge_server.metrics import Metrics, MetricsEndpoint
+from knowledge_server.tracing import Tracing, otlp_provider
 from knowledge_server.transport.interceptors import (
     AuthInterceptor,
     ContextInterceptor,
@@ -83,6 +85,9 @@ class Served:
     port: int
     app: KnowledgeApp
     health: health.aio.HealthServicer
+    metrics: Metrics | None = None
+    tracing: Tracing | None = None
+    metrics_endpoint: MetricsEndpoint | None = None
 
 
 def check_port_free(listen: str) -> None:
@@ -124,17 +129,28 @@ async def create_server(
     app: KnowledgeApp | None = None,
     *,
     authenticate: Callable[[str], Principal | None] | None = None,
+    metrics: Metrics | None = None,
+    tracing: Tracing | None = None,
 ) -> Served:
+    """``metrics`` / ``tracing``: given (tests), else made when the configuration turns
+    them on (``metrics_listen``, ``tracing_otlp_endpoint``); off, they cost nothing."""
     app = app or KnowledgeApp(config)
     if config.auth_required and authenticate is None:
         raise ConfigError(
             f"listening on {config.listen} needs authentication, but no token store is configured; "
             "create a token with `knowledge token create` or listen on 127.0.0.1"
         )
+    if metrics is None and config.metrics_listen:
+        metrics = Metrics()
+    if tracing is None and config.tracing_otlp_endpoint:
+        tracing = Tracing(otlp_provider(config.tracing_otlp_endpoint, config.tracing_sample_ratio))
+    if metrics is not None:
+        metrics.watch_licence(app.licence.status)
+    app.coordinator.observers.extend(o for o in (metrics, tracing) if o is not None)
     interceptors = [
-        ContextInterceptor(),
+        ContextInterceptor(metrics, tracing),
         AuthInterceptor(authenticate if config.auth_required else None),
-        EditionInterceptor(app.licence.edition),
+        EditionInterceptor(app.licence.edition, metrics.refused_edition if metrics else None),
         LimitsInterceptor(),
     ]
     server = grpc.aio.server(
@@ -175,7 +191,10 @@ async def create_server(
         raise ConfigError(f"listen: could not bind {address}")
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Served(server, bound, app, health_servicer)
+    endpoint = None
+    if metrics is not None and config.metrics_listen:
+        endpoint = MetricsEndpoint(metrics, config.metrics_listen)
+    return Served(server, bound, app, health_servicer, metrics, tracing, endpoint)
 
 
 async def shutdown(served: Served, grace: float) -> None:
@@ -184,6 +203,10 @@ async def shutdown(served: Served, grace: float) -> None:
     await served.health.enter_graceful_shutdown()
     await served.server.stop(grace)
     served.app.close()
+    if served.metrics_endpoint is not None:
+        served.metrics_endpoint.close()
+    if served.tracing is not None:
+        served.tracing.shutdown()
 
 
 async def serve(

@@ -47,7 +47,10 @@ class WorkerGroup:
     ) -> None:
         """``target`` runs in each new process (``worker_main.run_worker``); None = this
         process is itself a worker and starts no others."""
-        self.config = dataclasses.replace(config, listen=f"{host}:{port}", bootstrap=False)
+        # The metrics endpoint is the first process's (one port cannot be shared).
+        self.config = dataclasses.replace(
+            config, listen=f"{host}:{port}", bootstrap=False, metrics_listen=""
+        )
         self._target = target
         self.count = max(0, config.workers - 1) if target is not None else 0
         self._ctx = mp.get_context("spawn")

@@ -141,6 +141,18 @@ def version(as_json: bool) -> None:
     default=None,
     help="Serving processes sharing the port, to use more cores (default 1). Env: KNOWLEDGE_WORKERS.",
 )
+@click.option(
+    "--metrics-listen",
+    default=None,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (PORT alone: on 127.0.0.1). "
+    "Off by default. Env: KNOWLEDGE_METRICS_LISTEN.",
+)
+@click.option(
+    "--tracing-otlp-endpoint",
+    default=None,
+    help="Export OpenTelemetry traces by OTLP/gRPC to this collector URL "
+    "(e.g. http://127.0.0.1:4317). Off by default. Env: KNOWLEDGE_TRACING_OTLP_ENDPOINT.",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -152,6 +164,8 @@ def serve(
     licence_file: Path | None,
     auth: str | None,
     workers: int | None,
+    metrics_listen: str | None,
+    tracing_otlp_endpoint: str | None,
 ) -> None:
     """Run the gRPC service until SIGTERM/SIGINT.
 
@@ -186,6 +200,8 @@ def serve(
         "auth": auth,
         "bootstrap": False if no_bootstrap else None,
         "workers": workers,
+        "metrics_listen": metrics_listen,
+        "tracing_otlp_endpoint": tracing_otlp_endpoint,
     }
     try:
         cfg = load_config(config_file, overrides=overrides)

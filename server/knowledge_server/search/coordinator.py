@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from google.protobuf import timestamp_pb2
 
@@ -76,6 +77,17 @@ class ActorHints:
 ActorBuilder = Callable[[search_pb2.SearchResponse, ValidSearch], Sequence[search_pb2.Actor]]
 
 
+class SearchObserver(Protocol):
+    """Told about each lane call and each answer (metrics, traces): ids, counts and
+    timings only; an observer never sees the query."""
+
+    def lane(self, name: str, start_ns: int, end_ns: int, ms: float, result: LaneResult) -> None:
+        """A lane answered (or was degraded), between the two wall-clock instants."""
+
+    def answer(self, resp: search_pb2.SearchResponse, *, cache_hit: bool) -> None:
+        """The answer as returned (budget applied); ``cache_hit``: served whole from the cache."""
+
+
 class Coordinator:
     def __init__(
         self,
@@ -94,6 +106,19 @@ class Coordinator:
         self.cache_size = cache_size
         # Lane results under (lane, revision, query), whole answers under ("response", ...).
         self._cache: OrderedDict[object, LaneResult | _Answer] = OrderedDict()
+        self.observers: list[SearchObserver] = []
+
+    async def _observed_lane(
+        self, name: str, q: LaneQuery, known_revision: object = None
+    ) -> tuple[LaneResult, float]:
+        if not self.observers:
+            return await self._run_lane(name, q, known_revision)
+        start_ns = time.time_ns()
+        result, ms = await self._run_lane(name, q, known_revision)
+        end_ns = time.time_ns()
+        for observer in self.observers:
+            observer.lane(name, start_ns, end_ns, ms, result)
+        return result, ms
 
     async def _run_lane(
         self, name: str, q: LaneQuery, known_revision: object = None
@@ -162,6 +187,14 @@ class Coordinator:
     async def search(
         self, v: ValidSearch, workspaces: tuple[str, ...] | None
     ) -> search_pb2.SearchResponse:
+        resp, cache_hit = await self._answer(v, workspaces)
+        for observer in self.observers:
+            observer.answer(resp, cache_hit=cache_hit)
+        return resp
+
+    async def _answer(
+        self, v: ValidSearch, workspaces: tuple[str, ...] | None
+    ) -> tuple[search_pb2.SearchResponse, bool]:
         """Whole answers are cached per (request, caller scope, every lane's revision): the
         answer is a function of those (KC-12), so a hit is exactly what a fresh run returns."""
         started = time.perf_counter()
@@ -173,7 +206,7 @@ class Coordinator:
             cached = self._cache.get(key)
             if isinstance(cached, _Answer):
                 self._cache.move_to_end(key)
-                return self._answer_again(cached, v, names, started)
+                return self._answer_again(cached, v, names, started), True
         resp = await self._search(
             v,
             workspaces,
@@ -197,9 +230,9 @@ class Coordinator:
             self._cache[key] = _Answer(stored, fitted, sizes)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-            return resp
+            return resp, False
         _fit_budget(resp, v.max_tokens)
-        return resp
+        return resp, False
 
     def _answer_again(
         self, cached: _Answer, v: ValidSearch, names: Sequence[str], started: float
@@ -270,7 +303,9 @@ class Coordinator:
             n for n in ("episodes", "code", "skills") if n in v.include or n in ("episodes", "code")
         ]
         queried = [n for n in lane_names if n in v.include]
-        results = await asyncio.gather(*(self._run_lane(n, q, revisions.get(n)) for n in queried))
+        results = await asyncio.gather(
+            *(self._observed_lane(n, q, revisions.get(n)) for n in queried)
+        )
         by_name = dict(zip(queried, results, strict=True))
 
         resp = search_pb2.SearchResponse(schema=SCHEMA, request_id=v.request_id, query=v.query)

@@ -18,6 +18,7 @@ the outermost interceptor refuses the marker before any other check runs.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import inspect
 import time
@@ -34,10 +35,12 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from knowledge_server import errors
-from knowledge_server._gen.knowledge.v1 import errors_pb2
+from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.deadline import REQUEST_DEADLINE
 from knowledge_server.edition import EditionState
+from knowledge_server.metrics import OPERATIONS, Metrics, reason_code
+from knowledge_server.tracing import Tracing
 from knowledge_server.transport.policy import EDITION_NAMES, POLICIES, Policy
 from knowledge_server.transport.rules import check_limits
 
@@ -87,10 +90,36 @@ def status_for(err: errors.KnowledgeError, extra: list[Any] | None = None) -> st
     return status_pb2.Status(code=err.code.value[0], message=err.message, details=details)
 
 
+# The status codes a call aborted with (ContextInterceptor reads the last one for its
+# metrics and span); one list per call, set where the call starts.
+_aborted: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "knowledge_aborted", default=None
+)
+
+
+class _Status(
+    collections.namedtuple("_Status", ("code", "details", "trailing_metadata")), grpc.Status
+):
+    pass
+
+
 async def abort(
     context: Context, err: errors.KnowledgeError, extra: list[Any] | None = None
 ) -> None:
-    await context.abort_with_status(rpc_status.to_status(status_for(err, extra)))
+    codes = _aborted.get()
+    if codes is not None:
+        codes.append(err.code.name)
+    status = rpc_status.to_status(status_for(err, extra))
+    request_id = _request_id()
+    if request_id:
+        # The status replaces the trailers set before: the request id goes with it, so a
+        # refused or failed call can be found in the log too.
+        status = _Status(
+            status.code,
+            status.details,
+            (*status.trailing_metadata, ("x-request-id", request_id)),
+        )
+    await context.abort_with_status(status)
 
 
 Behavior = Callable[..., Any]
@@ -215,13 +244,107 @@ async def _call_unary(fn: Behavior, request: Any, context: Context) -> Any:
     return result
 
 
+def _body_request_id(request: Any) -> str:
+    """The ``request_id`` a request body carries (Search, Dispatch), else "". Only an id
+    of printable ASCII is taken (what metadata can carry back, and a log line can hold
+    without escaping); another is left to the answer's body."""
+    value = getattr(request, "request_id", "")
+    if not isinstance(value, str) or not value or len(value) > 128:
+        return ""
+    return value if value.isascii() and value.isprintable() else ""
+
+
+def _notices(result: Any) -> dict[str, Any]:
+    """The warning, error and degradation codes of an answer (no text)."""
+    out: dict[str, Any] = {}
+    for name in ("warnings", "errors"):
+        notices = getattr(result, name, None)
+        if notices:
+            out[name] = [f"{n.code}:{n.lane}" if n.lane else n.code for n in notices]
+    lanes = getattr(result, "lanes", None)
+    if isinstance(lanes, search_pb2.Lanes):
+        degraded = {
+            lane: reason_code(getattr(lanes, lane).degradation_reason)
+            for lane in ("episodes", "code", "skills")
+            if getattr(lanes, lane).degraded
+        }
+        if degraded:
+            out["degraded"] = degraded
+    return out
+
+
+def _log_ok(result: Any, started: float) -> None:
+    """One line per answer. A partial one (errors or degraded lanes) is a warning; an
+    answer whose notices are warnings only (e.g. trimmed to its budget) stays info."""
+    notices = _notices(result)
+    if "errors" in notices or "degraded" in notices:
+        log.warning("rpc.ok", ms=_ms(started), partial=True, **notices)
+    else:
+        log.info("rpc.ok", ms=_ms(started), **notices)
+
+
+class _Observed:
+    """One call's metrics and span: started with the call, finished with its status code
+    (the last code the call aborted with, else OK or, cut off without one, CANCELLED)."""
+
+    __slots__ = ("codes", "method", "metrics", "span", "started", "summary", "token", "tracing")
+
+    def __init__(
+        self,
+        metrics: Metrics | None,
+        tracing: Tracing | None,
+        method: str,
+        request_id: str,
+        *,
+        current: bool,
+    ) -> None:
+        self.metrics, self.tracing, self.method = metrics, tracing, method
+        self.started = time.perf_counter()
+        self.codes: list[str] = []
+        _aborted.set(self.codes)
+        self.summary: Any = None
+        self.span: Any = None
+        self.token: object | None = None
+        if tracing is not None:
+            if current:
+                self.span, self.token = tracing.start_rpc(method, request_id)
+            else:
+                self.span = tracing.start_stream(method, request_id)
+
+    def item(self, item: Any) -> None:
+        """A streamed message: an operator stream's summary is kept for the metrics."""
+        if self.method in OPERATIONS and item.HasField("summary"):
+            self.summary = item.summary
+
+    def finish(self, ok: bool, sent: int | None = None) -> None:
+        code = self.codes[-1] if self.codes else ("OK" if ok else "CANCELLED")
+        seconds = time.perf_counter() - self.started
+        if self.metrics is not None:
+            self.metrics.rpc(self.method, code, seconds)
+            if sent is not None:
+                self.metrics.operation(self.method, self.summary if ok else None, seconds)
+        if self.tracing is not None:
+            extra = {"knowledge.messages": sent} if sent is not None else None
+            self.tracing.end_rpc(self.span, self.token, code, extra)
+
+
 class ContextInterceptor(grpc.aio.ServerInterceptor):
-    """Binds request_id / method / peer, logs one line per call, maps domain errors.
+    """Binds request_id / method / peer, logs one line per call, maps domain errors,
+    counts and times calls (``metrics``) and opens their spans (``tracing``).
+
+    The request id is the one the request body carries (``request_id`` of Search and
+    Dispatch), else the ``x-request-id`` header, else a generated one; it is sent back
+    in the ``x-request-id`` trailer. An answer's notice codes are in its line; a partial
+    answer (errors or degraded lanes) is logged at warning level.
 
     A raw exception never leaves a handler: domain errors become their gRPC status
     with ErrorInfo; anything else becomes INTERNAL / KNOWLEDGE_INTERNAL, logged with
     its type only (an exception message may quote user text).
     """
+
+    def __init__(self, metrics: Metrics | None = None, tracing: Tracing | None = None) -> None:
+        self._metrics = metrics
+        self._tracing = tracing
 
     async def intercept_service(
         self,
@@ -233,16 +356,15 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or not method.startswith(PREFIX):
             return handler
         md = _metadata(handler_call_details)
-        request_id = md.get("x-request-id", "")[:128] or uuid.uuid4().hex[:16]
+        header_id = md.get("x-request-id", "")[:128] or uuid.uuid4().hex[:16]
+        metrics, tracing = self._metrics, self._tracing
 
-        def begin(
-            context: Context,
-        ) -> tuple[float, contextvars.Token[CallContext | None] | None]:
+        def begin(context: Context, request_id: str, *, current: bool) -> _Observed:
             structlog.contextvars.clear_contextvars()
             structlog.contextvars.bind_contextvars(
                 request_id=request_id, rpc_method=method, peer=context.peer()
             )
-            return time.perf_counter(), None
+            return _Observed(metrics, tracing, method, request_id, current=current)
 
         def bind_deadline(context: Context) -> None:
             # The caller's deadline, for the work a unary handler runs (deadline.py); it
@@ -252,7 +374,9 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
             left = context.time_remaining()
             REQUEST_DEADLINE.set(None if left is None else time.monotonic() + left)
 
-        async def fail(context: Context, exc: BaseException, started: float) -> None:
+        async def fail(
+            context: Context, exc: BaseException, started: float, request_id: str
+        ) -> None:
             if isinstance(exc, errors.KnowledgeError):
                 log.info("rpc.error", code=exc.code.name, reason=exc.reason, ms=_ms(started))
                 await abort(context, exc)
@@ -266,34 +390,44 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
 
         def unary(fn: Behavior) -> Behavior:
             async def run(request: Any, context: Context) -> Any:
-                started, _ = begin(context)
+                request_id = _body_request_id(request) or header_id
+                call = begin(context, request_id, current=True)
                 bind_deadline(context)
                 context.set_trailing_metadata((("x-request-id", request_id),))
+                ok = False
                 try:
                     result = await _call_unary(fn, request, context)
+                    ok = True
                 except (errors.KnowledgeError, Exception) as exc:
                     if _is_abort(exc, context):
                         raise
-                    await fail(context, exc, started)
+                    await fail(context, exc, call.started, request_id)
                     raise AssertionError("unreachable") from exc  # pragma: no cover
-                log.info("rpc.ok", ms=_ms(started))
+                finally:
+                    call.finish(ok)
+                _log_ok(result, call.started)
                 return result
 
             return run
 
         def stream(fn: Behavior) -> Behavior:
             async def run(request: Any, context: Context) -> AsyncIterator[Any]:
-                started, _ = begin(context)
+                call = begin(context, header_id, current=False)
                 sent = 0
+                ok = False
                 try:
                     async for item in fn(request, context):
                         sent += 1
+                        call.item(item)
                         yield item
+                    ok = True
                 except (errors.KnowledgeError, Exception) as exc:
                     if _is_abort(exc, context):
                         raise
-                    await fail(context, exc, started)
-                log.info("rpc.ok", ms=_ms(started), messages=sent)
+                    await fail(context, exc, call.started, header_id)
+                finally:
+                    call.finish(ok, sent)
+                log.info("rpc.ok", ms=_ms(call.started), messages=sent)
 
             return run
 
@@ -410,8 +544,14 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
     No handler checks the licence itself.
     """
 
-    def __init__(self, edition: Callable[[], EditionState]) -> None:
+    def __init__(
+        self,
+        edition: Callable[[], EditionState],
+        on_refusal: Callable[[str, str], None] | None = None,
+    ) -> None:
         self._edition = edition
+        # Told (feature, method) of each refused call (the metrics' edition refusals).
+        self._on_refusal = on_refusal
 
     async def intercept_service(
         self,
@@ -428,6 +568,8 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
         state = self._edition()
         if policy.feature in state.features:
             return handler
+        if self._on_refusal is not None:
+            self._on_refusal(policy.feature, method)
         required = EDITION_NAMES.get(policy.edition, "enterprise")
         short = method.rsplit("/", 1)[-1]
         article = "an" if required[:1] in "aeiou" else "a"

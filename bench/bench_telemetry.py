@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Search over gRPC with metrics and tracing on against off, side by side; and the
+TypeScript client's search round trip next to the Python SDK's.
+
+Three `knowledge serve` processes on the same data directory (the one bench_search.py
+builds: the standard library as the code workspace, the real session logs replayed to
+--events, the real skills), one worker each:
+
+* off: the defaults (no metrics, no tracing);
+* on: `--metrics-listen` (scraped at the end) and `--tracing-otlp-endpoint` pointing at an
+  OTLP/gRPC sink in this process, which receives and counts the spans; every call traced;
+* on, 10% traced: the same with `tracing_sample_ratio = 0.1`.
+
+Both get the same never-seen questions (a made-up word per question, so no cache answers)
+from Python SDK clients, one call at a time, alternating servers question by question (the
+order swapped each question); each server's CPU time over the phase is read from /proc
+too (the figure least moved by the machine's other work). Then, against the off server, rounds alternate the Python SDK and the
+TypeScript client (clients/typescript, built with `npm run build` if needed; one node
+process per round running bench/ts_search.mjs).
+
+Usage: python bench/bench_telemetry.py [--data DIR] [--rounds 6] [--requests 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_search import QUERIES, build, copy_workspace, pct, server_cpu_s, unseen_word  # noqa: E402 - after the path above
+from served import served  # noqa: E402 - after the path above
+
+TS_CLIENT = ROOT / "clients" / "typescript"
+
+
+class _Sink(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP trace collector that counts what it receives."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+        self.exports = 0
+
+    def Export(self, request: Any, context: Any) -> Any:
+        self.exports += 1
+        self.spans += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise SystemExit(f"{name} is not installed")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def question(i: int, tag: int) -> str:
+    return f"{QUERIES[i % len(QUERIES)]} {unseen_word(i, tag)}"
+
+
+def sdk_round(address: str, requests: int, tag: int) -> list[float]:
+    from knowledge_sdk import KnowledgeClient
+
+    out: list[float] = []
+    with KnowledgeClient(address, timeout=30) as kc:
+        kc.search("warm up")
+        for i in range(requests):
+            t = time.perf_counter()
+            kc.search(question(i, tag))
+            out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def paired_round(addresses: dict[str, str], requests: int, tag: int) -> dict[str, list[float]]:
+    """Each question to every server, one after the other, the order rotated every
+    question, so all see the same phases of the machine."""
+    from knowledge_sdk import KnowledgeClient
+
+    names = list(addresses)
+    clients = {name: KnowledgeClient(address, timeout=30) for name, address in addresses.items()}
+    out: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for kc in clients.values():
+            kc.search("warm up")
+        for i in range(requests):
+            q = question(i, tag)
+            k = i % len(names)
+            for name in names[k:] + names[:k]:
+                t = time.perf_counter()
+                clients[name].search(q)
+                out[name].append((time.perf_counter() - t) * 1000)
+    finally:
+        for kc in clients.values():
+            kc.close()
+    return out
+
+
+def ts_round(address: str, requests: int, tag: int) -> list[float]:
+    questions = [question(i, tag) for i in range(requests)]
+    result = subprocess.run(
+        [tool("node"), str(ROOT / "bench" / "ts_search.mjs"), address],
+        input=json.dumps(questions),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return [float(x) for x in json.loads(result.stdout)]
+
+
+def summary(name: str, lat: list[float]) -> str:
+    return f"{name}: n={len(lat)} p50={statistics.median(lat):.2f} ms p95={pct(lat, 95):.2f} ms"
+
+
+def diff(a: float, b: float) -> str:
+    return f"{(b - a) / a * 100:+.1f}%"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--requests", type=int, default=200, help="searches per server per round")
+    ap.add_argument("--data", type=Path, help="reuse/keep this data directory")
+    ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
+    args = ap.parse_args()
+    base = args.data or Path(tempfile.mkdtemp(prefix="kn-bench-telemetry-"))
+    data = base / "corpus"
+    if not (data / "code.sqlite").exists():
+        build(data, args.events, args.shared)
+    workspace = copy_workspace(base / "workspace")
+    if not (TS_CLIENT / "dist" / "src" / "index.js").exists():
+        subprocess.run([tool("npm"), "run", "build"], cwd=TS_CLIENT, check=True)
+
+    sink = _Sink()
+    collector = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, collector)
+    otlp_port = collector.add_insecure_port("127.0.0.1:0")
+    collector.start()
+    metrics_port = free_port()
+    common = ("--no-bootstrap", "--workspace", str(workspace), "--workers", "1")
+    on_args = (
+        *common,
+        "--metrics-listen",
+        f"127.0.0.1:{metrics_port}",
+        "--tracing-otlp-endpoint",
+        f"http://127.0.0.1:{otlp_port}",
+    )
+    servers = {
+        "off": (common, {}),
+        "on": (on_args, {}),
+        "on, 10% traced": (on_args, {"KNOWLEDGE_TRACING_SAMPLE_RATIO": "0.1"}),
+    }
+    lat: dict[str, list[float]] = {name: [] for name in servers}
+    try:
+        with contextlib.ExitStack() as stack:
+            procs = {}
+            addresses = {}
+            for name, (serve_args, env) in servers.items():
+                if name == "on, 10% traced":
+                    serve_args = tuple(
+                        f"127.0.0.1:{free_port()}" if a.endswith(f":{metrics_port}") else a
+                        for a in serve_args
+                    )
+                procs[name], addresses[name] = stack.enter_context(
+                    served(data, *serve_args, env=env)
+                )
+            off = addresses["off"]
+            pids = {name: proc.pid for name, proc in procs.items()}
+            print(f"servers: {addresses} (metrics :{metrics_port}, OTLP sink :{otlp_port})")
+            for name in servers:  # page cache and the lanes' memos, not measured
+                sdk_round(addresses[name], args.requests, 999)
+            print(
+                "== Search, metrics and tracing off vs on: the same never-seen questions, "
+                "one call at a time, rotating servers question by question"
+            )
+            cpu = {name: server_cpu_s(pid) for name, pid in pids.items()}
+            for r in range(args.rounds):
+                row = paired_round(addresses, args.requests, 1000 + r)
+                print(
+                    f"round {r + 1}: "
+                    + " | ".join(
+                        f"{name} p50 {statistics.median(v):.2f} p95 {pct(v, 95):.2f}"
+                        for name, v in row.items()
+                    )
+                    + " ms"
+                )
+                for name in servers:
+                    lat[name].extend(row[name])
+            time.sleep(6)  # the batch span processor exports every 5 s: its cost is counted
+            per = {
+                name: (server_cpu_s(pids[name]) - cpu[name]) / (len(lat[name]) + args.rounds) * 1000
+                for name in servers
+            }
+            base_p50, base_p95 = statistics.median(lat["off"]), pct(lat["off"], 95)
+            for name in servers:
+                p50, p95 = statistics.median(lat[name]), pct(lat[name], 95)
+                versus = (
+                    ""
+                    if name == "off"
+                    else f"  vs off: p50 {diff(base_p50, p50)}, p95 {diff(base_p95, p95)},"
+                    f" CPU {diff(per['off'], per[name])}"
+                )
+                print(
+                    f"{summary(f'{name:15}', lat[name])}  server CPU {per[name]:.2f} ms/search{versus}"
+                )
+            text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+            calls = [
+                line
+                for line in text.splitlines()
+                if line.startswith("knowledge_rpc_calls_total") and "Search" in line
+            ]
+            print(
+                f"'on' server: {calls}; OTLP sink received {sink.spans} spans in {sink.exports} exports"
+            )
+
+            print("== Search round trip: Python SDK vs TypeScript client (against the off server)")
+            clients: dict[str, list[float]] = {"python": [], "typescript": []}
+            for r in range(args.rounds):
+                order = ("python", "typescript") if r % 2 == 0 else ("typescript", "python")
+                for name in order:
+                    tag = 2000 + 10 * r + (0 if name == "python" else 1)
+                    run = sdk_round if name == "python" else ts_round
+                    clients[name].extend(run(off, args.requests, tag))
+            print(summary("python SDK   ", clients["python"]))
+            print(summary("typescript   ", clients["typescript"]))
+            print(
+                "typescript vs python: p50 "
+                f"{diff(statistics.median(clients['python']), statistics.median(clients['typescript']))}, "
+                f"p95 {diff(pct(clients['python'], 95), pct(clients['typescript'], 95))}"
+            )
+    finally:
+        collector.stop(0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

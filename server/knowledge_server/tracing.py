@@ -1,0 +1,124 @@
+"""OpenTelemetry tracing: one span per RPC, a child span per search lane.
+
+Off by default; ``tracing_otlp_endpoint`` turns it on and exports OTLP over gRPC there,
+for the share ``tracing_sample_ratio`` of the calls (all by default).
+Spans carry ids, codes, counts and timings only, never query text, snippets or
+tokens: the RPC span has the method, the request id and the status code (a search's
+also its item count, cache hit, truncation and warning codes); a lane span has the
+lane, its item count, whether it came from the cache, and its degradation reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from knowledge_server.metrics import reason_code
+
+SERVICE_NAME = "knowledge-service"
+
+
+def otlp_provider(endpoint: str, ratio: float = 1.0) -> TracerProvider:
+    """A provider exporting in batches to the OTLP/gRPC collector at ``endpoint``,
+    tracing the share ``ratio`` of the calls."""
+    insecure = endpoint.startswith("http://")
+    return provider_with(OTLPSpanExporter(endpoint=endpoint, insecure=insecure), ratio)
+
+
+def provider_with(exporter: SpanExporter, ratio: float = 1.0) -> TracerProvider:
+    """A provider exporting to ``exporter`` in batches. A call is traced with probability
+    ``ratio`` (by its trace id); its lane spans follow their parent. An untraced call
+    costs next to nothing (a span is tens of microseconds to make and as much to export:
+    bench/RESULTS.md)."""
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": SERVICE_NAME}),
+        sampler=ParentBased(TraceIdRatioBased(ratio)),
+    )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+class Tracing:
+    """Spans of one server, from its own provider (never the process-global one)."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.provider = provider
+        self._tracer = provider.get_tracer("knowledge_server")
+
+    def start_rpc(self, method: str, request_id: str) -> tuple[Span, object]:
+        """The RPC's span, made current for the call's task (lane spans nest under it);
+        returns it and the token to detach it with."""
+        span = self._tracer.start_span(
+            method.lstrip("/"),
+            kind=SpanKind.SERVER,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.method": method,
+                "knowledge.request_id": request_id,
+            },
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        return span, token
+
+    def start_stream(self, method: str, request_id: str) -> Span:
+        """A streaming RPC's span (not made current: a generator may resume elsewhere)."""
+        return self._tracer.start_span(
+            method.lstrip("/"),
+            kind=SpanKind.SERVER,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.method": method,
+                "knowledge.request_id": request_id,
+            },
+        )
+
+    @staticmethod
+    def end_rpc(
+        span: Span, token: object | None, code: str, attributes: dict[str, Any] | None = None
+    ) -> None:
+        span.set_attributes({"rpc.grpc.status_code": code, **(attributes or {})})
+        if code not in ("OK", "CANCELLED", "DEADLINE_EXCEEDED"):
+            span.set_status(Status(StatusCode.ERROR, code))
+        span.end()
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
+
+    # The search coordinator's observer
+
+    def lane(self, name: str, start_ns: int, end_ns: int, ms: float, result: Any) -> None:
+        # Few attributes: each costs a validation on this path (a span is tens of us).
+        lane = result.lane
+        attributes: dict[str, Any] = {
+            "knowledge.lane": name,
+            "knowledge.lane.items": len(lane.items),
+            "knowledge.lane.cache_hit": bool(result.cache_hit),
+        }
+        if lane.degraded:
+            attributes["knowledge.lane.degradation_reason"] = reason_code(lane.degradation_reason)
+        span = self._tracer.start_span(f"lane {name}", start_time=start_ns, attributes=attributes)
+        span.end(end_time=end_ns)
+
+    def answer(self, resp: Any, *, cache_hit: bool) -> None:
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return
+        attributes: dict[str, Any] = {
+            "knowledge.search.items": int(resp.limits.returned),
+            "knowledge.search.found": bool(resp.found),
+            "knowledge.search.cache_hit": cache_hit,
+            "knowledge.search.truncated": bool(resp.limits.truncated),
+        }
+        if resp.warnings:
+            attributes["knowledge.search.warnings"] = [n.code for n in resp.warnings]
+        span.set_attributes(attributes)
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()

@@ -1,0 +1,332 @@
+"""Metrics, traces and the call log over a real server on a free port.
+
+- Prometheus: the endpoint is scraped over HTTP after real calls, and the numbers that
+  those calls must have moved are checked (per RPC and code, per lane, per answer,
+  operator streams, the licence, edition refusals).
+- OpenTelemetry: with the SDK's in-memory exporter, a Search has one server span with
+  one child span per lane, carrying ids and counts and never the query.
+- Logs: a search body's request_id is the id of that call's log line; a partial answer
+  is logged at warning level with its codes, never its text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+from knowledge_sdk import AsyncKnowledgeClient, EditionRefused
+from knowledge_server.config import ConfigError, load_config
+from knowledge_server.runtime import build_app
+from knowledge_server.server import create_server, shutdown
+from knowledge_server.tracing import Tracing, provider_with
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import LogCapture
+
+from tests.conftest import LicenceVendor, dev_keys, start_server, write_session_log
+
+WORD = "wombatcodec"
+CANARY = "CANARY-OBS-51c2"
+
+
+def _workspace(tmp_path: Path, files: int = 3) -> tuple[Path, Path]:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(files):
+        doc = " ".join(f"the {WORD} step {i}.{j} decodes frames and checks sizes" for j in range(8))
+        (ws / f"codec_{i}.py").write_text(
+            f"def {WORD}_decode_{i}(frame):\n    '''{doc}'''\n    return frame[{i}:]\n"
+        )
+        # As many files without the word: ranking needs words that tell files apart.
+        (ws / f"util_{i}.py").write_text(f"def add_{i}(a, b):\n    return a + b + {i}\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_session_log(logs / "s1.jsonl", "s-obs-1", ws, f"the {WORD} decoder drops frames")
+    return ws, logs
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+SEARCH = "/knowledge.v1.KnowledgeService/Search"
+
+
+async def test_metrics_move_with_real_calls(tmp_path: Path) -> None:
+    ws, logs = _workspace(tmp_path, files=30)
+    rs = await start_server(
+        tmp_path, workspaces=[str(ws)], session_paths=[str(logs)], metrics_listen="127.0.0.1:0"
+    )
+    endpoint = rs.served.metrics_endpoint
+    assert endpoint is not None and endpoint.host == "127.0.0.1"
+    try:
+        before = _scrape(endpoint.port)
+        assert _value(before, "knowledge_rpc_calls_total", method=SEARCH, code="OK") == 0
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            # Before any ingest: the episodes lane is degraded (index not ready).
+            await kc.search(f"{WORD} decoder")
+            async for _ in kc.index_workspace(str(ws)):
+                pass
+            async for _ in kc.ingest_sessions([str(logs)]):
+                pass
+            both = await kc.search(f"{WORD} decoder frames")
+            again = await kc.search(f"{WORD} decoder frames")
+            nothing = await kc.search("zebrafishquantum", include=["code"])
+            big = await kc.search(
+                f"{WORD} decode frames", include=["code"], limit=50, max_tokens=500
+            )
+            try:
+                await kc.themes()
+            except EditionRefused:
+                pass
+            else:
+                raise AssertionError("Community answered a doc-graph call")
+        assert both.lanes.code.items and both.lanes.episodes.items
+        assert again.lanes.code == both.lanes.code
+        assert not nothing.lanes.code.items
+        assert big.limits.truncated
+        m = _scrape(endpoint.port)
+    finally:
+        await shutdown(rs.served, 0)
+
+    assert _value(m, "knowledge_rpc_calls_total", method=SEARCH, code="OK") == 5
+    assert _value(m, "knowledge_rpc_duration_seconds_count", method=SEARCH, code="OK") == 5
+    themes = "/knowledge.v1.DocGraphService/Themes"
+    assert _value(m, "knowledge_rpc_calls_total", method=themes, code="PERMISSION_DENIED") == 1
+    assert _value(m, "knowledge_edition_refusals_total", feature="doc-graph", method=themes) == 1
+    index = "/knowledge.v1.IndexService/IndexWorkspace"
+    assert _value(m, "knowledge_rpc_calls_total", method=index, code="OK") == 1
+    # Lanes: four searches ran the code lane (the repeated one was answered whole from
+    # the cache); the first one, before the index and the ingest, found both empty.
+    assert _value(m, "knowledge_lane_answers_total", lane="code") == 4
+    assert _value(m, "knowledge_lane_duration_seconds_count", lane="code") == 4
+    assert (
+        _value(m, "knowledge_lane_zero_results_total", lane="code") == 2
+    )  # before the index, and no match
+    assert (
+        _value(
+            m,
+            "knowledge_lane_degradations_total",
+            lane="episodes",
+            reason="KNOWLEDGE_INDEX_NOT_READY",
+        )
+        == 1
+    )
+    assert _value(m, "knowledge_lane_timeouts_total", lane="code") == 0
+    # Answers: five, two with both kinds of evidence (one of them from the cache), one
+    # cut by its budget.
+    assert _value(m, "knowledge_search_answers_total") == 5
+    assert _value(m, "knowledge_search_answers_with_code_and_episodes_total") == 2
+    assert _value(m, "knowledge_search_cache_hits_total") == 1
+    assert _value(m, "knowledge_search_budget_truncations_total") == 1
+    # Operator streams: counters of their summaries, time and last success.
+    assert _value(m, "knowledge_operation_runs_total", operation="index", outcome="ok") == 1
+    assert (
+        _value(m, "knowledge_operation_items_total", operation="index", counter="files_indexed")
+        == 60
+    )
+    assert _value(m, "knowledge_operation_items_total", operation="ingest", counter="sessions") == 1
+    assert _value(m, "knowledge_operation_seconds_total", operation="index") > 0
+    assert _value(m, "knowledge_operation_last_success_timestamp_seconds", operation="ingest") > 0
+    assert _value(m, "knowledge_licence_info", edition="community", licence_state="missing") == 1
+    assert WORD not in json.dumps([list(k) for k in m])
+
+
+async def test_metrics_report_the_licence_days_to_expiry(
+    tmp_path: Path, licence_vendor: LicenceVendor
+) -> None:
+    from datetime import timedelta
+
+    licence_vendor.install(
+        tmp_path / "data", licence_vendor.issue(expires_at=timedelta(days=30, hours=12))
+    )
+    rs = await start_server(tmp_path, metrics_listen="127.0.0.1:0", **dev_keys(tmp_path / "data"))
+    try:
+        assert rs.served.metrics_endpoint is not None
+        m = _scrape(rs.served.metrics_endpoint.port)
+    finally:
+        await shutdown(rs.served, 0)
+    assert _value(m, "knowledge_licence_info", edition="enterprise", licence_state="valid") == 1
+    assert 30 < _value(m, "knowledge_licence_days_to_expiry") < 31
+
+
+async def test_metrics_are_off_by_default(tmp_path: Path) -> None:
+    rs = await start_server(tmp_path)
+    try:
+        assert rs.served.metrics is None and rs.served.metrics_endpoint is None
+        assert rs.served.tracing is None
+        assert rs.app.coordinator.observers == []
+    finally:
+        await shutdown(rs.served, 0)
+
+
+async def test_a_search_is_one_span_with_a_child_span_per_lane(tmp_path: Path) -> None:
+    ws, logs = _workspace(tmp_path)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    cfg = load_config(
+        env={},
+        overrides={
+            "listen": "127.0.0.1:0",
+            "data_dir": str(tmp_path / "data"),
+            "bootstrap": False,
+            "workspaces": [str(ws)],
+            "session_paths": [str(logs)],
+        },
+    )
+    served = await create_server(cfg, build_app(cfg), tracing=Tracing(provider))
+    await served.server.start()
+    try:
+        async with AsyncKnowledgeClient(f"127.0.0.1:{served.port}") as kc:
+            async for _ in kc.index_workspace(str(ws)):
+                pass
+            async for _ in kc.ingest_sessions([str(logs)]):
+                pass
+            exporter.clear()
+            answer = await kc.search(
+                f"{WORD} decoder",
+                include=["episodes", "code"],
+                request_id="trace-req-1",
+            )
+    finally:
+        await shutdown(served, 0)
+    spans = exporter.get_finished_spans()
+    rpc = [s for s in spans if s.name == "knowledge.v1.KnowledgeService/Search"]
+    assert len(rpc) == 1
+    root = rpc[0]
+    assert root.attributes is not None
+    assert root.attributes["knowledge.request_id"] == "trace-req-1"
+    assert root.attributes["rpc.grpc.status_code"] == "OK"
+    assert root.attributes["knowledge.search.items"] == answer.limits.returned
+    lanes = {s.name: s for s in spans if s.parent is not None}
+    assert set(lanes) == {"lane episodes", "lane code"}
+    for span in lanes.values():
+        assert span.parent is not None and root.context is not None
+        assert span.parent.span_id == root.context.span_id
+        assert span.context is not None and span.context.trace_id == root.context.trace_id
+        assert span.start_time is not None and root.start_time is not None
+        assert span.start_time >= root.start_time
+    assert lanes["lane code"].attributes is not None
+    assert lanes["lane code"].attributes["knowledge.lane.items"] > 0
+    text = json.dumps([dict(s.attributes or {}) for s in spans], default=str)
+    assert WORD not in text and "decoder" not in text
+
+
+@contextmanager
+def _call_logs() -> Iterator[list[dict[str, Any]]]:
+    """Log entries with the call's context (request id, method) merged in, as the
+    configured renderers get them."""
+    capture = LogCapture()
+    old = structlog.get_config()["processors"]
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, capture])
+    try:
+        yield capture.entries
+    finally:
+        structlog.configure(processors=old)
+
+
+async def test_the_log_line_of_a_search_carries_its_body_request_id(tmp_path: Path) -> None:
+    rs = await start_server(tmp_path)
+    try:
+        with _call_logs() as logs:
+            async with AsyncKnowledgeClient(rs.address) as kc:
+                # No ingest, no index: a partial answer (lanes not ready).
+                answer = await kc.search(f"where is {CANARY} handled", request_id="grpcurl-42")
+    finally:
+        await shutdown(rs.served, 0)
+    assert answer.warnings
+    lines = [e for e in logs if e.get("event") == "rpc.ok" and e.get("rpc_method") == SEARCH]
+    assert len(lines) == 1
+    line = lines[0]
+    assert line["request_id"] == "grpcurl-42"
+    assert line["log_level"] == "warning" and line["partial"] is True
+    assert "KNOWLEDGE_INDEX_NOT_READY:episodes" in line["warnings"]
+    assert line["degraded"]["episodes"] == "KNOWLEDGE_INDEX_NOT_READY"
+    assert CANARY not in json.dumps(logs, default=str)
+
+
+async def test_a_refused_call_sends_its_request_id_back(tmp_path: Path) -> None:
+    rs = await start_server(tmp_path)
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            try:
+                await kc.themes()
+            except EditionRefused as err:
+                refused = err
+            else:
+                raise AssertionError("Community answered a doc-graph call")
+    finally:
+        await shutdown(rs.served, 0)
+    assert refused.request_id
+
+
+async def test_an_answer_with_warnings_only_is_not_logged_as_partial(tmp_path: Path) -> None:
+    """A search trimmed to its budget (a warning, no error, no degraded lane) logs its
+    codes at info level: a warning line per trimmed answer would be noise."""
+    ws, logs = _workspace(tmp_path, files=30)
+    rs = await start_server(tmp_path, workspaces=[str(ws)], session_paths=[str(logs)])
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            async for _ in kc.index_workspace(str(ws)):
+                pass
+            async for _ in kc.ingest_sessions([str(logs)]):
+                pass
+            with _call_logs() as entries:
+                answer = await kc.search(
+                    f"{WORD} decode frames", include=["code"], limit=50, max_tokens=500
+                )
+    finally:
+        await shutdown(rs.served, 0)
+    assert answer.limits.truncated and not answer.errors
+    assert not any(getattr(answer.lanes, n).degraded for n in ("code", "episodes"))
+    [line] = [e for e in entries if e.get("event") == "rpc.ok"]
+    assert line["log_level"] == "info" and "partial" not in line
+    assert "KNOWLEDGE_BUDGET_EXCEEDED" in line["warnings"]
+
+
+async def test_a_sample_ratio_of_zero_traces_no_call_and_configuration_checks_it(
+    tmp_path: Path,
+) -> None:
+    """tracing_sample_ratio: an untraced call has no span, and neither have its lanes."""
+    with pytest.raises(ConfigError, match="tracing_sample_ratio"):
+        load_config(env={}, overrides={"tracing_sample_ratio": 1.5})
+    spans: dict[float, int] = {}
+    for ratio in (0.0, 1.0):
+        exporter = InMemorySpanExporter()
+        provider = provider_with(exporter, ratio)
+        cfg = load_config(
+            env={},
+            overrides={
+                "listen": "127.0.0.1:0",
+                "data_dir": str(tmp_path / f"d{ratio}"),
+                "bootstrap": False,
+            },
+        )
+        served = await create_server(cfg, build_app(cfg), tracing=Tracing(provider))
+        await served.server.start()
+        try:
+            async with AsyncKnowledgeClient(f"127.0.0.1:{served.port}") as kc:
+                for i in range(5):
+                    await kc.search(f"{WORD} question {i}", include=["episodes", "code"])
+        finally:
+            await shutdown(served, 0)  # flushes the batch of spans
+        spans[ratio] = len(exporter.get_finished_spans())
+    assert spans == {0.0: 0, 1.0: 15}  # five calls, each with two lanes
