@@ -679,6 +679,7 @@ def _kb_case(name: str) -> Callable[[World], None]:
                 in (
                     "APPROVED",
                     "PROCESSING",
+                    "PROCESSED",
                     "FAILED",
                 )
             )
