@@ -257,7 +257,9 @@ class DocGraphBuilder:
 
         by_id = {c.chunk_id: c for c in docs}
         tables, entity_meta, chunk_entities = _aggregate(by_id, mentions, relations)
-        themes = build_themes(entity_meta, chunk_entities, s.themes)
+        themes = build_themes(
+            entity_meta, chunk_entities, s.themes, documents=len({c.path for c in docs})
+        )
         summaries: list[tuple[Any, ...]] = []
         if llm_state == "ok" and s.summaries and self.llm is not None:
             summaries, s_state, s_reason = self._summaries(
@@ -458,7 +460,7 @@ def _aggregate(
         first = min(rows, key=lambda r: (r[2], r[3], r[1]))
         built = "+".join(sorted({p for r in rows for p in r[8].split("+")}))
         entity_rows.append((eid, name, norm, kind, len(rows), first[2], built))
-        meta[eid] = ThemeEntity(eid, norm, kind, len(rows))
+        meta[eid] = ThemeEntity(eid, norm, kind, len(rows), len({r[2] for r in rows}))
         for r in rows:
             chunk_entities[r[1]].add(eid)
 
