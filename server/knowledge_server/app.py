@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
+from knowledge_licensing import FEATURE_DOC_GRAPH
 
 from knowledge_server import __version__, deadline
 from knowledge_server._gen.knowledge.v1 import (
@@ -33,6 +34,7 @@ from knowledge_server.edition import LicenceView
 from knowledge_server.errors import InvalidRequest, PermissionDenied, Unimplemented
 from knowledge_server.lanes.common import run_with_progress
 from knowledge_server.lanes.contract import Lanes
+from knowledge_server.lanes.docgraph import GraphDocsLane
 from knowledge_server.logs import get_logger
 from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import Lane, NotReadyLane
@@ -102,9 +104,17 @@ class KnowledgeApp:
         )
 
     def _search_lanes(self) -> dict[str, Lane]:
+        code: Lane | None = self.lanes.code
+        if self.lanes.code is not None and self.lanes.docgraph is not None:
+            # mode=docs|themes through the document graph when it is built and licensed.
+            code = GraphDocsLane(
+                self.lanes.code,
+                self.lanes.docgraph,
+                lambda: FEATURE_DOC_GRAPH in self.licence.edition().features,
+            )
         present: dict[str, Lane | None] = {
             "episodes": self.lanes.episodes,
-            "code": self.lanes.code,
+            "code": code,
             "skills": self.lanes.skills,
         }
         return {

@@ -46,6 +46,13 @@ _WORD = re.compile(r"[\w][\w\-\.]*", re.UNICODE)
 _STOP = STOP_WORDS | REQUEST_WORDS
 
 
+def _query_words(query: str) -> list[str]:
+    """The words of a query that may name something (no stop or request words)."""
+    return sorted(
+        {w.lower() for w in _WORD.findall(query) if len(w) >= 3 and w.lower() not in _STOP}
+    )
+
+
 def _addr(path: str, start: int, end: int, chunk_id: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"path": path, "start_line": start, "end_line": end}
     if chunk_id is not None:
@@ -676,9 +683,7 @@ class DocGraphOps:
             return self._refuse(op, state, lim, **empty)
         rev_id = state["rev"]["rev_id"]
         if self.llm is None:
-            words = sorted(
-                {w.lower() for w in _WORD.findall(query) if len(w) >= 3 and w.lower() not in _STOP}
-            )
+            words = _query_words(query)
             items = self._chunks_for_entities(
                 rev_id, self._entities_matching(rev_id, words), "lexical", lim
             )
@@ -730,6 +735,43 @@ class DocGraphOps:
             low_level=low,
             degraded=degraded,
         )
+
+    def _match_chunks(self, query: str, level: str, limit: int) -> dict[str, Any]:
+        """Chunks a query reaches through the graph, for ``Search mode=docs|themes``.
+
+        Keywords: the LLM's two levels when one is configured (cached); otherwise the query's
+        words (without stop words) serve as both levels: matching names against a built graph
+        needs no model. ``level="docs"``: entity-level hits, then theme-level ones;
+        ``level="themes"``: theme-level hits only. Answers ``{"collected", "reason", "items"}``;
+        ``reason`` is set when the answer is degraded (layer incomplete, LLM unavailable).
+        """
+        state = self._state()
+        if not state["collected"]:
+            return {"collected": False, "reason": state["reason"], "items": []}
+        rev_id = state["rev"]["rev_id"]
+        words = _query_words(query)
+        keywords = {"high_level": words, "low_level": words}
+        reason = None
+        if state["rev"]["stats"].get("stopped_by"):
+            reason = state["reason"]
+        if self.llm is not None:
+            try:
+                answer = self._keywords(self.llm, query)
+            except LLMUnavailable as exc:
+                answer, reason = None, f"{exc.reason}; query words used as keywords"
+            if answer is not None:
+                keywords = {
+                    "high_level": [norm_name(k) for k in answer["high_level"]] or words,
+                    "low_level": [norm_name(k) for k in answer["low_level"]] or words,
+                }
+        high = self._chunks_for_themes(rev_id, keywords["high_level"], limit)[:limit]
+        if level == "themes":
+            return {"collected": True, "reason": reason, "items": high}
+        low_ids = self._entities_matching(rev_id, keywords["low_level"])
+        low = self._chunks_for_entities(rev_id, low_ids, "entity", limit)[:limit]
+        seen = {c["chunk_id"] for c in low}
+        items = low + [c for c in high if c["chunk_id"] not in seen]
+        return {"collected": True, "reason": reason, "items": items}
 
     def _keywords(self, llm: LLMClient, query: str) -> dict[str, list[str]] | None:
         normq = " ".join(query.lower().split())

@@ -320,8 +320,13 @@ def extract_structural(chunks: list[DocChunk]) -> ChunkResult:  # noqa: C901 - o
         by_path[ch.path].append(ch)
     docs = document_entities(by_path)
 
+    clean: dict[str, bool] = {}  # name -> not redacted and not empty (names repeat)
+
     def mention(name: str, kind: str, chunk: DocChunk, span: Span) -> bool:
-        if redact(name) != name or not norm_name(name):
+        ok = clean.get(name)
+        if ok is None:
+            ok = clean[name] = redact(name) == name and bool(norm_name(name))
+        if not ok:
             c["structural_rejected"] += 1
             return False
         res.mentions.append(MentionFact(name, kind, chunk.chunk_id, span[0], span[1], "structural"))

@@ -756,6 +756,25 @@ class CodeItem(betterproto2.Message):
     Workspace root the path is relative to.
     """
 
+    match_kind: "str" = betterproto2.field(14, betterproto2.TYPE_STRING)
+    """
+    mode=docs|themes with a built document graph: how the chunk was reached, "entity" (a
+    named entity of the query, low level), "theme" (a theme of the query, high level) or
+    "lexical" (text match only); empty in other modes.
+    """
+
+    matched_entities: "list[EntityRef]" = betterproto2.field(
+        15, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    Document-graph entities the chunk matched, each with the address of its mention there.
+    """
+
+    theme_id: "str" = betterproto2.field(16, betterproto2.TYPE_STRING)
+    """
+    The theme the chunk was reached through (match_kind "theme"), else empty.
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "CodeItem", CodeItem)
 
