@@ -99,6 +99,13 @@ async def test_five_operations_with_fake_llm(shared_data: Path, tmp_path: Path) 
                 th = await kc.themes(limit=5)
                 _envelope(th, "themes")
                 assert th.collected and th.found and th.capability == "full" and th.themes
+                # Provenance reaches the client: which model, prompts and build answered.
+                (prov,) = th.layer_provenance
+                assert prov.workspace == str(ws) and prov.model == "openai:fake:"
+                assert {"docgraph-extract/1", "docgraph-summary/2", "docgraph-keywords/1"} <= set(
+                    prov.prompt_versions
+                )
+                assert len(prov.fingerprint) == 64 and prov.built_at and prov.source_index_rev
                 for t in th.themes:
                     _theme(t)
                     assert t.address.workspace == str(ws)

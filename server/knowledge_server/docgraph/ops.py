@@ -113,6 +113,9 @@ class DocGraphOps:
                 source_index_rev=rev["source_index_rev"],
                 model=rev["stats"].get("model"),
                 prompt_version=rev["stats"].get("prompt_version"),
+                prompt_versions=rev["stats"].get("prompt_versions")
+                or rev["stats"].get("inputs", {}).get("prompt_version")
+                or [],
                 built_at=rev["created_at"],
             )
         is_collected = state["collected"] if collected is None else collected

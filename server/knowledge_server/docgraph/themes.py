@@ -38,6 +38,7 @@ class ThemeSettings:
     excluded_kinds: tuple[str, ...] = ("status", "doc_type", "category")
     max_summaries: int = 50  # summaries are LLM calls: the largest themes first, at most this many
     max_citable_chunks: int = 8
+    max_quote_chars: int = 600  # per citable chunk, in the summary prompt
     hub_share: float = 0.15  # entities in more documents than this share (and the minimum) ...
     hub_min_documents: int = 4  # ... are hubs, left out of themes
 

@@ -77,6 +77,10 @@ def llm_settings_from_config(config: Any) -> LLMSettings | None:
         model=config.llm_model,
         api_key_env=config.llm_key_env or None,
         api_key_file=str(config.llm_key_file) if config.llm_key_file else None,
+        provider=config.llm_provider,
+        model_version=config.llm_model_version,
+        timeout_seconds=config.llm_timeout_seconds,
+        max_retries=config.llm_max_retries,
     )
 
 
@@ -155,6 +159,18 @@ def _envelope(resp: Any, d: dict[str, Any], workspace: str) -> None:
     if d.get("error"):
         resp.error.CopyFrom(
             errors_pb2.Notice(code=d["error"], lane="docgraph", message="invalid request")
+        )
+    prov = d.get("provenance") or {}
+    if prov.get("fingerprint"):
+        resp.layer_provenance.append(
+            docgraph_pb2.LayerProvenance(
+                workspace=workspace,
+                model=str(prov.get("model") or ""),
+                prompt_versions=[str(v) for v in prov.get("prompt_versions") or []],
+                fingerprint=str(prov["fingerprint"]),
+                built_at=str(prov.get("built_at") or ""),
+                source_index_rev=str(prov.get("source_index_rev") or ""),
+            )
         )
     lim = d.get("limits") or {}
     resp.limits.requested = int(lim.get("requested") or 0)
@@ -281,6 +297,7 @@ def merge_answers(op: str, answers: list[tuple[str, Any]], limit: int) -> Any:  
     if errs:
         out.error.CopyFrom(errs[0])
     truncated = any(r.limits.truncated for _, r in collected)
+    out.layer_provenance.extend(p for _, r in answers for p in r.layer_provenance)
 
     def cut(items: list[Any], key: Any) -> list[Any]:
         nonlocal truncated

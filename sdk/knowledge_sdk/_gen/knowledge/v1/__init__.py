@@ -63,6 +63,7 @@ __all__ = (
     "LaneStatus",
     "LaneTrace",
     "Lanes",
+    "LayerProvenance",
     "Limits",
     "MethodPolicy",
     "Neighbor",
@@ -1327,6 +1328,13 @@ class DocRelationsResponse(betterproto2.Message):
     Relations.
     """
 
+    layer_provenance: "list[LayerProvenance]" = betterproto2.field(
+        30, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The layers the answer comes from, one per workspace, in workspace order.
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "DocRelationsResponse", DocRelationsResponse)
 
@@ -1573,6 +1581,13 @@ class EntityNeighborsResponse(betterproto2.Message):
     neighbors: "list[Neighbor]" = betterproto2.field(11, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     Its neighbours.
+    """
+
+    layer_provenance: "list[LayerProvenance]" = betterproto2.field(
+        30, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The layers the answer comes from, one per workspace, in workspace order.
     """
 
 
@@ -2210,6 +2225,13 @@ class GlobalOverviewResponse(betterproto2.Message):
     Most mentioned entities with addresses.
     """
 
+    layer_provenance: "list[LayerProvenance]" = betterproto2.field(
+        30, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The layers the answer comes from, one per workspace, in workspace order.
+    """
+
 
 default_message_pool.register_message(
     "knowledge.v1", "GlobalOverviewResponse", GlobalOverviewResponse
@@ -2507,6 +2529,48 @@ class LaneTrace(betterproto2.Message):
 
 
 default_message_pool.register_message("knowledge.v1", "LaneTrace", LaneTrace)
+
+
+@dataclass(eq=False, repr=False)
+class LayerProvenance(betterproto2.Message):
+    """
+    Which build of a workspace's layer an answer comes from, for an auditor: the model that
+    extracted it, the prompt versions, the layer fingerprint and when it was built.
+    """
+
+    workspace: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    Workspace root of the layer.
+    """
+
+    model: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Model identity "provider:model:version" ("none": structural facts only, no LLM).
+    """
+
+    prompt_versions: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Prompt and extractor versions the layer was built with, e.g. "docgraph-extract/1",
+    "docgraph-summary/2", "docgraph-keywords/1", "structural/2".
+    """
+
+    fingerprint: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    Layer fingerprint (sha256 over chunks, model, prompts, settings).
+    """
+
+    built_at: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    When the revision was written (ISO 8601, UTC).
+    """
+
+    source_index_rev: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    Code index revision the layer was built from.
+    """
+
+
+default_message_pool.register_message("knowledge.v1", "LayerProvenance", LayerProvenance)
 
 
 @dataclass(eq=False, repr=False)
@@ -3082,6 +3146,13 @@ class SearchLevelsResponse(betterproto2.Message):
     Why it is degraded.
     """
 
+    layer_provenance: "list[LayerProvenance]" = betterproto2.field(
+        30, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The layers the answer comes from, one per workspace, in workspace order.
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "SearchLevelsResponse", SearchLevelsResponse)
 
@@ -3536,6 +3607,13 @@ class ThemesResponse(betterproto2.Message):
     Themes.
     """
 
+    layer_provenance: "list[LayerProvenance]" = betterproto2.field(
+        30, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The layers the answer comes from, one per workspace, in workspace order.
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "ThemesResponse", ThemesResponse)
 
@@ -3589,7 +3667,7 @@ class DocGraphServiceStub:
     The document graph (Enterprise feature "doc-graph"): entities, relations and themes
     extracted from documents. Fixed, read-only operations; every fact carries `path:line`.
     Every response has the common envelope: op, index_rev, capability, provenance, found,
-    collected, reason, error, limits.
+    collected, reason, error, limits, and layer_provenance (which model, prompts and build).
     """
 
     def __init__(self, channel: grpc.Channel):
