@@ -14,7 +14,9 @@ structural-only document graph, and answers the corpus's fixed list of 30 questi
 * SearchLevels and Search P50 / P95 over ``--repeat`` rounds of the 30 questions (rounds
   after the first answer Search from its result cache);
 * questions answered: SearchLevels ``found=true``; Search items that come from the graph
-  (``match_kind`` entity/theme, when the server reports it) and any item at all;
+  (``match_kind`` entity/theme, when the server reports it) and any item at all; and, as a
+  check that an answer is the right one, how often a document listed for the question in
+  ``<corpus>.expected`` is among the first 5 distinct documents of each answer;
 * overlap with an LLM build: the share of entities an LLM-only build with the project's fake
   LLM server finds that the structural build also has (same normalised name, any kind).
 
@@ -50,6 +52,24 @@ def questions(corpus: str) -> list[str]:
     out = [q.strip() for q in lines if q.strip() and not q.startswith("#")]
     assert len(out) == 30, (corpus, len(out))
     return out
+
+
+def expected(corpus: str) -> list[set[str]]:
+    """Per question, the documents that answer it (``<corpus>.expected``, same order)."""
+    lines = (QUESTIONS / f"{corpus}.expected").read_text(encoding="utf-8").splitlines()
+    out = [set(ln.split()) for ln in lines if ln.strip() and not ln.startswith("#")]
+    assert len(out) == 30, (corpus, len(out))
+    return out
+
+
+def _top_paths(paths: list[str], k: int = 5) -> list[str]:
+    """The first ``k`` distinct documents of a ranked list of paths."""
+    out: list[str] = []
+    for p in paths:
+        name = Path(p).name
+        if name not in out:
+            out.append(name)
+    return out[:k]
 
 
 def prepare(corpus: str, shared: Path, into: Path) -> Path:
@@ -165,6 +185,7 @@ async def run_corpus(corpus: str, shared: Path, repeat: int, tmp: Path) -> dict[
     served = await create_server(cfg, app)
     await served.server.start()
     qs = questions(corpus)
+    want = expected(corpus)
     out: dict[str, Any] = {"corpus": corpus, "documents": len(list(ws.glob("*.md")))}
     try:
         async with AsyncKnowledgeClient(f"127.0.0.1:{served.port}") as kc:
@@ -181,8 +202,9 @@ async def run_corpus(corpus: str, shared: Path, repeat: int, tmp: Path) -> dict[
             lat_docs: list[float] = []
             lat_themes: list[float] = []
             found = graph_docs = any_docs = graph_themes = 0
+            hit_docs = hit_themes = hit_levels = 0
             for rnd in range(repeat):
-                for q in qs:
+                for qi, q in enumerate(qs):
                     t = time.perf_counter()
                     lv = await kc.search_levels(q, limit=10)
                     lat_levels.append((time.perf_counter() - t) * 1000)
@@ -194,6 +216,15 @@ async def run_corpus(corpus: str, shared: Path, repeat: int, tmp: Path) -> dict[
                     lat_themes.append((time.perf_counter() - t) * 1000)
                     if rnd:
                         continue
+                    hit_levels += bool(
+                        want[qi] & set(_top_paths([h.address.path for h in lv.items]))
+                    )
+                    hit_docs += bool(
+                        want[qi] & set(_top_paths([i.path for i in sd.lanes.code.items]))
+                    )
+                    hit_themes += bool(
+                        want[qi] & set(_top_paths([i.path for i in sth.lanes.code.items]))
+                    )
                     found += bool(lv.found)
                     items = list(sd.lanes.code.items)
                     any_docs += bool(items)
@@ -214,6 +245,9 @@ async def run_corpus(corpus: str, shared: Path, repeat: int, tmp: Path) -> dict[
                 docs_any=any_docs,
                 docs_graph=graph_docs,
                 themes_graph=graph_themes,
+                hit_docs=hit_docs,
+                hit_themes=hit_themes,
+                hit_levels=hit_levels,
             )
     finally:
         await served.server.stop(0)
@@ -233,11 +267,13 @@ def report(r: dict[str, Any]) -> str:
         f"  structural-only build: {r['build_ms']:.0f} ms (server), wall {r['build_wall_s']:.2f}s; "
         f"entities={r['entities']} relations={r['relations']} themes={r['themes']}\n"
         f"  SearchLevels  P50={r['levels_p50']:.1f} ms P95={r['levels_p95']:.1f} ms; "
-        f"found=true {r['levels_found']}/30\n"
+        f"found=true {r['levels_found']}/30, expected document in top 5 {r['hit_levels']}/30\n"
         f"  Search docs   P50={r['docs_p50']:.1f} ms P95={r['docs_p95']:.1f} ms; "
-        f"any item {r['docs_any']}/30, graph-matched (entity|theme) {r['docs_graph']}/30\n"
+        f"any item {r['docs_any']}/30, graph-matched (entity|theme) {r['docs_graph']}/30, "
+        f"expected document in top 5 {r['hit_docs']}/30\n"
         f"  Search themes P50={r['themes_p50']:.1f} ms P95={r['themes_p95']:.1f} ms; "
-        f"theme-level evidence {r['themes_graph']}/30\n"
+        f"theme-level evidence {r['themes_graph']}/30, "
+        f"expected document in top 5 {r['hit_themes']}/30\n"
         f"  overlap: LLM build (fake LLM) entities={r['llm_entities']}, also in structural "
         f"build={r['llm_also_structural']} ({share:.0%}); structural build "
         f"entities={r['structural_entities_direct']}"

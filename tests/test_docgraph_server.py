@@ -385,3 +385,44 @@ def test_every_workspace_in_scope_answers_merged(shared_data: Path, tmp_path: Pa
     finally:
         dg.close()
         code.close()
+
+
+def test_a_slow_graph_match_keeps_the_text_matches(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catches: a graph match slower than the lane's time costing the whole code lane (the
+    coordinator drops a lane past its timeout): the text matches answer, degraded, saying why."""
+    import asyncio
+    import time
+
+    from knowledge_server.lanes.code import CodeLane
+    from knowledge_server.lanes.docgraph import DocGraphLane, GraphDocsLane
+    from knowledge_server.search.lanes import LANE_DEADLINE, LaneQuery
+
+    ws = eips_workspace(shared_data, tmp_path)
+    code = CodeLane(tmp_path / "data")
+    dg = DocGraphLane(tmp_path / "data", code=code)
+    try:
+        code.index_sync(str(ws), False, lambda *a: None)
+        dg.build_sync(None, False, 0, 0, True, lambda *a: None)
+        real = dg.match_sync
+
+        def slow(*args: Any) -> Any:
+            time.sleep(1.0)
+            return real(*args)
+
+        monkeypatch.setattr(dg, "match_sync", slow)
+        q = LaneQuery(query="base fee per gas", workspaces=None, docs_only=True, docs_mode="docs")
+
+        async def search() -> Any:
+            LANE_DEADLINE.set(time.monotonic() + 0.3)
+            return await GraphDocsLane(code, dg, lambda: True).search(q)
+
+        started = time.monotonic()
+        result = asyncio.run(search())
+        assert time.monotonic() - started < 0.9
+        assert result.lane.items and all(not i.match_kind for i in result.lane.items)
+        assert result.lane.degraded and "DOCGRAPH_TIMEOUT" in result.lane.degradation_reason
+    finally:
+        dg.close()
+        code.close()

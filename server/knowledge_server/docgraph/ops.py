@@ -804,8 +804,9 @@ class DocGraphOps:
         )
         return result
 
-    def _entities_matching(self, rev_id: int, terms: list[str]) -> list[str]:
-        out: list[str] = []
+    def _entities_matching(self, rev_id: int, terms: list[str]) -> dict[str, set[str]]:
+        """Entities whose name is, or contains, a term -> the terms each one matched."""
+        out: dict[str, set[str]] = {}
         for term in terms:
             if len(term) < 2:
                 continue
@@ -815,20 +816,22 @@ class DocGraphOps:
                 "entity_id LIMIT 25",
                 (rev_id, term, term, term, term),
             ):
-                if eid not in out:
-                    out.append(eid)
+                out.setdefault(eid, set()).add(term)
         return out
 
     def _chunks_for_entities(
         self,
         rev_id: int,
-        entity_ids: list[str],
+        entity_terms: dict[str, set[str]],
         match_kind: str,
         lim: int,
         theme_id: str | None = None,
     ) -> list[dict[str, Any]]:
+        """Chunks mentioning the entities, best first: most distinct query terms covered by the
+        entities matched there, then most entities matched, then path and line."""
         chunks: dict[str, dict[str, Any]] = {}
-        for eid in entity_ids:
+        covered: dict[str, set[str]] = defaultdict(set)
+        for eid, terms in entity_terms.items():
             ent = self._entity(rev_id, eid)
             if ent is None:
                 continue
@@ -852,6 +855,7 @@ class DocGraphOps:
                 )
                 if theme_id:
                     item["theme_id"] = theme_id
+                covered[cid] |= terms
                 if all(m["entity_id"] != eid for m in item["matched_entities"]):
                     item["matched_entities"].append(
                         {
@@ -861,42 +865,51 @@ class DocGraphOps:
                             **_addr(path, sl, el),
                         }
                     )
+        for cid, c in chunks.items():
+            c["score"] = round(len(covered[cid]) + 0.01 * len(c["matched_entities"]), 4)
         ranked = sorted(
             chunks.values(),
-            key=lambda c: (-len(c["matched_entities"]), c["path"], c["start_line"], c["chunk_id"]),
+            key=lambda c: (-c["score"], c["path"], c["start_line"], c["chunk_id"]),
         )
-        for c in ranked:
-            c["score"] = len(c["matched_entities"])
         return ranked[: lim + 1]  # one extra tells the caller whether the list was truncated
 
     def _chunks_for_themes(self, rev_id: int, terms: list[str], lim: int) -> list[dict[str, Any]]:
-        theme_ids: list[str] = []
+        """Chunks reached through the themes the terms name, best first: themes covering most
+        terms (by title or members), then the largest; in them, chunks covering most terms."""
+        coverage: dict[str, set[str]] = defaultdict(set)
+        member_terms: dict[str, dict[str, set[str]]] = defaultdict(dict)
+        size: dict[str, int] = {}
         for term in terms:
             if len(term) < 3:
                 continue
-            for (tid,) in self.store.rows(
-                "SELECT DISTINCT t.theme_id FROM theme t JOIN theme_member tm ON "
-                "tm.rev_id=t.rev_id AND tm.theme_id=t.theme_id JOIN entity e ON "
-                "e.rev_id=tm.rev_id AND e.entity_id=tm.entity_id WHERE t.rev_id=? AND "
-                "(instr(t.title, ?)>0 OR instr(e.norm_name, ?)>0) ORDER BY t.size DESC, t.theme_id "
-                "LIMIT 5",
-                (rev_id, term, term),
+            for tid, tsize, eid, member_hit in self.store.rows(
+                "SELECT t.theme_id, t.size, e.entity_id, instr(e.norm_name, ?)>0 FROM theme t "
+                "JOIN theme_member tm ON tm.rev_id=t.rev_id AND tm.theme_id=t.theme_id "
+                "JOIN entity e ON e.rev_id=tm.rev_id AND e.entity_id=tm.entity_id "
+                "WHERE t.rev_id=? AND (instr(t.title, ?)>0 OR instr(e.norm_name, ?)>0) "
+                "ORDER BY t.size DESC, t.theme_id, e.entity_id LIMIT 200",
+                (term, rev_id, term, term),
             ):
-                if tid not in theme_ids:
-                    theme_ids.append(tid)
+                coverage[tid].add(term)
+                size[tid] = int(tsize)
+                if member_hit:
+                    member_terms[tid].setdefault(eid, set()).add(term)
+        ranked = sorted(coverage, key=lambda t: (-len(coverage[t]), -size[t], t))[:5]
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
-        for tid in theme_ids:
-            members = [
-                r[0]
+        for rank, tid in enumerate(ranked):
+            members = {
+                r[0]: member_terms[tid].get(r[0], set())
                 for r in self.store.rows(
                     "SELECT entity_id FROM theme_member WHERE rev_id=? AND theme_id=? "
                     "ORDER BY weight DESC, entity_id",
                     (rev_id, tid),
                 )
-            ]
+            }
             for item in self._chunks_for_entities(rev_id, members, "theme", lim, theme_id=tid):
-                if item["chunk_id"] not in seen and len(out) <= lim:
+                if item["chunk_id"] not in seen:
                     seen.add(item["chunk_id"])
+                    item["_rank"] = rank
                     out.append(item)
-        return out
+        out.sort(key=lambda c: (-c["score"], c.pop("_rank"), c["path"], c["start_line"]))
+        return out[: lim + 1]

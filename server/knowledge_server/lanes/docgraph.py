@@ -43,13 +43,19 @@ from knowledge_server.lanes import contract
 from knowledge_server.lanes.code import DOCS_PLAIN_MESSAGE, DOCS_PLAIN_REASON
 from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, bound_reader
 from knowledge_server.lanes.contract import DocumentSource
-from knowledge_server.search.lanes import LaneQuery, LaneResult
+from knowledge_server.search.lanes import LANE_DEADLINE, LaneQuery, LaneResult
 from knowledge_server.workspaces import is_under
 
 PROVENANCE = "stated"
 # Languages the code lane gives document files (the graph never reads code chunks).
 DOC_LANGUAGES = ("markdown", "md", "text", "txt", "rst", "asciidoc", "org")
 NOT_BUILT_REASON = "DOCGRAPH_NOT_BUILT: document graph layer not built"
+# Weight of the graph's ranking against the text match's (1.0) in Search mode=docs. Measured
+# on the 30 fixed questions per corpus (bench/bench_docgraph_depth.py, expected document in
+# the first 5): EIPs 30/30 with text match alone; with the graph at 1.0 / 0.5 / 0.25 / 0.15 /
+# 0.1: 20 / 21 / 27 / 29 / 30 (Starlette 29 / 29 / 30 / 30 / 30). The graph's own ranking is
+# weaker than the text match's, so it reorders near-ties only; its chunks come after them.
+GRAPH_WEIGHT = 0.1
 
 # (default, max) of ``limit`` per operation; 0 in a request means "default".
 _LIMITS = {
@@ -745,12 +751,32 @@ class GraphDocsLane:
         if not q.docs_only or not q.docs_mode or not self._allowed():
             return await self.code.search(q)
         # The text match and the graph match run side by side (the graph's reads off the loop).
-        result, match = await asyncio.gather(
-            self.code.search(q),
+        graph = asyncio.ensure_future(
             deadline.off_loop(
                 self.graph.match_sync, q.query, q.docs_mode, q.workspaces, q.top_k, pool="docgraph"
-            ),
+            )
         )
+        try:
+            result = await self.code.search(q)
+        except BaseException:
+            graph.cancel()
+            raise
+        # A slow graph never costs the text match: it gets what is left of the lane's time
+        # but a margin for merging, then the lane answers plain retrieval and says why.
+        lane_deadline = LANE_DEADLINE.get()
+        wait = None if lane_deadline is None else (lane_deadline - time.monotonic()) * 0.8
+        try:
+            match = await asyncio.wait_for(graph, timeout=None if wait is None else max(0.0, wait))
+        except TimeoutError:
+            result.warnings.append(
+                errors_pb2.Notice(
+                    code="KNOWLEDGE_LANE_DEGRADED",
+                    lane="code",
+                    message="document graph match did not finish within the lane's time",
+                )
+            )
+            result.lane.degradation_reason += "; DOCGRAPH_TIMEOUT: graph match not in time"
+            return result
         if not match["built"]:
             return result
         return self._merge(result, match, q)
@@ -764,11 +790,13 @@ class GraphDocsLane:
         for rank, it in enumerate(lexical, 1):
             key = (it.workspace, it.chunk_id)
             rrf[key] = rrf.get(key, 0.0) + 1.0 / (60 + rank)
-        # mode=themes: theme evidence leads; the text matches follow it.
-        boost = 1.0 if q.docs_mode == "themes" else 0.0
+        # mode=docs: the graph's ranking counts a tenth of the text match's (it confirms and
+        # annotates text matches, breaks near-ties, and adds the chunks the words alone miss
+        # after them); mode=themes: theme evidence leads, the text matches follow it.
+        weight, boost = (1.0, 1.0) if q.docs_mode == "themes" else (GRAPH_WEIGHT, 0.0)
         for rank, gi in enumerate(graph_items, 1):
             key = (gi["workspace"], gi["chunk_id"])
-            rrf[key] = rrf.get(key, 0.0) + 1.0 / (60 + rank) + boost
+            rrf[key] = rrf.get(key, 0.0) + weight / (60 + rank) + boost
         items: dict[tuple[str, str], Any] = {}
         for it in lexical:
             items.setdefault((it.workspace, it.chunk_id), it)
