@@ -203,6 +203,7 @@ async def run_corpus(corpus: str, shared: Path, repeat: int, tmp: Path) -> dict[
             lat_themes: list[float] = []
             found = graph_docs = any_docs = graph_themes = 0
             hit_docs = hit_themes = hit_levels = 0
+            empty: list[str] = []
             for rnd in range(repeat):
                 for qi, q in enumerate(qs):
                     t = time.perf_counter()
@@ -228,6 +229,8 @@ async def run_corpus(corpus: str, shared: Path, repeat: int, tmp: Path) -> dict[
                     found += bool(lv.found)
                     items = list(sd.lanes.code.items)
                     any_docs += bool(items)
+                    if not items:
+                        empty.append(f"q{qi + 1}: {sd.lanes.code.degradation_reason[:120]}")
                     graph_docs += any(
                         getattr(it, "match_kind", "") in ("entity", "theme") for it in items
                     )
@@ -248,6 +251,7 @@ async def run_corpus(corpus: str, shared: Path, repeat: int, tmp: Path) -> dict[
                 hit_docs=hit_docs,
                 hit_themes=hit_themes,
                 hit_levels=hit_levels,
+                empty=empty,
             )
     finally:
         await served.server.stop(0)
@@ -277,6 +281,7 @@ def report(r: dict[str, Any]) -> str:
         f"  overlap: LLM build (fake LLM) entities={r['llm_entities']}, also in structural "
         f"build={r['llm_also_structural']} ({share:.0%}); structural build "
         f"entities={r['structural_entities_direct']}"
+        + "".join(f"\n  Search docs without items: {e}" for e in r["empty"])
     )
 
 

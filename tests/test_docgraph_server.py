@@ -414,15 +414,20 @@ def test_a_slow_graph_match_keeps_the_text_matches(
         monkeypatch.setattr(dg, "match_sync", slow)
         q = LaneQuery(query="base fee per gas", workspaces=None, docs_only=True, docs_mode="docs")
 
+        lane = GraphDocsLane(code, dg, lambda: True)
+        before = lane.revision()
+
         async def search() -> Any:
             LANE_DEADLINE.set(time.monotonic() + 0.3)
-            return await GraphDocsLane(code, dg, lambda: True).search(q)
+            return await lane.search(q)
 
         started = time.monotonic()
         result = asyncio.run(search())
         assert time.monotonic() - started < 0.9
         assert result.lane.items and all(not i.match_kind for i in result.lane.items)
         assert result.lane.degraded and "DOCGRAPH_TIMEOUT" in result.lane.degradation_reason
+        # The answer made without the graph is cached under a revision no later search uses.
+        assert lane.revision() != before
     finally:
         dg.close()
         code.close()

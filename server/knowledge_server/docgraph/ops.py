@@ -46,6 +46,14 @@ _WORD = re.compile(r"[\w][\w\-\.]*", re.UNICODE)
 _STOP = STOP_WORDS | REQUEST_WORDS
 
 
+# The mentions of a set of entities with their chunks' lines (a WHERE clause follows).
+_MENTIONS_OF = (
+    "SELECT m.entity_id, m.chunk_id, m.path, m.start_line, m.end_line, c.start_line, "
+    "c.end_line FROM entity_mention m JOIN doc_chunk c ON c.rev_id=m.rev_id AND "
+    "c.chunk_id=m.chunk_id "
+)
+
+
 def _query_words(query: str) -> list[str]:
     """The words of a query that may name something (no stop or request words)."""
     return sorted(
@@ -831,40 +839,49 @@ class DocGraphOps:
         entities matched there, then most entities matched, then path and line."""
         chunks: dict[str, dict[str, Any]] = {}
         covered: dict[str, set[str]] = defaultdict(set)
-        for eid, terms in entity_terms.items():
-            ent = self._entity(rev_id, eid)
-            if ent is None:
-                continue
-            for cid, path, sl, el, csl, cel in self.store.rows(
-                "SELECT m.chunk_id, m.path, m.start_line, m.end_line, c.start_line, c.end_line "
-                "FROM entity_mention m JOIN doc_chunk c ON c.rev_id=m.rev_id AND "
-                "c.chunk_id=m.chunk_id WHERE m.rev_id=? AND m.entity_id=? "
-                "ORDER BY m.path, m.start_line, m.chunk_id",
-                (rev_id, eid),
-            ):
-                item = chunks.setdefault(
-                    cid,
-                    {
-                        "chunk_id": cid,
-                        "path": path,
-                        "start_line": csl,
-                        "end_line": cel,
-                        "match_kind": match_kind,
-                        "matched_entities": [],
-                    },
+        ids = list(entity_terms)
+        ents: dict[str, tuple[str, str]] = {}
+        rows: list[tuple[Any, ...]] = []
+        for i in range(0, len(ids), 200):  # one query per 200 entities, not one per entity
+            part = ids[i : i + 200]
+            marks = ",".join("?" * len(part))
+            ents.update(
+                (r[0], (r[1], r[2]))
+                for r in self.store.rows(
+                    f"SELECT entity_id, name, kind FROM entity WHERE rev_id=? AND "  # noqa: S608 - placeholders only
+                    f"entity_id IN ({marks})",
+                    (rev_id, *part),
                 )
-                if theme_id:
-                    item["theme_id"] = theme_id
-                covered[cid] |= terms
-                if all(m["entity_id"] != eid for m in item["matched_entities"]):
-                    item["matched_entities"].append(
-                        {
-                            "entity_id": eid,
-                            "name": ent["name"],
-                            "kind": ent["kind"],
-                            **_addr(path, sl, el),
-                        }
-                    )
+            )
+            where = f"WHERE m.rev_id=? AND m.entity_id IN ({marks})"
+            rows += self.store.rows(
+                _MENTIONS_OF + where,
+                (rev_id, *part),
+            )
+        order = {eid: i for i, eid in enumerate(ids)}
+        rows.sort(key=lambda r: (order[r[0]], r[2], r[3], r[1]))
+        for eid, cid, path, sl, el, csl, cel in rows:
+            if eid not in ents:
+                continue
+            name, kind = ents[eid]
+            item = chunks.setdefault(
+                cid,
+                {
+                    "chunk_id": cid,
+                    "path": path,
+                    "start_line": csl,
+                    "end_line": cel,
+                    "match_kind": match_kind,
+                    "matched_entities": [],
+                },
+            )
+            if theme_id:
+                item["theme_id"] = theme_id
+            covered[cid] |= entity_terms[eid]
+            if all(m["entity_id"] != eid for m in item["matched_entities"]):
+                item["matched_entities"].append(
+                    {"entity_id": eid, "name": name, "kind": kind, **_addr(path, sl, el)}
+                )
         for cid, c in chunks.items():
             c["score"] = round(len(covered[cid]) + 0.01 * len(c["matched_entities"]), 4)
         ranked = sorted(

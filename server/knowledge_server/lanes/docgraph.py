@@ -740,34 +740,47 @@ class GraphDocsLane:
         self.code = code
         self.graph = graph
         self._allowed = allowed  # () -> bool: the licence has the document graph
+        # Graph matches that ran out of time: part of the revision, so an answer made without
+        # the graph is not served from the cache once the graph may answer again.
+        self._timeouts = 0
 
     def revision(self) -> Hashable | None:
         base = self.code.revision()
         if base is None:
             return None
-        return base, bool(self._allowed()), self.graph.layer_revisions()
+        return base, bool(self._allowed()), self.graph.layer_revisions(), self._timeouts
 
     async def search(self, q: LaneQuery) -> LaneResult:
         if not q.docs_only or not q.docs_mode or not self._allowed():
             return await self.code.search(q)
-        # The text match and the graph match run side by side (the graph's reads off the loop).
-        graph = asyncio.ensure_future(
-            deadline.off_loop(
-                self.graph.match_sync, q.query, q.docs_mode, q.workspaces, q.top_k, pool="docgraph"
-            )
-        )
-        try:
-            result = await self.code.search(q)
-        except BaseException:
-            graph.cancel()
-            raise
-        # A slow graph never costs the text match: it gets what is left of the lane's time
-        # but a margin for merging, then the lane answers plain retrieval and says why.
+        # The text match first, undisturbed (run side by side, the graph's Python work slowed
+        # it past the lane's timeout on a loaded machine, losing the whole lane).
+        result = await self.code.search(q)
+        # The graph match gets what is left of the lane's time but a margin for merging;
+        # past it the lane answers the text matches, degraded, and says why.
         lane_deadline = LANE_DEADLINE.get()
-        wait = None if lane_deadline is None else (lane_deadline - time.monotonic()) * 0.8
+        wait = None if lane_deadline is None else (lane_deadline - time.monotonic()) * 0.6
         try:
-            match = await asyncio.wait_for(graph, timeout=None if wait is None else max(0.0, wait))
+            if wait is not None and wait <= 0.005:
+                raise TimeoutError
+            task = asyncio.ensure_future(
+                deadline.off_loop(
+                    self.graph.match_sync,
+                    q.query,
+                    q.docs_mode,
+                    q.workspaces,
+                    q.top_k,
+                    pool="docgraph",
+                )
+            )
+            done, _ = await asyncio.wait({task}, timeout=wait)
+            if not done:
+                # Left to finish (its reads stop at the deadline); its outcome is not used.
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                raise TimeoutError
+            match = task.result()
         except TimeoutError:
+            self._timeouts += 1
             result.warnings.append(
                 errors_pb2.Notice(
                     code="KNOWLEDGE_LANE_DEGRADED",
@@ -780,6 +793,27 @@ class GraphDocsLane:
         if not match["built"]:
             return result
         return self._merge(result, match, q)
+
+    def _graph_only_item(self, gi: dict[str, Any], q: LaneQuery) -> search_pb2.CodeItem | None:
+        try:
+            chunk = self.code.get_chunk_sync(gi["chunk_id"], (gi["workspace"],)).chunk
+        except NotFound:
+            return None
+        item = search_pb2.CodeItem(
+            id=chunk.id,
+            chunk_id=chunk.chunk_id,
+            path=chunk.path,
+            start_line=chunk.start_line,
+            end_line=chunk.end_line,
+            source_kind=chunk.source_kind,
+            provenance="stated",
+            language=chunk.language,
+            workspace=chunk.workspace,
+            why=[f"graph: {m['name']}" for m in gi["matched_entities"][:3]],
+        )
+        if q.with_text:
+            item.snippet = chunk.text[: q.snippet_chars]
+        return item
 
     def _merge(self, result: LaneResult, match: dict[str, Any], q: LaneQuery) -> LaneResult:
         lane = result.lane
@@ -800,32 +834,27 @@ class GraphDocsLane:
         items: dict[tuple[str, str], Any] = {}
         for it in lexical:
             items.setdefault((it.workspace, it.chunk_id), it)
-        for gi in graph_items:
-            key = (gi["workspace"], gi["chunk_id"])
-            if key in items:
-                continue
-            try:
-                chunk = self.code.get_chunk_sync(gi["chunk_id"], (gi["workspace"],)).chunk
-            except NotFound:
-                continue  # the code index moved on since the layer was built
-            item = search_pb2.CodeItem(
-                id=chunk.id,
-                chunk_id=chunk.chunk_id,
-                path=chunk.path,
-                start_line=chunk.start_line,
-                end_line=chunk.end_line,
-                source_kind=chunk.source_kind,
-                provenance="stated",
-                language=chunk.language,
-                workspace=chunk.workspace,
-                why=[f"graph: {m['name']}" for m in gi["matched_entities"][:3]],
-            )
-            if q.with_text:
-                item.snippet = chunk.text[: q.snippet_chars]
-            items[key] = item
-        ranked = sorted(items, key=lambda k: (-rrf.get(k, 0.0), k[0], items[k].path, k[1]))
+        order = sorted(
+            rrf,
+            key=lambda k: (
+                -rrf[k],
+                k[0],
+                items[k].path if k in items else by_chunk[k]["path"],
+                k[1],
+            ),
+        )
+        ranked: list[tuple[str, str]] = []
+        for key in order:
+            if len(ranked) >= q.top_k:
+                break
+            if key not in items:  # reached through the graph only: read the chunk (kept ones)
+                item = self._graph_only_item(by_chunk[key], q)
+                if item is None:
+                    continue  # the code index moved on since the layer was built
+                items[key] = item
+            ranked.append(key)
         del lane.items[:]
-        for key in ranked[: q.top_k]:
+        for key in ranked:
             it = items[key]
             gi = by_chunk.get(key)
             it.score = round(rrf.get(key, 0.0), 6)
