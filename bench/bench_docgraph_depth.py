@@ -124,8 +124,9 @@ async def _summary(stream: Any) -> Any:
     return out
 
 
-def overlap(ws: Path) -> tuple[int, int, int]:
-    """(LLM-build entities, of them also in the structural build, structural entities)."""
+def overlap(ws: Path) -> tuple[int, int, int, int, int]:
+    """(LLM-build entities, of them also in the structural build, structural entities,
+    documents with a theme member mentioned, documents) for the corpus chunked by headings."""
     from knowledge_server.docgraph.build import BuildSettings, DocGraphBuilder
     from knowledge_server.docgraph.llm import LLMClient, LLMSettings
     from knowledge_server.docgraph.sample import load_markdown_chunks
@@ -152,10 +153,19 @@ def overlap(ws: Path) -> tuple[int, int, int]:
                 db.close()
 
         a, b = names(llm_store, rep.rev_id), names(st_store, srep.rev_id)
+        db = sqlite3.connect(st_store.path)
+        try:
+            covered = db.execute(
+                "SELECT count(DISTINCT m.path) FROM theme_member tm JOIN entity_mention m ON "
+                "m.rev_id=tm.rev_id AND m.entity_id=tm.entity_id WHERE tm.rev_id=?",
+                (srep.rev_id,),
+            ).fetchone()[0]
+        finally:
+            db.close()
         client.close()
         llm_store.close()
         st_store.close()
-        return len(a), len(a & b), len(b)
+        return len(a), len(a & b), len(b), int(covered), len({c.path for c in chunks})
 
 
 async def run_corpus(corpus: str, shared: Path, repeat: int, tmp: Path) -> dict[str, Any]:
@@ -260,7 +270,13 @@ async def run_corpus(corpus: str, shared: Path, repeat: int, tmp: Path) -> dict[
             res = app_close()
             if asyncio.iscoroutine(res):
                 await res
-    out["llm_entities"], out["llm_also_structural"], out["structural_entities_direct"] = overlap(ws)
+    (
+        out["llm_entities"],
+        out["llm_also_structural"],
+        out["structural_entities_direct"],
+        out["theme_documents"],
+        out["all_documents"],
+    ) = overlap(ws)
     return out
 
 
@@ -280,7 +296,8 @@ def report(r: dict[str, Any]) -> str:
         f"expected document in top 5 {r['hit_themes']}/30\n"
         f"  overlap: LLM build (fake LLM) entities={r['llm_entities']}, also in structural "
         f"build={r['llm_also_structural']} ({share:.0%}); structural build "
-        f"entities={r['structural_entities_direct']}"
+        f"entities={r['structural_entities_direct']}, documents with a theme "
+        f"{r['theme_documents']}/{r['all_documents']}"
         + "".join(f"\n  Search docs without items: {e}" for e in r["empty"])
     )
 
