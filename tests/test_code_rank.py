@@ -72,11 +72,29 @@ def test_score_files_divides_each_signal_by_its_best_and_applies_the_prior() -> 
     # The test file has more of the words, but the source file comes first for find_code.
     assert s[1] > s[2] > s[3]
     both = rank.FILE_WEIGHT * 10 / 12 + rank.CHUNK_WEIGHT * 4 / 5 + rank.PATH_WEIGHT * 1.0
-    assert s[1] == pytest.approx(both)
+    # (all three files are of one size: each gets the largest file's size factor)
+    assert s[1] == pytest.approx(both * (1 + rank.SIZE_WEIGHT))
     # With a vote, vectors add to the evidence: a file only they found still ranks.
     files.append(rank.FileEvidence(4, "src/zstd.py", "python", vector=0.5))
     v = rank.score_files(files, weights, rank.priors_for("find_code", weights), 0.5)
     assert v[4] > 0 and v[1] > v[4]
+
+
+def test_a_larger_file_with_the_same_evidence_ranks_first_but_size_never_outweighs_it() -> None:
+    """The size signal: equal evidence, the file with more chunks first; on a log scale
+    relative to the largest candidate, so a much better match still wins."""
+    weights = {"walk": 1.0, "ignore": 1.0}
+    priors = rank.priors_for("find_code", weights)
+    big = rank.FileEvidence(1, "src/big.rs", "rust", file_bm25=8.0, chunk_bm25=4.0, n_chunks=60)
+    small = rank.FileEvidence(2, "src/small.rs", "rust", file_bm25=8.0, chunk_bm25=4.0, n_chunks=3)
+    s = rank.score_files([big, small], weights, priors)
+    assert s[1] > s[2]
+    assert s[1] / s[2] <= 1 + rank.SIZE_WEIGHT
+    better = rank.FileEvidence(
+        2, "src/small.rs", "rust", file_bm25=10.0, chunk_bm25=5.0, n_chunks=3
+    )
+    s = rank.score_files([big, better], weights, priors)
+    assert s[2] > s[1]
 
 
 def test_with_stems_adds_the_stems_that_differ() -> None:

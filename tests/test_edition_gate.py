@@ -20,6 +20,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused, RPCError
 from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
+from knowledge_server.audit import AuditLog
 
 from tests.conftest import (
     REPO_ROOT,
@@ -397,7 +398,16 @@ def test_license_install_refuses_invalid_files_and_installs_a_valid_one(
     assert out.exit_code == 0, out.stderr
     assert "installed lic-1" in out.stdout and "development key vendor-1" in out.stdout
     assert dest.read_bytes() == good.read_bytes()
-    assert [p.name for p in dest.parent.iterdir()] == ["licence.json"]  # no temporary left
+    # no temporary left; the audit log holds the refused installs and this one
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["audit.sqlite", "licence.json"]
+    log = AuditLog(dest.parent / "audit.sqlite")
+    try:
+        installs = [e for e in log.events() if e.operation == "licence.install"]
+        assert [e.outcome for e in installs][-1] == "ok" and installs[-1].targets == ("lic-1",)
+        assert all(e.outcome.startswith("refused:") for e in installs[:-1]) and installs[:-1]
+        assert log.verify().ok
+    finally:
+        log.close()
 
     out = _cli(tmp_path, "license", "install", str(tmp_path / "absent.json"))
     assert out.exit_code == 2 and "cannot read" in out.stderr

@@ -30,6 +30,13 @@ Invariants (ISO-n, named in each case's docstring):
   ingesting operator's (cwd poisoning).
 * ISO-10 IngestSessions with no paths reads, for a scoped operator, only the server's
   configured log folders that lie in its workspaces.
+* ISO-11 The knowledge base is the organisation's: every KnowledgeBaseAdminService RPC
+  refuses an agent's token (PERMISSION_DENIED), answers another organisation's topic,
+  revision, task, feedback, tag or template exactly as an unknown one, lists and
+  reconciles only the caller's organisation, and keeps keys unique per organisation.
+* ISO-11 MemoryService calls answer from and write to the memory of the caller's own
+  workspace only; a ``workspace`` naming B's root (by string, ``..``, a link at any depth,
+  the string-prefix sibling) is refused with PERMISSION_DENIED and writes nothing.
 """
 
 from __future__ import annotations
@@ -135,6 +142,7 @@ class World:
     b_chunk_ids: list[str] = field(default_factory=list)
     b_actor_ids: list[str] = field(default_factory=list)
     a_status: dict[str, dict[str, int]] = field(default_factory=dict)
+    kb_b: dict[str, str] = field(default_factory=dict)
 
     def client(self, who: str) -> KnowledgeClient:
         return KnowledgeClient(self.address, token=self.tokens[who], timeout=30)
@@ -195,6 +203,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         ("admin", None, "operator"),
     ):
         tokens[who] = store.create(who, "org", scope, role)[1]
+    # The knowledge base is per organisation: B's knowledge-base operator is in another one.
+    tokens["kb-b"] = store.create("kb-b", "org-b", None, "operator")[1]
     make_vendor(root / "vendor").install(data)  # Enterprise: the document graph
     server = ServerThread(
         root,
@@ -489,6 +499,46 @@ def _rebuild_derived(w: World) -> None:
             assert summary.counters[key] == mine[key], (key, dict(summary.counters), mine)
 
 
+def _seed_memory(w: World) -> None:
+    """B's agent remembers B's canary (a fact and a relation) in B's memory."""
+    with w.client("agent-b") as kc:
+        kc.remember("canary", "b", f"{CANARY_B} lives here")
+        kc.remember("depends_on", CANARY_B, "db", store="relations")
+
+
+def _memory_case(rpc: str, call: Callable[[KnowledgeClient, str], Any]) -> Callable[[World], None]:
+    def case(w: World) -> None:
+        _seed_memory(w)
+        with w.client("agent-a") as kc:
+            _no_leak(w, call(kc, ""), CANARY_B)
+            if rpc == "Policy":
+                return
+            for root in _escapes(w):
+                with pytest.raises(PermissionDenied):
+                    call(kc, root)
+        with w.client("agent-b") as kc:
+            mine = kc.recall(CANARY_B)
+            assert [e.key for e in mine.entries] == ["b"], "B's memory changed"
+
+    case.__doc__ = (
+        f"ISO-11: {rpc} as A answers from A's memory only (none of B's canary) and refuses "
+        "every workspace that is, or resolves into, B's tree"
+    )
+    return case
+
+
+_MEMORY_CALLS: dict[str, Callable[[KnowledgeClient, str], Any]] = {
+    "Remember": lambda kc, ws: kc.remember("iso", "k", "a value of A", workspace=ws),
+    "Recall": lambda kc, ws: kc.recall(CANARY_B, workspace=ws),
+    "Timeline": lambda kc, ws: kc.timeline("canary", "b", workspace=ws),
+    "Rooms": lambda kc, ws: kc.rooms(workspace=ws),
+    "Relations": lambda kc, ws: kc.relations("", workspace=ws),
+    "Policy": lambda kc, ws: kc.memory_policy(),
+    "Consolidate": lambda kc, ws: kc.consolidate(all=True, dry_run=True, workspace=ws),
+    "Restore": lambda kc, ws: kc.restore(query="", limit=50, workspace=ws),
+}
+
+
 CASES: dict[str, Callable[[World], None]] = {
     "knowledge.v1.KnowledgeService/Search": _search,
     "knowledge.v1.KnowledgeService/Dispatch": _dispatch,
@@ -504,7 +554,142 @@ CASES: dict[str, Callable[[World], None]] = {
     "knowledge.v1.IndexService/RebuildDerived": _rebuild_derived,
     "knowledge.v1.IndexService/BuildDocGraph": _build_doc_graph,
     "knowledge.v1.IndexService/GetStatus": _get_status,
+    **{
+        f"knowledge.v1.MemoryService/{rpc}": _memory_case(rpc, call)
+        for rpc, call in _MEMORY_CALLS.items()
+    },
 }
+
+
+# -- the knowledge base (ISO-11) ----------------------------------------------------------------
+
+KB = "knowledge.v1.KnowledgeBaseAdminService/"
+UNKNOWN = {
+    "topic": "top_0000000000000000",
+    "revision": "rev_0000000000000000",
+    "task": "task_0000000000000000",
+    "feedback": "fb_0000000000000000",
+    "tag": "nosuchtag",
+    "template": "NO_SUCH_TEMPLATE",
+}
+
+
+def _kb_b(w: World) -> dict[str, str]:
+    """Organisation B's knowledge base (once): a topic, a revision with an FAQ entry, a
+    task, feedback, a tag and a template, each carrying B's canary."""
+    if w.kb_b:
+        return w.kb_b
+    with w.client("kb-b") as kc:
+        tag = kc.kb_create_tag(CANARY_B, CANARY_B).tag
+        tpl = kc.kb_put_template(CANARY_B.upper(), f"{CANARY_B} template").template
+        topic = kc.kb_create_topic(f"{CANARY_B}-key", CANARY_B).topic
+        assert topic is not None and tag is not None and tpl is not None
+        rev = kc.kb_create_revision(topic.id, "1.0").revision
+        assert rev is not None
+        rev = kc.kb_put_faq(rev.id, rev.version, f"{CANARY_B}?", CANARY_B).revision
+        assert rev is not None
+        rev = kc.kb_update_revision(rev.id, rev.version, tags=[CANARY_B]).revision
+        assert rev is not None
+        kc.kb_set_policy(True, 0)
+        rev = kc.kb_submit(rev.id, rev.version).revision
+        assert rev is not None
+        rev = kc.kb_approve(rev.id, rev.version).revision
+        assert rev is not None
+        task = kc.kb_process(rev.id, rev.version).task
+        fb = kc.kb_create_feedback(topic.id, f"{CANARY_B} feedback").feedback
+        assert task is not None and fb is not None
+    w.kb_b.update(
+        topic=topic.id,
+        revision=rev.id,
+        task=task.id,
+        feedback=fb.id,
+        tag=tag.tag_code,
+        template=tpl.template_code,
+    )
+    return w.kb_b
+
+
+# RPC -> (kind of id it addresses, call with that id) for the RPCs that address one.
+_KB_ADDRESSED: dict[str, tuple[str, Callable[[KnowledgeClient, str], Any]]] = {
+    "GetTopic": ("topic", lambda kc, i: kc.kb_get_topic(i)),
+    "CreateRevision": ("topic", lambda kc, i: kc.kb_create_revision(i, "9")),
+    "GetRevision": ("revision", lambda kc, i: kc.kb_get_revision(i)),
+    "UpdateRevision": ("revision", lambda kc, i: kc.kb_update_revision(i, 1, version_label="x")),
+    "UploadSource": (
+        "revision",
+        lambda kc, i: kc.kb_upload_source_piece(i, file_name="a.md", data=b"# x", final=True),
+    ),
+    "PutFaq": ("revision", lambda kc, i: kc.kb_put_faq(i, 1, "q", "a")),
+    "RemoveSource": ("revision", lambda kc, i: kc.kb_remove_source(i, 1, "src_x")),
+    "SubmitRevision": ("revision", lambda kc, i: kc.kb_submit(i, 1)),
+    "ApproveRevision": ("revision", lambda kc, i: kc.kb_approve(i, 1)),
+    "ReturnRevision": ("revision", lambda kc, i: kc.kb_return(i, 1, "no")),
+    "ProcessRevision": ("revision", lambda kc, i: kc.kb_process(i, 4)),
+    "PublishRevision": ("revision", lambda kc, i: kc.kb_publish(i, 1)),
+    "RetryTask": ("task", lambda kc, i: kc.kb_retry_task(i, 1)),
+    "CancelTask": ("task", lambda kc, i: kc.kb_cancel_task(i, 1)),
+    "WatchTask": ("task", lambda kc, i: list(kc.kb_watch_task(i))),
+    "RollbackTopic": ("topic", lambda kc, i: kc.kb_rollback(i, "rev_x")),
+    "OfflineTopic": ("topic", lambda kc, i: kc.kb_offline(i, "rev_x")),
+    "UpdateTag": ("tag", lambda kc, i: kc.kb_update_tag(i, 1, display_name="x")),
+    "CreateFeedback": ("topic", lambda kc, i: kc.kb_create_feedback(i, "hello")),
+    "ResolveFeedback": ("feedback", lambda kc, i: kc.kb_resolve_feedback(i, 1)),
+}
+
+# The other RPCs: a call of organisation A whose answer must hold nothing of B.
+_KB_OWN: dict[str, Callable[[KnowledgeClient], Any]] = {
+    "CreateTopic": lambda kc: kc.kb_create_topic("a-own-key", "A's own topic"),
+    "ListTopics": lambda kc: kc.kb_list_topics(),
+    "Reconcile": lambda kc: kc.kb_reconcile(),
+    "CreateTag": lambda kc: kc.kb_create_tag("a-own-tag", "A's own tag"),
+    "ListTags": lambda kc: kc.kb_list_tags(include_inactive=True),
+    "PutTemplate": lambda kc: kc.kb_put_template("A_OWN", "A's own template"),
+    "ListTemplates": lambda kc: kc.kb_list_templates(),
+    "ListFeedback": lambda kc: kc.kb_list_feedback(),
+    "GetPolicy": lambda kc: kc.kb_get_policy(),
+    "SetPolicy": lambda kc: kc.kb_set_policy(False, kc.kb_get_policy().policy.version),
+}
+
+
+def _kb_case(name: str) -> Callable[[World], None]:
+    def case(w: World) -> None:
+        b = _kb_b(w)
+        with w.client("agent-a") as kc:
+            call = _KB_ADDRESSED[name][1] if name in _KB_ADDRESSED else None
+            with pytest.raises(PermissionDenied):
+                if call is not None:
+                    call(kc, UNKNOWN[_KB_ADDRESSED[name][0]])
+                else:
+                    _KB_OWN[name](kc)
+        with w.client("ops-a") as kc:
+            if name in _KB_ADDRESSED:
+                kind, call = _KB_ADDRESSED[name]
+                _not_found_like(lambda i: call(kc, i), b[kind], UNKNOWN[kind])
+            else:
+                resp = _KB_OWN[name](kc)
+                _no_leak(w, resp)
+                if name in ("CreateTopic", "CreateTag", "PutTemplate"):
+                    assert "a's own" in str(resp).lower()
+        with w.client("kb-b") as kc:  # B's side is as B left it
+            rev = kc.kb_get_revision(b["revision"]).revision
+            assert (
+                rev is not None
+                and rev.version_label == "1.0"
+                and rev.state
+                in (
+                    "APPROVED",
+                    "PROCESSING",
+                    "FAILED",
+                )
+            )
+            assert kc.kb_get_policy().policy.allow_self_approval
+
+    case.__doc__ = f"ISO-11: {name} keeps organisation B's knowledge base out of A's answers."
+    return case
+
+
+for _rpc in (*_KB_ADDRESSED, *_KB_OWN):
+    CASES[KB + _rpc] = _kb_case(_rpc)
 
 
 def _declared_rpcs() -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from knowledge_sdk import KnowledgeClient, search_request
 from knowledge_sdk import types as v1
+from knowledge_server.audit import AuditLog
 from knowledge_server.auth import TokenStore
 from knowledge_server.search.lanes import LaneQuery, LaneResult, LaneUnavailable, empty_lane
 from structlog.testing import capture_logs
@@ -528,7 +529,14 @@ def test_kc13_lanes_write_only_their_own_store_and_sources_stay_unchanged(world:
         for name in set(before) | set(after)
         if before.get(name) != after.get(name)
     }
-    assert changed <= {"code"}, changed
+    # The code lane writes its own store; the index is also recorded in the audit log.
+    assert changed <= {"code", "audit"}, changed
+    if "audit" in changed:
+        log = AuditLog(world.data / "audit.sqlite")
+        try:
+            assert [e.operation for e in log.tail(1)] == ["index"]
+        finally:
+            log.close()
     # The harness logs and the workspaces were never modified.
     assert (
         _tree_hash(world.logs) + _tree_hash(world.ws_a) + _tree_hash(world.ws_b)

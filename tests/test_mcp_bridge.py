@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from google.protobuf import json_format
-from knowledge_mcp import TOOLS, TOOLS_BY_NAME, BridgeError, build_request
+from knowledge_mcp import (
+    ACTION_TOOLS,
+    MEMORY_TOOL,
+    TOOLS,
+    TOOLS_BY_NAME,
+    BridgeError,
+    build_request,
+)
 from knowledge_mcp import tools as mt
 from knowledge_mcp.__main__ import parse_args
 from knowledge_mcp.schema import PLUMBING
@@ -54,7 +61,7 @@ def test_every_rpc_has_a_tool_or_an_exclusion_with_reason() -> None:
 
     rpcs = set(proto_rpcs())
     assert rpcs == set(RPC_METHODS), "SDK and proto disagree on the RPC list"
-    tool_rpcs = [t.rpc for t in TOOLS]
+    tool_rpcs = [t.rpc for t in TOOLS] + [rpc for t in ACTION_TOOLS for rpc in t.rpcs]
     assert len(tool_rpcs) == len(set(tool_rpcs)), "two tools map to one RPC"
     assert set(tool_rpcs).isdisjoint(mt.EXCLUDED_RPCS)
     assert set(tool_rpcs) | set(mt.EXCLUDED_RPCS) == rpcs
@@ -64,6 +71,8 @@ def test_every_rpc_has_a_tool_or_an_exclusion_with_reason() -> None:
     for tool in TOOLS:
         assert tool.sdk_method == RPC_METHODS[tool.rpc]
         assert hasattr(AsyncKnowledgeClient, tool.sdk_method)
+    for action, rpc in zip(MEMORY_TOOL.actions, MEMORY_TOOL.rpcs, strict=True):
+        assert MEMORY_TOOL.sdk_method(action) == RPC_METHODS[rpc]
 
 
 def _walk(schema: dict[str, Any], where: str) -> Any:
@@ -363,7 +372,11 @@ async def test_stdio_session_against_a_real_server(tmp_path: Path) -> None:
         async with bridge_session(rs.address) as session:
             listed = (await session.list_tools()).tools
             by_name = {t.name: t for t in listed}
-            assert set(by_name) == EXPECTED_TOOLS
+            assert set(by_name) == EXPECTED_TOOLS | {MEMORY_TOOL.name}
+            memory = by_name.pop(MEMORY_TOOL.name)
+            assert memory.output_schema == MEMORY_TOOL.output_schema()
+            assert memory.input_schema["required"] == ["action"]
+            listed = [t for t in listed if t.name != MEMORY_TOOL.name]
             search = by_name["knowledge_search"]
             assert search.input_schema["required"] == ["query"]
             assert not set(search.input_schema["properties"]) & PLUMBING
@@ -457,7 +470,7 @@ async def test_dead_service_is_a_tool_error_not_a_crash() -> None:
         assert _text(result).startswith(f"UNAVAILABLE: cannot reach the service at {address}")
         result = await session.call_tool("knowledge_status", {})
         assert result.is_error and _text(result).startswith("UNAVAILABLE")
-        assert len((await session.list_tools()).tools) == len(EXPECTED_TOOLS)
+        assert len((await session.list_tools()).tools) == len(EXPECTED_TOOLS) + len(ACTION_TOOLS)
 
 
 def test_server_checks_agree_with_the_declared_rules() -> None:

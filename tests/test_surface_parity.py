@@ -28,6 +28,44 @@ CLI_COMMANDS = {
     "knowledge.v1.IndexService/RebuildDerived": "rebuild",
     "knowledge.v1.IndexService/BuildDocGraph": "docgraph build",
     "knowledge.v1.IndexService/GetStatus": "status",
+    "knowledge.v1.KnowledgeBaseAdminService/CreateTopic": "kb topic create",
+    "knowledge.v1.KnowledgeBaseAdminService/ListTopics": "kb topic list",
+    "knowledge.v1.KnowledgeBaseAdminService/GetTopic": "kb topic show",
+    "knowledge.v1.KnowledgeBaseAdminService/CreateRevision": "kb revision create",
+    "knowledge.v1.KnowledgeBaseAdminService/GetRevision": "kb revision show",
+    "knowledge.v1.KnowledgeBaseAdminService/UpdateRevision": "kb revision update",
+    "knowledge.v1.KnowledgeBaseAdminService/UploadSource": "kb source upload",
+    "knowledge.v1.KnowledgeBaseAdminService/PutFaq": "kb faq put",
+    "knowledge.v1.KnowledgeBaseAdminService/RemoveSource": "kb source remove",
+    "knowledge.v1.KnowledgeBaseAdminService/SubmitRevision": "kb revision submit",
+    "knowledge.v1.KnowledgeBaseAdminService/ApproveRevision": "kb revision approve",
+    "knowledge.v1.KnowledgeBaseAdminService/ReturnRevision": "kb revision return",
+    "knowledge.v1.KnowledgeBaseAdminService/ProcessRevision": "kb revision process",
+    "knowledge.v1.KnowledgeBaseAdminService/RetryTask": "kb task retry",
+    "knowledge.v1.KnowledgeBaseAdminService/CancelTask": "kb task cancel",
+    "knowledge.v1.KnowledgeBaseAdminService/WatchTask": "kb task watch",
+    "knowledge.v1.KnowledgeBaseAdminService/PublishRevision": "kb revision publish",
+    "knowledge.v1.KnowledgeBaseAdminService/RollbackTopic": "kb topic rollback",
+    "knowledge.v1.KnowledgeBaseAdminService/OfflineTopic": "kb topic offline",
+    "knowledge.v1.KnowledgeBaseAdminService/Reconcile": "kb reconcile",
+    "knowledge.v1.KnowledgeBaseAdminService/CreateTag": "kb tag create",
+    "knowledge.v1.KnowledgeBaseAdminService/UpdateTag": "kb tag update",
+    "knowledge.v1.KnowledgeBaseAdminService/ListTags": "kb tag list",
+    "knowledge.v1.KnowledgeBaseAdminService/PutTemplate": "kb template put",
+    "knowledge.v1.KnowledgeBaseAdminService/ListTemplates": "kb template list",
+    "knowledge.v1.KnowledgeBaseAdminService/CreateFeedback": "kb feedback create",
+    "knowledge.v1.KnowledgeBaseAdminService/ListFeedback": "kb feedback list",
+    "knowledge.v1.KnowledgeBaseAdminService/ResolveFeedback": "kb feedback resolve",
+    "knowledge.v1.KnowledgeBaseAdminService/GetPolicy": "kb policy show",
+    "knowledge.v1.KnowledgeBaseAdminService/SetPolicy": "kb policy set",
+    "knowledge.v1.MemoryService/Remember": "memory remember",
+    "knowledge.v1.MemoryService/Recall": "memory recall",
+    "knowledge.v1.MemoryService/Timeline": "memory timeline",
+    "knowledge.v1.MemoryService/Rooms": "memory rooms",
+    "knowledge.v1.MemoryService/Relations": "memory relations",
+    "knowledge.v1.MemoryService/Policy": "memory policy",
+    "knowledge.v1.MemoryService/Consolidate": "memory consolidate",
+    "knowledge.v1.MemoryService/Restore": "memory restore",
 }
 
 
@@ -71,9 +109,9 @@ def test_every_cli_command_is_documented() -> None:
 
 
 def test_every_rpc_has_an_mcp_tool_or_a_reasoned_exclusion() -> None:
-    from knowledge_mcp import EXCLUDED_RPCS, TOOLS
+    from knowledge_mcp import ACTION_TOOLS, EXCLUDED_RPCS, TOOLS
 
-    tool_rpcs = {t.rpc for t in TOOLS}
+    tool_rpcs = {t.rpc for t in TOOLS} | {rpc for t in ACTION_TOOLS for rpc in t.rpcs}
     assert tool_rpcs | set(EXCLUDED_RPCS) == _rpcs()
     assert not tool_rpcs & set(EXCLUDED_RPCS)
     for rpc in EXCLUDED_RPCS:

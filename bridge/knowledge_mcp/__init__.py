@@ -10,12 +10,16 @@ same program); ``knowledge_mcp.server.build_server`` builds the server in-proces
 """
 
 from knowledge_mcp.arguments import BridgeError, build_request
+from knowledge_mcp.memory_tool import ACTION_TOOLS, MEMORY_TOOL, ActionToolSpec
 from knowledge_mcp.tools import EXCLUDED_RPCS, TOOLS, TOOLS_BY_NAME, ToolSpec
 
 __all__ = [
+    "ACTION_TOOLS",
     "EXCLUDED_RPCS",
+    "MEMORY_TOOL",
     "TOOLS",
     "TOOLS_BY_NAME",
+    "ActionToolSpec",
     "BridgeError",
     "ToolSpec",
     "build_request",

@@ -19,7 +19,13 @@ from google.protobuf.message import Message
 
 DESCRIPTOR_SET = "knowledge_v1.binpb"
 PACKAGE = "knowledge.v1"
-SERVICES = ("KnowledgeService", "DocGraphService", "IndexService")
+SERVICES = (
+    "KnowledgeService",
+    "DocGraphService",
+    "IndexService",
+    "KnowledgeBaseAdminService",
+    "MemoryService",
+)
 
 # FileDescriptorProto / DescriptorProto / ServiceDescriptorProto field numbers, as used in
 # SourceCodeInfo.Location.path.

@@ -52,6 +52,17 @@ EXCLUDED_RPCS: dict[str, str] = {
         "operator operation (RIGHT_MANAGE, Enterprise) that streams progress and may spend LLM "
         "budget; run `knowledge docgraph build`"
     ),
+    # Every knowledge-base management RPC: people decide what is published (review,
+    # four-eyes, releases), and an agent's token holds none of the kb.edit / kb.review /
+    # kb.publish / kb.admin capabilities they need.
+    **{
+        rpc: (
+            "knowledge-base management (kb.edit / kb.review / kb.publish / kb.admin), for people, "
+            "never a model; an agent token is refused; run `knowledge kb ...`"
+        )
+        for rpc in proto_rpcs()
+        if rpc.startswith("knowledge.v1.KnowledgeBaseAdminService/")
+    },
 }
 
 

@@ -35,6 +35,7 @@ from knowledge_sdk.errors import (
     Unimplemented,
     Unknown,
 )
+from knowledge_sdk.kb import upload_file
 
 __version__ = "0.1.0"
 
@@ -65,4 +66,5 @@ __all__ = [
     "dispatch_request",
     "search_request",
     "types",
+    "upload_file",
 ]

@@ -45,6 +45,7 @@ class Rpc(Generic[Req, Resp]):
 _K = "knowledge.v1.KnowledgeService"
 _D = "knowledge.v1.DocGraphService"
 _I = "knowledge.v1.IndexService"
+_A = "knowledge.v1.KnowledgeBaseAdminService"
 
 SEARCH = Rpc(_K, "Search", v1.SearchRequest, v1.SearchResponse, False, "search")
 DISPATCH = Rpc(_K, "Dispatch", v1.DispatchRequest, v1.DispatchResponse, False, "dispatch")
@@ -108,6 +109,146 @@ BUILD_DOC_GRAPH = Rpc(
     "build_doc_graph",
 )
 GET_STATUS = Rpc(_I, "GetStatus", v1.GetStatusRequest, v1.GetStatusResponse, False, "get_status")
+KB_CREATE_TOPIC = Rpc(
+    _A, "CreateTopic", v1.CreateTopicRequest, v1.CreateTopicResponse, False, "kb_create_topic"
+)
+KB_LIST_TOPICS = Rpc(
+    _A, "ListTopics", v1.ListTopicsRequest, v1.ListTopicsResponse, False, "kb_list_topics"
+)
+KB_GET_TOPIC = Rpc(_A, "GetTopic", v1.GetTopicRequest, v1.GetTopicResponse, False, "kb_get_topic")
+KB_CREATE_REVISION = Rpc(
+    _A,
+    "CreateRevision",
+    v1.CreateRevisionRequest,
+    v1.CreateRevisionResponse,
+    False,
+    "kb_create_revision",
+)
+KB_GET_REVISION = Rpc(
+    _A, "GetRevision", v1.GetRevisionRequest, v1.GetRevisionResponse, False, "kb_get_revision"
+)
+KB_UPDATE_REVISION = Rpc(
+    _A,
+    "UpdateRevision",
+    v1.UpdateRevisionRequest,
+    v1.UpdateRevisionResponse,
+    False,
+    "kb_update_revision",
+)
+KB_UPLOAD_SOURCE = Rpc(
+    _A,
+    "UploadSource",
+    v1.UploadSourceRequest,
+    v1.UploadSourceResponse,
+    False,
+    "kb_upload_source_piece",
+)
+KB_PUT_FAQ = Rpc(_A, "PutFaq", v1.PutFaqRequest, v1.PutFaqResponse, False, "kb_put_faq")
+KB_REMOVE_SOURCE = Rpc(
+    _A, "RemoveSource", v1.RemoveSourceRequest, v1.RemoveSourceResponse, False, "kb_remove_source"
+)
+KB_SUBMIT_REVISION = Rpc(
+    _A, "SubmitRevision", v1.SubmitRevisionRequest, v1.SubmitRevisionResponse, False, "kb_submit"
+)
+KB_APPROVE_REVISION = Rpc(
+    _A,
+    "ApproveRevision",
+    v1.ApproveRevisionRequest,
+    v1.ApproveRevisionResponse,
+    False,
+    "kb_approve",
+)
+KB_RETURN_REVISION = Rpc(
+    _A, "ReturnRevision", v1.ReturnRevisionRequest, v1.ReturnRevisionResponse, False, "kb_return"
+)
+KB_PROCESS_REVISION = Rpc(
+    _A,
+    "ProcessRevision",
+    v1.ProcessRevisionRequest,
+    v1.ProcessRevisionResponse,
+    False,
+    "kb_process",
+)
+KB_RETRY_TASK = Rpc(
+    _A, "RetryTask", v1.RetryTaskRequest, v1.RetryTaskResponse, False, "kb_retry_task"
+)
+KB_CANCEL_TASK = Rpc(
+    _A, "CancelTask", v1.CancelTaskRequest, v1.CancelTaskResponse, False, "kb_cancel_task"
+)
+KB_WATCH_TASK = Rpc(
+    _A, "WatchTask", v1.WatchTaskRequest, v1.WatchTaskResponse, True, "kb_watch_task"
+)
+KB_PUBLISH_REVISION = Rpc(
+    _A,
+    "PublishRevision",
+    v1.PublishRevisionRequest,
+    v1.PublishRevisionResponse,
+    False,
+    "kb_publish",
+)
+KB_ROLLBACK_TOPIC = Rpc(
+    _A, "RollbackTopic", v1.RollbackTopicRequest, v1.RollbackTopicResponse, False, "kb_rollback"
+)
+KB_OFFLINE_TOPIC = Rpc(
+    _A, "OfflineTopic", v1.OfflineTopicRequest, v1.OfflineTopicResponse, False, "kb_offline"
+)
+KB_RECONCILE = Rpc(
+    _A, "Reconcile", v1.ReconcileRequest, v1.ReconcileResponse, False, "kb_reconcile"
+)
+KB_CREATE_TAG = Rpc(
+    _A, "CreateTag", v1.CreateTagRequest, v1.CreateTagResponse, False, "kb_create_tag"
+)
+KB_UPDATE_TAG = Rpc(
+    _A, "UpdateTag", v1.UpdateTagRequest, v1.UpdateTagResponse, False, "kb_update_tag"
+)
+KB_LIST_TAGS = Rpc(_A, "ListTags", v1.ListTagsRequest, v1.ListTagsResponse, False, "kb_list_tags")
+KB_PUT_TEMPLATE = Rpc(
+    _A, "PutTemplate", v1.PutTemplateRequest, v1.PutTemplateResponse, False, "kb_put_template"
+)
+KB_LIST_TEMPLATES = Rpc(
+    _A,
+    "ListTemplates",
+    v1.ListTemplatesRequest,
+    v1.ListTemplatesResponse,
+    False,
+    "kb_list_templates",
+)
+KB_CREATE_FEEDBACK = Rpc(
+    _A,
+    "CreateFeedback",
+    v1.CreateFeedbackRequest,
+    v1.CreateFeedbackResponse,
+    False,
+    "kb_create_feedback",
+)
+KB_LIST_FEEDBACK = Rpc(
+    _A, "ListFeedback", v1.ListFeedbackRequest, v1.ListFeedbackResponse, False, "kb_list_feedback"
+)
+KB_RESOLVE_FEEDBACK = Rpc(
+    _A,
+    "ResolveFeedback",
+    v1.ResolveFeedbackRequest,
+    v1.ResolveFeedbackResponse,
+    False,
+    "kb_resolve_feedback",
+)
+KB_GET_POLICY = Rpc(
+    _A, "GetPolicy", v1.GetPolicyRequest, v1.GetPolicyResponse, False, "kb_get_policy"
+)
+KB_SET_POLICY = Rpc(
+    _A, "SetPolicy", v1.SetPolicyRequest, v1.SetPolicyResponse, False, "kb_set_policy"
+)
+_M = "knowledge.v1.MemoryService"
+REMEMBER = Rpc(_M, "Remember", v1.RememberRequest, v1.RememberResponse, False, "remember")
+RECALL = Rpc(_M, "Recall", v1.RecallRequest, v1.RecallResponse, False, "recall")
+TIMELINE = Rpc(_M, "Timeline", v1.TimelineRequest, v1.TimelineResponse, False, "timeline")
+ROOMS = Rpc(_M, "Rooms", v1.RoomsRequest, v1.RoomsResponse, False, "rooms")
+RELATIONS = Rpc(_M, "Relations", v1.RelationsRequest, v1.RelationsResponse, False, "relations")
+MEMORY_POLICY = Rpc(_M, "Policy", v1.PolicyRequest, v1.PolicyResponse, False, "memory_policy")
+CONSOLIDATE = Rpc(
+    _M, "Consolidate", v1.ConsolidateRequest, v1.ConsolidateResponse, False, "consolidate"
+)
+RESTORE = Rpc(_M, "Restore", v1.RestoreRequest, v1.RestoreResponse, False, "restore")
 
 RPCS: tuple[Rpc[Any, Any], ...] = (
     SEARCH,
@@ -124,6 +265,44 @@ RPCS: tuple[Rpc[Any, Any], ...] = (
     REBUILD_DERIVED,
     BUILD_DOC_GRAPH,
     GET_STATUS,
+    KB_CREATE_TOPIC,
+    KB_LIST_TOPICS,
+    KB_GET_TOPIC,
+    KB_CREATE_REVISION,
+    KB_GET_REVISION,
+    KB_UPDATE_REVISION,
+    KB_UPLOAD_SOURCE,
+    KB_PUT_FAQ,
+    KB_REMOVE_SOURCE,
+    KB_SUBMIT_REVISION,
+    KB_APPROVE_REVISION,
+    KB_RETURN_REVISION,
+    KB_PROCESS_REVISION,
+    KB_RETRY_TASK,
+    KB_CANCEL_TASK,
+    KB_WATCH_TASK,
+    KB_PUBLISH_REVISION,
+    KB_ROLLBACK_TOPIC,
+    KB_OFFLINE_TOPIC,
+    KB_RECONCILE,
+    KB_CREATE_TAG,
+    KB_UPDATE_TAG,
+    KB_LIST_TAGS,
+    KB_PUT_TEMPLATE,
+    KB_LIST_TEMPLATES,
+    KB_CREATE_FEEDBACK,
+    KB_LIST_FEEDBACK,
+    KB_RESOLVE_FEEDBACK,
+    KB_GET_POLICY,
+    KB_SET_POLICY,
+    REMEMBER,
+    RECALL,
+    TIMELINE,
+    ROOMS,
+    RELATIONS,
+    MEMORY_POLICY,
+    CONSOLIDATE,
+    RESTORE,
 )
 
 
@@ -405,3 +584,489 @@ def build_doc_graph(
 def get_status(*, timeout: float | None = None) -> UnaryCall[v1.GetStatusResponse]:
     """Edition, licence and the state of every lane."""
     return UnaryCall(GET_STATUS, v1.GetStatusRequest(), timeout)
+
+
+# KnowledgeBaseAdminService (management: not for agents' tokens)
+
+
+def kb_create_topic(
+    knowledge_key: str, title: str, *, timeout: float | None = None
+) -> UnaryCall[v1.CreateTopicResponse]:
+    """Create a knowledge topic (``knowledge_key`` unique in the caller's organisation)."""
+    return UnaryCall(
+        KB_CREATE_TOPIC, v1.CreateTopicRequest(knowledge_key=knowledge_key, title=title), timeout
+    )
+
+
+def kb_list_topics(
+    *, after: str = "", limit: int = 100, timeout: float | None = None
+) -> UnaryCall[v1.ListTopicsResponse]:
+    """Topics of the caller's organisation by ``knowledge_key`` (page with ``after``)."""
+    return UnaryCall(KB_LIST_TOPICS, v1.ListTopicsRequest(after=after, limit=limit), timeout)
+
+
+def kb_get_topic(topic_id: str, *, timeout: float | None = None) -> UnaryCall[v1.GetTopicResponse]:
+    """A topic with its revisions and release history."""
+    return UnaryCall(KB_GET_TOPIC, v1.GetTopicRequest(topic_id=topic_id), timeout)
+
+
+def kb_create_revision(
+    topic_id: str, version_label: str, *, based_on: str = "", timeout: float | None = None
+) -> UnaryCall[v1.CreateRevisionResponse]:
+    """A new DRAFT of a topic, copying ``based_on``'s sources and tags when given."""
+    return UnaryCall(
+        KB_CREATE_REVISION,
+        v1.CreateRevisionRequest(topic_id=topic_id, version_label=version_label, based_on=based_on),
+        timeout,
+    )
+
+
+def kb_get_revision(
+    revision_id: str, *, timeout: float | None = None
+) -> UnaryCall[v1.GetRevisionResponse]:
+    """A revision with its sources and tasks."""
+    return UnaryCall(KB_GET_REVISION, v1.GetRevisionRequest(revision_id=revision_id), timeout)
+
+
+def kb_update_revision(
+    revision_id: str,
+    expected_version: int,
+    *,
+    version_label: str | None = None,
+    tags: Sequence[str] | None = None,
+    timeout: float | None = None,
+) -> UnaryCall[v1.UpdateRevisionResponse]:
+    """Change a DRAFT's label or (with ``tags``) replace its tag codes."""
+    return UnaryCall(
+        KB_UPDATE_REVISION,
+        v1.UpdateRevisionRequest(
+            revision_id=revision_id,
+            expected_version=expected_version,
+            version_label=version_label,
+            replace_tags=tags is not None,
+            tags=list(tags or ()),
+        ),
+        timeout,
+    )
+
+
+def kb_upload_source_piece(
+    revision_id: str,
+    *,
+    upload_id: str = "",
+    file_name: str = "",
+    media_type: str = "",
+    offset: int = 0,
+    data: bytes = b"",
+    final: bool = False,
+    expected_version: int = 0,
+    timeout: float | None = None,
+) -> UnaryCall[v1.UploadSourceResponse]:
+    """One piece (at most 1 MiB) of a source file upload; ``knowledge_sdk.upload_file`` sends a whole file."""
+    return UnaryCall(
+        KB_UPLOAD_SOURCE,
+        v1.UploadSourceRequest(
+            revision_id=revision_id,
+            upload_id=upload_id,
+            file_name=file_name,
+            media_type=media_type,
+            offset=offset,
+            data=data,
+            final=final,
+            expected_version=expected_version,
+        ),
+        timeout,
+    )
+
+
+def kb_put_faq(
+    revision_id: str,
+    expected_version: int,
+    question: str,
+    answer: str,
+    *,
+    source_id: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.PutFaqResponse]:
+    """Add an FAQ entry to a DRAFT, or replace ``source_id``."""
+    return UnaryCall(
+        KB_PUT_FAQ,
+        v1.PutFaqRequest(
+            revision_id=revision_id,
+            expected_version=expected_version,
+            question=question,
+            answer=answer,
+            source_id=source_id,
+        ),
+        timeout,
+    )
+
+
+def kb_remove_source(
+    revision_id: str, expected_version: int, source_id: str, *, timeout: float | None = None
+) -> UnaryCall[v1.RemoveSourceResponse]:
+    """Remove a source from a DRAFT."""
+    return UnaryCall(
+        KB_REMOVE_SOURCE,
+        v1.RemoveSourceRequest(
+            revision_id=revision_id, expected_version=expected_version, source_id=source_id
+        ),
+        timeout,
+    )
+
+
+def kb_submit(
+    revision_id: str, expected_version: int, *, timeout: float | None = None
+) -> UnaryCall[v1.SubmitRevisionResponse]:
+    """Submit a DRAFT for review."""
+    return UnaryCall(
+        KB_SUBMIT_REVISION,
+        v1.SubmitRevisionRequest(revision_id=revision_id, expected_version=expected_version),
+        timeout,
+    )
+
+
+def kb_approve(
+    revision_id: str, expected_version: int, *, timeout: float | None = None
+) -> UnaryCall[v1.ApproveRevisionResponse]:
+    """Approve a revision under review (four-eyes)."""
+    return UnaryCall(
+        KB_APPROVE_REVISION,
+        v1.ApproveRevisionRequest(revision_id=revision_id, expected_version=expected_version),
+        timeout,
+    )
+
+
+def kb_return(
+    revision_id: str, expected_version: int, reason: str, *, timeout: float | None = None
+) -> UnaryCall[v1.ReturnRevisionResponse]:
+    """Return a revision under review to DRAFT with a reason."""
+    return UnaryCall(
+        KB_RETURN_REVISION,
+        v1.ReturnRevisionRequest(
+            revision_id=revision_id, expected_version=expected_version, reason=reason
+        ),
+        timeout,
+    )
+
+
+def kb_process(
+    revision_id: str,
+    expected_version: int,
+    *,
+    idempotency_key: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.ProcessRevisionResponse]:
+    """Queue PROCESS for an APPROVED revision (the same key twice queues one task)."""
+    return UnaryCall(
+        KB_PROCESS_REVISION,
+        v1.ProcessRevisionRequest(
+            revision_id=revision_id,
+            expected_version=expected_version,
+            idempotency_key=idempotency_key,
+        ),
+        timeout,
+    )
+
+
+def kb_retry_task(
+    task_id: str, expected_version: int, *, timeout: float | None = None
+) -> UnaryCall[v1.RetryTaskResponse]:
+    """Queue a FAILED task again."""
+    return UnaryCall(
+        KB_RETRY_TASK,
+        v1.RetryTaskRequest(task_id=task_id, expected_version=expected_version),
+        timeout,
+    )
+
+
+def kb_cancel_task(
+    task_id: str, expected_version: int, *, timeout: float | None = None
+) -> UnaryCall[v1.CancelTaskResponse]:
+    """Cancel a task not started yet."""
+    return UnaryCall(
+        KB_CANCEL_TASK,
+        v1.CancelTaskRequest(task_id=task_id, expected_version=expected_version),
+        timeout,
+    )
+
+
+def kb_watch_task(
+    task_id: str, *, timeout: float | None = None
+) -> StreamCall[v1.WatchTaskResponse]:
+    """A task's progress, each time it changes, until it ends."""
+    return StreamCall(KB_WATCH_TASK, v1.WatchTaskRequest(task_id=task_id), timeout)
+
+
+def kb_publish(
+    revision_id: str,
+    expected_version: int,
+    *,
+    expected_release: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.PublishRevisionResponse]:
+    """Publish a PROCESSED revision, naming the topic's current release ("" = none)."""
+    return UnaryCall(
+        KB_PUBLISH_REVISION,
+        v1.PublishRevisionRequest(
+            revision_id=revision_id,
+            expected_version=expected_version,
+            expected_release=expected_release,
+        ),
+        timeout,
+    )
+
+
+def kb_rollback(
+    topic_id: str, expected_release: str, *, timeout: float | None = None
+) -> UnaryCall[v1.RollbackTopicResponse]:
+    """Restore the release the current one replaced."""
+    return UnaryCall(
+        KB_ROLLBACK_TOPIC,
+        v1.RollbackTopicRequest(topic_id=topic_id, expected_release=expected_release),
+        timeout,
+    )
+
+
+def kb_offline(
+    topic_id: str, expected_release: str, *, timeout: float | None = None
+) -> UnaryCall[v1.OfflineTopicResponse]:
+    """Take the topic's release offline."""
+    return UnaryCall(
+        KB_OFFLINE_TOPIC,
+        v1.OfflineTopicRequest(topic_id=topic_id, expected_release=expected_release),
+        timeout,
+    )
+
+
+def kb_reconcile(*, timeout: float | None = None) -> UnaryCall[v1.ReconcileResponse]:
+    """Compare the metadata with the retrieval index and repair the drift."""
+    return UnaryCall(KB_RECONCILE, v1.ReconcileRequest(), timeout)
+
+
+def kb_create_tag(
+    tag_code: str, display_name: str, *, sort_order: int = 0, timeout: float | None = None
+) -> UnaryCall[v1.CreateTagResponse]:
+    """Add a tag (its code is frozen)."""
+    return UnaryCall(
+        KB_CREATE_TAG,
+        v1.CreateTagRequest(tag_code=tag_code, display_name=display_name, sort_order=sort_order),
+        timeout,
+    )
+
+
+def kb_update_tag(
+    tag_code: str,
+    expected_version: int,
+    *,
+    display_name: str | None = None,
+    sort_order: int | None = None,
+    active: bool | None = None,
+    timeout: float | None = None,
+) -> UnaryCall[v1.UpdateTagResponse]:
+    """Rename, reorder, (de)activate a tag."""
+    return UnaryCall(
+        KB_UPDATE_TAG,
+        v1.UpdateTagRequest(
+            tag_code=tag_code,
+            expected_version=expected_version,
+            display_name=display_name,
+            sort_order=sort_order,
+            active=active,
+        ),
+        timeout,
+    )
+
+
+def kb_list_tags(
+    *, include_inactive: bool = False, timeout: float | None = None
+) -> UnaryCall[v1.ListTagsResponse]:
+    """The tag dictionary."""
+    return UnaryCall(KB_LIST_TAGS, v1.ListTagsRequest(include_inactive=include_inactive), timeout)
+
+
+def kb_put_template(
+    template_code: str,
+    body: str,
+    *,
+    status: str = "ACTIVE",
+    expected_version: int = 0,
+    timeout: float | None = None,
+) -> UnaryCall[v1.PutTemplateResponse]:
+    """Create (``expected_version`` 0) or change an answer template."""
+    return UnaryCall(
+        KB_PUT_TEMPLATE,
+        v1.PutTemplateRequest(
+            template_code=template_code, body=body, status=status, expected_version=expected_version
+        ),
+        timeout,
+    )
+
+
+def kb_list_templates(*, timeout: float | None = None) -> UnaryCall[v1.ListTemplatesResponse]:
+    """The answer templates."""
+    return UnaryCall(KB_LIST_TEMPLATES, v1.ListTemplatesRequest(), timeout)
+
+
+def kb_create_feedback(
+    topic_id: str, body: str, *, revision_id: str = "", timeout: float | None = None
+) -> UnaryCall[v1.CreateFeedbackResponse]:
+    """Record feedback on a topic."""
+    return UnaryCall(
+        KB_CREATE_FEEDBACK,
+        v1.CreateFeedbackRequest(topic_id=topic_id, body=body, revision_id=revision_id),
+        timeout,
+    )
+
+
+def kb_list_feedback(
+    *, status: str = "", limit: int = 100, timeout: float | None = None
+) -> UnaryCall[v1.ListFeedbackResponse]:
+    """Feedback items, newest first."""
+    return UnaryCall(KB_LIST_FEEDBACK, v1.ListFeedbackRequest(status=status, limit=limit), timeout)
+
+
+def kb_resolve_feedback(
+    feedback_id: str,
+    expected_version: int,
+    *,
+    create_draft: bool = False,
+    version_label: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.ResolveFeedbackResponse]:
+    """Close a feedback item, optionally as a new DRAFT."""
+    return UnaryCall(
+        KB_RESOLVE_FEEDBACK,
+        v1.ResolveFeedbackRequest(
+            feedback_id=feedback_id,
+            expected_version=expected_version,
+            create_draft=create_draft,
+            version_label=version_label,
+        ),
+        timeout,
+    )
+
+
+def kb_get_policy(*, timeout: float | None = None) -> UnaryCall[v1.GetPolicyResponse]:
+    """The organisation's knowledge-base policy."""
+    return UnaryCall(KB_GET_POLICY, v1.GetPolicyRequest(), timeout)
+
+
+def kb_set_policy(
+    allow_self_approval: bool, expected_version: int, *, timeout: float | None = None
+) -> UnaryCall[v1.SetPolicyResponse]:
+    """Change the knowledge-base policy."""
+    return UnaryCall(
+        KB_SET_POLICY,
+        v1.SetPolicyRequest(
+            allow_self_approval=allow_self_approval, expected_version=expected_version
+        ),
+        timeout,
+    )
+
+
+# MemoryService
+
+
+def remember(
+    category: str,
+    key: str,
+    value: str,
+    *,
+    store: str = "facts",
+    confidence: float = 0.0,
+    workspace: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.RememberResponse]:
+    """Write one value to the memory of ``workspace`` (empty: the token's only one).
+    For ``store="relations"``: ``category`` is the relation kind, ``key`` the source and
+    ``value`` the target. ``confidence`` 0 means the service's default (0.7)."""
+    request = v1.RememberRequest(
+        workspace=workspace,
+        store=store,
+        category=category,
+        key=key,
+        value=value,
+        confidence=confidence,
+    )
+    return UnaryCall(REMEMBER, request, timeout)
+
+
+def recall(
+    query: str = "",
+    *,
+    store: str = "facts",
+    category: str = "",
+    limit: int = 0,
+    workspace: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.RecallResponse]:
+    """Current entries matching ``query``; ``truncation`` says what the budget cut."""
+    request = v1.RecallRequest(
+        workspace=workspace, store=store, query=query, category=category, limit=limit
+    )
+    return UnaryCall(RECALL, request, timeout)
+
+
+def timeline(
+    category: str,
+    key: str,
+    *,
+    store: str = "facts",
+    limit: int = 0,
+    workspace: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.TimelineResponse]:
+    """Every version of one key, oldest first."""
+    request = v1.TimelineRequest(
+        workspace=workspace, store=store, category=category, key=key, limit=limit
+    )
+    return UnaryCall(TIMELINE, request, timeout)
+
+
+def rooms(
+    *, store: str = "facts", limit: int = 0, workspace: str = "", timeout: float | None = None
+) -> UnaryCall[v1.RoomsResponse]:
+    """Categories of a store with their number of current entries."""
+    return UnaryCall(ROOMS, v1.RoomsRequest(workspace=workspace, store=store, limit=limit), timeout)
+
+
+def relations(
+    ref: str = "", *, limit: int = 0, workspace: str = "", timeout: float | None = None
+) -> UnaryCall[v1.RelationsResponse]:
+    """Relation edges from or to ``ref`` (every edge when empty)."""
+    request = v1.RelationsRequest(workspace=workspace, ref=ref, limit=limit)
+    return UnaryCall(RELATIONS, request, timeout)
+
+
+def memory_policy(
+    value: str = "show", *, timeout: float | None = None
+) -> UnaryCall[v1.PolicyResponse]:
+    """The memory policy in force (``value="validate"``: with its range check)."""
+    return UnaryCall(MEMORY_POLICY, v1.PolicyRequest(value=value), timeout)
+
+
+def consolidate(
+    *,
+    all: bool = False,
+    dry_run: bool = False,
+    workspace: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.ConsolidateResponse]:
+    """Decay, consolidate near-duplicates and compact (facts, or every store with
+    ``all``); ``dry_run`` computes on a copy and writes nothing."""
+    request = v1.ConsolidateRequest(workspace=workspace, all=all, dry_run=dry_run)
+    return UnaryCall(CONSOLIDATE, request, timeout)
+
+
+def restore(
+    *,
+    store: str = "facts",
+    query: str = "",
+    limit: int = 0,
+    workspace: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.RestoreResponse]:
+    """Bring archived entries back (most recently archived first; 0 = 10)."""
+    request = v1.RestoreRequest(workspace=workspace, store=store, query=query, limit=limit)
+    return UnaryCall(RESTORE, request, timeout)

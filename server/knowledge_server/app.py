@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from google.protobuf import json_format
 from google.protobuf.message import Message
 from knowledge_licensing import FEATURE_DOC_GRAPH
 
@@ -31,17 +32,36 @@ from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.config import Config
 from knowledge_server.dispatch import run_dispatch, validate_dispatch
 from knowledge_server.edition import LicenceView
-from knowledge_server.errors import InvalidRequest, PermissionDenied, Unimplemented
+from knowledge_server.errors import (
+    InvalidRequest,
+    KnowledgeError,
+    PermissionDenied,
+    Unimplemented,
+    as_storage_full,
+)
+from knowledge_server.kb.admin import KnowledgeBaseAdmin
+from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.lanes.common import run_with_progress
 from knowledge_server.lanes.contract import Lanes
 from knowledge_server.lanes.docgraph import GraphDocsLane
 from knowledge_server.logs import get_logger
+from knowledge_server.memory.ops import WRITES, MemoryOps
+from knowledge_server.memory.store import DB_FILE as MEMORY_DB
+from knowledge_server.memory.store import MemoryStore
 from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import Lane, NotReadyLane
 from knowledge_server.search.validate import validate_search
 from knowledge_server.workspaces import is_under, normalise_workspace, really_in_scope
 
 M = TypeVar("M", bound=Message)
+
+# The audit log's name of each operator stream's operation.
+_AUDITED_STREAMS = {
+    "index_workspace": "index",
+    "ingest_sessions": "ingest",
+    "rebuild_derived": "derived.rebuild",
+    "build_doc_graph": "docgraph.build",
+}
 
 # Why each search lane is empty when a deployment has no such lane.
 _NOT_READY = {
@@ -68,6 +88,11 @@ def effective_workspaces(
     return tuple(w for w in wanted if any(is_under(w, a) for a in allowed_n))
 
 
+def _request_dict(req: Message) -> dict[str, Any]:
+    """A request as the audit log hashes it (canonical JSON of its proto field names)."""
+    return json_format.MessageToDict(req, preserving_proto_field_name=True)
+
+
 def _root_arg(value: str) -> str:
     """A request's ``root`` as a normalised path; one with a NUL character names no file
     (the operating system refuses it) and is refused before any path call sees it."""
@@ -90,12 +115,17 @@ class KnowledgeApp:
         lanes: Lanes | None = None,
         licence: LicenceView | None = None,
         coordinator: Coordinator | None = None,
+        kb: KnowledgeBase | None = None,
     ) -> None:
         self.config = config
         self.started_at = datetime.now(UTC)
         self.licence = licence or LicenceView()
         self.lanes = lanes or Lanes()
         self._audit: AuditLog | None = None
+        # The knowledge base (kb/): None when this deployment has none.
+        self.kb = kb
+        self._kb_admin = KnowledgeBaseAdmin(kb, self.record) if kb is not None else None
+        self._memory: MemoryOps | None = None
         self.coordinator = coordinator or Coordinator(
             self._search_lanes(),
             timeout_ms=config.lane_timeout_ms,
@@ -143,7 +173,7 @@ class KnowledgeApp:
         scope = effective_workspaces(principal, valid.workspaces)
         # Planning reads in the request pool and searches on the loop, as Search does.
         with deadline.interrupted_as_deadline():
-            return await deadline.awaited(
+            resp = await deadline.awaited(
                 run_dispatch(
                     self.coordinator,
                     self.lanes,
@@ -154,6 +184,16 @@ class KnowledgeApp:
                     outbox_quota=self.config.outbox_quota_per_principal,
                 )
             )
+        if not valid.dry_run:
+            assignment = resp.assignment.assignment_id if resp.HasField("assignment") else ""
+            await self.record(
+                principal,
+                "dispatch.commit",
+                targets=[assignment] if assignment else [],
+                input=_request_dict(req),
+                outcome="ok" if assignment else "no_actor",
+            )
+        return resp
 
     async def get_episode(
         self, req: knowledge_service_pb2.GetEpisodeRequest, principal: Principal
@@ -188,7 +228,30 @@ class KnowledgeApp:
         return out
 
     # -- IndexService ------------------------------------------------------------------
-    async def index_stream(  # noqa: C901 - one branch per index operation, each with its precondition
+    async def index_stream(
+        self, op: str, req: Any, principal: Principal
+    ) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
+        """An operator stream, then its audit event (the operation, the root or paths it
+        was given, the revision it produced, its outcome)."""
+        operation = _AUDITED_STREAMS.get(op, op)
+        targets = [str(t) for t in ([req.root] if getattr(req, "root", "") else [])]
+        targets += [str(p) for p in getattr(req, "paths", [])]
+        summary: index_service_pb2.OperationSummary | None = None
+        try:
+            async for event in self._index_stream(op, req, principal):
+                if isinstance(event, index_service_pb2.OperationSummary):
+                    summary = event
+                yield event
+        except KnowledgeError as exc:
+            await self.record_failure(
+                principal, operation, targets=targets, input=_request_dict(req), outcome=exc.reason
+            )
+            raise
+        if summary is not None and summary.index_rev:
+            targets.append(summary.index_rev)
+        await self.record(principal, operation, targets=targets, input=_request_dict(req))
+
+    async def _index_stream(  # noqa: C901 - one branch per index operation, each with its precondition
         self, op: str, req: Any, principal: Principal
     ) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
         scope = effective_workspaces(principal, ())
@@ -340,6 +403,46 @@ class KnowledgeApp:
                 )
         return out
 
+    # -- KnowledgeBaseAdminService ---------------------------------------------------------
+    async def kb_admin(self, op: str, req: Message, principal: Principal) -> Message:
+        """One knowledge-base management RPC (``kb/admin.py``), audited when it writes."""
+        if self._kb_admin is None:
+            raise Unimplemented("this server has no knowledge base")
+        return await self._kb_admin.call(op, req, principal)
+
+    async def kb_watch(self, req: Any, principal: Principal) -> AsyncIterator[Message]:
+        """WatchTask: the task's progress until it ends."""
+        if self._kb_admin is None:
+            raise Unimplemented("this server has no knowledge base")
+        async for event in self._kb_admin.watch(req, principal):
+            yield event
+
+    # -- MemoryService -----------------------------------------------------------------
+    @property
+    def memory_ops(self) -> MemoryOps:
+        """The fact memory (``memory.sqlite``, ``docs/memory.md``), opened on first use."""
+        if self._memory is None:
+            self._memory = MemoryOps(MemoryStore(self.data_path(MEMORY_DB), self.config.memory))
+        return self._memory
+
+    async def memory(self, op: str, req: Message, principal: Principal, response: type[M]) -> M:
+        """One memory operation in the ``memory`` pool; every write (and every refused
+        write) appends an audit event with the ids it touched."""
+        ops = self.memory_ops
+        try:
+            out, targets = await deadline.off_loop(ops.run, op, req, principal, pool="memory")
+        except KnowledgeError as exc:
+            if op in WRITES:
+                await self.record_failure(
+                    principal, f"memory.{op}", input=_request_dict(req), outcome=exc.reason
+                )
+            raise
+        if op in WRITES:
+            await self.record(principal, f"memory.{op}", targets=targets, input=_request_dict(req))
+        if not isinstance(out, response):
+            raise TypeError(f"{op} answered {type(out).__name__}, not {response.__name__}")
+        return out
+
     # -- audit ---------------------------------------------------------------------------
     @property
     def audit(self) -> AuditLog:
@@ -370,7 +473,32 @@ class KnowledgeApp:
             input=input,
             outcome=outcome,
         )
-        return await asyncio.shield(asyncio.to_thread(append))
+        try:
+            return await asyncio.shield(asyncio.to_thread(append))
+        except Exception as exc:
+            full = as_storage_full(exc)
+            if full is not None:
+                raise full from None
+            raise
+
+    async def record_failure(
+        self,
+        principal: Principal,
+        operation: str,
+        *,
+        targets: tuple[str, ...] | list[str] = (),
+        input: object = None,
+        outcome: str,
+    ) -> None:
+        """``record`` for an operation that failed: the operation's own error is what the
+        caller gets, so an event that cannot be written (e.g. the disk is full, which may
+        be why the operation failed) is logged instead of replacing it."""
+        try:
+            await self.record(principal, operation, targets=targets, input=input, outcome=outcome)
+        except Exception as exc:  # noqa: BLE001 - the operation's error goes to the caller
+            get_logger("knowledge.audit").error(
+                "audit.append_failed", operation=operation, error_type=type(exc).__name__
+            )
 
     def reload(self) -> None:
         """SIGHUP: re-read the licence."""
@@ -379,6 +507,10 @@ class KnowledgeApp:
     def close(self) -> None:
         if self._audit is not None:
             self._audit.close()
+        if self.kb is not None:
+            self.kb.close()
+        if self._memory is not None:
+            self._memory.store.close()
         for _, lane in self.lanes.reporting():
             if lane is not None:
                 lane.close()

@@ -24,8 +24,10 @@ The log is its own store, ``audit.sqlite`` in the data directory, written under
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,12 +40,17 @@ import apsw
 from knowledge_server.schema import Migrations, Step, immediate, open_db
 
 __all__ = [
+    "AUDIT_FILE",
     "GENESIS",
     "AuditEvent",
     "AuditLog",
     "Verification",
+    "cli_principal",
     "input_hash",
+    "record_cli",
 ]
+
+AUDIT_FILE = "audit.sqlite"
 
 # The "previous hash" of the first event.
 GENESIS = "0" * 64
@@ -298,3 +305,37 @@ class AuditLog:
         if chain_hash(event.prev_hash, event.body()) != event.hash:
             return "the event's fields do not match its hash (edited)"
         return ""
+
+
+def cli_principal() -> str:
+    """Who a write made on the server's machine with the CLI is recorded as: the CLI has
+    no token, so ``cli:<operating-system user>``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"cli:{user}"
+
+
+def record_cli(
+    data_dir: Path | str,
+    operation: str,
+    *,
+    org: str,
+    targets: Sequence[str] = (),
+    input: object = None,
+    outcome: str = "ok",
+) -> AuditEvent:
+    """Append one event for a CLI write to ``<data_dir>/audit.sqlite``."""
+    log = AuditLog(Path(data_dir) / AUDIT_FILE)
+    try:
+        return log.append(
+            principal=cli_principal(),
+            org=org,
+            operation=operation,
+            targets=targets,
+            input=input,
+            outcome=outcome,
+        )
+    finally:
+        log.close()

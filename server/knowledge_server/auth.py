@@ -27,6 +27,7 @@ from typing import Any
 
 import click
 
+from knowledge_server.audit import record_cli
 from knowledge_server.auth_model import CAPABILITIES, ROLE_RIGHTS, Principal
 from knowledge_server.logs import get_logger
 from knowledge_server.workspaces import normalise_workspace as _normalise
@@ -541,6 +542,14 @@ def create_command(
     except (ValueError, TokenStoreError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     info = next(t for t in store.list() if t.token_id == token_id)
+    # The token itself is never part of the event: the input hashed is the principal.
+    record_cli(
+        store.path.parent,
+        "token.create",
+        org=organisation,
+        targets=[token_id],
+        input=principal_to_dict(info.principal),
+    )
     if as_json:
         click.echo(json.dumps({**info.to_dict(), "token": plain}, sort_keys=True))
         return
@@ -583,9 +592,17 @@ def revoke_command(ctx: click.Context, token_id: str, data_dir: Path | None) -> 
     """Revoke a token by id; running servers stop accepting it on their next call."""
     store = _store_from(ctx, data_dir)
     try:
+        holder = next((t.principal for t in store.list() if t.token_id == token_id), None)
         removed = store.revoke(token_id)
     except TokenStoreError as exc:
         raise click.ClickException(str(exc)) from None
-    if not removed:
+    if not removed or holder is None:
         raise click.ClickException(f"no token with id {token_id}")
+    record_cli(
+        store.path.parent,
+        "token.revoke",
+        org=holder.organisation,
+        targets=[token_id],
+        input={"token_id": token_id},
+    )
     click.echo(f"revoked {token_id}")

@@ -18,6 +18,8 @@ from typing import Any
 
 import platformdirs
 
+from knowledge_server.memory.policy import MemoryPolicy, PolicyError, load_policy
+
 __all__ = [
     "Config",
     "ConfigError",
@@ -95,6 +97,18 @@ class Config:
     sqlite_mmap_mib: int = 256
     # Outbox packages one principal may have pending (committed Dispatch calls).
     outbox_quota_per_principal: int = 100
+    # Largest source file the knowledge base takes in an upload, in MiB.
+    kb_max_source_mib: int = 32
+    # The knowledge base's retrieval index: "sqlite" (embedded, DATA_DIR/kb_index.sqlite) or
+    # "milvus" (kb_milvus_uri: a server or cluster URI; empty = a Milvus Lite file in the
+    # data directory). The token, if the server needs one, is read from the environment
+    # variable kb_milvus_token_env names, never from this file.
+    kb_index: str = "sqlite"
+    kb_milvus_uri: str = ""
+    kb_milvus_token_env: str = ""
+    kb_milvus_collection: str = "kb_chunks"
+    # The memory policy: [memory.knowledge] and [memory.lifecycle] (docs/memory.md).
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
 
     @property
     def listen_host(self) -> str:
@@ -160,6 +174,7 @@ _INT_FIELDS = {
     "sqlite_mmap_mib",
     "outbox_quota_per_principal",
     "llm_max_retries",
+    "kb_max_source_mib",
 }
 _FLOAT_FIELDS = {"grace_seconds", "llm_timeout_seconds"}
 _BOOL_FIELDS = {"bootstrap"}
@@ -169,6 +184,7 @@ _CHOICES = {
     "log_level": ("debug", "info", "warning", "error"),
     "embedder": ("hash", "openai", "e5"),
     "llm_provider": ("openai", "local"),
+    "kb_index": ("sqlite", "milvus"),
 }
 
 
@@ -214,6 +230,7 @@ _INT_RANGES = {
     "sqlite_mmap_mib": (0, 1_048_576),
     "outbox_quota_per_principal": (1, 1_000_000),
     "llm_max_retries": (0, 10),
+    "kb_max_source_mib": (1, 4096),
 }
 
 
@@ -301,8 +318,9 @@ def load_config(
 ) -> Config:
     """Build a validated Config from a TOML file, the environment and CLI overrides."""
     env = os.environ if env is None else env
-    names = {f.name for f in fields(Config)}
+    names = {f.name for f in fields(Config)} - {"memory"}
     values: dict[str, Any] = {}
+    memory_tables: Any = None
     if path is None and env.get("KNOWLEDGE_CONFIG"):
         path = Path(env["KNOWLEDGE_CONFIG"])
     if path is not None:
@@ -313,6 +331,7 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
         table = raw.get("server", raw)
+        memory_tables = raw.get("memory")
         for key, value in table.items():
             if isinstance(value, dict):
                 continue
@@ -334,4 +353,13 @@ def load_config(
         if key not in names:
             raise ConfigError(f"unknown setting {key!r}")
         values[key] = _coerce(key, value, "command line")
+    values["memory"] = _memory_policy(memory_tables, env, path)
     return _validate(Config(**values))
+
+
+def _memory_policy(tables: Any, env: Mapping[str, str], path: Path | None) -> MemoryPolicy:
+    """The ``[memory]`` tables of the file with ``KNOWLEDGE_MEMORY_*`` overrides."""
+    try:
+        return load_policy(tables, env, f"config file {path}" if path else "defaults")
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None

@@ -11,7 +11,7 @@ A gRPC client may give its call a deadline. The transport puts the instant it pa
   the deadline, in a thread or on the loop, so late work stops instead of holding its
   connection and its thread.
 
-The pools are bounded (``POOL_THREADS`` each, five pools per serving process): a flood of
+The pools are bounded (``POOL_THREADS`` each, six pools per serving process): a flood of
 requests queues, it never starts more threads. A queued call whose deadline passes before
 a thread is free is dropped without running, as is one whose caller is cancelled.
 """
@@ -40,7 +40,7 @@ REQUEST_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 
 # Blocking request work runs in small thread pools, one per kind of work (named by the
-# caller: "episodes", "code", "status", "dispatch", "docgraph"), not in asyncio's shared
+# caller: "episodes", "code", "status", "dispatch", "docgraph", "kb"), not in asyncio's shared
 # default pool: one kind's slow work (an LLM call, a slow embedding endpoint) never
 # delays another's, and a flood of one kind queues behind its own threads instead of
 # starting more. Each thread holds at most one reader connection per store

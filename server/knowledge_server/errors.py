@@ -32,6 +32,18 @@ class InvalidRequest(KnowledgeError):
     reason = "KNOWLEDGE_INVALID_REQUEST"
 
 
+class SecretRefused(InvalidRequest):
+    """A value to be stored looks like a secret (``redact.looks_like_secret``)."""
+
+    reason = "KNOWLEDGE_SECRET_REFUSED"
+
+
+class PathOutsideScope(InvalidRequest):
+    """A value to be stored names a path outside the caller's workspaces."""
+
+    reason = "KNOWLEDGE_PATH_OUTSIDE_SCOPE"
+
+
 class NotFound(KnowledgeError):
     code = grpc.StatusCode.NOT_FOUND
     reason = "KNOWLEDGE_NOT_FOUND"
@@ -69,11 +81,49 @@ class FailedPrecondition(KnowledgeError):
     reason = "KNOWLEDGE_INDEX_NOT_READY"
 
 
+class StaleVersion(FailedPrecondition):
+    """A write named a version of its target that is no longer the current one (another
+    write came first); nothing was changed. Read the target again and retry."""
+
+    reason = "KNOWLEDGE_STALE_VERSION"
+
+
+class IllegalTransition(FailedPrecondition):
+    """The knowledge-base revision (or task) is not in a state the operation applies to."""
+
+    reason = "KNOWLEDGE_ILLEGAL_TRANSITION"
+
+
+class DuplicateKey(FailedPrecondition):
+    """A key that must be unique in the organisation (``knowledge_key``, ``tag_code``,
+    ``template_code``) is taken already."""
+
+    reason = "KNOWLEDGE_DUPLICATE_KEY"
+
+
+class UnknownTag(InvalidRequest):
+    """A tag code that the organisation's dictionary does not hold, or holds inactive."""
+
+    reason = "KNOWLEDGE_UNKNOWN_TAG"
+
+
+class UnsupportedSource(InvalidRequest):
+    """An uploaded file of a type the knowledge base cannot convert."""
+
+    reason = "KNOWLEDGE_UNSUPPORTED_SOURCE"
+
+
 class ResourceExhausted(KnowledgeError):
     """A quota or a storage limit was reached; ``metadata`` names the limit."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     reason = "KNOWLEDGE_QUOTA_EXCEEDED"
+
+
+class SourceTooLarge(ResourceExhausted):
+    """An uploaded file over the size limit (``metadata['limit']`` in bytes)."""
+
+    reason = "KNOWLEDGE_SOURCE_TOO_LARGE"
 
 
 class StorageFull(ResourceExhausted):

@@ -6,6 +6,7 @@ Kept apart from ``server.py`` so tests can build the same app a real ``serve`` u
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +26,8 @@ from knowledge_server.code.embed import E5Embedder, Embedder, HashingEmbedder, O
 from knowledge_server.code.model import IndexOptions
 from knowledge_server.config import Config, ConfigError
 from knowledge_server.edition import EditionState, LicenceView
+from knowledge_server.kb.index.factory import IndexSettings, open_index
+from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.lanes.code import CodeLane
 from knowledge_server.lanes.contract import Lanes
 from knowledge_server.lanes.derived import DerivedLane
@@ -168,15 +171,35 @@ def build_authenticator(config: Config) -> Callable[[str], Principal | None] | N
     return store.authenticate
 
 
+def kb_index_settings(config: Config) -> IndexSettings:
+    """The retrieval index the configuration names; a Milvus token comes from the
+    environment variable ``kb_milvus_token_env`` names."""
+    token = os.environ.get(config.kb_milvus_token_env, "") if config.kb_milvus_token_env else ""
+    return IndexSettings(
+        backend=config.kb_index,
+        milvus_uri=config.kb_milvus_uri,
+        milvus_token=token,
+        milvus_collection=config.kb_milvus_collection,
+    )
+
+
 def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) -> KnowledgeApp:
     """The app a real `serve` runs; ``clock`` lets tests move licence time."""
     licence = WatchedLicence(config, clock)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     set_mmap_mib(config.sqlite_mmap_mib)  # before any store is opened
+    embedder = make_embedder(config)
     code = CodeLane(
         config.data_dir,
-        embedder=make_embedder(config),
+        embedder=embedder,
         options=IndexOptions(workers=1, max_file_bytes=config.max_file_bytes),
+    )
+    # The knowledge base's metadata and queue, and its retrieval index (docs/kb-index.md).
+    kb = KnowledgeBase(
+        config.data_dir,
+        index=open_index(config.data_dir, embedder.dim, kb_index_settings(config)),
+        embedder=embedder,
+        max_source_bytes=config.kb_max_source_mib * 1024 * 1024,
     )
     lanes = Lanes(
         episodes=EpisodesLane(
@@ -190,7 +213,7 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
         # its input documents through the code lane.
         docgraph=DocGraphLane(config.data_dir, llm_settings_from_config(config), code=code),
     )
-    return KnowledgeApp(config, licence=licence, lanes=lanes)
+    return KnowledgeApp(config, licence=licence, lanes=lanes, kb=kb)
 
 
 async def start_background(app: KnowledgeApp) -> None:
@@ -199,6 +222,8 @@ async def start_background(app: KnowledgeApp) -> None:
     licence = app.licence
     if isinstance(licence, WatchedLicence):
         tasks.append(asyncio.create_task(licence.watch()))
+    if app.kb is not None:
+        app.kb.worker.start()  # resumes the queue (tasks a dead process left) at start
     if app.config.bootstrap:
         tasks.append(asyncio.create_task(app.bootstrap()))
     try:

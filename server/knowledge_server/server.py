@@ -27,8 +27,12 @@ from knowledge_server._gen.knowledge.v1 import (
     docgraph_pb2_grpc,
     index_service_pb2,
     index_service_pb2_grpc,
+    kb_admin_pb2,
+    kb_admin_pb2_grpc,
     knowledge_service_pb2,
     knowledge_service_pb2_grpc,
+    memory_pb2,
+    memory_pb2_grpc,
 )
 from knowledge_server.app import KnowledgeApp
 from knowledge_server.auth_model import Principal
@@ -40,7 +44,13 @@ from knowledge_server.transport.interceptors import (
     EditionInterceptor,
     LimitsInterceptor,
 )
-from knowledge_server.transport.servicers import DocGraphServicer, IndexServicer, KnowledgeServicer
+from knowledge_server.transport.servicers import (
+    DocGraphServicer,
+    IndexServicer,
+    KnowledgeBaseAdminServicer,
+    KnowledgeServicer,
+    MemoryServicer,
+)
 from knowledge_server.workers import WorkerGroup, WorkerMain
 
 log = get_logger("knowledge.server")
@@ -49,6 +59,8 @@ SERVICE_NAMES = (
     knowledge_service_pb2.DESCRIPTOR.services_by_name["KnowledgeService"].full_name,
     docgraph_pb2.DESCRIPTOR.services_by_name["DocGraphService"].full_name,
     index_service_pb2.DESCRIPTOR.services_by_name["IndexService"].full_name,
+    kb_admin_pb2.DESCRIPTOR.services_by_name["KnowledgeBaseAdminService"].full_name,
+    memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
 )
 
 
@@ -139,6 +151,10 @@ async def create_server(
     )
     docgraph_pb2_grpc.add_DocGraphServiceServicer_to_server(DocGraphServicer(app), server)
     index_service_pb2_grpc.add_IndexServiceServicer_to_server(IndexServicer(app), server)
+    kb_admin_pb2_grpc.add_KnowledgeBaseAdminServiceServicer_to_server(
+        KnowledgeBaseAdminServicer(app), server
+    )
+    memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(app), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

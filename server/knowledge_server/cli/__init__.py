@@ -22,6 +22,7 @@ from rich.table import Table
 
 from knowledge_server import __version__
 from knowledge_server.auth import tokens_group
+from knowledge_server.cli.audit import audit
 from knowledge_server.cli.common import (
     clear_address,
     client,
@@ -34,8 +35,10 @@ from knowledge_server.cli.common import (
     run_stream,
 )
 from knowledge_server.cli.docgraph import docgraph
+from knowledge_server.cli.kb import kb
 from knowledge_server.cli.licence import install_command
 from knowledge_server.cli.mcp import mcp_command
+from knowledge_server.cli.memory import memory
 from knowledge_server.cli.outbox import outbox
 
 
@@ -677,6 +680,9 @@ license_group.add_command(install_command, "install")
 main.add_command(license_group, "license")
 main.add_command(tokens_group, "token")
 main.add_command(docgraph, "docgraph")
+main.add_command(kb, "kb")
+main.add_command(memory, "memory")
+main.add_command(audit, "audit")
 
 
 def iter_commands(group: click.Group | None = None, prefix: str = "") -> Iterator[str]:

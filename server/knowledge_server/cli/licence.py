@@ -19,6 +19,7 @@ from knowledge_licensing import (
     load_trusted_keys,
 )
 
+from knowledge_server.audit import input_hash, record_cli
 from knowledge_server.cli.common import fail
 from knowledge_server.config import ConfigError, load_config
 
@@ -66,6 +67,13 @@ def install_command(ctx: click.Context, licence_file: Path, config_file: Path | 
         fail(f"cannot write {dest}: {exc.strerror or exc}", EXIT_ERROR)
         return
     if status.state is not LicenceState.VALID or status.licence is None:
+        record_cli(
+            cfg.data_dir,
+            "licence.install",
+            org="local",
+            input={"sha256": input_hash(data.hex())},
+            outcome=f"refused:{status.state.name}",
+        )
         fail(
             f"refused {licence_file}: the licence is not valid "
             f"({status.state.name}: {keys.describe(status)}); nothing was installed. "
@@ -74,5 +82,12 @@ def install_command(ctx: click.Context, licence_file: Path, config_file: Path | 
         )
         return
     lic = status.licence
+    record_cli(
+        cfg.data_dir,
+        "licence.install",
+        org=lic.licensee,
+        targets=[lic.licence_id],
+        input={"licence_id": lic.licence_id, "edition": lic.edition},
+    )
     click.echo(f"installed {lic.licence_id} ({keys.describe(status)}) -> {dest}")
     click.echo("a running server picks it up within a second (or on SIGHUP)")

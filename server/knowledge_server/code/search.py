@@ -425,6 +425,16 @@ def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
     )
 
 
+def _chunk_counts(conn: apsw.Connection, file_ids: Sequence[int]) -> dict[int, int]:
+    """file_id -> the file version's number of chunks."""
+    return dict(
+        conn.execute(
+            "SELECT id, n_chunks FROM file_versions WHERE id IN (SELECT value FROM carray(?))",
+            (int_array(file_ids),),
+        ).fetchall()
+    )
+
+
 def _first_chunks(
     conn: apsw.Connection, file_ids: Sequence[int], scope: tuple[str, list[Any]]
 ) -> dict[int, tuple[Any, ...]]:
@@ -583,6 +593,8 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         per_file[fid].append(r)
     if not ev:
         return [], 0.0
+    for fid, n in _chunk_counts(conn, list(ev)).items():
+        ev[fid].n_chunks = n
     priors = rank.priors_for(intent, terms)
     scores = rank.score_files(ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0)
     order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))

@@ -358,12 +358,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     handler, errors.Unauthenticated("missing or invalid bearer token")
                 )
         policy = POLICIES.get(method, Policy())
-        if not principal.allows(policy.right):
+        if not policy.allows(principal):
             return refusing_handler(
                 handler,
                 errors.PermissionDenied(
                     f"role {principal.role!r} may not call {method.rsplit('/', 1)[-1]}:"
-                    f" it needs the {policy.right!r} capability, which this token does not hold"
+                    f" it needs the {policy.needs()} capability, which this token does not hold"
                 ),
             )
         ctx_principal = principal

@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from knowledge_server._gen.knowledge.v1 import (
     docgraph_pb2,
     index_service_pb2,
+    kb_admin_pb2,
     knowledge_service_pb2,
+    memory_pb2,
     options_pb2,
 )
+from knowledge_server.auth_model import Principal
 
-FILES = (knowledge_service_pb2, docgraph_pb2, index_service_pb2)
+FILES = (knowledge_service_pb2, docgraph_pb2, index_service_pb2, kb_admin_pb2, memory_pb2)
 
 EDITION_NAMES = {
     options_pb2.EDITION_UNSPECIFIED: "community",
@@ -27,12 +30,34 @@ EDITION_NAMES = {
 READ = "read"
 MANAGE = "manage"
 
+# The capability each declared right needs (``auth_model.CAPABILITIES``).
+RIGHTS: dict[int, str] = {
+    options_pb2.RIGHT_UNSPECIFIED: READ,
+    options_pb2.RIGHT_READ: READ,
+    options_pb2.RIGHT_MANAGE: MANAGE,
+    options_pb2.RIGHT_MEMORY_READ: "memory.read",
+    options_pb2.RIGHT_MEMORY_WRITE: "memory.write",
+}
+
 
 @dataclass(frozen=True)
 class Policy:
     feature: str = ""
     edition: options_pb2.Edition.ValueType = options_pb2.EDITION_COMMUNITY
     right: str = READ
+    # When set: the caller must hold one of these capabilities (instead of ``right``).
+    capabilities: tuple[str, ...] = ()
+
+    def allows(self, principal: Principal) -> bool:
+        if self.capabilities:
+            return any(principal.allows(c) for c in self.capabilities)
+        return principal.allows(self.right)
+
+    def needs(self) -> str:
+        """What the caller lacks when refused, for the message."""
+        if self.capabilities:
+            return " or ".join(repr(c) for c in self.capabilities)
+        return repr(self.right)
 
 
 def _load() -> dict[str, Policy]:
@@ -41,9 +66,9 @@ def _load() -> dict[str, Policy]:
         for service in module.DESCRIPTOR.services_by_name.values():
             for method in service.methods:
                 opt = method.GetOptions().Extensions[options_pb2.policy]
-                right = MANAGE if opt.right == options_pb2.RIGHT_MANAGE else READ
+                right = RIGHTS[opt.right]
                 table[f"/{service.full_name}/{method.name}"] = Policy(
-                    opt.feature, opt.edition, right
+                    opt.feature, opt.edition, right, tuple(opt.capabilities)
                 )
     return table
 

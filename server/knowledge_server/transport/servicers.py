@@ -3,7 +3,7 @@ application layer."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -15,8 +15,12 @@ from knowledge_server._gen.knowledge.v1 import (
     docgraph_pb2_grpc,
     index_service_pb2,
     index_service_pb2_grpc,
+    kb_admin_pb2,
+    kb_admin_pb2_grpc,
     knowledge_service_pb2,
     knowledge_service_pb2_grpc,
+    memory_pb2,
+    memory_pb2_grpc,
     search_pb2,
 )
 from knowledge_server.app import KnowledgeApp
@@ -134,3 +138,106 @@ class IndexServicer(index_service_pb2_grpc.IndexServiceServicer):
         self, request: index_service_pb2.GetStatusRequest, context: Context
     ) -> index_service_pb2.GetStatusResponse:
         return await self.app.status(request, current_call().principal)
+
+
+def _kb(op: str) -> Callable[[KnowledgeBaseAdminServicer, Message, Context], Awaitable[Message]]:
+    """The servicer method of the unary knowledge-base RPC ``op``."""
+
+    async def method(
+        self: KnowledgeBaseAdminServicer, request: Message, context: Context
+    ) -> Message:
+        return await self.app.kb_admin(op, request, current_call().principal)
+
+    method.__name__ = op
+    return method
+
+
+class KnowledgeBaseAdminServicer(kb_admin_pb2_grpc.KnowledgeBaseAdminServiceServicer):
+    """Every RPC hands over to ``KnowledgeApp.kb_admin`` (``kb/admin.py``)."""
+
+    def __init__(self, app: KnowledgeApp) -> None:
+        self.app = app
+
+    CreateTopic = _kb("CreateTopic")  # type: ignore[assignment]
+    ListTopics = _kb("ListTopics")  # type: ignore[assignment]
+    GetTopic = _kb("GetTopic")  # type: ignore[assignment]
+    CreateRevision = _kb("CreateRevision")  # type: ignore[assignment]
+    GetRevision = _kb("GetRevision")  # type: ignore[assignment]
+    UpdateRevision = _kb("UpdateRevision")  # type: ignore[assignment]
+    UploadSource = _kb("UploadSource")  # type: ignore[assignment]
+    PutFaq = _kb("PutFaq")  # type: ignore[assignment]
+    RemoveSource = _kb("RemoveSource")  # type: ignore[assignment]
+    SubmitRevision = _kb("SubmitRevision")  # type: ignore[assignment]
+    ApproveRevision = _kb("ApproveRevision")  # type: ignore[assignment]
+    ReturnRevision = _kb("ReturnRevision")  # type: ignore[assignment]
+    ProcessRevision = _kb("ProcessRevision")  # type: ignore[assignment]
+    RetryTask = _kb("RetryTask")  # type: ignore[assignment]
+    CancelTask = _kb("CancelTask")  # type: ignore[assignment]
+    PublishRevision = _kb("PublishRevision")  # type: ignore[assignment]
+    RollbackTopic = _kb("RollbackTopic")  # type: ignore[assignment]
+    OfflineTopic = _kb("OfflineTopic")  # type: ignore[assignment]
+    Reconcile = _kb("Reconcile")  # type: ignore[assignment]
+    CreateTag = _kb("CreateTag")  # type: ignore[assignment]
+    UpdateTag = _kb("UpdateTag")  # type: ignore[assignment]
+    ListTags = _kb("ListTags")  # type: ignore[assignment]
+    PutTemplate = _kb("PutTemplate")  # type: ignore[assignment]
+    ListTemplates = _kb("ListTemplates")  # type: ignore[assignment]
+    CreateFeedback = _kb("CreateFeedback")  # type: ignore[assignment]
+    ListFeedback = _kb("ListFeedback")  # type: ignore[assignment]
+    ResolveFeedback = _kb("ResolveFeedback")  # type: ignore[assignment]
+    GetPolicy = _kb("GetPolicy")  # type: ignore[assignment]
+    SetPolicy = _kb("SetPolicy")  # type: ignore[assignment]
+
+    async def WatchTask(  # type: ignore[override]
+        self, request: kb_admin_pb2.WatchTaskRequest, context: Context
+    ) -> AsyncIterator[Message]:
+        async for event in self.app.kb_watch(request, current_call().principal):
+            yield event
+
+
+class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
+    def __init__(self, app: KnowledgeApp) -> None:
+        self.app = app
+
+    async def _op(self, op: str, request: Message, response: type[R]) -> R:
+        return await self.app.memory(op, request, current_call().principal, response)
+
+    async def Remember(
+        self, request: memory_pb2.RememberRequest, context: Context
+    ) -> memory_pb2.RememberResponse:
+        return await self._op("remember", request, memory_pb2.RememberResponse)
+
+    async def Recall(
+        self, request: memory_pb2.RecallRequest, context: Context
+    ) -> memory_pb2.RecallResponse:
+        return await self._op("recall", request, memory_pb2.RecallResponse)
+
+    async def Timeline(
+        self, request: memory_pb2.TimelineRequest, context: Context
+    ) -> memory_pb2.TimelineResponse:
+        return await self._op("timeline", request, memory_pb2.TimelineResponse)
+
+    async def Rooms(
+        self, request: memory_pb2.RoomsRequest, context: Context
+    ) -> memory_pb2.RoomsResponse:
+        return await self._op("rooms", request, memory_pb2.RoomsResponse)
+
+    async def Relations(
+        self, request: memory_pb2.RelationsRequest, context: Context
+    ) -> memory_pb2.RelationsResponse:
+        return await self._op("relations", request, memory_pb2.RelationsResponse)
+
+    async def Policy(
+        self, request: memory_pb2.PolicyRequest, context: Context
+    ) -> memory_pb2.PolicyResponse:
+        return await self._op("policy", request, memory_pb2.PolicyResponse)
+
+    async def Consolidate(
+        self, request: memory_pb2.ConsolidateRequest, context: Context
+    ) -> memory_pb2.ConsolidateResponse:
+        return await self._op("consolidate", request, memory_pb2.ConsolidateResponse)
+
+    async def Restore(
+        self, request: memory_pb2.RestoreRequest, context: Context
+    ) -> memory_pb2.RestoreResponse:
+        return await self._op("restore", request, memory_pb2.RestoreResponse)

@@ -71,6 +71,22 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The data directory's filesystem is full; nothing more could be written."""
     ERROR_REASON_KNOWLEDGE_DEADLINE_EXCEEDED: _ErrorReason.ValueType  # 23
     """The caller's deadline passed before the answer was ready (gRPC DEADLINE_EXCEEDED)."""
+    ERROR_REASON_KNOWLEDGE_STALE_VERSION: _ErrorReason.ValueType  # 24
+    """Knowledge base: the write named a version that is no longer current; nothing changed."""
+    ERROR_REASON_KNOWLEDGE_ILLEGAL_TRANSITION: _ErrorReason.ValueType  # 25
+    """Knowledge base: the revision or task is not in a state the operation applies to."""
+    ERROR_REASON_KNOWLEDGE_DUPLICATE_KEY: _ErrorReason.ValueType  # 26
+    """Knowledge base: a key unique in the organisation is taken (knowledge_key, tag or template code)."""
+    ERROR_REASON_KNOWLEDGE_UNKNOWN_TAG: _ErrorReason.ValueType  # 27
+    """Knowledge base: a tag code the organisation does not hold, or holds inactive."""
+    ERROR_REASON_KNOWLEDGE_UNSUPPORTED_SOURCE: _ErrorReason.ValueType  # 28
+    """Knowledge base: an uploaded file of a type that cannot be converted."""
+    ERROR_REASON_KNOWLEDGE_SOURCE_TOO_LARGE: _ErrorReason.ValueType  # 29
+    """Knowledge base: an uploaded file over the size limit."""
+    ERROR_REASON_KNOWLEDGE_SECRET_REFUSED: _ErrorReason.ValueType  # 30
+    """A memory value (or category, key) looks like a secret; nothing was written."""
+    ERROR_REASON_KNOWLEDGE_PATH_OUTSIDE_SCOPE: _ErrorReason.ValueType  # 31
+    """A memory value names a path outside the caller's workspaces; nothing was written."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Reason codes. A whole-request failure is a gRPC status whose details hold a
@@ -128,6 +144,22 @@ ERROR_REASON_KNOWLEDGE_STORAGE_FULL: ErrorReason.ValueType  # 22
 """The data directory's filesystem is full; nothing more could be written."""
 ERROR_REASON_KNOWLEDGE_DEADLINE_EXCEEDED: ErrorReason.ValueType  # 23
 """The caller's deadline passed before the answer was ready (gRPC DEADLINE_EXCEEDED)."""
+ERROR_REASON_KNOWLEDGE_STALE_VERSION: ErrorReason.ValueType  # 24
+"""Knowledge base: the write named a version that is no longer current; nothing changed."""
+ERROR_REASON_KNOWLEDGE_ILLEGAL_TRANSITION: ErrorReason.ValueType  # 25
+"""Knowledge base: the revision or task is not in a state the operation applies to."""
+ERROR_REASON_KNOWLEDGE_DUPLICATE_KEY: ErrorReason.ValueType  # 26
+"""Knowledge base: a key unique in the organisation is taken (knowledge_key, tag or template code)."""
+ERROR_REASON_KNOWLEDGE_UNKNOWN_TAG: ErrorReason.ValueType  # 27
+"""Knowledge base: a tag code the organisation does not hold, or holds inactive."""
+ERROR_REASON_KNOWLEDGE_UNSUPPORTED_SOURCE: ErrorReason.ValueType  # 28
+"""Knowledge base: an uploaded file of a type that cannot be converted."""
+ERROR_REASON_KNOWLEDGE_SOURCE_TOO_LARGE: ErrorReason.ValueType  # 29
+"""Knowledge base: an uploaded file over the size limit."""
+ERROR_REASON_KNOWLEDGE_SECRET_REFUSED: ErrorReason.ValueType  # 30
+"""A memory value (or category, key) looks like a secret; nothing was written."""
+ERROR_REASON_KNOWLEDGE_PATH_OUTSIDE_SCOPE: ErrorReason.ValueType  # 31
+"""A memory value names a path outside the caller's workspaces; nothing was written."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

@@ -26,19 +26,19 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aknowledge/v1/options.proto\x12\x0cknowledge.v1\x1a google/protobuf/descriptor.proto\"k\n\x0cMethodPolicy\x12\x0f\n\x07\x66\x65\x61ture\x18\x01 \x01(\t\x12&\n\x07\x65\x64ition\x18\x02 \x01(\x0e\x32\x15.knowledge.v1.Edition\x12\"\n\x05right\x18\x03 \x01(\x0e\x32\x13.knowledge.v1.Right\"\x99\x01\n\nFieldRules\x12\x10\n\x08required\x18\x01 \x01(\x08\x12\x0e\n\x06values\x18\x02 \x03(\t\x12\x14\n\x07minimum\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x14\n\x07maximum\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\nmax_length\x18\x05 \x01(\r\x12\x11\n\tmax_items\x18\x06 \x01(\rB\n\n\x08_minimumB\n\n\x08_maximum*b\n\x07\x45\x64ition\x12\x17\n\x13\x45\x44ITION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x45\x44ITION_COMMUNITY\x10\x01\x12\x0f\n\x0b\x45\x44ITION_PRO\x10\x02\x12\x16\n\x12\x45\x44ITION_ENTERPRISE\x10\x03*@\n\x05Right\x12\x15\n\x11RIGHT_UNSPECIFIED\x10\x00\x12\x0e\n\nRIGHT_READ\x10\x01\x12\x10\n\x0cRIGHT_MANAGE\x10\x02:L\n\x06policy\x12\x1e.google.protobuf.MethodOptions\x18\xe7\x87\x03 \x01(\x0b\x32\x1a.knowledge.v1.MethodPolicy:H\n\x05rules\x12\x1d.google.protobuf.FieldOptions\x18\xe8\x87\x03 \x01(\x0b\x32\x18.knowledge.v1.FieldRulesb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aknowledge/v1/options.proto\x12\x0cknowledge.v1\x1a google/protobuf/descriptor.proto\"\x81\x01\n\x0cMethodPolicy\x12\x0f\n\x07\x66\x65\x61ture\x18\x01 \x01(\t\x12&\n\x07\x65\x64ition\x18\x02 \x01(\x0e\x32\x15.knowledge.v1.Edition\x12\"\n\x05right\x18\x03 \x01(\x0e\x32\x13.knowledge.v1.Right\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\"\x99\x01\n\nFieldRules\x12\x10\n\x08required\x18\x01 \x01(\x08\x12\x0e\n\x06values\x18\x02 \x03(\t\x12\x14\n\x07minimum\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x14\n\x07maximum\x18\x04 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\nmax_length\x18\x05 \x01(\r\x12\x11\n\tmax_items\x18\x06 \x01(\rB\n\n\x08_minimumB\n\n\x08_maximum*b\n\x07\x45\x64ition\x12\x17\n\x13\x45\x44ITION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x45\x44ITION_COMMUNITY\x10\x01\x12\x0f\n\x0b\x45\x44ITION_PRO\x10\x02\x12\x16\n\x12\x45\x44ITION_ENTERPRISE\x10\x03*o\n\x05Right\x12\x15\n\x11RIGHT_UNSPECIFIED\x10\x00\x12\x0e\n\nRIGHT_READ\x10\x01\x12\x10\n\x0cRIGHT_MANAGE\x10\x02\x12\x15\n\x11RIGHT_MEMORY_READ\x10\x08\x12\x16\n\x12RIGHT_MEMORY_WRITE\x10\t:L\n\x06policy\x12\x1e.google.protobuf.MethodOptions\x18\xe7\x87\x03 \x01(\x0b\x32\x1a.knowledge.v1.MethodPolicy:H\n\x05rules\x12\x1d.google.protobuf.FieldOptions\x18\xe8\x87\x03 \x01(\x0b\x32\x18.knowledge.v1.FieldRulesb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'knowledge_server._gen.knowledge.v1.options_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EDITION']._serialized_start=343
-  _globals['_EDITION']._serialized_end=441
-  _globals['_RIGHT']._serialized_start=443
-  _globals['_RIGHT']._serialized_end=507
-  _globals['_METHODPOLICY']._serialized_start=78
-  _globals['_METHODPOLICY']._serialized_end=185
-  _globals['_FIELDRULES']._serialized_start=188
-  _globals['_FIELDRULES']._serialized_end=341
+  _globals['_EDITION']._serialized_start=366
+  _globals['_EDITION']._serialized_end=464
+  _globals['_RIGHT']._serialized_start=466
+  _globals['_RIGHT']._serialized_end=577
+  _globals['_METHODPOLICY']._serialized_start=79
+  _globals['_METHODPOLICY']._serialized_end=208
+  _globals['_FIELDRULES']._serialized_start=211
+  _globals['_FIELDRULES']._serialized_end=364
 # @@protoc_insertion_point(module_scope)

@@ -64,6 +64,10 @@ class _RightEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Right.ValueType
     """Search, dispatch and read operations (roles `agent` and `operator`)."""
     RIGHT_MANAGE: _Right.ValueType  # 2
     """Indexing, ingestion, rebuilds and status details (role `operator`)."""
+    RIGHT_MEMORY_READ: _Right.ValueType  # 8
+    """Memory reads: recall, timeline, rooms, relations, policy (capability `memory.read`)."""
+    RIGHT_MEMORY_WRITE: _Right.ValueType  # 9
+    """Memory writes: remember, consolidate, restore (capability `memory.write`)."""
 
 class Right(_Right, metaclass=_RightEnumTypeWrapper):
     """What a caller's role must allow to call an RPC."""
@@ -74,6 +78,10 @@ RIGHT_READ: Right.ValueType  # 1
 """Search, dispatch and read operations (roles `agent` and `operator`)."""
 RIGHT_MANAGE: Right.ValueType  # 2
 """Indexing, ingestion, rebuilds and status details (role `operator`)."""
+RIGHT_MEMORY_READ: Right.ValueType  # 8
+"""Memory reads: recall, timeline, rooms, relations, policy (capability `memory.read`)."""
+RIGHT_MEMORY_WRITE: Right.ValueType  # 9
+"""Memory writes: remember, consolidate, restore (capability `memory.write`)."""
 Global___Right: _TypeAlias = Right  # noqa: Y015
 
 @_typing.final
@@ -85,22 +93,30 @@ class MethodPolicy(_message.Message):
     FEATURE_FIELD_NUMBER: _builtins.int
     EDITION_FIELD_NUMBER: _builtins.int
     RIGHT_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
     feature: _builtins.str
     """Licensed feature the RPC needs, e.g. "doc-graph"; empty = no feature needed."""
     edition: Global___Edition.ValueType
     """Minimum edition that includes the feature."""
     right: Global___Right.ValueType
     """Right the caller's role must have."""
+    @_builtins.property
+    def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Capabilities (e.g. "kb.edit") of which the caller's token must hold at least one;
+        when set, they are checked instead of `right`.
+        """
+
     def __init__(
         self,
         *,
         feature: _builtins.str = ...,
         edition: Global___Edition.ValueType = ...,
         right: Global___Right.ValueType = ...,
+        capabilities: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["edition", b"edition", "feature", b"feature", "right", b"right"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "edition", b"edition", "feature", b"feature", "right", b"right"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

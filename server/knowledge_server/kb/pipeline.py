@@ -1,0 +1,155 @@
+"""Conversion and chunking of a revision's sources: the one place the processing task
+calls to turn a source into chunks for the retrieval index.
+
+* ``convert_source(source) -> Document``: a stored file through the converters of
+  ``kb/convert.py`` (Markdown, plain text, HTML, PDF with pages; Docling Serve when one is
+  configured), or an FAQ entry as one FAQ block;
+* ``chunk_blocks(source, document, ...) -> list[Chunk]``: the document through the
+  structured chunker of ``kb/chunk.py`` (title, section path, page; an FAQ entry stays one
+  chunk), numbered within the revision.
+
+``Chunk`` is the retrieval index's ``IndexChunk`` (``kb/index/port.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from knowledge_server.kb import chunk as chunking
+from knowledge_server.kb import convert
+from knowledge_server.kb.index.port import IndexChunk
+
+__all__ = [
+    "SUPPORTED",
+    "Chunk",
+    "ConversionError",
+    "SourceInput",
+    "chunk_blocks",
+    "convert_source",
+    "index_chunk",
+    "media_type_of",
+]
+
+# File suffix -> media type the local converters read.
+SUPPORTED: dict[str, str] = {
+    ".md": convert.MARKDOWN,
+    ".markdown": convert.MARKDOWN,
+    ".txt": convert.PLAIN,
+    ".text": convert.PLAIN,
+    ".html": convert.HTML,
+    ".htm": convert.HTML,
+    ".pdf": convert.PDF,
+}
+
+Chunk = IndexChunk
+
+# The converter the worker uses (local converters; Docling Serve joins it when configured).
+CONVERTER = convert.Converter()
+
+
+class ConversionError(Exception):
+    """A source could not be converted; ``category`` is what the task records
+    (``unsupported_format``, ``unreadable``, ``too_large``, ``converter_timeout``,
+    ``converter_unavailable``, ``converter_rejected``)."""
+
+    def __init__(self, category: str, message: str) -> None:
+        super().__init__(message)
+        self.category = category
+
+
+# kb.convert's typed errors -> the task's failure categories.
+_CATEGORIES: tuple[tuple[type[convert.ConversionError], str], ...] = (
+    (convert.UnsupportedMediaType, "unsupported_format"),
+    (convert.SourceTooLarge, "too_large"),
+    (convert.ConversionMalformed, "unreadable"),
+    (convert.ConversionTimeout, "converter_timeout"),
+    (convert.ConverterUnavailable, "converter_unavailable"),
+    (convert.ConversionRejected, "converter_rejected"),
+)
+
+
+@dataclass(frozen=True)
+class SourceInput:
+    """A source as the task hands it to conversion: a stored file or an FAQ entry."""
+
+    source_id: str
+    kind: str  # "file" | "faq"
+    file_name: str
+    media_type: str
+    path: Path | None
+    question: str = ""
+    answer: str = ""
+
+
+def index_chunk(chunk: Chunk) -> IndexChunk:
+    """The chunk as the retrieval index stages it (the same class)."""
+    return chunk
+
+
+def media_type_of(file_name: str, media_type: str = "") -> str | None:
+    """The media type a file is converted as, or None when no converter takes it."""
+    known = SUPPORTED.get(Path(file_name).suffix.lower())
+    if known is not None:
+        return known
+    declared = media_type.split(";", 1)[0].strip().lower()
+    if declared in SUPPORTED.values():
+        return declared
+    return None
+
+
+def convert_source(source: SourceInput, title: str = "") -> convert.Document:
+    """``source`` as a structured document (see the module docstring)."""
+    try:
+        if source.kind == "faq":
+            entry = convert.FaqEntry(source.question, source.answer)
+            return CONVERTER.convert_faq(title, [entry])
+        if source.path is None:
+            raise ConversionError("unreadable", "the source has no stored file")
+        try:
+            data = source.path.read_bytes()
+        except OSError as exc:
+            raise ConversionError(
+                "unreadable", f"source file cannot be read ({exc.errno})"
+            ) from None
+        return CONVERTER.convert(
+            convert.Source(
+                name=source.file_name, data=data, media_type=source.media_type, title=title
+            )
+        )
+    except convert.ConversionError as exc:
+        category = next((c for t, c in _CATEGORIES if isinstance(exc, t)), "unreadable")
+        raise ConversionError(category, str(exc)) from None
+
+
+def chunk_blocks(
+    source: SourceInput,
+    document: convert.Document,
+    *,
+    org: str,
+    topic_id: str,
+    revision_id: str,
+    title: str,
+    tags: Sequence[str],
+    start: int,
+) -> list[Chunk]:
+    """Chunks of one source, numbered from ``start`` (ordinals are unique in the
+    revision); the document's structure gives each its section path and page."""
+    return [
+        IndexChunk(
+            chunk_id=f"{revision_id}:{start + c.ordinal}",
+            org=org,
+            topic_id=topic_id,
+            revision_id=revision_id,
+            source_id=source.source_id,
+            ordinal=start + c.ordinal,
+            kind=c.kind,
+            title=title or c.title,
+            section_path=c.section_path,
+            page=c.page,
+            text=c.text,
+            tags=tuple(tags),
+        )
+        for c in chunking.chunk_document(document)
+    ]

@@ -1,0 +1,386 @@
+"""The memory operations behind ``MemoryService``: the caller's scope from its principal,
+request checks, safety (secrets refused, paths held to the caller's workspaces, output
+redacted) and the protobuf answers. Plain Python over ``MemoryStore``; blocking (the
+application runs each call in a thread)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict
+from datetime import UTC, datetime
+
+from google.protobuf.message import Message
+
+from knowledge_server._gen.knowledge.v1 import memory_pb2, options_pb2
+from knowledge_server.auth_model import Principal
+from knowledge_server.errors import (
+    InvalidRequest,
+    PathOutsideScope,
+    PermissionDenied,
+    SecretRefused,
+)
+from knowledge_server.memory.policy import (
+    SCHEMA_VERSION,
+    STORES,
+    MemoryPolicy,
+    PolicyError,
+    validate,
+)
+from knowledge_server.memory.store import (
+    RELATION_ARROW,
+    Cut,
+    Entry,
+    MemoryStore,
+    Scope,
+)
+from knowledge_server.redact import looks_like_secret, redact
+from knowledge_server.workspaces import is_under, normalise_workspace, really_in_scope
+
+__all__ = ["READS", "WRITES", "MemoryOps", "memory_scope"]
+
+MEMORY_SCHEMA = "knowledge.memory/v1"
+POLICY_SCHEMA = "knowledge.policy/v1"
+DEFAULT_CONFIDENCE = 0.7
+DEFAULT_RESTORE = 10
+ARCHIVED_IDS = 200
+
+# Operation name -> whether it writes (writes are audited).
+READS = ("recall", "timeline", "rooms", "relations", "policy")
+WRITES = ("remember", "consolidate", "restore")
+
+# An absolute path, or one from the home folder, inside a text (the path boundary check).
+_PATH = re.compile(r"(?<![\w.~/-])(~?/[^\s'\"`,;()<>\[\]{}]+)")
+OUTSIDE = "[PATH OUTSIDE WORKSPACE]"
+
+
+def memory_scope(principal: Principal, requested: str) -> Scope:
+    """Whose memory a request reads or writes: always the principal's organisation, and a
+    workspace within the principal's (by string and by real path). Empty = the principal's
+    only workspace; an unrestricted principal without one names the organisation's own
+    memory (workspace "")."""
+    if "\x00" in requested:
+        raise InvalidRequest(
+            "workspace: a path cannot contain a NUL character", metadata={"field": "workspace"}
+        )
+    allowed = (
+        None
+        if principal.workspaces is None
+        else [normalise_workspace(w) for w in principal.workspaces]
+    )
+    if requested:
+        ws = normalise_workspace(requested)
+        if allowed is not None and not (
+            any(is_under(ws, a) for a in allowed) and really_in_scope(ws, allowed)
+        ):
+            raise PermissionDenied("workspace: outside the workspaces of this principal")
+        return Scope(principal.organisation, ws)
+    if allowed is None:
+        return Scope(principal.organisation, "")
+    if len(allowed) == 1:
+        return Scope(principal.organisation, allowed[0])
+    raise InvalidRequest(
+        "workspace: this principal has several workspaces; name the one whose memory to use",
+        metadata={"field": "workspace"},
+    )
+
+
+def check_rules(req: Message) -> None:
+    """The accepted values and bounds the proto declares for a request's fields
+    (``(knowledge.v1.rules)``; a zero or empty value means the default and passes)."""
+    for field in req.DESCRIPTOR.fields:
+        options = field.GetOptions()
+        if not options.HasExtension(options_pb2.rules):
+            continue
+        rules = options.Extensions[options_pb2.rules]
+        value = getattr(req, field.name)
+        if rules.values and value and value not in rules.values:
+            raise InvalidRequest(
+                f"{field.name}: expected one of {', '.join(rules.values)}",
+                metadata={"field": field.name},
+            )
+        if isinstance(value, int) and not isinstance(value, bool) and value:
+            low = rules.minimum if rules.HasField("minimum") else None
+            high = rules.maximum if rules.HasField("maximum") else None
+            if (low is not None and value < low) or (high is not None and value > high):
+                raise InvalidRequest(
+                    f"{field.name}: must be within {'' if low is None else low}.."
+                    f"{'' if high is None else high}",
+                    metadata={"field": field.name},
+                )
+
+
+def _paths(text: str) -> list[str]:
+    return [m.group(1) for m in _PATH.finditer(text)]
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    p = normalise_workspace(path)
+    return any(is_under(p, r) for r in roots) and really_in_scope(p, roots)
+
+
+def _ts(text: str, target: object) -> None:
+    target.FromDatetime(datetime.fromisoformat(text.replace("Z", "+00:00")))  # type: ignore[attr-defined]
+
+
+class MemoryOps:
+    """The operations over one store; ``policy`` is the one the store runs with."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self.policy = store.policy
+
+    # -- safety ---------------------------------------------------------------------------
+    @staticmethod
+    def _roots(principal: Principal, scope: Scope) -> list[str] | None:
+        """Roots paths in memory may name: the memory's workspace for a scoped principal;
+        None (any) for an unrestricted one."""
+        if principal.workspaces is None:
+            return None
+        return [scope.workspace]
+
+    def _check_input(self, principal: Principal, scope: Scope, fields: dict[str, str]) -> None:
+        for name, text in fields.items():
+            if text and looks_like_secret(text):
+                raise SecretRefused(
+                    f"{name}: looks like a secret (a key, token or password); memory never"
+                    " stores secrets: leave the secret out and describe where it is kept",
+                    metadata={"field": name},
+                )
+        roots = self._roots(principal, scope)
+        if roots is None:
+            return
+        for name, text in fields.items():
+            for path in _paths(text):
+                if not _inside(os.path.expanduser(path), roots):
+                    raise PathOutsideScope(
+                        f"{name}: names a path outside this workspace ({scope.workspace});"
+                        " memory holds paths of its own workspace only",
+                        metadata={"field": name},
+                    )
+
+    def _out(self, text: str, roots: list[str] | None) -> str:
+        """Output boundary: redacted, and paths outside the caller's workspace masked
+        (a policy or token change may narrow what a caller sees after the write)."""
+        text = redact(text)
+        if roots is None:
+            return text
+        return _PATH.sub(
+            lambda m: m.group(1) if _inside(os.path.expanduser(m.group(1)), roots) else OUTSIDE,
+            text,
+        )
+
+    def _entry(self, e: Entry, scope: Scope, roots: list[str] | None) -> memory_pb2.MemoryEntry:
+        out = memory_pb2.MemoryEntry(
+            id=e.evidence_id,
+            store=e.store,
+            category=self._out(e.category, roots),
+            key=self._out(e.key, roots),
+            value=self._out(e.value, roots),
+            confidence=e.confidence,
+            confirmations=e.confirmations,
+            supersedes=f"mem:{e.supersedes}" if e.supersedes is not None else "",
+            current=e.current,
+            workspace=scope.workspace,
+        )
+        _ts(e.created_at, out.created_at)
+        _ts(e.updated_at, out.updated_at)
+        _ts(e.valid_from, out.valid_from)
+        if e.valid_until is not None:
+            _ts(e.valid_until, out.valid_until)
+        return out
+
+    @staticmethod
+    def _cut(cut: Cut, returned: int) -> memory_pb2.Truncation:
+        return memory_pb2.Truncation(
+            total=cut.total,
+            returned=returned,
+            omitted=cut.total - returned,
+            limit_name=cut.limit_name,
+            limit=cut.limit,
+            omitted_ids=list(cut.omitted_ids),
+        )
+
+    # -- operations -----------------------------------------------------------------------
+    def run(self, op: str, req: Message, principal: Principal) -> tuple[Message, list[str]]:
+        """Answer ``op``; also the ids a write touched (for its audit event)."""
+        check_rules(req)
+        if op == "policy":
+            return self.policy_answer(req), []  # type: ignore[arg-type]
+        scope = memory_scope(principal, getattr(req, "workspace", ""))
+        roots = self._roots(principal, scope)
+        handler = getattr(self, f"_{op}")
+        return handler(req, principal, scope, roots)  # type: ignore[no-any-return]
+
+    def _remember(
+        self,
+        req: memory_pb2.RememberRequest,
+        principal: Principal,
+        scope: Scope,
+        roots: list[str] | None,
+    ) -> tuple[Message, list[str]]:
+        store = req.store or "facts"
+        category, key, value = req.category.strip(), req.key.strip(), req.value.strip()
+        if not category:
+            raise InvalidRequest("category: required", metadata={"field": "category"})
+        if not value:
+            raise InvalidRequest("value: required", metadata={"field": "value"})
+        if not key:
+            if store != "history":
+                raise InvalidRequest(
+                    "key: required (only history entries may leave it empty)",
+                    metadata={"field": "key"},
+                )
+            key = datetime.now(UTC).strftime("h-%Y%m%dT%H%M%S.%fZ")
+        confidence = req.confidence or DEFAULT_CONFIDENCE
+        if not 0.0 < confidence <= 1.0:
+            raise InvalidRequest(
+                "confidence: must be within (0, 1]", metadata={"field": "confidence"}
+            )
+        self._check_input(principal, scope, {"category": category, "key": key, "value": value})
+        if store == "relations":
+            if RELATION_ARROW.strip() in key or RELATION_ARROW.strip() in value:
+                raise InvalidRequest(
+                    f"key: a relation's source and target cannot contain {RELATION_ARROW.strip()!r}",
+                    metadata={"field": "key"},
+                )
+            key = f"{key}{RELATION_ARROW}{value}"
+        written = self.store.remember(scope, store, category, key, value, confidence)
+        resp = memory_pb2.RememberResponse(
+            schema=MEMORY_SCHEMA,
+            outcome=written.outcome,
+            reclaimed=written.reclaimed,
+        )
+        resp.entry.CopyFrom(self._entry(written.entry, scope, roots))
+        targets = [written.entry.evidence_id]
+        if written.contradiction is not None:
+            resp.contradiction.severity = written.contradiction.severity
+            resp.contradiction.previous.CopyFrom(
+                self._entry(written.contradiction.previous, scope, roots)
+            )
+            targets.append(written.contradiction.previous.evidence_id)
+        return resp, targets
+
+    def _recall(
+        self,
+        req: memory_pb2.RecallRequest,
+        principal: Principal,
+        scope: Scope,
+        roots: list[str] | None,
+    ) -> tuple[Message, list[str]]:
+        result = self.store.recall(
+            scope, req.store or "facts", req.query, category=req.category, limit=req.limit
+        )
+        resp = memory_pb2.RecallResponse(schema=MEMORY_SCHEMA)
+        resp.entries.extend(self._entry(e, scope, roots) for e in result.entries)
+        resp.truncation.CopyFrom(self._cut(result.cut, len(result.entries)))
+        return resp, []
+
+    def _timeline(
+        self,
+        req: memory_pb2.TimelineRequest,
+        principal: Principal,
+        scope: Scope,
+        roots: list[str] | None,
+    ) -> tuple[Message, list[str]]:
+        versions, cut, archived = self.store.timeline(
+            scope, req.store or "facts", req.category, req.key, limit=req.limit
+        )
+        resp = memory_pb2.TimelineResponse(schema=MEMORY_SCHEMA, archived_versions=archived)
+        resp.versions.extend(self._entry(e, scope, roots) for e in versions)
+        resp.truncation.CopyFrom(self._cut(cut, len(versions)))
+        return resp, []
+
+    def _rooms(
+        self,
+        req: memory_pb2.RoomsRequest,
+        principal: Principal,
+        scope: Scope,
+        roots: list[str] | None,
+    ) -> tuple[Message, list[str]]:
+        rooms, cut = self.store.rooms(scope, req.store or "facts", limit=req.limit)
+        resp = memory_pb2.RoomsResponse(schema=MEMORY_SCHEMA)
+        for category, n, updated in rooms:
+            room = resp.rooms.add(category=self._out(category, roots), entries=n)
+            _ts(updated, room.updated_at)
+        resp.truncation.CopyFrom(self._cut(cut, len(rooms)))
+        return resp, []
+
+    def _relations(
+        self,
+        req: memory_pb2.RelationsRequest,
+        principal: Principal,
+        scope: Scope,
+        roots: list[str] | None,
+    ) -> tuple[Message, list[str]]:
+        edges, cut = self.store.relations(scope, req.ref.strip(), limit=req.limit)
+        resp = memory_pb2.RelationsResponse(schema=MEMORY_SCHEMA)
+        for e in edges:
+            source = e.key[: -len(RELATION_ARROW + e.value)] if e.key.endswith(e.value) else e.key
+            resp.edges.add(
+                id=e.evidence_id,
+                kind=self._out(e.category, roots),
+                source=self._out(source, roots),
+                target=self._out(e.value, roots),
+                confidence=e.confidence,
+                confirmations=e.confirmations,
+            )
+        resp.truncation.CopyFrom(self._cut(cut, len(edges)))
+        return resp, []
+
+    def policy_answer(self, req: memory_pb2.PolicyRequest) -> memory_pb2.PolicyResponse:
+        problems: list[str] = []
+        try:
+            validate(self.policy, "the server's configuration")
+        except PolicyError as exc:
+            problems.append(str(exc))
+        resp = memory_pb2.PolicyResponse(
+            schema=POLICY_SCHEMA, schema_version=SCHEMA_VERSION, valid=not problems
+        )
+        resp.problems.extend(problems)
+        resp.policy.CopyFrom(policy_message(self.policy))
+        return resp
+
+    def _consolidate(
+        self,
+        req: memory_pb2.ConsolidateRequest,
+        principal: Principal,
+        scope: Scope,
+        roots: list[str] | None,
+    ) -> tuple[Message, list[str]]:
+        stores = list(STORES) if req.all else ["facts"]
+        report = self.store.consolidate(scope, stores, dry_run=req.dry_run)
+        ids = [f"mem:{i}" for i in report.archived_ids]
+        resp = memory_pb2.ConsolidateResponse(
+            schema=MEMORY_SCHEMA,
+            dry_run=report.dry_run,
+            stores=stores,
+            decayed=report.decayed,
+            merged=report.merged,
+            compacted=report.compacted,
+            archived_ids=ids[:ARCHIVED_IDS],
+        )
+        return resp, [] if req.dry_run else ids
+
+    def _restore(
+        self,
+        req: memory_pb2.RestoreRequest,
+        principal: Principal,
+        scope: Scope,
+        roots: list[str] | None,
+    ) -> tuple[Message, list[str]]:
+        report = self.store.restore(
+            scope, req.store or "facts", req.query, req.limit or DEFAULT_RESTORE
+        )
+        resp = memory_pb2.RestoreResponse(
+            schema=MEMORY_SCHEMA,
+            as_history=report.as_history,
+            already_live=report.already_live,
+            reclaimed=report.reclaimed,
+        )
+        resp.restored.extend(self._entry(e, scope, roots) for e in report.restored)
+        return resp, [e.evidence_id for e in report.restored]
+
+
+def policy_message(policy: MemoryPolicy) -> memory_pb2.MemoryPolicy:
+    return memory_pb2.MemoryPolicy(**asdict(policy))

@@ -1,0 +1,315 @@
+"""The PROCESS queue and its processing on a real kb.sqlite: idempotency keys, retry and
+cancel, recovery of a task left RUNNING by a dead process, the steps (convert, chunk,
+embed, stage), failures with their category, and reconcile."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from knowledge_server.auth_model import Principal
+from knowledge_server.code.embed import EmbeddingError, HashingEmbedder
+from knowledge_server.errors import IllegalTransition, StaleVersion
+from knowledge_server.kb import pipeline
+from knowledge_server.kb.service import KnowledgeBase
+from knowledge_server.kb.tasks import MAX_ATTEMPTS
+
+from tests.kb_fakes import MemoryIndex
+
+ED = Principal("ed", "org-a", None, "operator")
+REV = Principal("rev", "org-a", None, "operator")
+B = Principal("ed-b", "org-b", None, "operator")
+
+DOC = """---
+eip: 1
+title: Example
+---
+# Example proposal
+
+Intro paragraph about refunds.
+
+## Motivation
+
+Refunds take three days.
+
+### Details
+
+```
+# not a heading
+```
+"""
+
+
+def _kb(tmp_path: Path, index: MemoryIndex | None = None, embedder: object = None) -> KnowledgeBase:
+    return KnowledgeBase(
+        tmp_path,
+        index=index or MemoryIndex(),
+        embedder=embedder or HashingEmbedder(),  # type: ignore[arg-type]
+    )
+
+
+def _approved(kb: KnowledgeBase, key: str = "k", doc: str = DOC, who: Principal = ED) -> str:
+    wf = kb.workflow
+    topic = wf.create_topic(who, key, "Example")
+    rev = wf.create_revision(who, topic.id, "1.0")
+    part = kb.store.upload_dir / "up_test.part"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    part.write_text(doc)
+    sha, size = kb.store.keep_blob(part)
+    rev, _ = wf.add_file_source(
+        who, rev.id, rev.version, file_name="eip-1.md", media_type="", sha256=sha, size=size
+    )
+    rev, _ = wf.put_faq(who, rev.id, rev.version, question="How long?", answer="Three days.")
+    rev = wf.submit(who, rev.id, rev.version)
+    rev = wf.approve(Principal("reviewer", who.organisation, None, "operator"), rev.id, rev.version)
+    return rev.id
+
+
+def _run_all(kb: KnowledgeBase) -> None:
+    while (task := kb.queue.claim("test-owner")) is not None:
+        kb.process_task(task)
+
+
+def test_same_idempotency_key_runs_once(tmp_path: Path) -> None:
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    v = kb.store.revision("org-a", rev_id).version  # type: ignore[union-attr]
+    first = kb.queue.enqueue(ED, rev_id, v, "key-1")
+    again = kb.queue.enqueue(ED, rev_id, v, "key-1")
+    assert first.created and not again.created and again.task.id == first.task.id
+    with pytest.raises(IllegalTransition):  # another key while one is queued
+        kb.queue.enqueue(ED, rev_id, v, "key-2")
+    _run_all(kb)
+    assert kb.index.stage_calls == 1  # type: ignore[union-attr]
+    done = kb.queue.enqueue(ED, rev_id, v, "key-1")  # after the run: still the same task
+    assert not done.created and done.task.state == "SUCCEEDED"
+    _run_all(kb)
+    assert kb.index.stage_calls == 1  # type: ignore[union-attr]
+
+
+def test_default_key_is_the_revision_version(tmp_path: Path) -> None:
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    v = kb.store.revision("org-a", rev_id).version  # type: ignore[union-attr]
+    assert kb.queue.enqueue(ED, rev_id, v).created
+    assert not kb.queue.enqueue(ED, rev_id, v).created
+
+
+def test_process_needs_an_approved_revision_and_the_current_version(tmp_path: Path) -> None:
+    kb = _kb(tmp_path)
+    topic = kb.workflow.create_topic(ED, "d", "D")
+    draft = kb.workflow.create_revision(ED, topic.id, "1")
+    with pytest.raises(IllegalTransition):
+        kb.queue.enqueue(ED, draft.id, draft.version)
+    rev_id = _approved(kb, "e")
+    with pytest.raises(StaleVersion):
+        kb.queue.enqueue(ED, rev_id, 1)
+
+
+def test_processing_stages_structured_chunks_and_records_embed_calls(tmp_path: Path) -> None:
+    index = MemoryIndex()
+    kb = _kb(tmp_path, index)
+    rev_id = _approved(kb)
+    rev = kb.store.revision("org-a", rev_id)
+    assert rev is not None
+    task = kb.queue.enqueue(ED, rev_id, rev.version).task
+    _run_all(kb)
+    done = kb.store.task("org-a", task.id)
+    assert done is not None and done.state == "SUCCEEDED" and done.step == "done"
+    rev = kb.store.revision("org-a", rev_id)
+    assert rev is not None and rev.state == "PROCESSED"
+    assert rev.embed_model == HashingEmbedder().identity
+    chunks = index.get_chunks("org-a", [f"{rev_id}:{i}" for i in range(10)])
+    assert rev.chunk_count == len(chunks) == index.revision_counts("org-a")[("org-a", rev_id)]
+    by_text = {c.text: c for c in chunks}
+    assert by_text["Refunds take three days."].section_path == ("Example proposal", "Motivation")
+    assert by_text["How long?\nThree days."].kind == "faq"  # question and answer together
+    assert all(c.title == "Example" for c in chunks)
+    assert not any("eip: 1" in c.text for c in chunks)  # front matter left out
+    fence = next(c for c in chunks if "not a heading" in c.text)
+    assert fence.section_path[-1] == "Details"
+    calls = kb.store.embed_calls("org-a", task.id)
+    assert calls and all(m == HashingEmbedder().identity and f == "" for m, _, _, f in calls)
+    assert sum(n for _, n, _, _ in calls) == len(chunks)
+    assert index.revision_counts("org-b") == {}
+
+
+class FailingEmbedder(HashingEmbedder):
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+        self.fail = True
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if self.fail:
+            raise EmbeddingError(self.message)
+        return super().embed(texts)
+
+
+def test_embedder_failure_fails_the_task_with_a_category_and_retry_recovers(tmp_path: Path) -> None:
+    embedder = FailingEmbedder("request timed out")
+    kb = _kb(tmp_path, embedder=embedder)
+    rev_id = _approved(kb)
+    v = kb.store.revision("org-a", rev_id).version  # type: ignore[union-attr]
+    task = kb.queue.enqueue(ED, rev_id, v).task
+    _run_all(kb)
+    failed = kb.store.task("org-a", task.id)
+    assert failed is not None and failed.state == "FAILED"
+    assert failed.error_category == "embed_timeout"
+    assert kb.store.revision("org-a", rev_id).state == "FAILED"  # type: ignore[union-attr]
+    assert kb.store.embed_calls("org-a", task.id)[0][3] == "embed_timeout"
+    assert kb.index.revision_counts() == {}  # type: ignore[union-attr]
+    with pytest.raises(IllegalTransition):  # a FAILED revision is retried, not enqueued
+        kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version)  # type: ignore[union-attr]
+    with pytest.raises(StaleVersion):
+        kb.queue.retry(ED, task.id, failed.version - 1)
+    embedder.fail = False
+    retried = kb.queue.retry(ED, task.id, failed.version)
+    assert retried.state == "QUEUED"
+    _run_all(kb)
+    assert kb.store.revision("org-a", rev_id).state == "PROCESSED"  # type: ignore[union-attr]
+
+
+def test_unsupported_source_fails_with_its_category(tmp_path: Path) -> None:
+    kb = _kb(tmp_path)
+    wf = kb.workflow
+    topic = wf.create_topic(ED, "x", "X")
+    rev = wf.create_revision(ED, topic.id, "1")
+    part = kb.store.upload_dir / "up_x.part"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    part.write_bytes(b"\xff\xfe binary")
+    sha, size = kb.store.keep_blob(part)
+    rev, _ = wf.add_file_source(
+        ED, rev.id, rev.version, file_name="a.md", media_type="", sha256=sha, size=size
+    )
+    rev = wf.submit(ED, rev.id, rev.version)
+    rev = wf.approve(REV, rev.id, rev.version)
+    task = kb.queue.enqueue(ED, rev.id, rev.version).task
+    _run_all(kb)
+    out = kb.store.task("org-a", task.id)
+    assert out is not None and out.error_category == "unreadable"
+    assert pipeline.media_type_of("a.exe") is None
+
+
+def test_cancel_only_a_task_not_started(tmp_path: Path) -> None:
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    v = kb.store.revision("org-a", rev_id).version  # type: ignore[union-attr]
+    task = kb.queue.enqueue(ED, rev_id, v, "c1").task
+    with pytest.raises(IllegalTransition):
+        kb.queue.retry(ED, task.id, task.version)
+    cancelled = kb.queue.cancel(ED, task.id, task.version)
+    assert cancelled.state == "CANCELLED"
+    assert kb.queue.claim("o") is None
+    assert kb.store.revision("org-a", rev_id).state == "APPROVED"  # type: ignore[union-attr]
+    running = kb.queue.enqueue(ED, rev_id, v, "c2").task
+    claimed = kb.queue.claim("o")
+    assert claimed is not None and claimed.id == running.id
+    with pytest.raises(IllegalTransition):
+        kb.queue.cancel(ED, running.id, claimed.version)
+
+
+def test_tasks_of_another_organisation_are_not_found(tmp_path: Path) -> None:
+    from knowledge_server.errors import NotFound
+
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    task = kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version).task  # type: ignore[union-attr]
+    with pytest.raises(NotFound):
+        kb.queue.cancel(B, task.id, task.version)
+    with pytest.raises(NotFound):
+        kb.queue.enqueue(B, rev_id, 1)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_task_left_running_by_a_dead_process_is_resumed(tmp_path: Path) -> None:
+    import socket
+
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    task = kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version).task  # type: ignore[union-attr]
+    dead = f"{socket.gethostname()}:{_dead_pid()}:abcd"
+    claimed = kb.queue.claim(dead)
+    assert claimed is not None
+    kb.queue.progress(claimed, "embed", 3, 10)
+    assert kb.store.revision("org-a", rev_id).state == "PROCESSING"  # type: ignore[union-attr]
+    live = f"{socket.gethostname()}:1:live"  # pid 1 exists: its task is left alone
+    second = _approved(kb, "k2")
+    other = kb.queue.enqueue(ED, second, kb.store.revision("org-a", second).version, "o").task  # type: ignore[union-attr]
+    assert kb.queue.claim(live) is not None
+    recovered = KnowledgeBase(tmp_path, index=kb.index, embedder=HashingEmbedder()).queue.recover()
+    assert [t.id for t in recovered] == [task.id]
+    assert kb.store.task("org-a", other.id).state == "RUNNING"  # type: ignore[union-attr]
+    resumed = kb.store.task("org-a", task.id)
+    assert resumed is not None and resumed.state == "QUEUED" and resumed.step == "resumed"
+    again = kb.queue.claim("me")
+    assert again is not None and again.id == task.id and again.attempts == 2
+    kb.process_task(again)
+    assert kb.store.revision("org-a", rev_id).state == "PROCESSED"  # type: ignore[union-attr]
+
+
+def test_a_task_interrupted_too_often_fails_cleanly(tmp_path: Path) -> None:
+    import socket
+
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version)  # type: ignore[union-attr]
+    for _ in range(MAX_ATTEMPTS):
+        assert kb.queue.claim(f"{socket.gethostname()}:{_dead_pid()}:x") is not None
+        kb.queue.recover()
+    task = kb.store.tasks_of("org-a", rev_id)[0]
+    assert task.state == "FAILED" and task.error_category == "interrupted"
+    assert kb.store.revision("org-a", rev_id).state == "FAILED"  # type: ignore[union-attr]
+
+
+async def test_worker_runs_queued_tasks_in_the_background(tmp_path: Path) -> None:
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    kb.worker.start()
+    try:
+        kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version)  # type: ignore[union-attr]
+        kb.worker.wake()
+        for _ in range(200):
+            if kb.store.revision("org-a", rev_id).state == "PROCESSED":  # type: ignore[union-attr]
+                break
+            await asyncio.sleep(0.05)
+        assert kb.store.revision("org-a", rev_id).state == "PROCESSED"  # type: ignore[union-attr]
+    finally:
+        await kb.worker.stop()
+
+
+def test_reconcile_drops_orphans_requeues_missing_and_is_idempotent(tmp_path: Path) -> None:
+    index = MemoryIndex()
+    kb = _kb(tmp_path, index)
+    rev_id = _approved(kb)
+    kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version)  # type: ignore[union-attr]
+    _run_all(kb)
+    n = kb.store.revision("org-a", rev_id).chunk_count  # type: ignore[union-attr]
+    # drift: an orphan revision in the index, and the processed one lost
+    staged = index._chunks[("org-a", rev_id)]
+    index._chunks[("org-b", "rev_orphan")] = [
+        replace(c, org="org-b", revision_id="rev_orphan") for c in staged
+    ]
+    index.drop_revision("org-a", rev_id)
+    own = kb.reconcile("org-a", "test")  # org-b's drift is not org-a's to see or repair
+    assert own.dropped == {} and rev_id in own.requeued
+    report = kb.reconcile(None, "test")
+    assert report.dropped == {"rev_orphan": n} and report.already_queued == [rev_id]
+    again = kb.reconcile(None, "test")
+    assert again.dropped == {} and again.requeued == {} and again.already_queued == [rev_id]
+    _run_all(kb)
+    assert index.revision_counts("org-a") == {("org-a", rev_id): n}
+    assert kb.store.revision("org-a", rev_id).state == "PROCESSED"  # type: ignore[union-attr]
+    final = kb.reconcile("org-a", "test")
+    assert final.dropped == {} and final.requeued == {} and final.already_queued == []

@@ -1,0 +1,88 @@
+"""Memory operations (``memory/ops.py``): scope from the principal, request checks, the
+path boundary on input and output, redaction on output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from knowledge_server._gen.knowledge.v1 import memory_pb2
+from knowledge_server.auth_model import Principal
+from knowledge_server.errors import InvalidRequest, PermissionDenied
+from knowledge_server.memory.ops import OUTSIDE, MemoryOps, memory_scope
+from knowledge_server.memory.policy import MemoryPolicy
+from knowledge_server.memory.store import MemoryStore, Scope
+
+
+def _agent(*roots: Path, org: str = "org") -> Principal:
+    return Principal("agent", org, tuple(str(r) for r in roots), "agent")
+
+
+def _ops(tmp_path: Path) -> MemoryOps:
+    return MemoryOps(MemoryStore(tmp_path / "memory.sqlite", MemoryPolicy()))
+
+
+def test_scope_comes_from_the_principal(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "link-to-b").symlink_to(b)
+    assert memory_scope(_agent(a), "") == Scope("org", str(a))
+    assert memory_scope(_agent(a), str(a / "sub")) == Scope("org", str(a / "sub"))
+    unrestricted = Principal("local", "org", None, "operator")
+    assert memory_scope(unrestricted, "") == Scope("org", "")
+    with pytest.raises(InvalidRequest):
+        memory_scope(_agent(a, b), "")
+    for outside in (str(b), str(a / "link-to-b"), f"{a}/../b", f"{a}-other"):
+        with pytest.raises(PermissionDenied):
+            memory_scope(_agent(a), outside)
+    with pytest.raises(InvalidRequest):
+        memory_scope(_agent(a), "a\x00b")
+
+
+def test_request_checks(tmp_path: Path) -> None:
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    bad = [
+        memory_pb2.RememberRequest(category="c", value="v"),  # key needed outside history
+        memory_pb2.RememberRequest(category="c", key="k", value="v", confidence=1.5),
+        memory_pb2.RememberRequest(store="relations", category="k", key="a -> b", value="c"),
+        memory_pb2.RememberRequest(category=" ", key="k", value="v"),
+        memory_pb2.RememberRequest(store="secrets", category="c", key="k", value="v"),
+    ]
+    for req in bad:
+        with pytest.raises(InvalidRequest):
+            ops.run("remember", req, who)
+    for op, req in (
+        ("recall", memory_pb2.RecallRequest(limit=-1)),
+        ("recall", memory_pb2.RecallRequest(store="nope")),
+        ("timeline", memory_pb2.TimelineRequest(category="c", key="k", limit=501)),
+        ("restore", memory_pb2.RestoreRequest(limit=-5)),
+        ("policy", memory_pb2.PolicyRequest(value="edit")),
+    ):
+        with pytest.raises(InvalidRequest):
+            ops.run(op, req, who)
+    history, _ = ops.run(
+        "remember", memory_pb2.RememberRequest(store="history", category="deploys", value="v1"), who
+    )
+    assert isinstance(history, memory_pb2.RememberResponse)
+    assert history.entry.key.startswith("h-") and history.entry.store == "history"
+
+
+def test_output_masks_paths_outside_the_callers_workspace_and_redacts(tmp_path: Path) -> None:
+    """A value written by an unrestricted principal into the organisation's memory of a
+    workspace, read by a scoped one: paths elsewhere are masked, secrets redacted."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ops = _ops(tmp_path)
+    admin = Principal("admin", "org", None, "operator")
+    scope = Scope("org", str(ws))
+    ops.store.remember(scope, "facts", "c", "k", f"see /etc/hosts and {ws}/app.py", 0.7)
+    ops.store.remember(scope, "facts", "c", "s", "key AKIAIOSFODNN7EXAMPLE", 0.7)
+    resp, _ = ops.run("recall", memory_pb2.RecallRequest(query=""), _agent(ws))
+    assert isinstance(resp, memory_pb2.RecallResponse)
+    values = sorted(e.value for e in resp.entries)
+    assert values[1] == f"see {OUTSIDE} and {ws}/app.py"
+    assert "AKIA" not in values[0] and "[REDACTED:" in values[0]
+    everything, _ = ops.run("recall", memory_pb2.RecallRequest(workspace=str(ws)), admin)
+    assert isinstance(everything, memory_pb2.RecallResponse)
+    assert any("/etc/hosts" in e.value for e in everything.entries)
