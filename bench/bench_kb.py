@@ -11,11 +11,11 @@ hashing embedder:
   many organisations): a clean pass, then a pass after drift (revisions dropped from the
   index, orphans planted), then a pass after the repairs.
 
-The retrieval index is the in-memory stand-in of ``tests/kb_fakes.py`` (``--index
-memory``) until the index port's implementations are wired; its staging time is that of
-the stand-in, not of a real index.
+The retrieval index is the one the server opens (``kb/index/factory.py``): ``--index
+sqlite`` (embedded, the default) or ``--index milvus`` (a Milvus Lite file in the work
+directory, or ``--milvus-uri``).
 
-    python bench/bench_kb.py [--docs DIR] [--orgs 2]
+    python bench/bench_kb.py [--docs DIR] [--orgs 2] [--index sqlite|milvus]
 """
 
 from __future__ import annotations
@@ -23,20 +23,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from knowledge_server.auth_model import Principal
+from knowledge_server.code.embed import HashingEmbedder
+from knowledge_server.kb.index.factory import IndexSettings, open_index
+from knowledge_server.kb.service import KnowledgeBase
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests.kb_fakes
-
-from knowledge_server.auth_model import Principal  # noqa: E402 - after the path set-up
-from knowledge_server.code.embed import HashingEmbedder  # noqa: E402 - after the path set-up
-from knowledge_server.kb.service import KnowledgeBase  # noqa: E402 - after the path set-up
-
-from tests.kb_fakes import MemoryIndex  # noqa: E402 - after the path set-up
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -111,17 +108,20 @@ def main() -> None:
     ap.add_argument(
         "--work", type=Path, default=None, help="data directory (default: a temporary one)"
     )
+    ap.add_argument("--index", choices=("sqlite", "milvus"), default="sqlite")
+    ap.add_argument("--milvus-uri", default="", help="a Milvus server (default: Milvus Lite)")
     args = ap.parse_args()
     docs = sorted(args.docs.glob("eip-*.md"))
     if not docs:
         raise SystemExit(f"no eip-*.md in {args.docs}")
     work = args.work or Path(tempfile.mkdtemp(prefix="kbbench-"))
-    index = MemoryIndex()
     embedder = HashingEmbedder()
+    settings = IndexSettings(backend=args.index, milvus_uri=args.milvus_uri)
+    index = open_index(work, embedder.dim, settings)
     kb = KnowledgeBase(work, index=index, embedder=embedder)
     corpus_bytes = sum(p.stat().st_size for p in docs)
     print(
-        f"documents: {len(docs)} EIPs, {corpus_bytes / 1e6:.2f} MB; embedder {embedder.identity}; index: in-memory stand-in"
+        f"documents: {len(docs)} EIPs, {corpus_bytes / 1e6:.2f} MB; embedder {embedder.identity}; index: {settings.describe()}"
     )
 
     # -- processing ----------------------------------------------------------------------
@@ -172,10 +172,12 @@ def main() -> None:
     timings.append(("clean", (time.perf_counter() - t) * 1000, clean))
     # drift: 10 revisions lost from the index, 10 orphans planted
     lost = [r.id for r in kb.store.revisions_in_states("org-0", ("PUBLISHED",))[:10]]
+    # (the orphans copy a chunk each, read before any revision is dropped)
+    models = [index.get_chunks("org-0", [f"{topics[i][2]}:0"]) for i in range(10)]
+    assert all(models), "no staged chunk to copy for the orphans"
     for rev_id in lost:
         index.drop_revision("org-0", rev_id)
-    for i in range(10):
-        model = index.get_chunks("org-0", [f"{topics[i][2]}:0"])
+    for i, model in enumerate(models):
         orphan = [
             replace(c, revision_id=f"rev_orphan{i}", chunk_id=f"rev_orphan{i}:0") for c in model
         ]

@@ -411,3 +411,31 @@ def test_docling_unreachable_is_unavailable() -> None:
     server.server_close()  # nothing listens there now
     with pytest.raises(ConverterUnavailable):
         Converter(docling=DoclingServeClient(f"http://127.0.0.1:{port}")).convert(DOCX)
+
+
+def test_the_configured_docling_serve_converts_what_the_local_converters_do_not(
+    docling: str, tmp_path: Path
+) -> None:
+    """kb_docling_url turns Docling Serve on for Office files (and the types in
+    kb_docling_for); without it they are refused at upload, with the supported list."""
+    from knowledge_server.config import ConfigError, load_config
+    from knowledge_server.kb import pipeline
+    from knowledge_server.runtime import kb_converter
+
+    local = kb_converter(load_config(env={}, overrides={"data_dir": str(tmp_path)}))
+    assert local.docling is None and pipeline.media_type_of("a.docx") is None
+    cfg = load_config(
+        env={},
+        overrides={
+            "data_dir": str(tmp_path),
+            "kb_docling_url": docling,
+            "kb_docling_for": ["application/pdf"],
+        },
+    )
+    conv = kb_converter(cfg)
+    assert conv.docling is not None and conv.docling_for == frozenset({"application/pdf"})
+    assert pipeline.media_type_of("a.docx", docling=True) is not None
+    doc = conv.convert(Source(name="report.docx", data=b"PK\x03\x04 office bytes"))
+    assert doc.blocks and _Docling.uploads  # the server received the file
+    with pytest.raises(ConfigError, match="kb_docling_url"):
+        load_config(env={}, overrides={"data_dir": str(tmp_path), "kb_docling_url": "ftp://x"})

@@ -107,6 +107,13 @@ class Config:
     kb_milvus_uri: str = ""
     kb_milvus_token_env: str = ""
     kb_milvus_collection: str = "kb_chunks"
+    # Docling Serve (docs/kb-index.md): its base URL turns it on for the media types the
+    # local converters do not read, and for those listed in kb_docling_for (e.g.
+    # "application/pdf" for layout analysis); its API key comes from kb_docling_key_env.
+    kb_docling_url: str = ""
+    kb_docling_key_env: str = ""
+    kb_docling_for: tuple[str, ...] = ()
+    kb_docling_timeout_s: float = 120.0
     # The memory policy: [memory.knowledge] and [memory.lifecycle] (docs/memory.md).
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
 
@@ -164,7 +171,7 @@ _PATH_FIELDS = {
     "tls_client_ca",
     "llm_key_file",
 }
-_TUPLE_FIELDS = {"workspaces", "session_paths", "skill_roots"}
+_TUPLE_FIELDS = {"workspaces", "session_paths", "skill_roots", "kb_docling_for"}
 _INT_FIELDS = {
     "lane_timeout_ms",
     "max_file_bytes",
@@ -176,7 +183,7 @@ _INT_FIELDS = {
     "llm_max_retries",
     "kb_max_source_mib",
 }
-_FLOAT_FIELDS = {"grace_seconds", "llm_timeout_seconds"}
+_FLOAT_FIELDS = {"grace_seconds", "llm_timeout_seconds", "kb_docling_timeout_s"}
 _BOOL_FIELDS = {"bootstrap"}
 _CHOICES = {
     "auth": ("auto", "on", "off"),
@@ -243,6 +250,13 @@ def _validate_llm(cfg: Config) -> None:
         raise ConfigError("llm_model_version: at most 200 characters")
 
 
+def _validate_kb(cfg: Config) -> None:
+    if cfg.kb_docling_url and not cfg.kb_docling_url.startswith(("http://", "https://")):
+        raise ConfigError(f"kb_docling_url: {cfg.kb_docling_url!r} is not an http(s) URL")
+    if cfg.kb_docling_timeout_s <= 0:
+        raise ConfigError("kb_docling_timeout_s: must be positive")
+
+
 def _validate(cfg: Config) -> Config:
     parse_listen(cfg.listen)
     for name, choices in _CHOICES.items():
@@ -250,6 +264,7 @@ def _validate(cfg: Config) -> Config:
         if value not in choices:
             raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
     _validate_llm(cfg)
+    _validate_kb(cfg)
     if cfg.max_file_bytes < 1024:
         raise ConfigError("max_file_bytes: must be at least 1024")
     for name, (low, high) in _INT_RANGES.items():

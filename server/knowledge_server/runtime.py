@@ -26,6 +26,7 @@ from knowledge_server.code.embed import E5Embedder, Embedder, HashingEmbedder, O
 from knowledge_server.code.model import IndexOptions
 from knowledge_server.config import Config, ConfigError
 from knowledge_server.edition import EditionState, LicenceView
+from knowledge_server.kb.convert import Converter, DoclingServeClient
 from knowledge_server.kb.index.factory import IndexSettings, open_index
 from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.lanes.code import CodeLane
@@ -183,6 +184,20 @@ def kb_index_settings(config: Config) -> IndexSettings:
     )
 
 
+def kb_converter(config: Config) -> Converter:
+    """The knowledge base's converters: the local ones, and Docling Serve when
+    ``kb_docling_url`` names one (its key from the variable ``kb_docling_key_env`` names)."""
+    if not config.kb_docling_url:
+        return Converter()
+    key = os.environ.get(config.kb_docling_key_env, "") if config.kb_docling_key_env else ""
+    return Converter(
+        docling=DoclingServeClient(
+            config.kb_docling_url, api_key=key, timeout_s=config.kb_docling_timeout_s
+        ),
+        docling_for=frozenset(t.lower() for t in config.kb_docling_for),
+    )
+
+
 def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) -> KnowledgeApp:
     """The app a real `serve` runs; ``clock`` lets tests move licence time."""
     licence = WatchedLicence(config, clock)
@@ -200,6 +215,7 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
         index=open_index(config.data_dir, embedder.dim, kb_index_settings(config)),
         embedder=embedder,
         max_source_bytes=config.kb_max_source_mib * 1024 * 1024,
+        converter=kb_converter(config),
     )
     lanes = Lanes(
         episodes=EpisodesLane(

@@ -405,9 +405,11 @@ class KnowledgeBaseAdmin:
             name = os.path.basename(req.file_name.strip())
             if not name:
                 raise InvalidRequest("file_name: required", metadata={"field": "file_name"})
-            media = pipeline.media_type_of(name, req.media_type)
+            docling = self.kb.converter.docling is not None
+            media = pipeline.media_type_of(name, req.media_type, docling=docling)
             if media is None:
-                supported = ", ".join(sorted(pipeline.SUPPORTED))
+                table = {**pipeline.SUPPORTED, **(pipeline.DOCLING_ONLY if docling else {})}
+                supported = ", ".join(sorted(table))
                 raise UnsupportedSource(
                     f"file_name: no converter for this type of file (supported: {supported})",
                     metadata={"field": "file_name"},

@@ -43,10 +43,17 @@ SUPPORTED: dict[str, str] = {
     ".pdf": convert.PDF,
 }
 
+# Further types taken only when Docling Serve is configured (it converts them).
+DOCLING_ONLY: dict[str, str] = {
+    ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    ".pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+    ".xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+}
+
 Chunk = IndexChunk
 
-# The converter the worker uses (local converters; Docling Serve joins it when configured).
-CONVERTER = convert.Converter()
+# The local converters alone (no Docling Serve): what a caller that names none gets.
+LOCAL = convert.Converter()
 
 
 class ConversionError(Exception):
@@ -88,23 +95,28 @@ def index_chunk(chunk: Chunk) -> IndexChunk:
     return chunk
 
 
-def media_type_of(file_name: str, media_type: str = "") -> str | None:
-    """The media type a file is converted as, or None when no converter takes it."""
-    known = SUPPORTED.get(Path(file_name).suffix.lower())
+def media_type_of(file_name: str, media_type: str = "", *, docling: bool = False) -> str | None:
+    """The media type a file is converted as, or None when no converter takes it
+    (``docling``: Docling Serve is configured, and takes ``DOCLING_ONLY`` too)."""
+    table = {**SUPPORTED, **DOCLING_ONLY} if docling else SUPPORTED
+    known = table.get(Path(file_name).suffix.lower())
     if known is not None:
         return known
     declared = media_type.split(";", 1)[0].strip().lower()
-    if declared in SUPPORTED.values():
+    if declared in table.values():
         return declared
     return None
 
 
-def convert_source(source: SourceInput, title: str = "") -> convert.Document:
-    """``source`` as a structured document (see the module docstring)."""
+def convert_source(
+    source: SourceInput, title: str = "", converter: convert.Converter = LOCAL
+) -> convert.Document:
+    """``source`` as a structured document (see the module docstring), by ``converter``
+    (the server's: its local converters, and Docling Serve when one is configured)."""
     try:
         if source.kind == "faq":
             entry = convert.FaqEntry(source.question, source.answer)
-            return CONVERTER.convert_faq(title, [entry])
+            return converter.convert_faq(title, [entry])
         if source.path is None:
             raise ConversionError("unreadable", "the source has no stored file")
         try:
@@ -113,7 +125,7 @@ def convert_source(source: SourceInput, title: str = "") -> convert.Document:
             raise ConversionError(
                 "unreadable", f"source file cannot be read ({exc.errno})"
             ) from None
-        return CONVERTER.convert(
+        return converter.convert(
             convert.Source(
                 name=source.file_name, data=data, media_type=source.media_type, title=title
             )

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from knowledge_server.code.embed import Embedder, EmbeddingError
 from knowledge_server.kb import pipeline
+from knowledge_server.kb.convert import Converter
 from knowledge_server.kb.store import KBStore, TaskRow
 from knowledge_server.kb.tasks import TaskQueue, Worker
 from knowledge_server.kb.workflow import INDEXED_STATES, Workflow
@@ -82,8 +83,11 @@ class KnowledgeBase:
         embedder: Embedder,
         max_source_bytes: int = MAX_SOURCE_BYTES,
         poll_seconds: float = 0.5,
+        converter: Converter | None = None,
     ) -> None:
         self.store = KBStore(data_dir)
+        # The local converters, and Docling Serve when the configuration names one.
+        self.converter = converter or Converter()
         self.workflow = Workflow(self.store)
         self.queue = TaskQueue(self.store)
         self.index = index
@@ -173,7 +177,7 @@ class KnowledgeBase:
                 answer=src.answer,
             )
             try:
-                blocks = pipeline.convert_source(source, title)
+                blocks = pipeline.convert_source(source, title, self.converter)
             except pipeline.ConversionError as exc:
                 raise _TaskFailed(exc.category, f"source {src.ordinal}: {exc}") from None
             chunks.extend(
