@@ -62,7 +62,7 @@ async def test_index_stream_search_chunk_and_stale_warning(tmp_path: Path) -> No
             )
             assert (
                 docs.lanes.code.degraded
-                and "SearchLevels" in docs.lanes.code.degradation_reason
+                and "no document graph answered" in docs.lanes.code.degradation_reason
                 and docs.found
             )
             # The workspace changes after the revision: data still returned, with a warning.

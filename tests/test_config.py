@@ -51,3 +51,30 @@ def test_non_loopback_requires_auth() -> None:
     cfg = load_config(env={}, overrides={"listen": "0.0.0.0:0"})
     assert cfg.auth_required
     assert not load_config(env={}, overrides={"listen": "127.0.0.1:0"}).auth_required
+
+
+def test_llm_identity_and_transport_bounds_reach_the_llm_port(tmp_path: Path) -> None:
+    """A local model can be named (provider, version) and its timeout and retries set; the
+    identity is what the document graph fingerprints."""
+    from knowledge_server.lanes.docgraph import llm_settings_from_config
+
+    env = {
+        "KNOWLEDGE_LLM_URL": "http://127.0.0.1:9",
+        "KNOWLEDGE_LLM_MODEL": "qwen",
+        "KNOWLEDGE_LLM_PROVIDER": "local",
+        "KNOWLEDGE_LLM_MODEL_VERSION": "2.5-q4",
+        "KNOWLEDGE_LLM_TIMEOUT_SECONDS": "7.5",
+        "KNOWLEDGE_LLM_MAX_RETRIES": "0",
+        "KNOWLEDGE_DATA_DIR": str(tmp_path),
+    }
+    llm = llm_settings_from_config(load_config(env=env))
+    assert llm is not None and llm.identity == "local:qwen:2.5-q4"
+    assert llm.timeout_seconds == 7.5 and llm.max_retries == 0
+    for key, value in (
+        ("KNOWLEDGE_LLM_PROVIDER", "cloud"),
+        ("KNOWLEDGE_LLM_MAX_RETRIES", "11"),
+        ("KNOWLEDGE_LLM_TIMEOUT_SECONDS", "0"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            load_config(env={**env, key: value})
+        assert key.removeprefix("KNOWLEDGE_").lower() in str(info.value)

@@ -99,6 +99,13 @@ async def test_five_operations_with_fake_llm(shared_data: Path, tmp_path: Path) 
                 th = await kc.themes(limit=5)
                 _envelope(th, "themes")
                 assert th.collected and th.found and th.capability == "full" and th.themes
+                # Provenance reaches the client: which model, prompts and build answered.
+                (prov,) = th.layer_provenance
+                assert prov.workspace == str(ws) and prov.model == "openai:fake:"
+                assert {"docgraph-extract/1", "docgraph-summary/2", "docgraph-keywords/1"} <= set(
+                    prov.prompt_versions
+                )
+                assert len(prov.fingerprint) == 64 and prov.built_at and prov.source_index_rev
                 for t in th.themes:
                     _theme(t)
                     assert t.address.workspace == str(ws)
@@ -265,6 +272,162 @@ def test_operations_answer_only_from_workspaces_in_scope(shared_data: Path, tmp_
         hidden = dg.op_sync("themes", docgraph_pb2.ThemesRequest(), ())
         assert not hidden.collected and not hidden.themes and "DOCGRAPH_NOT_BUILT" in hidden.reason
         assert dg.status((roots[0],)).counts["workspaces"] == 1
+    finally:
+        dg.close()
+        code.close()
+
+
+async def test_search_docs_and_themes_go_through_the_graph(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """Seed 003 §3.4: with a built graph, Search mode=docs matches entities and themes (each
+    item says how, with addressed entities) and is not degraded; mode=themes leads with
+    theme-level evidence; before the build, mode=docs says it is plain retrieval."""
+    ws = eips_workspace(shared_data, tmp_path)
+    rs = await _server(tmp_path, ws)
+    query = "how is the base fee per gas computed for a typed transaction"
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            await _summary(kc.index_workspace(str(ws)))
+            plain = await kc.search(query, mode="docs", include=["code"])
+            assert plain.lanes.code.degraded
+            assert "no document graph answered" in plain.lanes.code.degradation_reason
+            assert all(not i.match_kind for i in plain.lanes.code.items)
+
+            await _summary(
+                kc.build_doc_graph(v1.BuildDocGraphRequest(root=str(ws), structural_only=True))
+            )
+            docs = await kc.search(query, mode="docs", include=["code"])
+            lane = docs.lanes.code
+            assert lane.items and not lane.degraded, lane.degradation_reason
+            assert {i.match_kind for i in lane.items} <= {"entity", "theme", "lexical"}
+            graph = [i for i in lane.items if i.match_kind in ("entity", "theme")]
+            assert graph
+            for item in graph:
+                assert item.matched_entities and item.language == "markdown"
+                for e in item.matched_entities:
+                    assert e.name and e.addresses
+                    for a in e.addresses:
+                        _addressed(a)
+                        assert a.workspace == str(ws) and a.path == item.path
+                        assert item.start_line <= a.start_line <= item.end_line
+
+            themes = await kc.search(query, mode="themes", include=["code"])
+            tl = themes.lanes.code
+            assert tl.items and tl.items[0].match_kind == "theme" and tl.items[0].theme_id
+            assert not tl.degraded
+            assert [i.id for i in tl.items] != [i.id for i in lane.items]
+    finally:
+        await rs.server.stop(0)
+
+
+def test_every_workspace_in_scope_answers_merged(shared_data: Path, tmp_path: Path) -> None:
+    """Two workspaces with a layer each: an unscoped caller gets both merged deterministically,
+    each fact naming its workspace; Search mode=docs reaches both; without the licence feature
+    Search stays plain retrieval."""
+    import asyncio
+
+    from knowledge_server._gen.knowledge.v1 import docgraph_pb2
+    from knowledge_server.lanes.code import CodeLane
+    from knowledge_server.lanes.docgraph import DocGraphLane, GraphDocsLane
+    from knowledge_server.search.lanes import LaneQuery
+
+    data = tmp_path / "data"
+    data.mkdir()
+    roots = []
+    for name, files in (("a", EIPS[:2]), ("b", EIPS[2:])):
+        ws = tmp_path / name
+        ws.mkdir()
+        for f in files:
+            shutil.copy(shared_data / "docs" / "eips" / f, ws / f)
+        roots.append(str(ws))
+    code = CodeLane(data)
+    dg = DocGraphLane(data, code=code)
+    try:
+        for root in roots:
+            code.index_sync(root, False, lambda *a: None)
+        dg.build_sync(None, False, 0, 0, True, lambda *a: None, scope=None)
+        one = [
+            dg.op_sync("global_overview", docgraph_pb2.GlobalOverviewRequest(limit=5), (r,))
+            for r in roots
+        ]
+        both = dg.op_sync("global_overview", docgraph_pb2.GlobalOverviewRequest(limit=50), None)
+        assert both.documents == sum(o.documents for o in one) == len(EIPS)
+        assert both.entities == sum(o.entities for o in one)
+        assert all(f"{r}=docgraph:" in both.index_rev for r in roots)
+
+        req = docgraph_pb2.ThemesRequest(limit=100)
+        themes = dg.op_sync("themes", req, None)
+        assert themes.found and {t.address.workspace for t in themes.themes} == set(roots)
+        for t in themes.themes:
+            files = EIPS[:2] if t.address.workspace == roots[0] else EIPS[2:]
+            assert t.address.path in files
+            assert {c.workspace for c in t.citations} == {t.address.workspace}
+        assert dg.op_sync("themes", req, None) == themes  # deterministic
+        sizes = [(-t.size, t.address.workspace, t.theme_id) for t in themes.themes]
+        assert sizes == sorted(sizes)
+
+        sl = dg.op_sync(
+            "search_levels", docgraph_pb2.SearchLevelsRequest(query="base fee gas", limit=50), None
+        )
+        assert {h.address.workspace for h in sl.items} == set(roots)
+
+        q = LaneQuery(
+            query="base fee per gas", workspaces=None, docs_only=True, docs_mode="docs", top_k=60
+        )
+        merged = asyncio.run(GraphDocsLane(code, dg, lambda: True).search(q))
+        graph = [i for i in merged.lane.items if i.match_kind in ("entity", "theme")]
+        assert {i.workspace for i in graph} == set(roots)
+        for i in graph:
+            assert all(a.workspace == i.workspace for e in i.matched_entities for a in e.addresses)
+        plain = asyncio.run(GraphDocsLane(code, dg, lambda: False).search(q))
+        assert plain.lane.degraded and all(not i.match_kind for i in plain.lane.items)
+    finally:
+        dg.close()
+        code.close()
+
+
+def test_a_slow_graph_match_keeps_the_text_matches(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Catches: a graph match slower than the lane's time costing the whole code lane (the
+    coordinator drops a lane past its timeout): the text matches answer, degraded, saying why."""
+    import asyncio
+    import time
+
+    from knowledge_server.lanes.code import CodeLane
+    from knowledge_server.lanes.docgraph import DocGraphLane, GraphDocsLane
+    from knowledge_server.search.lanes import LANE_DEADLINE, LaneQuery
+
+    ws = eips_workspace(shared_data, tmp_path)
+    code = CodeLane(tmp_path / "data")
+    dg = DocGraphLane(tmp_path / "data", code=code)
+    try:
+        code.index_sync(str(ws), False, lambda *a: None)
+        dg.build_sync(None, False, 0, 0, True, lambda *a: None)
+        real = dg.match_sync
+
+        def slow(*args: Any) -> Any:
+            time.sleep(1.0)
+            return real(*args)
+
+        monkeypatch.setattr(dg, "match_sync", slow)
+        q = LaneQuery(query="base fee per gas", workspaces=None, docs_only=True, docs_mode="docs")
+
+        lane = GraphDocsLane(code, dg, lambda: True)
+        before = lane.revision()
+
+        async def search() -> Any:
+            LANE_DEADLINE.set(time.monotonic() + 0.3)
+            return await lane.search(q)
+
+        started = time.monotonic()
+        result = asyncio.run(search())
+        assert time.monotonic() - started < 0.9
+        assert result.lane.items and all(not i.match_kind for i in result.lane.items)
+        assert result.lane.degraded and "DOCGRAPH_TIMEOUT" in result.lane.degradation_reason
+        # The answer made without the graph is cached under a revision no later search uses.
+        assert lane.revision() != before
     finally:
         dg.close()
         code.close()

@@ -161,3 +161,58 @@ def test_rebuild_keeps_theme_ids(tmp_path, corpus):
         for rev in (1, 2)
     ]
     assert ids[0] == ids[1] and ids[0]
+
+
+def test_summary_prompt_quotes_the_cited_chunks_bounded(tmp_path, corpus):
+    """Catches: a summary written from entity names alone (no quotes of the chunks it may
+    cite), quotes longer than their bound, or quotes that are not the chunks' own text."""
+    from knowledge_server.docgraph.prompts import QUOTE_PREFIX
+
+    bound = 120
+    store = DocGraphStore(tmp_path / "data")
+    by_id = {c.chunk_id: c for c in corpus}
+    cfg = BuildSettings(themes=ThemeSettings(max_quote_chars=bound))
+    with FakeLLMServer() as fake:
+        DocGraphBuilder(store, _client(fake.url), cfg).build(corpus)
+        payloads = list(fake.summary_payloads)
+    assert payloads
+    for payload in payloads:
+        offered: dict[str, list[str]] = {}
+        current = None
+        for line in payload.split("\n"):
+            if line.startswith("- chunk: "):
+                current = line[len("- chunk: ") :].split(" ", 1)[0]
+                offered[current] = []
+            elif line.startswith(QUOTE_PREFIX):
+                assert current is not None
+                offered[current].append(line[len(QUOTE_PREFIX) :])
+        assert offered
+        for cid, lines in offered.items():
+            quote = "\n".join(lines)
+            assert quote.strip() and len(quote) <= bound
+            assert by_id[cid].text.startswith(quote)  # the chunk's own text, from its start
+    # The stored summaries come from the quotes (the fake model repeats their first words).
+    texts = [r[0] for r in store.rows("SELECT text FROM theme_summary")]
+    assert texts and all('Quoted: "' in t for t in texts)
+
+
+def test_model_identity_enters_the_fingerprint(tmp_path, corpus):
+    """Catches: a new local model version reusing the old layer (identity not fingerprinted)."""
+    store = DocGraphStore(tmp_path / "data")
+    with FakeLLMServer() as fake:
+        reports = []
+        for version in ("v1", "v1", "v2"):
+            settings_ = LLMSettings(
+                base_url=fake.url,
+                model="fake-model",
+                provider="local",
+                model_version=version,
+                backoff_seconds=0.0,
+            )
+            reports.append(DocGraphBuilder(store, LLMClient(settings_)).build(corpus))
+    assert reports[1].noop and not reports[2].noop and reports[2].drift
+    assert reports[0].fingerprint == reports[1].fingerprint != reports[2].fingerprint
+    assert "model" in store.drift_entries()[-1]["changes"]["changed"]
+    prov = DocGraphOps(store).themes()["provenance"]
+    assert prov["model"] == "local:fake-model:v2" and prov["fingerprint"] == reports[2].fingerprint
+    assert "docgraph-summary/2" in prov["prompt_versions"]

@@ -494,3 +494,46 @@ def test_server_checks_agree_with_the_declared_rules() -> None:
     assert rules(task, "acceptance").max_items == planner.MAX_LIST
     assert rules(task, "acceptance").max_length == planner.MAX_LIST_ITEM
     assert list(rules(dispatch_pb2.DispatchRequest, "schema").values) == [planner.SCHEMA]
+
+
+def test_rendered_text_shows_graph_matches_and_layer_provenance() -> None:
+    """The bridge's text for agents carries what the document graph adds: how a Search item
+    was reached (match_kind, matched entities) and which layer build answered an operation."""
+    search = v1.SearchResponse(schema="knowledge.search/v1", query="q")
+    search.lanes = v1.Lanes(
+        code=v1.CodeLane(
+            items=[
+                v1.CodeItem(
+                    id="chunk:c1",
+                    path="eip-1559.md",
+                    start_line=10,
+                    end_line=20,
+                    match_kind="entity",
+                    matched_entities=[v1.EntityRef(name="base_fee_per_gas", kind="identifier")],
+                )
+            ]
+        )
+    )
+    text = "\n".join(
+        TOOLS_BY_NAME["knowledge_search"].render(
+            response_dict(TOOLS_BY_NAME["knowledge_search"], search)
+        )
+    )
+    assert "[entity: base_fee_per_gas]" in text
+    themes = v1.ThemesResponse(
+        op="themes",
+        collected=True,
+        layer_provenance=[
+            v1.LayerProvenance(
+                workspace="/w",
+                model="local:qwen:2",
+                prompt_versions=["docgraph-extract/1", "structural/2"],
+                fingerprint="f" * 64,
+                built_at="2026-12-03T00:00:00+00:00",
+            )
+        ],
+    )
+    spec = TOOLS_BY_NAME["knowledge_themes"]
+    text = "\n".join(spec.render(response_dict(spec, themes)))
+    assert "model local:qwen:2" in text and "docgraph-extract/1,structural/2" in text
+    assert "fingerprint ffffffffffff" in text

@@ -260,7 +260,7 @@ def test_docgraph_store_of_the_previous_version_is_adopted_and_reads(tmp_path: P
     path = _from_fixture(tmp_path / "docgraph.sqlite", "docgraph_before_migrations.sql")
     store = DocGraphStore(path)
     try:
-        assert _recorded(path) == ["001_initial"]
+        assert _recorded(path) == ["001_initial", "002_mention_entity"]
         rev = store.current_rev("/work/docs")
         assert rev is not None and rev["rev_id"] == 1 and rev["stats"] == {"entities": 0}
     finally:

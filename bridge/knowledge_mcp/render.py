@@ -61,6 +61,9 @@ def render_search(d: dict[str, Any]) -> list[str]:
     out.append(_lane_head("code", code))
     for it in (code or {}).get("items") or []:
         sym = f" {it['symbol']}" if it.get("symbol") else ""
+        if it.get("match_kind"):  # mode=docs|themes: how the document graph reached it
+            names = ", ".join(str(e.get("name")) for e in (it.get("matched_entities") or [])[:3])
+            sym += f" [{it['match_kind']}{': ' + names if names else ''}]"
         out.append(
             f"  {_lines(it)}{sym} id={it.get('id')} score={it.get('score', 0):.3f}"
             f" | {_one_line(it.get('snippet'))}"
@@ -153,6 +156,13 @@ def _envelope(d: dict[str, Any]) -> str:
         head += f" reason: {d['reason']}"
     if d.get("error"):
         head += f" error: {d['error'].get('code')}: {d['error'].get('message')}"
+    for p in d.get("layer_provenance") or []:
+        # Which build answered, for an auditor: model, prompts, fingerprint, time.
+        head += (
+            f"\nlayer {p.get('workspace')}: model {p.get('model')}, prompts "
+            f"{','.join(p.get('prompt_versions') or [])}, fingerprint "
+            f"{str(p.get('fingerprint') or '')[:12]}, built {p.get('built_at')}"
+        )
     return head
 
 

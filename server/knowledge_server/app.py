@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
+from knowledge_licensing import FEATURE_DOC_GRAPH
 
 from knowledge_server import __version__, deadline
 from knowledge_server._gen.knowledge.v1 import (
@@ -42,6 +43,7 @@ from knowledge_server.kb.admin import KnowledgeBaseAdmin
 from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.lanes.common import run_with_progress
 from knowledge_server.lanes.contract import Lanes
+from knowledge_server.lanes.docgraph import GraphDocsLane
 from knowledge_server.logs import get_logger
 from knowledge_server.memory.ops import WRITES, MemoryOps
 from knowledge_server.memory.store import DB_FILE as MEMORY_DB
@@ -132,9 +134,17 @@ class KnowledgeApp:
         )
 
     def _search_lanes(self) -> dict[str, Lane]:
+        code: Lane | None = self.lanes.code
+        if self.lanes.code is not None and self.lanes.docgraph is not None:
+            # mode=docs|themes through the document graph when it is built and licensed.
+            code = GraphDocsLane(
+                self.lanes.code,
+                self.lanes.docgraph,
+                lambda: FEATURE_DOC_GRAPH in self.licence.edition().features,
+            )
         present: dict[str, Lane | None] = {
             "episodes": self.lanes.episodes,
-            "code": self.lanes.code,
+            "code": code,
             "skills": self.lanes.skills,
         }
         return {

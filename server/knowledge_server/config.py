@@ -81,6 +81,13 @@ class Config:
     llm_model: str = ""
     llm_key_env: str = ""
     llm_key_file: Path | None = None
+    # Who runs the model ("openai": any compatible endpoint; "local": a model served here) and
+    # its version: provider:model:version enters the document graph's cache keys and
+    # fingerprints, so a new local model version rebuilds instead of reusing old answers.
+    llm_provider: str = "openai"
+    llm_model_version: str = ""
+    llm_timeout_seconds: float = 60.0
+    llm_max_retries: int = 2
     max_file_bytes: int = 1_048_576
     grace_seconds: float = 5.0
     # Serving processes sharing the listening port (SO_REUSEPORT). The first one runs the
@@ -179,15 +186,22 @@ _INT_FIELDS = {
     "workers",
     "sqlite_mmap_mib",
     "outbox_quota_per_principal",
+    "llm_max_retries",
     "kb_max_source_mib",
 }
-_FLOAT_FIELDS = {"grace_seconds", "kb_docling_timeout_s", "tracing_sample_ratio"}
+_FLOAT_FIELDS = {
+    "grace_seconds",
+    "kb_docling_timeout_s",
+    "llm_timeout_seconds",
+    "tracing_sample_ratio",
+}
 _BOOL_FIELDS = {"bootstrap"}
 _CHOICES = {
     "auth": ("auto", "on", "off"),
     "log_format": ("auto", "json", "console"),
     "log_level": ("debug", "info", "warning", "error"),
     "embedder": ("hash", "openai", "e5"),
+    "llm_provider": ("openai", "local"),
     "kb_index": ("sqlite", "milvus"),
 }
 
@@ -233,8 +247,18 @@ _INT_RANGES = {
     "embedder_batch": (1, 2048),
     "sqlite_mmap_mib": (0, 1_048_576),
     "outbox_quota_per_principal": (1, 1_000_000),
+    "llm_max_retries": (0, 10),
     "kb_max_source_mib": (1, 4096),
 }
+
+
+def _validate_llm(cfg: Config) -> None:
+    if not 0.1 <= cfg.llm_timeout_seconds <= 3600:
+        raise ConfigError(
+            f"llm_timeout_seconds: {cfg.llm_timeout_seconds} is out of range 0.1..3600"
+        )
+    if len(cfg.llm_model_version) > 200:
+        raise ConfigError("llm_model_version: at most 200 characters")
 
 
 def _validate_kb(cfg: Config) -> None:
@@ -250,6 +274,7 @@ def _validate(cfg: Config) -> Config:
         value = getattr(cfg, name)
         if value not in choices:
             raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    _validate_llm(cfg)
     _validate_kb(cfg)
     if cfg.max_file_bytes < 1024:
         raise ConfigError("max_file_bytes: must be at least 1024")

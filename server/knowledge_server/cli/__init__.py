@@ -318,6 +318,9 @@ def _lanes_table(resp: Any) -> None:
     header("code", code, f"capability={code.capability}  {fresh}")
     for it in code.items:
         sym = f"  {it.symbol}" if it.symbol else ""
+        if it.match_kind:  # mode=docs|themes: how the document graph reached the chunk
+            names = ", ".join(e.name for e in it.matched_entities[:3])
+            sym += f"  {it.match_kind}" + (f": {names}" if names else "")
         why = escape("[" + ", ".join(it.why) + "]")
         out_console.print(
             f"  [cyan]{escape(it.path)}:{it.start_line}-{it.end_line}[/]{escape(sym)}  {why}",

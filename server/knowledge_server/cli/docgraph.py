@@ -20,6 +20,13 @@ def _envelope(resp: Any) -> None:
     elif not resp.found:
         click.echo(f"nothing found{': ' + resp.reason if resp.reason else ''}")
     click.echo(f"op={resp.op} rev={resp.index_rev or '-'} capability={resp.capability}", err=True)
+    for p in resp.layer_provenance or []:
+        # Which build answered: model, prompt versions, fingerprint, time (for an auditor).
+        click.echo(
+            f"layer {p.workspace}: model={p.model} prompts={','.join(p.prompt_versions)} "
+            f"fingerprint={p.fingerprint[:12]} built_at={p.built_at}",
+            err=True,
+        )
 
 
 @click.group()

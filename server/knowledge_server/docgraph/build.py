@@ -257,7 +257,9 @@ class DocGraphBuilder:
 
         by_id = {c.chunk_id: c for c in docs}
         tables, entity_meta, chunk_entities = _aggregate(by_id, mentions, relations)
-        themes = build_themes(entity_meta, chunk_entities, s.themes)
+        themes = build_themes(
+            entity_meta, chunk_entities, s.themes, documents=len({c.path for c in docs})
+        )
         summaries: list[tuple[Any, ...]] = []
         if llm_state == "ok" and s.summaries and self.llm is not None:
             summaries, s_state, s_reason = self._summaries(
@@ -283,6 +285,8 @@ class DocGraphBuilder:
             "reason": reason,
             "model": self.model_identity,
             "prompt_version": PROMPT_VERSION,
+            "prompt_versions": inputs["prompt_version"]
+            + ([STRUCTURAL_VERSION] if s.structural else []),
             "inputs": inputs,
             "documents": len({c.path for c in docs}),
             "chunks": len(docs),
@@ -352,14 +356,19 @@ class DocGraphBuilder:
                 key=lambda x: (-x[0], by_id[x[1]].path, by_id[x[1]].start_line, x[1]),
             )[: s.max_citable_chunks]
             citable = [
-                (cid, f"{by_id[cid].path}:{by_id[cid].start_line}-{by_id[cid].end_line}")
+                (
+                    cid,
+                    f"{by_id[cid].path}:{by_id[cid].start_line}-{by_id[cid].end_line}",
+                    _quote(by_id[cid].text, s.max_quote_chars),
+                )
                 for _, cid in ranked
             ]
             names = [entity_meta[e].norm_name for e, _ in theme.members]
             key = "summary:" + _h(
                 [
                     theme.theme_id,
-                    [by_id[c].content_hash for c, _ in citable],
+                    [by_id[c].content_hash for c, _, _ in citable],
+                    s.max_quote_chars,
                     self.model_identity,
                     SUMMARY_PROMPT_VERSION,
                     self.temperature,
@@ -373,7 +382,7 @@ class DocGraphBuilder:
                 except LLMUnavailable as exc:
                     return out, "unavailable", exc.reason
                 self.store.cache_put(key, content)
-            allowed = {cid for cid, _ in citable}
+            allowed = {cid for cid, _, _ in citable}
             try:
                 obj = json.loads(unfence(content))
                 text = obj["summary"]
@@ -410,6 +419,16 @@ class DocGraphBuilder:
             )
             counters["summary_accepted"] += 1
         return out, "ok", None
+
+
+def _quote(text: str, limit: int) -> str:
+    """The bounded, redacted quote of a chunk a summary may cite (its first ``limit``
+    characters, cut at a line end when one is near)."""
+    text = redact(text)
+    if len(text) <= limit:
+        return text
+    cut = text.rfind("\n", 0, limit)
+    return text[: cut if cut >= limit // 2 else limit]
 
 
 def _aggregate(
@@ -458,7 +477,7 @@ def _aggregate(
         first = min(rows, key=lambda r: (r[2], r[3], r[1]))
         built = "+".join(sorted({p for r in rows for p in r[8].split("+")}))
         entity_rows.append((eid, name, norm, kind, len(rows), first[2], built))
-        meta[eid] = ThemeEntity(eid, norm, kind, len(rows))
+        meta[eid] = ThemeEntity(eid, norm, kind, len(rows), len({r[2] for r in rows}))
         for r in rows:
             chunk_entities[r[1]].add(eid)
 

@@ -45,10 +45,38 @@ ENTITY_KINDS: frozenset[str] = frozenset(
 RELATION_KINDS: frozenset[str] = frozenset(
     {"requires", "extends", "replaces", "defines", "uses", "related_to"}
 )
-# Kinds only the structural extractor produces (front matter fields and links).
-STRUCTURAL_ENTITY_KINDS: frozenset[str] = frozenset({"document", "category", "status", "doc_type"})
+# Kinds only the structural extractor produces (front matter fields, links, document form).
+STRUCTURAL_ENTITY_KINDS: frozenset[str] = frozenset(
+    {
+        "document",
+        "category",
+        "status",
+        "doc_type",
+        "section",
+        "term",
+        "identifier",
+        "reference",
+        "table_column",
+    }
+)
 STRUCTURAL_RELATION_KINDS: frozenset[str] = frozenset(
-    {"requires", "authored_by", "in_category", "has_status", "has_type", "links_to"}
+    {
+        "requires",
+        "authored_by",
+        "in_category",
+        "has_status",
+        "has_type",
+        "links_to",
+        "has_section",
+        "defines",
+        "cites",
+        "references",
+        "must",
+        "must_not",
+        "should",
+        "should_not",
+        "may",
+    }
 )
 
 NON_CODE_SOURCE_KINDS: frozenset[str] = frozenset(

@@ -46,6 +46,21 @@ _WORD = re.compile(r"[\w][\w\-\.]*", re.UNICODE)
 _STOP = STOP_WORDS | REQUEST_WORDS
 
 
+# The mentions of a set of entities with their chunks' lines (a WHERE clause follows).
+_MENTIONS_OF = (
+    "SELECT m.entity_id, m.chunk_id, m.path, m.start_line, m.end_line, c.start_line, "
+    "c.end_line FROM entity_mention m JOIN doc_chunk c ON c.rev_id=m.rev_id AND "
+    "c.chunk_id=m.chunk_id "
+)
+
+
+def _query_words(query: str) -> list[str]:
+    """The words of a query that may name something (no stop or request words)."""
+    return sorted(
+        {w.lower() for w in _WORD.findall(query) if len(w) >= 3 and w.lower() not in _STOP}
+    )
+
+
 def _addr(path: str, start: int, end: int, chunk_id: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"path": path, "start_line": start, "end_line": end}
     if chunk_id is not None:
@@ -106,6 +121,9 @@ class DocGraphOps:
                 source_index_rev=rev["source_index_rev"],
                 model=rev["stats"].get("model"),
                 prompt_version=rev["stats"].get("prompt_version"),
+                prompt_versions=rev["stats"].get("prompt_versions")
+                or rev["stats"].get("inputs", {}).get("prompt_version")
+                or [],
                 built_at=rev["created_at"],
             )
         is_collected = state["collected"] if collected is None else collected
@@ -676,9 +694,7 @@ class DocGraphOps:
             return self._refuse(op, state, lim, **empty)
         rev_id = state["rev"]["rev_id"]
         if self.llm is None:
-            words = sorted(
-                {w.lower() for w in _WORD.findall(query) if len(w) >= 3 and w.lower() not in _STOP}
-            )
+            words = _query_words(query)
             items = self._chunks_for_entities(
                 rev_id, self._entities_matching(rev_id, words), "lexical", lim
             )
@@ -731,6 +747,43 @@ class DocGraphOps:
             degraded=degraded,
         )
 
+    def _match_chunks(self, query: str, level: str, limit: int) -> dict[str, Any]:
+        """Chunks a query reaches through the graph, for ``Search mode=docs|themes``.
+
+        Keywords: the LLM's two levels when one is configured (cached); otherwise the query's
+        words (without stop words) serve as both levels: matching names against a built graph
+        needs no model. ``level="docs"``: entity-level hits, then theme-level ones;
+        ``level="themes"``: theme-level hits only. Answers ``{"collected", "reason", "items"}``;
+        ``reason`` is set when the answer is degraded (layer incomplete, LLM unavailable).
+        """
+        state = self._state()
+        if not state["collected"]:
+            return {"collected": False, "reason": state["reason"], "items": []}
+        rev_id = state["rev"]["rev_id"]
+        words = _query_words(query)
+        keywords = {"high_level": words, "low_level": words}
+        reason = None
+        if state["rev"]["stats"].get("stopped_by"):
+            reason = state["reason"]
+        if self.llm is not None:
+            try:
+                answer = self._keywords(self.llm, query)
+            except LLMUnavailable as exc:
+                answer, reason = None, f"{exc.reason}; query words used as keywords"
+            if answer is not None:
+                keywords = {
+                    "high_level": [norm_name(k) for k in answer["high_level"]] or words,
+                    "low_level": [norm_name(k) for k in answer["low_level"]] or words,
+                }
+        high = self._chunks_for_themes(rev_id, keywords["high_level"], limit)[:limit]
+        if level == "themes":
+            return {"collected": True, "reason": reason, "items": high}
+        low_ids = self._entities_matching(rev_id, keywords["low_level"])
+        low = self._chunks_for_entities(rev_id, low_ids, "entity", limit)[:limit]
+        seen = {c["chunk_id"] for c in low}
+        items = low + [c for c in high if c["chunk_id"] not in seen]
+        return {"collected": True, "reason": reason, "items": items}
+
     def _keywords(self, llm: LLMClient, query: str) -> dict[str, list[str]] | None:
         normq = " ".join(query.lower().split())
         qhash = hashlib.sha256(normq.encode("utf-8")).hexdigest()
@@ -759,8 +812,9 @@ class DocGraphOps:
         )
         return result
 
-    def _entities_matching(self, rev_id: int, terms: list[str]) -> list[str]:
-        out: list[str] = []
+    def _entities_matching(self, rev_id: int, terms: list[str]) -> dict[str, set[str]]:
+        """Entities whose name is, or contains, a term -> the terms each one matched."""
+        out: dict[str, set[str]] = {}
         for term in terms:
             if len(term) < 2:
                 continue
@@ -770,88 +824,109 @@ class DocGraphOps:
                 "entity_id LIMIT 25",
                 (rev_id, term, term, term, term),
             ):
-                if eid not in out:
-                    out.append(eid)
+                out.setdefault(eid, set()).add(term)
         return out
 
     def _chunks_for_entities(
         self,
         rev_id: int,
-        entity_ids: list[str],
+        entity_terms: dict[str, set[str]],
         match_kind: str,
         lim: int,
         theme_id: str | None = None,
     ) -> list[dict[str, Any]]:
+        """Chunks mentioning the entities, best first: most distinct query terms covered by the
+        entities matched there, then most entities matched, then path and line."""
         chunks: dict[str, dict[str, Any]] = {}
-        for eid in entity_ids:
-            ent = self._entity(rev_id, eid)
-            if ent is None:
-                continue
-            for cid, path, sl, el, csl, cel in self.store.rows(
-                "SELECT m.chunk_id, m.path, m.start_line, m.end_line, c.start_line, c.end_line "
-                "FROM entity_mention m JOIN doc_chunk c ON c.rev_id=m.rev_id AND "
-                "c.chunk_id=m.chunk_id WHERE m.rev_id=? AND m.entity_id=? "
-                "ORDER BY m.path, m.start_line, m.chunk_id",
-                (rev_id, eid),
-            ):
-                item = chunks.setdefault(
-                    cid,
-                    {
-                        "chunk_id": cid,
-                        "path": path,
-                        "start_line": csl,
-                        "end_line": cel,
-                        "match_kind": match_kind,
-                        "matched_entities": [],
-                    },
+        covered: dict[str, set[str]] = defaultdict(set)
+        ids = list(entity_terms)
+        ents: dict[str, tuple[str, str]] = {}
+        rows: list[tuple[Any, ...]] = []
+        for i in range(0, len(ids), 200):  # one query per 200 entities, not one per entity
+            part = ids[i : i + 200]
+            marks = ",".join("?" * len(part))
+            ents.update(
+                (r[0], (r[1], r[2]))
+                for r in self.store.rows(
+                    f"SELECT entity_id, name, kind FROM entity WHERE rev_id=? AND "  # noqa: S608 - placeholders only
+                    f"entity_id IN ({marks})",
+                    (rev_id, *part),
                 )
-                if theme_id:
-                    item["theme_id"] = theme_id
-                if all(m["entity_id"] != eid for m in item["matched_entities"]):
-                    item["matched_entities"].append(
-                        {
-                            "entity_id": eid,
-                            "name": ent["name"],
-                            "kind": ent["kind"],
-                            **_addr(path, sl, el),
-                        }
-                    )
+            )
+            where = f"WHERE m.rev_id=? AND m.entity_id IN ({marks})"
+            rows += self.store.rows(
+                _MENTIONS_OF + where,
+                (rev_id, *part),
+            )
+        order = {eid: i for i, eid in enumerate(ids)}
+        rows.sort(key=lambda r: (order[r[0]], r[2], r[3], r[1]))
+        for eid, cid, path, sl, el, csl, cel in rows:
+            if eid not in ents:
+                continue
+            name, kind = ents[eid]
+            item = chunks.setdefault(
+                cid,
+                {
+                    "chunk_id": cid,
+                    "path": path,
+                    "start_line": csl,
+                    "end_line": cel,
+                    "match_kind": match_kind,
+                    "matched_entities": [],
+                },
+            )
+            if theme_id:
+                item["theme_id"] = theme_id
+            covered[cid] |= entity_terms[eid]
+            if all(m["entity_id"] != eid for m in item["matched_entities"]):
+                item["matched_entities"].append(
+                    {"entity_id": eid, "name": name, "kind": kind, **_addr(path, sl, el)}
+                )
+        for cid, c in chunks.items():
+            c["score"] = round(len(covered[cid]) + 0.01 * len(c["matched_entities"]), 4)
         ranked = sorted(
             chunks.values(),
-            key=lambda c: (-len(c["matched_entities"]), c["path"], c["start_line"], c["chunk_id"]),
+            key=lambda c: (-c["score"], c["path"], c["start_line"], c["chunk_id"]),
         )
-        for c in ranked:
-            c["score"] = len(c["matched_entities"])
         return ranked[: lim + 1]  # one extra tells the caller whether the list was truncated
 
     def _chunks_for_themes(self, rev_id: int, terms: list[str], lim: int) -> list[dict[str, Any]]:
-        theme_ids: list[str] = []
+        """Chunks reached through the themes the terms name, best first: themes covering most
+        terms (by title or members), then the largest; in them, chunks covering most terms."""
+        coverage: dict[str, set[str]] = defaultdict(set)
+        member_terms: dict[str, dict[str, set[str]]] = defaultdict(dict)
+        size: dict[str, int] = {}
         for term in terms:
             if len(term) < 3:
                 continue
-            for (tid,) in self.store.rows(
-                "SELECT DISTINCT t.theme_id FROM theme t JOIN theme_member tm ON "
-                "tm.rev_id=t.rev_id AND tm.theme_id=t.theme_id JOIN entity e ON "
-                "e.rev_id=tm.rev_id AND e.entity_id=tm.entity_id WHERE t.rev_id=? AND "
-                "(instr(t.title, ?)>0 OR instr(e.norm_name, ?)>0) ORDER BY t.size DESC, t.theme_id "
-                "LIMIT 5",
-                (rev_id, term, term),
+            for tid, tsize, eid, member_hit in self.store.rows(
+                "SELECT t.theme_id, t.size, e.entity_id, instr(e.norm_name, ?)>0 FROM theme t "
+                "JOIN theme_member tm ON tm.rev_id=t.rev_id AND tm.theme_id=t.theme_id "
+                "JOIN entity e ON e.rev_id=tm.rev_id AND e.entity_id=tm.entity_id "
+                "WHERE t.rev_id=? AND (instr(t.title, ?)>0 OR instr(e.norm_name, ?)>0) "
+                "ORDER BY t.size DESC, t.theme_id, e.entity_id LIMIT 200",
+                (term, rev_id, term, term),
             ):
-                if tid not in theme_ids:
-                    theme_ids.append(tid)
+                coverage[tid].add(term)
+                size[tid] = int(tsize)
+                if member_hit:
+                    member_terms[tid].setdefault(eid, set()).add(term)
+        ranked = sorted(coverage, key=lambda t: (-len(coverage[t]), -size[t], t))[:5]
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
-        for tid in theme_ids:
-            members = [
-                r[0]
+        for rank, tid in enumerate(ranked):
+            members = {
+                r[0]: member_terms[tid].get(r[0], set())
                 for r in self.store.rows(
                     "SELECT entity_id FROM theme_member WHERE rev_id=? AND theme_id=? "
                     "ORDER BY weight DESC, entity_id",
                     (rev_id, tid),
                 )
-            ]
+            }
             for item in self._chunks_for_entities(rev_id, members, "theme", lim, theme_id=tid):
-                if item["chunk_id"] not in seen and len(out) <= lim:
+                if item["chunk_id"] not in seen:
                     seen.add(item["chunk_id"])
+                    item["_rank"] = rank
                     out.append(item)
-        return out
+        out.sort(key=lambda c: (-c["score"], c.pop("_rank"), c["path"], c["start_line"]))
+        return out[: lim + 1]

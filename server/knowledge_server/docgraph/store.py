@@ -102,7 +102,18 @@ def _legacy(cur: apsw.Cursor) -> list[str]:
 
 
 # The schema as named steps (``knowledge_server.schema.Migrations``): add new ones at the end.
-MIGRATIONS = Migrations("docgraph.sqlite", (Step("001_initial", _BASELINE),), legacy=_legacy)
+MIGRATIONS = Migrations(
+    "docgraph.sqlite",
+    (
+        Step("001_initial", _BASELINE),
+        # Search reads an entity's mentions by entity (mode=docs|themes, search_levels).
+        Step(
+            "002_mention_entity",
+            "CREATE INDEX mention_entity ON entity_mention(rev_id, entity_id, path, start_line);",
+        ),
+    ),
+    legacy=_legacy,
+)
 
 # Versioned tables and their columns in dump order (rev_id excluded: it is a counter).
 LAYER_TABLES: dict[str, tuple[str, ...]] = {

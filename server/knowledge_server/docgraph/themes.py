@@ -3,8 +3,11 @@
 1. Graph: an edge joins two entities mentioned in the same chunk; its weight is the number of
    chunks where both appear.
 2. Edges with ``weight < min_weight`` are dropped.
-3. Connected components (entities of classifier kinds such as ``status`` are left out: a value
-   like "Final" would otherwise join every document into one component).
+3. Connected components. Left out of the graph: entities of classifier kinds such as ``status``
+   (a value like "Final" would otherwise join every document into one component) and hubs,
+   entities mentioned in more than ``max(hub_min_documents, hub_share * documents)``
+   documents (headings such as "Specification" or "Rationale", a type every page uses): they
+   say what kind of text a chunk is, not what it is about.
 4. A component larger than ``max_size`` is cut greedily: take the strongest remaining seed
    (most mentions, then lexicographically first ``norm_name``, then id), grow it by repeatedly
    adding the neighbour with the largest total edge weight to the cluster (ties: ``norm_name``,
@@ -35,6 +38,9 @@ class ThemeSettings:
     excluded_kinds: tuple[str, ...] = ("status", "doc_type", "category")
     max_summaries: int = 50  # summaries are LLM calls: the largest themes first, at most this many
     max_citable_chunks: int = 8
+    max_quote_chars: int = 600  # per citable chunk, in the summary prompt
+    hub_share: float = 0.15  # entities in more documents than this share (and the minimum) ...
+    hub_min_documents: int = 4  # ... are hubs, left out of themes
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,7 @@ class ThemeEntity:
     norm_name: str
     kind: str
     mentions: int
+    documents: int = 0  # distinct documents mentioning it (0 = unknown: never a hub)
 
 
 @dataclass(slots=True)
@@ -69,16 +76,21 @@ def build_themes(
     entities: Mapping[str, ThemeEntity],
     chunk_entities: Mapping[str, Iterable[str]],
     settings: ThemeSettings = ThemeSettings(),
+    documents: int = 0,
 ) -> list[Theme]:
-    """Themes from ``chunk_id -> entity ids mentioned there``; ordered by size desc, then id."""
+    """Themes from ``chunk_id -> entity ids mentioned there``; ordered by size desc, then id.
+
+    ``documents`` is the number of documents of the corpus (0 = no hub rule)."""
     excluded = set(settings.excluded_kinds)
+    hub_limit = max(settings.hub_min_documents, settings.hub_share * documents)
+    hubs = {e for e, m in entities.items() if documents and m.documents > hub_limit}
     weights: dict[tuple[str, str], int] = defaultdict(int)
     for chunk_id in sorted(chunk_entities):
         ids = sorted(
             {
                 e
                 for e in chunk_entities[chunk_id]
-                if e in entities and entities[e].kind not in excluded
+                if e in entities and entities[e].kind not in excluded and e not in hubs
             }
         )
         for i, a in enumerate(ids):

@@ -56,6 +56,14 @@ FRESHNESS_INTERVAL_S = 15.0
 DOC_LANGUAGES = frozenset({"markdown", "text", "txt", "rst", "adoc", "asciidoc", "org"})
 
 
+# mode=docs|themes answered by text match only (no document graph in this answer).
+DOCS_PLAIN_REASON = (
+    "KNOWLEDGE_LANE_DEGRADED: mode=docs answers from document chunks by lexical and vector match; "
+    "no document graph answered (not built, or not licensed)"
+)
+DOCS_PLAIN_MESSAGE = "mode=docs: no document graph answered; plain retrieval"
+
+
 def _visible(workspace: str, scope: tuple[str, ...] | None) -> bool:
     if scope is None:
         return True
@@ -253,20 +261,16 @@ class CodeLane:
         hits = result.hits
         if q.docs_only:
             hits = [h for h in hits if h.language in DOC_LANGUAGES][: q.top_k]
-            # Seed 003 §3.4: without dual-level matching, mode=docs says it is plain retrieval.
+            # Seed 003 §3.4: without dual-level matching, mode=docs says it is plain retrieval
+            # (the document graph's search wrapper lifts this when its graph answers).
             lane.degraded = True
-            reason = (
-                "KNOWLEDGE_LANE_DEGRADED: mode=docs answers from document chunks by lexical and vector match; "
-                "entity and theme (dual-level) matching is the SearchLevels operation (doc-graph)"
-            )
+            reason = DOCS_PLAIN_REASON
             lane.degradation_reason = (
                 f"{lane.degradation_reason}; {reason}" if lane.degradation_reason else reason
             )
             warnings.append(
                 errors_pb2.Notice(
-                    code="KNOWLEDGE_LANE_DEGRADED",
-                    lane=self.name,
-                    message="mode=docs: no dual-level matching in Search; see SearchLevels",
+                    code="KNOWLEDGE_LANE_DEGRADED", lane=self.name, message=DOCS_PLAIN_MESSAGE
                 )
             )
         for h in hits:

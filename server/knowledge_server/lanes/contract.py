@@ -123,10 +123,14 @@ class DerivedLane(Lane, Reporting, Protocol):
 
 
 class DocGraphLane(Reporting, Protocol):
-    """The document graph (Enterprise; ``lanes/docgraph.py``). Not a search lane: the
-    coordinator never queries it."""
+    """The document graph (Enterprise; ``lanes/docgraph.py``). Not a search lane of its own:
+    Search reaches it through the code lane in ``mode=docs|themes`` (``GraphDocsLane``)."""
 
     def op_sync(self, op: str, req: Any, scope: Scope) -> Any: ...
+
+    def layer_revisions(self) -> tuple[tuple[str, int], ...]: ...
+
+    def match_sync(self, query: str, level: str, scope: Scope, limit: int) -> dict[str, Any]: ...
 
     def build_sync(
         self,

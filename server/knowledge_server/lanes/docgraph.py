@@ -5,21 +5,29 @@ the current revision of each workspace, document chunks only); the layer lives i
 ``docgraph.sqlite`` (owned by :mod:`knowledge_server.docgraph`). The edition gate is the
 transport's job.
 
-Workspaces: each workspace has its own layer. An operation queries every workspace in the
-caller's scope that has a layer, in root order, and answers from the first one with a result
-(``found``); failing that, the first one whose layer is collected; failing that, the first one.
-Every address carries its workspace, so the caller can tell where an answer came from.
-A workspace is in scope only when it lies at or under one of the caller's roots.
+Workspaces: each workspace has its own layer. An operation asks every workspace in the
+caller's scope that has a layer and merges the collected answers deterministically
+(``merge_answers``: each operation's order, then the workspace, cut to the limit per list);
+every address carries its workspace, so each fact names where it comes from. A workspace is in
+scope only when it lies at or under one of the caller's roots.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
-from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
+from knowledge_server import deadline
+from knowledge_server._gen.knowledge.v1 import (
+    docgraph_pb2,
+    errors_pb2,
+    index_service_pb2,
+    search_pb2,
+)
 from knowledge_server.docgraph import (
     BuildSettings,
     DocChunk,
@@ -30,15 +38,24 @@ from knowledge_server.docgraph import (
     LLMSettings,
     make_client,
 )
-from knowledge_server.errors import FailedPrecondition, InvalidRequest, PermissionDenied
+from knowledge_server.errors import FailedPrecondition, InvalidRequest, NotFound, PermissionDenied
+from knowledge_server.lanes import contract
+from knowledge_server.lanes.code import DOCS_PLAIN_MESSAGE, DOCS_PLAIN_REASON
 from knowledge_server.lanes.common import Pool, ProgressFn, WriterLock, bound_reader
 from knowledge_server.lanes.contract import DocumentSource
+from knowledge_server.search.lanes import LANE_DEADLINE, LaneQuery, LaneResult
 from knowledge_server.workspaces import is_under
 
 PROVENANCE = "stated"
 # Languages the code lane gives document files (the graph never reads code chunks).
 DOC_LANGUAGES = ("markdown", "md", "text", "txt", "rst", "asciidoc", "org")
 NOT_BUILT_REASON = "DOCGRAPH_NOT_BUILT: document graph layer not built"
+# Weight of the graph's ranking against the text match's (1.0) in Search mode=docs. Measured
+# on the 30 fixed questions per corpus (bench/bench_docgraph_depth.py, expected document in
+# the first 5): EIPs 30/30 with text match alone; with the graph at 1.0 / 0.5 / 0.25 / 0.15 /
+# 0.1: 20 / 21 / 27 / 29 / 30 (Starlette 29 / 29 / 30 / 30 / 30). The graph's own ranking is
+# weaker than the text match's, so it reorders near-ties only; its chunks come after them.
+GRAPH_WEIGHT = 0.1
 
 # (default, max) of ``limit`` per operation; 0 in a request means "default".
 _LIMITS = {
@@ -66,6 +83,10 @@ def llm_settings_from_config(config: Any) -> LLMSettings | None:
         model=config.llm_model,
         api_key_env=config.llm_key_env or None,
         api_key_file=str(config.llm_key_file) if config.llm_key_file else None,
+        provider=config.llm_provider,
+        model_version=config.llm_model_version,
+        timeout_seconds=config.llm_timeout_seconds,
+        max_retries=config.llm_max_retries,
     )
 
 
@@ -144,6 +165,18 @@ def _envelope(resp: Any, d: dict[str, Any], workspace: str) -> None:
     if d.get("error"):
         resp.error.CopyFrom(
             errors_pb2.Notice(code=d["error"], lane="docgraph", message="invalid request")
+        )
+    prov = d.get("provenance") or {}
+    if prov.get("fingerprint"):
+        resp.layer_provenance.append(
+            docgraph_pb2.LayerProvenance(
+                workspace=workspace,
+                model=str(prov.get("model") or ""),
+                prompt_versions=[str(v) for v in prov.get("prompt_versions") or []],
+                fingerprint=str(prov["fingerprint"]),
+                built_at=str(prov.get("built_at") or ""),
+                source_index_rev=str(prov.get("source_index_rev") or ""),
+            )
         )
     lim = d.get("limits") or {}
     resp.limits.requested = int(lim.get("requested") or 0)
@@ -230,6 +263,126 @@ def to_proto(op: str, d: dict[str, Any], workspace: str, ops: DocGraphOps | None
         if resp.degraded:
             resp.degradation_reason = d.get("reason") or "layer incomplete"
     return resp
+
+
+# -- every workspace answers ------------------------------------------------------------------
+
+
+def _ws_of(addr: Any) -> str:
+    return str(addr.workspace) if addr is not None else ""
+
+
+def _first_ws(addrs: Any) -> str:
+    return next((str(a.workspace) for a in addrs), "")
+
+
+def merge_answers(op: str, answers: list[tuple[str, Any]], limit: int) -> Any:  # noqa: C901 - one merge order per operation's lists
+    """One response from every workspace's answer (``answers`` in root order).
+
+    Collected answers are merged: their lists are concatenated, ordered by the operation's own
+    order with the workspace as tie-break, and cut to ``limit`` (per list); counts are summed.
+    Every fact keeps its address, whose ``workspace`` names where it comes from. No collected
+    answer: the first one is returned as it is (it says why).
+    """
+    collected = [(ws, r) for ws, r in answers if r.collected]
+    if not collected:
+        return answers[0][1]
+    if len(collected) == 1 and len(answers) == 1:
+        return collected[0][1]
+    out = _RESPONSES[op]()
+    first = collected[0][1]
+    out.op = first.op
+    out.provenance = first.provenance
+    out.collected = True
+    out.found = any(r.found for _, r in collected)
+    out.index_rev = ";".join(f"{ws}={r.index_rev}" for ws, r in collected)
+    out.capability = "full" if all(r.capability == "full" for _, r in collected) else "degraded"
+    reasons = [f"{ws}: {r.reason}" for ws, r in answers if r.reason]
+    out.reason = "; ".join(reasons)[:2000]
+    errs = [r.error for _, r in collected if r.HasField("error")]
+    if errs:
+        out.error.CopyFrom(errs[0])
+    truncated = any(r.limits.truncated for _, r in collected)
+    out.layer_provenance.extend(p for _, r in answers for p in r.layer_provenance)
+
+    def cut(items: list[Any], key: Any) -> list[Any]:
+        nonlocal truncated
+        items.sort(key=key)
+        truncated = truncated or len(items) > limit
+        return items[:limit]
+
+    returned = 0
+    if op == "themes":
+        themes = cut(
+            [t for _, r in collected for t in r.themes],
+            lambda t: (-t.size, _ws_of(t.address), t.theme_id),
+        )
+        out.themes.extend(themes)
+        returned = len(themes)
+    elif op == "entity_neighbors":
+        origin = next(
+            (r for _, r in collected if r.HasField("entity") and r.entity.entity_id), None
+        )
+        if origin is not None:
+            out.entity.CopyFrom(origin.entity)
+            # The same entity in other workspaces: its addresses there too.
+            for _, r in collected:
+                if r is not origin and r.entity.entity_id == origin.entity.entity_id:
+                    out.entity.addresses.extend(r.entity.addresses)
+        nbs = cut(
+            [n for _, r in collected for n in r.neighbors],
+            lambda n: (n.depth, -n.weight, n.name, _ws_of(n.address), n.id),
+        )
+        out.neighbors.extend(nbs)
+        returned = len(nbs)
+    elif op == "doc_relations":
+        rels = cut(
+            [x for _, r in collected for x in r.relations],
+            lambda x: (-x.weight, _first_ws(x.citations), getattr(x, "from"), x.to),
+        )
+        out.relations.extend(rels)
+        returned = len(rels)
+    elif op == "global_overview":
+        for key in ("documents", "chunks", "entities", "relations", "themes", "summaries"):
+            setattr(out, key, sum(int(getattr(r, key)) for _, r in collected))
+        themes = cut(
+            [t for _, r in collected for t in r.top_themes],
+            lambda t: (-t.size, _ws_of(t.address), t.theme_id),
+        )
+        ents = cut(
+            [e for _, r in collected for e in r.top_entities],
+            lambda e: (-e.mentions, e.name, _first_ws(e.addresses), e.entity_id),
+        )
+        out.top_themes.extend(themes)
+        out.top_entities.extend(ents)
+        returned = len(themes) + len(ents)
+    elif op == "search_levels":
+        out.high_level.extend(first.high_level)
+        out.low_level.extend(first.low_level)
+        hits = [h for _, r in collected for h in r.items]
+        high = cut(
+            [h for h in hits if h.match_kind == "theme"],
+            lambda h: (-h.score, _ws_of(h.address), h.address.path, h.address.start_line),
+        )
+        low = cut(
+            [h for h in hits if h.match_kind != "theme"],
+            lambda h: (-h.score, _ws_of(h.address), h.address.path, h.address.start_line),
+        )
+        out.items.extend(high + low)
+        wanted = {h.theme_id for h in high}
+        out.themes.extend(t for _, r in collected for t in r.themes if t.theme_id in wanted)
+        returned = len(high) + len(low)
+    if op in ("global_overview", "search_levels"):
+        out.degraded = any(r.degraded for _, r in collected)
+        if out.degraded:
+            out.degradation_reason = "; ".join(
+                f"{ws}: {r.degradation_reason}" for ws, r in collected if r.degraded
+            )[:2000]
+    out.found = returned > 0 if op != "global_overview" else out.found
+    out.limits.requested = limit
+    out.limits.returned = returned
+    out.limits.truncated = truncated
+    return out
 
 
 # -- request validation ----------------------------------------------------------------------
@@ -484,14 +637,43 @@ class DocGraphLane:
             for ws in workspaces:
                 ops = DocGraphOps(store, self._llm, workspace=ws)
                 d = getattr(ops, op)(**kwargs)
-                answers.append((ws, d, ops))
-                if d.get("found"):
-                    break
-            ws, d, ops = next(
-                (a for a in answers if a[1].get("found")),
-                next((a for a in answers if a[1].get("collected")), answers[0]),
+                answers.append((ws, to_proto(op, d, ws, ops)))
+            return merge_answers(op, answers, kwargs["limit"])
+
+    # -- Search mode=docs|themes ---------------------------------------------------------------
+
+    def layer_revisions(self) -> tuple[tuple[str, int], ...]:
+        """Every workspace's current layer revision: part of Search's cache key."""
+        with self._readers.get() as store:
+            return tuple(
+                (str(r[0]), int(r[1]))
+                for r in store.rows(
+                    "SELECT workspace, max(rev_id) FROM layer_rev GROUP BY workspace "
+                    "ORDER BY workspace"
+                )
             )
-            return to_proto(op, d, ws, ops)
+
+    def match_sync(
+        self, query: str, level: str, scope: tuple[str, ...] | None, limit: int
+    ) -> dict[str, Any]:
+        """Chunks every layer in scope reaches for ``query`` (``DocGraphOps._match_chunks``),
+        merged by score, then workspace, path and line; ``built`` is false when no layer in
+        scope is collected."""
+        items: list[dict[str, Any]] = []
+        reasons: list[str] = []
+        built = False
+        with self._readers.get() as store:
+            for ws in self._workspaces(store, scope):
+                ans = DocGraphOps(store, self._llm, workspace=ws)._match_chunks(query, level, limit)
+                if not ans["collected"]:
+                    continue
+                built = True
+                if ans["reason"]:
+                    reasons.append(f"{ws}: {ans['reason']}")
+                for it in ans["items"]:
+                    items.append({**it, "workspace": ws})
+        items.sort(key=_hit_key)
+        return {"built": built, "reason": "; ".join(reasons) or None, "items": items[:limit]}
 
     # -- GetStatus ---------------------------------------------------------------------------
 
@@ -525,3 +707,188 @@ class DocGraphLane:
             st.capability = "degraded"
             st.reason = "; ".join(reasons)[:1000]
         return st
+
+
+# -- Search mode=docs|themes through the graph -----------------------------------------------
+
+
+def _hit_key(item: dict[str, Any]) -> tuple[Any, ...]:
+    return (-float(item.get("score") or 0), item["workspace"], item["path"], item["start_line"])
+
+
+class GraphDocsLane:
+    """The code lane as Search sees it, with ``mode=docs|themes`` answered through the graph.
+
+    Other modes go to the code lane unchanged. In ``mode=docs`` the code lane's document
+    chunks (lexical and vector match) and the chunks the graph reaches (entities named by the
+    query, then its themes) are fused by reciprocal rank; in ``mode=themes`` the chunks reached
+    through themes come first, each with ``theme_id``. Every item says how it was reached
+    (``match_kind``: ``entity``, ``theme`` or ``lexical``) and which entities it matched, each
+    with the address of its mention. Every workspace in the caller's scope with a layer
+    answers; hits are merged by score, then workspace, path and line.
+
+    Degraded (the code lane's "plain retrieval" reason) only when no layer in scope is built or
+    the licence lacks the document graph; also degraded, with the reason, when a layer is
+    incomplete or a configured LLM could not split the query into keywords.
+    """
+
+    name = "code"
+
+    def __init__(
+        self, code: contract.CodeLane, graph: contract.DocGraphLane, allowed: Callable[[], bool]
+    ) -> None:
+        self.code = code
+        self.graph = graph
+        self._allowed = allowed  # () -> bool: the licence has the document graph
+        # Graph matches that ran out of time: part of the revision, so an answer made without
+        # the graph is not served from the cache once the graph may answer again.
+        self._timeouts = 0
+
+    def revision(self) -> Hashable | None:
+        base = self.code.revision()
+        if base is None:
+            return None
+        return base, bool(self._allowed()), self.graph.layer_revisions(), self._timeouts
+
+    async def search(self, q: LaneQuery) -> LaneResult:
+        if not q.docs_only or not q.docs_mode or not self._allowed():
+            return await self.code.search(q)
+        # The text match first, undisturbed (run side by side, the graph's Python work slowed
+        # it past the lane's timeout on a loaded machine, losing the whole lane).
+        result = await self.code.search(q)
+        # The graph match gets what is left of the lane's time but a margin for merging;
+        # past it the lane answers the text matches, degraded, and says why.
+        lane_deadline = LANE_DEADLINE.get()
+        wait = None if lane_deadline is None else (lane_deadline - time.monotonic()) * 0.6
+        try:
+            if wait is not None and wait <= 0.005:
+                raise TimeoutError
+            task = asyncio.ensure_future(
+                deadline.off_loop(
+                    self.graph.match_sync,
+                    q.query,
+                    q.docs_mode,
+                    q.workspaces,
+                    q.top_k,
+                    pool="docgraph",
+                )
+            )
+            done, _ = await asyncio.wait({task}, timeout=wait)
+            if not done:
+                # Left to finish (its reads stop at the deadline); its outcome is not used.
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                raise TimeoutError
+            match = task.result()
+        except TimeoutError:
+            self._timeouts += 1
+            result.warnings.append(
+                errors_pb2.Notice(
+                    code="KNOWLEDGE_LANE_DEGRADED",
+                    lane="code",
+                    message="document graph match did not finish within the lane's time",
+                )
+            )
+            result.lane.degradation_reason += "; DOCGRAPH_TIMEOUT: graph match not in time"
+            return result
+        if not match["built"]:
+            return result
+        return self._merge(result, match, q)
+
+    def _graph_only_item(self, gi: dict[str, Any], q: LaneQuery) -> search_pb2.CodeItem | None:
+        try:
+            chunk = self.code.get_chunk_sync(gi["chunk_id"], (gi["workspace"],)).chunk
+        except NotFound:
+            return None
+        item = search_pb2.CodeItem(
+            id=chunk.id,
+            chunk_id=chunk.chunk_id,
+            path=chunk.path,
+            start_line=chunk.start_line,
+            end_line=chunk.end_line,
+            source_kind=chunk.source_kind,
+            provenance="stated",
+            language=chunk.language,
+            workspace=chunk.workspace,
+            why=[f"graph: {m['name']}" for m in gi["matched_entities"][:3]],
+        )
+        if q.with_text:
+            item.snippet = chunk.text[: q.snippet_chars]
+        return item
+
+    def _merge(self, result: LaneResult, match: dict[str, Any], q: LaneQuery) -> LaneResult:
+        lane = result.lane
+        lexical = list(lane.items)
+        graph_items: list[dict[str, Any]] = match["items"]
+        by_chunk = {(i["workspace"], i["chunk_id"]): i for i in graph_items}
+        rrf: dict[tuple[str, str], float] = {}
+        for rank, it in enumerate(lexical, 1):
+            key = (it.workspace, it.chunk_id)
+            rrf[key] = rrf.get(key, 0.0) + 1.0 / (60 + rank)
+        # mode=docs: the graph's ranking counts a tenth of the text match's (it confirms and
+        # annotates text matches, breaks near-ties, and adds the chunks the words alone miss
+        # after them); mode=themes: theme evidence leads, the text matches follow it.
+        weight, boost = (1.0, 1.0) if q.docs_mode == "themes" else (GRAPH_WEIGHT, 0.0)
+        for rank, gi in enumerate(graph_items, 1):
+            key = (gi["workspace"], gi["chunk_id"])
+            rrf[key] = rrf.get(key, 0.0) + weight / (60 + rank) + boost
+        items: dict[tuple[str, str], Any] = {}
+        for it in lexical:
+            items.setdefault((it.workspace, it.chunk_id), it)
+        order = sorted(
+            rrf,
+            key=lambda k: (
+                -rrf[k],
+                k[0],
+                items[k].path if k in items else by_chunk[k]["path"],
+                k[1],
+            ),
+        )
+        ranked: list[tuple[str, str]] = []
+        for key in order:
+            if len(ranked) >= q.top_k:
+                break
+            if key not in items:  # reached through the graph only: read the chunk (kept ones)
+                item = self._graph_only_item(by_chunk[key], q)
+                if item is None:
+                    continue  # the code index moved on since the layer was built
+                items[key] = item
+            ranked.append(key)
+        del lane.items[:]
+        for key in ranked:
+            it = items[key]
+            gi = by_chunk.get(key)
+            it.score = round(rrf.get(key, 0.0), 6)
+            if gi is None:
+                it.match_kind = "lexical"
+            else:
+                it.match_kind = gi["match_kind"]
+                it.theme_id = gi.get("theme_id") or ""
+                for m in gi["matched_entities"]:
+                    it.matched_entities.append(
+                        docgraph_pb2.EntityRef(
+                            entity_id=m["entity_id"],
+                            name=m["name"],
+                            kind=m["kind"],
+                            addresses=[_address(m, gi["workspace"])],
+                        )
+                    )
+            lane.items.append(it)
+        # The graph answered: the lane is no longer plain retrieval.
+        rest = lane.degradation_reason.replace(DOCS_PLAIN_REASON, "").strip("; ")
+        parts = [rest] if rest else []
+        if match["reason"]:
+            parts.append(f"DOCGRAPH_DEGRADED: {match['reason']}")
+        lane.degradation_reason = "; ".join(parts)
+        lane.degraded = bool(parts)
+        keep = [w for w in result.warnings if w.message != DOCS_PLAIN_MESSAGE]
+        del result.warnings[:]
+        result.warnings.extend(keep)
+        if match["reason"]:
+            result.warnings.append(
+                errors_pb2.Notice(
+                    code="KNOWLEDGE_LANE_DEGRADED", lane="code", message=match["reason"][:300]
+                )
+            )
+        if lane.items:
+            lane.empty_reason = ""
+        return result

@@ -296,6 +296,7 @@ class Coordinator:
             until=v.until,
             outcome=v.outcome,
             docs_only=v.mode in ("docs", "themes"),
+            docs_mode=v.mode if v.mode in ("docs", "themes") else "",
             intent=r.intent,
         )
         # episodes and code are always present (invariant 1); skills only when asked.

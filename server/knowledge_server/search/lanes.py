@@ -62,6 +62,8 @@ class LaneQuery:
     outcome: str = "any"
     # mode=docs|themes: the code lane answers from document chunks only (Markdown, text).
     docs_only: bool = False
+    # "docs" or "themes" when the caller asked for that mode ("" otherwise).
+    docs_mode: str = ""
     # The router's intent (find_code, find_agent ...): the code lane weighs file kinds by it.
     intent: str = ""
 

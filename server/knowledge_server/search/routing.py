@@ -168,7 +168,7 @@ def route(query: str, mode: str, include: tuple[str, ...]) -> Route:
             weights,
             1.0,
             "high",
-            f"mode={mode} set by the caller: documents of the code lane; dual-level entity/theme matching is SearchLevels",
+            f"mode={mode} set by the caller: documents of the code lane, matched through the document graph's entities and themes when it is built",
         )
     if mode in WEIGHTS:
         weights = {lane: w for lane, w in WEIGHTS[mode].items() if lane in include}

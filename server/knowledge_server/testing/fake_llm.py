@@ -35,6 +35,7 @@ from knowledge_server.docgraph.prompts import (
     MEMBERS_OPEN,
     QUERY_CLOSE,
     QUERY_OPEN,
+    QUOTE_PREFIX,
     between,
 )
 from knowledge_server.textlang import REQUEST_WORDS, STOP_WORDS
@@ -217,7 +218,10 @@ def fake_keywords(query: str) -> dict[str, list[str]]:
 
 
 def fake_summary(payload: str, mode: str) -> dict[str, Any]:
+    """Names the members and quotes the first words of the first chunk's quote (if any)."""
     members = [ln[len("- entity: ") :] for ln in payload.split("\n") if ln.startswith("- entity: ")]
+    quoted = [ln[len(QUOTE_PREFIX) :] for ln in payload.split("\n") if ln.startswith(QUOTE_PREFIX)]
+    first_words = " ".join(" ".join(q for q in quoted if q.strip()).split()[:8])
     chunks = [
         ln[len("- chunk: ") :].split(" ", 1)[0]
         for ln in payload.split("\n")
@@ -227,6 +231,7 @@ def fake_summary(payload: str, mode: str) -> dict[str, Any]:
         "Theme linking "
         + ", ".join(members[:5])
         + (f" and {len(members) - 5} more." if len(members) > 5 else ".")
+        + (f' Quoted: "{first_words}"' if first_words else "")
     )
     citations = [] if mode == "no_citations" else chunks[:3]
     return {"summary": summary, "citations": citations}
@@ -270,7 +275,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, b'{"error":"bad request"}')
             return
         task = system.split("\n", 1)[0].removeprefix("TASK:").split(" ", 1)[0]
-        marker = _MARKER.search(user)
+        # Quoted document text (summary prompts) never switches the mode: only a chunk under
+        # extraction, or the request's own lines, may carry a marker.
+        own = "\n".join(ln for ln in user.split("\n") if not ln.startswith(QUOTE_PREFIX))
+        marker = _MARKER.search(own)
         mode = marker.group(1) if marker else owner.mode
         with owner.lock:
             owner.calls += 1
@@ -283,7 +291,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif task == "query_keywords":
             answer = fake_keywords(between(user, QUERY_OPEN, QUERY_CLOSE) or "")
         elif task == "theme_summary":
-            answer = fake_summary(between(user, MEMBERS_OPEN, MEMBERS_CLOSE) or "", mode)
+            payload = between(user, MEMBERS_OPEN, MEMBERS_CLOSE) or ""
+            with owner.lock:
+                owner.summary_payloads.append(payload)
+            answer = fake_summary(payload, mode)
         else:
             answer = {}
         content = json.dumps(answer, sort_keys=True)
@@ -319,6 +330,8 @@ class FakeLLMServer:
         self.mode = mode
         self.calls = 0
         self.by_task: Counter[str] = Counter()
+        # What each theme_summary request was given (members, chunk lines, quotes).
+        self.summary_payloads: list[str] = []
         self.lock = threading.Lock()
         self._httpd = _Server((host, port), _Handler)
         self._httpd.owner = self
@@ -344,6 +357,7 @@ class FakeLLMServer:
         with self.lock:
             self.calls = 0
             self.by_task.clear()
+            self.summary_payloads.clear()
 
     def __enter__(self) -> Self:
         return self.start()

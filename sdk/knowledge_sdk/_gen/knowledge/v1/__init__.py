@@ -95,6 +95,7 @@ __all__ = (
     "LaneStatus",
     "LaneTrace",
     "Lanes",
+    "LayerProvenance",
     "Limits",
     "ListFeedbackRequest",
     "ListFeedbackResponse",
@@ -994,6 +995,25 @@ class CodeItem(betterproto2.Message):
     Workspace root the path is relative to.
     """
 
+    match_kind: "str" = betterproto2.field(14, betterproto2.TYPE_STRING)
+    """
+    mode=docs|themes with a built document graph: how the chunk was reached, "entity" (a
+    named entity of the query, low level), "theme" (a theme of the query, high level) or
+    "lexical" (text match only); empty in other modes.
+    """
+
+    matched_entities: "list[EntityRef]" = betterproto2.field(
+        15, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    Document-graph entities the chunk matched, each with the address of its mention there.
+    """
+
+    theme_id: "str" = betterproto2.field(16, betterproto2.TYPE_STRING)
+    """
+    The theme the chunk was reached through (match_kind "theme"), else empty.
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "CodeItem", CodeItem)
 
@@ -1800,6 +1820,13 @@ class DocRelationsResponse(betterproto2.Message):
     Relations.
     """
 
+    layer_provenance: "list[LayerProvenance]" = betterproto2.field(
+        30, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The layers the answer comes from, one per workspace, in workspace order.
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "DocRelationsResponse", DocRelationsResponse)
 
@@ -2046,6 +2073,13 @@ class EntityNeighborsResponse(betterproto2.Message):
     neighbors: "list[Neighbor]" = betterproto2.field(11, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     Its neighbours.
+    """
+
+    layer_provenance: "list[LayerProvenance]" = betterproto2.field(
+        30, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The layers the answer comes from, one per workspace, in workspace order.
     """
 
 
@@ -2790,6 +2824,13 @@ class GlobalOverviewResponse(betterproto2.Message):
     )
     """
     Most mentioned entities with addresses.
+    """
+
+    layer_provenance: "list[LayerProvenance]" = betterproto2.field(
+        30, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The layers the answer comes from, one per workspace, in workspace order.
     """
 
 
@@ -3585,6 +3626,48 @@ class LaneTrace(betterproto2.Message):
 
 
 default_message_pool.register_message("knowledge.v1", "LaneTrace", LaneTrace)
+
+
+@dataclass(eq=False, repr=False)
+class LayerProvenance(betterproto2.Message):
+    """
+    Which build of a workspace's layer an answer comes from, for an auditor: the model that
+    extracted it, the prompt versions, the layer fingerprint and when it was built.
+    """
+
+    workspace: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+    """
+    Workspace root of the layer.
+    """
+
+    model: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+    """
+    Model identity "provider:model:version" ("none": structural facts only, no LLM).
+    """
+
+    prompt_versions: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
+    """
+    Prompt and extractor versions the layer was built with, e.g. "docgraph-extract/1",
+    "docgraph-summary/2", "docgraph-keywords/1", "structural/2".
+    """
+
+    fingerprint: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+    """
+    Layer fingerprint (sha256 over chunks, model, prompts, settings).
+    """
+
+    built_at: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+    """
+    When the revision was written (ISO 8601, UTC).
+    """
+
+    source_index_rev: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    Code index revision the layer was built from.
+    """
+
+
+default_message_pool.register_message("knowledge.v1", "LayerProvenance", LayerProvenance)
 
 
 @dataclass(eq=False, repr=False)
@@ -5391,6 +5474,13 @@ class SearchLevelsResponse(betterproto2.Message):
     Why it is degraded.
     """
 
+    layer_provenance: "list[LayerProvenance]" = betterproto2.field(
+        30, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The layers the answer comes from, one per workspace, in workspace order.
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "SearchLevelsResponse", SearchLevelsResponse)
 
@@ -5919,6 +6009,13 @@ class ThemesResponse(betterproto2.Message):
     Themes.
     """
 
+    layer_provenance: "list[LayerProvenance]" = betterproto2.field(
+        30, betterproto2.TYPE_MESSAGE, repeated=True
+    )
+    """
+    The layers the answer comes from, one per workspace, in workspace order.
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "ThemesResponse", ThemesResponse)
 
@@ -6293,7 +6390,7 @@ class DocGraphServiceStub:
     The document graph (Enterprise feature "doc-graph"): entities, relations and themes
     extracted from documents. Fixed, read-only operations; every fact carries `path:line`.
     Every response has the common envelope: op, index_rev, capability, provenance, found,
-    collected, reason, error, limits.
+    collected, reason, error, limits, and layer_provenance (which model, prompts and build).
     """
 
     def __init__(self, channel: grpc.Channel):

@@ -190,6 +190,54 @@ class Theme(_message.Message):
 Global___Theme: _TypeAlias = Theme  # noqa: Y015
 
 @_typing.final
+class LayerProvenance(_message.Message):
+    """Which build of a workspace's layer an answer comes from, for an auditor: the model that
+    extracted it, the prompt versions, the layer fingerprint and when it was built.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    PROMPT_VERSIONS_FIELD_NUMBER: _builtins.int
+    FINGERPRINT_FIELD_NUMBER: _builtins.int
+    BUILT_AT_FIELD_NUMBER: _builtins.int
+    SOURCE_INDEX_REV_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    """Workspace root of the layer."""
+    model: _builtins.str
+    """Model identity "provider:model:version" ("none": structural facts only, no LLM)."""
+    fingerprint: _builtins.str
+    """Layer fingerprint (sha256 over chunks, model, prompts, settings)."""
+    built_at: _builtins.str
+    """When the revision was written (ISO 8601, UTC)."""
+    source_index_rev: _builtins.str
+    """Code index revision the layer was built from."""
+    @_builtins.property
+    def prompt_versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Prompt and extractor versions the layer was built with, e.g. "docgraph-extract/1",
+        "docgraph-summary/2", "docgraph-keywords/1", "structural/2".
+        """
+
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        model: _builtins.str = ...,
+        prompt_versions: _abc.Iterable[_builtins.str] | None = ...,
+        fingerprint: _builtins.str = ...,
+        built_at: _builtins.str = ...,
+        source_index_rev: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["built_at", b"built_at", "fingerprint", b"fingerprint", "model", b"model", "prompt_versions", b"prompt_versions", "source_index_rev", b"source_index_rev", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LayerProvenance: _TypeAlias = LayerProvenance  # noqa: Y015
+
+@_typing.final
 class ThemesRequest(_message.Message):
     """Request of the themes operation."""
 
@@ -231,6 +279,7 @@ class ThemesResponse(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
     THEMES_FIELD_NUMBER: _builtins.int
+    LAYER_PROVENANCE_FIELD_NUMBER: _builtins.int
     op: _builtins.str
     """"themes"."""
     index_rev: _builtins.str
@@ -257,6 +306,10 @@ class ThemesResponse(_message.Message):
     def themes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Theme]:
         """Themes."""
 
+    @_builtins.property
+    def layer_provenance(self) -> _containers.RepeatedCompositeFieldContainer[Global___LayerProvenance]:
+        """The layers the answer comes from, one per workspace, in workspace order."""
+
     def __init__(
         self,
         *,
@@ -270,10 +323,11 @@ class ThemesResponse(_message.Message):
         error: _errors_pb2.Notice | None = ...,
         limits: Global___OpLimits | None = ...,
         themes: _abc.Iterable[Global___Theme] | None = ...,
+        layer_provenance: _abc.Iterable[Global___LayerProvenance] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "collected", b"collected", "error", b"error", "found", b"found", "index_rev", b"index_rev", "limits", b"limits", "op", b"op", "provenance", b"provenance", "reason", b"reason", "themes", b"themes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "collected", b"collected", "error", b"error", "found", b"found", "index_rev", b"index_rev", "layer_provenance", b"layer_provenance", "limits", b"limits", "op", b"op", "provenance", b"provenance", "reason", b"reason", "themes", b"themes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -386,6 +440,7 @@ class EntityNeighborsResponse(_message.Message):
     LIMITS_FIELD_NUMBER: _builtins.int
     ENTITY_FIELD_NUMBER: _builtins.int
     NEIGHBORS_FIELD_NUMBER: _builtins.int
+    LAYER_PROVENANCE_FIELD_NUMBER: _builtins.int
     op: _builtins.str
     """"entity_neighbors"."""
     index_rev: _builtins.str
@@ -416,6 +471,10 @@ class EntityNeighborsResponse(_message.Message):
     def neighbors(self) -> _containers.RepeatedCompositeFieldContainer[Global___Neighbor]:
         """Its neighbours."""
 
+    @_builtins.property
+    def layer_provenance(self) -> _containers.RepeatedCompositeFieldContainer[Global___LayerProvenance]:
+        """The layers the answer comes from, one per workspace, in workspace order."""
+
     def __init__(
         self,
         *,
@@ -430,10 +489,11 @@ class EntityNeighborsResponse(_message.Message):
         limits: Global___OpLimits | None = ...,
         entity: Global___EntityRef | None = ...,
         neighbors: _abc.Iterable[Global___Neighbor] | None = ...,
+        layer_provenance: _abc.Iterable[Global___LayerProvenance] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["entity", b"entity", "error", b"error", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "collected", b"collected", "entity", b"entity", "error", b"error", "found", b"found", "index_rev", b"index_rev", "limits", b"limits", "neighbors", b"neighbors", "op", b"op", "provenance", b"provenance", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "collected", b"collected", "entity", b"entity", "error", b"error", "found", b"found", "index_rev", b"index_rev", "layer_provenance", b"layer_provenance", "limits", b"limits", "neighbors", b"neighbors", "op", b"op", "provenance", b"provenance", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -528,6 +588,7 @@ class DocRelationsResponse(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
     RELATIONS_FIELD_NUMBER: _builtins.int
+    LAYER_PROVENANCE_FIELD_NUMBER: _builtins.int
     op: _builtins.str
     """"doc_relations"."""
     index_rev: _builtins.str
@@ -554,6 +615,10 @@ class DocRelationsResponse(_message.Message):
     def relations(self) -> _containers.RepeatedCompositeFieldContainer[Global___DocRelation]:
         """Relations."""
 
+    @_builtins.property
+    def layer_provenance(self) -> _containers.RepeatedCompositeFieldContainer[Global___LayerProvenance]:
+        """The layers the answer comes from, one per workspace, in workspace order."""
+
     def __init__(
         self,
         *,
@@ -567,10 +632,11 @@ class DocRelationsResponse(_message.Message):
         error: _errors_pb2.Notice | None = ...,
         limits: Global___OpLimits | None = ...,
         relations: _abc.Iterable[Global___DocRelation] | None = ...,
+        layer_provenance: _abc.Iterable[Global___LayerProvenance] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "collected", b"collected", "error", b"error", "found", b"found", "index_rev", b"index_rev", "limits", b"limits", "op", b"op", "provenance", b"provenance", "reason", b"reason", "relations", b"relations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "collected", b"collected", "error", b"error", "found", b"found", "index_rev", b"index_rev", "layer_provenance", b"layer_provenance", "limits", b"limits", "op", b"op", "provenance", b"provenance", "reason", b"reason", "relations", b"relations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -623,6 +689,7 @@ class GlobalOverviewResponse(_message.Message):
     CHUNKS_FIELD_NUMBER: _builtins.int
     SUMMARIES_FIELD_NUMBER: _builtins.int
     TOP_ENTITIES_FIELD_NUMBER: _builtins.int
+    LAYER_PROVENANCE_FIELD_NUMBER: _builtins.int
     op: _builtins.str
     """"global_overview"."""
     index_rev: _builtins.str
@@ -669,6 +736,10 @@ class GlobalOverviewResponse(_message.Message):
     def top_entities(self) -> _containers.RepeatedCompositeFieldContainer[Global___EntityRef]:
         """Most mentioned entities with addresses."""
 
+    @_builtins.property
+    def layer_provenance(self) -> _containers.RepeatedCompositeFieldContainer[Global___LayerProvenance]:
+        """The layers the answer comes from, one per workspace, in workspace order."""
+
     def __init__(
         self,
         *,
@@ -691,10 +762,11 @@ class GlobalOverviewResponse(_message.Message):
         chunks: _builtins.int = ...,
         summaries: _builtins.int = ...,
         top_entities: _abc.Iterable[Global___EntityRef] | None = ...,
+        layer_provenance: _abc.Iterable[Global___LayerProvenance] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "chunks", b"chunks", "collected", b"collected", "degradation_reason", b"degradation_reason", "degraded", b"degraded", "documents", b"documents", "entities", b"entities", "error", b"error", "found", b"found", "index_rev", b"index_rev", "limits", b"limits", "op", b"op", "provenance", b"provenance", "reason", b"reason", "relations", b"relations", "summaries", b"summaries", "themes", b"themes", "top_entities", b"top_entities", "top_themes", b"top_themes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "chunks", b"chunks", "collected", b"collected", "degradation_reason", b"degradation_reason", "degraded", b"degraded", "documents", b"documents", "entities", b"entities", "error", b"error", "found", b"found", "index_rev", b"index_rev", "layer_provenance", b"layer_provenance", "limits", b"limits", "op", b"op", "provenance", b"provenance", "reason", b"reason", "relations", b"relations", "summaries", b"summaries", "themes", b"themes", "top_entities", b"top_entities", "top_themes", b"top_themes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -793,6 +865,7 @@ class SearchLevelsResponse(_message.Message):
     ITEMS_FIELD_NUMBER: _builtins.int
     DEGRADED_FIELD_NUMBER: _builtins.int
     DEGRADATION_REASON_FIELD_NUMBER: _builtins.int
+    LAYER_PROVENANCE_FIELD_NUMBER: _builtins.int
     op: _builtins.str
     """"search_levels"."""
     index_rev: _builtins.str
@@ -835,6 +908,10 @@ class SearchLevelsResponse(_message.Message):
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___DocHit]:
         """Chunks matching the low level."""
 
+    @_builtins.property
+    def layer_provenance(self) -> _containers.RepeatedCompositeFieldContainer[Global___LayerProvenance]:
+        """The layers the answer comes from, one per workspace, in workspace order."""
+
     def __init__(
         self,
         *,
@@ -853,10 +930,11 @@ class SearchLevelsResponse(_message.Message):
         items: _abc.Iterable[Global___DocHit] | None = ...,
         degraded: _builtins.bool = ...,
         degradation_reason: _builtins.str = ...,
+        layer_provenance: _abc.Iterable[Global___LayerProvenance] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "collected", b"collected", "degradation_reason", b"degradation_reason", "degraded", b"degraded", "error", b"error", "found", b"found", "high_level", b"high_level", "index_rev", b"index_rev", "items", b"items", "limits", b"limits", "low_level", b"low_level", "op", b"op", "provenance", b"provenance", "reason", b"reason", "themes", b"themes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "collected", b"collected", "degradation_reason", b"degradation_reason", "degraded", b"degraded", "error", b"error", "found", b"found", "high_level", b"high_level", "index_rev", b"index_rev", "items", b"items", "layer_provenance", b"layer_provenance", "limits", b"limits", "low_level", b"low_level", "op", b"op", "provenance", b"provenance", "reason", b"reason", "themes", b"themes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

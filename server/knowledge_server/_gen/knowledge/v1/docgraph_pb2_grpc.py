@@ -30,7 +30,7 @@ class DocGraphServiceStub:
     """The document graph (Enterprise feature "doc-graph"): entities, relations and themes
     extracted from documents. Fixed, read-only operations; every fact carries `path:line`.
     Every response has the common envelope: op, index_rev, capability, provenance, found,
-    collected, reason, error, limits.
+    collected, reason, error, limits, and layer_provenance (which model, prompts and build).
     """
 
     def __init__(self, channel):
@@ -70,7 +70,7 @@ class DocGraphServiceServicer:
     """The document graph (Enterprise feature "doc-graph"): entities, relations and themes
     extracted from documents. Fixed, read-only operations; every fact carries `path:line`.
     Every response has the common envelope: op, index_rev, capability, provenance, found,
-    collected, reason, error, limits.
+    collected, reason, error, limits, and layer_provenance (which model, prompts and build).
     """
 
     def Themes(self, request, context):
@@ -148,7 +148,7 @@ class DocGraphService:
     """The document graph (Enterprise feature "doc-graph"): entities, relations and themes
     extracted from documents. Fixed, read-only operations; every fact carries `path:line`.
     Every response has the common envelope: op, index_rev, capability, provenance, found,
-    collected, reason, error, limits.
+    collected, reason, error, limits, and layer_provenance (which model, prompts and build).
     """
 
     @staticmethod

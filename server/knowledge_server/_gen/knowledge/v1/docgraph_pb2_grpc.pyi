@@ -30,7 +30,7 @@ class DocGraphServiceStub:
     """The document graph (Enterprise feature "doc-graph"): entities, relations and themes
     extracted from documents. Fixed, read-only operations; every fact carries `path:line`.
     Every response has the common envelope: op, index_rev, capability, provenance, found,
-    collected, reason, error, limits.
+    collected, reason, error, limits, and layer_provenance (which model, prompts and build).
     """
 
     @_typing.overload
@@ -53,7 +53,7 @@ class DocGraphServiceAsyncStub(DocGraphServiceStub):
     """The document graph (Enterprise feature "doc-graph"): entities, relations and themes
     extracted from documents. Fixed, read-only operations; every fact carries `path:line`.
     Every response has the common envelope: op, index_rev, capability, provenance, found,
-    collected, reason, error, limits.
+    collected, reason, error, limits, and layer_provenance (which model, prompts and build).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -72,7 +72,7 @@ class DocGraphServiceServicer(metaclass=_abc_1.ABCMeta):
     """The document graph (Enterprise feature "doc-graph"): entities, relations and themes
     extracted from documents. Fixed, read-only operations; every fact carries `path:line`.
     Every response has the common envelope: op, index_rev, capability, provenance, found,
-    collected, reason, error, limits.
+    collected, reason, error, limits, and layer_provenance (which model, prompts and build).
     """
 
     @_abc_1.abstractmethod

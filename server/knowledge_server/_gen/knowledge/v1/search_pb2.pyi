@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from knowledge_server._gen.knowledge.v1 import docgraph_pb2 as _docgraph_pb2
 from knowledge_server._gen.knowledge.v1 import errors_pb2 as _errors_pb2
 import builtins as _builtins
 import sys
@@ -553,6 +554,9 @@ class CodeItem(_message.Message):
     SYMBOL_FIELD_NUMBER: _builtins.int
     LANGUAGE_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
+    MATCH_KIND_FIELD_NUMBER: _builtins.int
+    MATCHED_ENTITIES_FIELD_NUMBER: _builtins.int
+    THEME_ID_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """"chunk:" + chunk_id."""
     chunk_id: _builtins.str
@@ -577,9 +581,20 @@ class CodeItem(_message.Message):
     """Language of the file."""
     workspace: _builtins.str
     """Workspace root the path is relative to."""
+    match_kind: _builtins.str
+    """mode=docs|themes with a built document graph: how the chunk was reached, "entity" (a
+    named entity of the query, low level), "theme" (a theme of the query, high level) or
+    "lexical" (text match only); empty in other modes.
+    """
+    theme_id: _builtins.str
+    """The theme the chunk was reached through (match_kind "theme"), else empty."""
     @_builtins.property
     def why(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Contributions, e.g. "lex: mysql", "vec: 0.83"."""
+
+    @_builtins.property
+    def matched_entities(self) -> _containers.RepeatedCompositeFieldContainer[_docgraph_pb2.EntityRef]:
+        """Document-graph entities the chunk matched, each with the address of its mention there."""
 
     def __init__(
         self,
@@ -597,10 +612,13 @@ class CodeItem(_message.Message):
         symbol: _builtins.str = ...,
         language: _builtins.str = ...,
         workspace: _builtins.str = ...,
+        match_kind: _builtins.str = ...,
+        matched_entities: _abc.Iterable[_docgraph_pb2.EntityRef] | None = ...,
+        theme_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "end_line", b"end_line", "id", b"id", "language", b"language", "path", b"path", "provenance", b"provenance", "score", b"score", "snippet", b"snippet", "source_kind", b"source_kind", "start_line", b"start_line", "symbol", b"symbol", "why", b"why", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "end_line", b"end_line", "id", b"id", "language", b"language", "match_kind", b"match_kind", "matched_entities", b"matched_entities", "path", b"path", "provenance", b"provenance", "score", b"score", "snippet", b"snippet", "source_kind", b"source_kind", "start_line", b"start_line", "symbol", b"symbol", "theme_id", b"theme_id", "why", b"why", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

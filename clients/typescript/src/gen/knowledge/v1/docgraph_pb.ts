@@ -13,7 +13,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file knowledge/v1/docgraph.proto.
  */
 export const file_knowledge_v1_docgraph: GenFile = /*@__PURE__*/
-  fileDesc("Chtrbm93bGVkZ2UvdjEvZG9jZ3JhcGgucHJvdG8SDGtub3dsZWRnZS52MSJiCgdBZGRyZXNzEhAKCGNodW5rX2lkGAEgASgJEgwKBHBhdGgYAiABKAkSEgoKc3RhcnRfbGluZRgDIAEoBRIQCghlbmRfbGluZRgEIAEoBRIRCgl3b3Jrc3BhY2UYBSABKAkiQgoIT3BMaW1pdHMSEQoJcmVxdWVzdGVkGAEgASgFEhAKCHJldHVybmVkGAIgASgFEhEKCXRydW5jYXRlZBgDIAEoCCKIAQoJRW50aXR5UmVmEhEKCWVudGl0eV9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEgwKBGtpbmQYAyABKAkSEAoIbWVudGlvbnMYBCABKAUSKAoJYWRkcmVzc2VzGAUgAygLMhUua25vd2xlZGdlLnYxLkFkZHJlc3MSEAoIYnVpbHRfYnkYBiABKAki8QEKBVRoZW1lEhAKCHRoZW1lX2lkGAEgASgJEg0KBXRpdGxlGAIgASgJEgwKBHNpemUYAyABKAUSLQoMdG9wX2VudGl0aWVzGAQgAygLMhcua25vd2xlZGdlLnYxLkVudGl0eVJlZhIUCgdzdW1tYXJ5GAUgASgJSACIAQESKAoJY2l0YXRpb25zGAYgAygLMhUua25vd2xlZGdlLnYxLkFkZHJlc3MSFgoOc2VlZF9lbnRpdHlfaWQYByABKAkSJgoHYWRkcmVzcxgIIAEoCzIVLmtub3dsZWRnZS52MS5BZGRyZXNzQgoKCF9zdW1tYXJ5IkAKDVRoZW1lc1JlcXVlc3QSFgoFc2NvcGUYASABKAlCB8K+GAMogCASFwoFbGltaXQYAiABKAVCCMK+GAQYASBkIvsBCg5UaGVtZXNSZXNwb25zZRIKCgJvcBgBIAEoCRIRCglpbmRleF9yZXYYAiABKAkSEgoKY2FwYWJpbGl0eRgDIAEoCRISCgpwcm92ZW5hbmNlGAQgASgJEg0KBWZvdW5kGAUgASgIEhEKCWNvbGxlY3RlZBgGIAEoCBIOCgZyZWFzb24YByABKAkSIwoFZXJyb3IYCCABKAsyFC5rbm93bGVkZ2UudjEuTm90aWNlEiYKBmxpbWl0cxgJIAEoCzIWLmtub3dsZWRnZS52MS5PcExpbWl0cxIjCgZ0aGVtZXMYCiADKAsyEy5rbm93bGVkZ2UudjEuVGhlbWUiiQEKFkVudGl0eU5laWdoYm9yc1JlcXVlc3QSGQoGZW50aXR5GAEgASgJQgnCvhgFCAEogCASFwoFZGVwdGgYAiABKAVCCMK+GAQYASADEiEKBGtpbmQYAyABKAlCE8K+GA8SBmVudGl0eRIFdGhlbWUSGAoFbGltaXQYBCABKAVCCcK+GAUYASDIASKuAQoITmVpZ2hib3ISCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRIMCgRraW5kGAMgASgJEg4KBndlaWdodBgEIAEoARINCgVkZXB0aBgFIAEoBRIQCghyZWxhdGlvbhgGIAEoCRImCgdhZGRyZXNzGAcgASgLMhUua25vd2xlZGdlLnYxLkFkZHJlc3MSEQoJZGlyZWN0aW9uGAggASgJEg4KBnZpYV9pZBgJIAEoCSKzAgoXRW50aXR5TmVpZ2hib3JzUmVzcG9uc2USCgoCb3AYASABKAkSEQoJaW5kZXhfcmV2GAIgASgJEhIKCmNhcGFiaWxpdHkYAyABKAkSEgoKcHJvdmVuYW5jZRgEIAEoCRINCgVmb3VuZBgFIAEoCBIRCgljb2xsZWN0ZWQYBiABKAgSDgoGcmVhc29uGAcgASgJEiMKBWVycm9yGAggASgLMhQua25vd2xlZGdlLnYxLk5vdGljZRImCgZsaW1pdHMYCSABKAsyFi5rbm93bGVkZ2UudjEuT3BMaW1pdHMSJwoGZW50aXR5GAogASgLMhcua25vd2xlZGdlLnYxLkVudGl0eVJlZhIpCgluZWlnaGJvcnMYCyADKAsyFi5rbm93bGVkZ2UudjEuTmVpZ2hib3IiXgoTRG9jUmVsYXRpb25zUmVxdWVzdBIUCgNkb2MYASABKAlCB8K+GAMogCASFwoGZW50aXR5GAIgASgJQgfCvhgDKIAgEhgKBWxpbWl0GAMgASgFQgnCvhgFGAEgyAEingEKC0RvY1JlbGF0aW9uEgwKBGZyb20YASABKAkSCgoCdG8YAiABKAkSLQoMdmlhX2VudGl0aWVzGAMgAygLMhcua25vd2xlZGdlLnYxLkVudGl0eVJlZhIoCgljaXRhdGlvbnMYBCADKAsyFS5rbm93bGVkZ2UudjEuQWRkcmVzcxIMCgRraW5kGAUgASgJEg4KBndlaWdodBgGIAEoASKKAgoURG9jUmVsYXRpb25zUmVzcG9uc2USCgoCb3AYASABKAkSEQoJaW5kZXhfcmV2GAIgASgJEhIKCmNhcGFiaWxpdHkYAyABKAkSEgoKcHJvdmVuYW5jZRgEIAEoCRINCgVmb3VuZBgFIAEoCBIRCgljb2xsZWN0ZWQYBiABKAgSDgoGcmVhc29uGAcgASgJEiMKBWVycm9yGAggASgLMhQua25vd2xlZGdlLnYxLk5vdGljZRImCgZsaW1pdHMYCSABKAsyFi5rbm93bGVkZ2UudjEuT3BMaW1pdHMSLAoJcmVsYXRpb25zGAogAygLMhkua25vd2xlZGdlLnYxLkRvY1JlbGF0aW9uIjAKFUdsb2JhbE92ZXJ2aWV3UmVxdWVzdBIXCgVsaW1pdBgBIAEoBUIIwr4YBBgBIDIizwMKFkdsb2JhbE92ZXJ2aWV3UmVzcG9uc2USCgoCb3AYASABKAkSEQoJaW5kZXhfcmV2GAIgASgJEhIKCmNhcGFiaWxpdHkYAyABKAkSEgoKcHJvdmVuYW5jZRgEIAEoCRINCgVmb3VuZBgFIAEoCBIRCgljb2xsZWN0ZWQYBiABKAgSDgoGcmVhc29uGAcgASgJEiMKBWVycm9yGAggASgLMhQua25vd2xlZGdlLnYxLk5vdGljZRImCgZsaW1pdHMYCSABKAsyFi5rbm93bGVkZ2UudjEuT3BMaW1pdHMSEQoJZG9jdW1lbnRzGAogASgDEhAKCGVudGl0aWVzGAsgASgDEhEKCXJlbGF0aW9ucxgMIAEoAxIOCgZ0aGVtZXMYDSABKAMSJwoKdG9wX3RoZW1lcxgOIAMoCzITLmtub3dsZWRnZS52MS5UaGVtZRIQCghkZWdyYWRlZBgPIAEoCBIaChJkZWdyYWRhdGlvbl9yZWFzb24YECABKAkSDgoGY2h1bmtzGBEgASgDEhEKCXN1bW1hcmllcxgSIAEoAxItCgx0b3BfZW50aXRpZXMYEyADKAsyFy5rbm93bGVkZ2UudjEuRW50aXR5UmVmIkgKE1NlYXJjaExldmVsc1JlcXVlc3QSGAoFcXVlcnkYASABKAlCCcK+GAUIASiAIBIXCgVsaW1pdBgCIAEoBUIIwr4YBBgBIDIiqQEKBkRvY0hpdBImCgdhZGRyZXNzGAEgASgLMhUua25vd2xlZGdlLnYxLkFkZHJlc3MSEgoKbWF0Y2hfa2luZBgCIAEoCRIxChBtYXRjaGVkX2VudGl0aWVzGAMgAygLMhcua25vd2xlZGdlLnYxLkVudGl0eVJlZhINCgVzY29yZRgEIAEoARIPCgdzbmlwcGV0GAUgASgJEhAKCHRoZW1lX2lkGAYgASgJIvsCChRTZWFyY2hMZXZlbHNSZXNwb25zZRIKCgJvcBgBIAEoCRIRCglpbmRleF9yZXYYAiABKAkSEgoKY2FwYWJpbGl0eRgDIAEoCRISCgpwcm92ZW5hbmNlGAQgASgJEg0KBWZvdW5kGAUgASgIEhEKCWNvbGxlY3RlZBgGIAEoCBIOCgZyZWFzb24YByABKAkSIwoFZXJyb3IYCCABKAsyFC5rbm93bGVkZ2UudjEuTm90aWNlEiYKBmxpbWl0cxgJIAEoCzIWLmtub3dsZWRnZS52MS5PcExpbWl0cxISCgpoaWdoX2xldmVsGAogAygJEhEKCWxvd19sZXZlbBgLIAMoCRIjCgZ0aGVtZXMYDCADKAsyEy5rbm93bGVkZ2UudjEuVGhlbWUSIwoFaXRlbXMYDSADKAsyFC5rbm93bGVkZ2UudjEuRG9jSGl0EhAKCGRlZ3JhZGVkGA4gASgIEhoKEmRlZ3JhZGF0aW9uX3JlYXNvbhgPIAEoCTK5BAoPRG9jR3JhcGhTZXJ2aWNlElsKBlRoZW1lcxIbLmtub3dsZWRnZS52MS5UaGVtZXNSZXF1ZXN0Ghwua25vd2xlZGdlLnYxLlRoZW1lc1Jlc3BvbnNlIhaQAgG6vhgPCglkb2MtZ3JhcGgQAxgBEnYKD0VudGl0eU5laWdoYm9ycxIkLmtub3dsZWRnZS52MS5FbnRpdHlOZWlnaGJvcnNSZXF1ZXN0GiUua25vd2xlZGdlLnYxLkVudGl0eU5laWdoYm9yc1Jlc3BvbnNlIhaQAgG6vhgPCglkb2MtZ3JhcGgQAxgBEm0KDERvY1JlbGF0aW9ucxIhLmtub3dsZWRnZS52MS5Eb2NSZWxhdGlvbnNSZXF1ZXN0GiIua25vd2xlZGdlLnYxLkRvY1JlbGF0aW9uc1Jlc3BvbnNlIhaQAgG6vhgPCglkb2MtZ3JhcGgQAxgBEnMKDkdsb2JhbE92ZXJ2aWV3EiMua25vd2xlZGdlLnYxLkdsb2JhbE92ZXJ2aWV3UmVxdWVzdBokLmtub3dsZWRnZS52MS5HbG9iYWxPdmVydmlld1Jlc3BvbnNlIhaQAgG6vhgPCglkb2MtZ3JhcGgQAxgBEm0KDFNlYXJjaExldmVscxIhLmtub3dsZWRnZS52MS5TZWFyY2hMZXZlbHNSZXF1ZXN0GiIua25vd2xlZGdlLnYxLlNlYXJjaExldmVsc1Jlc3BvbnNlIhaQAgG6vhgPCglkb2MtZ3JhcGgQAxgBQpoBCiFjb20ua25vd2xlZGdlc2VydmljZS5rbm93bGVkZ2UudjFCDURvY2dyYXBoUHJvdG9QAVowa25vd2xlZGdlc2VydmljZS9nZW4vZ28va25vd2xlZGdlL3YxO2tub3dsZWRnZXYxogIDS1hYqgIMS25vd2xlZGdlLlYxygIMS25vd2xlZGdlXFYx6gINS25vd2xlZGdlOjpWMWIGcHJvdG8z", [file_knowledge_v1_errors, file_knowledge_v1_options]);
+  fileDesc("Chtrbm93bGVkZ2UvdjEvZG9jZ3JhcGgucHJvdG8SDGtub3dsZWRnZS52MSJiCgdBZGRyZXNzEhAKCGNodW5rX2lkGAEgASgJEgwKBHBhdGgYAiABKAkSEgoKc3RhcnRfbGluZRgDIAEoBRIQCghlbmRfbGluZRgEIAEoBRIRCgl3b3Jrc3BhY2UYBSABKAkiQgoIT3BMaW1pdHMSEQoJcmVxdWVzdGVkGAEgASgFEhAKCHJldHVybmVkGAIgASgFEhEKCXRydW5jYXRlZBgDIAEoCCKIAQoJRW50aXR5UmVmEhEKCWVudGl0eV9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEgwKBGtpbmQYAyABKAkSEAoIbWVudGlvbnMYBCABKAUSKAoJYWRkcmVzc2VzGAUgAygLMhUua25vd2xlZGdlLnYxLkFkZHJlc3MSEAoIYnVpbHRfYnkYBiABKAki8QEKBVRoZW1lEhAKCHRoZW1lX2lkGAEgASgJEg0KBXRpdGxlGAIgASgJEgwKBHNpemUYAyABKAUSLQoMdG9wX2VudGl0aWVzGAQgAygLMhcua25vd2xlZGdlLnYxLkVudGl0eVJlZhIUCgdzdW1tYXJ5GAUgASgJSACIAQESKAoJY2l0YXRpb25zGAYgAygLMhUua25vd2xlZGdlLnYxLkFkZHJlc3MSFgoOc2VlZF9lbnRpdHlfaWQYByABKAkSJgoHYWRkcmVzcxgIIAEoCzIVLmtub3dsZWRnZS52MS5BZGRyZXNzQgoKCF9zdW1tYXJ5Io0BCg9MYXllclByb3ZlbmFuY2USEQoJd29ya3NwYWNlGAEgASgJEg0KBW1vZGVsGAIgASgJEhcKD3Byb21wdF92ZXJzaW9ucxgDIAMoCRITCgtmaW5nZXJwcmludBgEIAEoCRIQCghidWlsdF9hdBgFIAEoCRIYChBzb3VyY2VfaW5kZXhfcmV2GAYgASgJIkAKDVRoZW1lc1JlcXVlc3QSFgoFc2NvcGUYASABKAlCB8K+GAMogCASFwoFbGltaXQYAiABKAVCCMK+GAQYASBkIrQCCg5UaGVtZXNSZXNwb25zZRIKCgJvcBgBIAEoCRIRCglpbmRleF9yZXYYAiABKAkSEgoKY2FwYWJpbGl0eRgDIAEoCRISCgpwcm92ZW5hbmNlGAQgASgJEg0KBWZvdW5kGAUgASgIEhEKCWNvbGxlY3RlZBgGIAEoCBIOCgZyZWFzb24YByABKAkSIwoFZXJyb3IYCCABKAsyFC5rbm93bGVkZ2UudjEuTm90aWNlEiYKBmxpbWl0cxgJIAEoCzIWLmtub3dsZWRnZS52MS5PcExpbWl0cxIjCgZ0aGVtZXMYCiADKAsyEy5rbm93bGVkZ2UudjEuVGhlbWUSNwoQbGF5ZXJfcHJvdmVuYW5jZRgeIAMoCzIdLmtub3dsZWRnZS52MS5MYXllclByb3ZlbmFuY2UiiQEKFkVudGl0eU5laWdoYm9yc1JlcXVlc3QSGQoGZW50aXR5GAEgASgJQgnCvhgFCAEogCASFwoFZGVwdGgYAiABKAVCCMK+GAQYASADEiEKBGtpbmQYAyABKAlCE8K+GA8SBmVudGl0eRIFdGhlbWUSGAoFbGltaXQYBCABKAVCCcK+GAUYASDIASKuAQoITmVpZ2hib3ISCgoCaWQYASABKAkSDAoEbmFtZRgCIAEoCRIMCgRraW5kGAMgASgJEg4KBndlaWdodBgEIAEoARINCgVkZXB0aBgFIAEoBRIQCghyZWxhdGlvbhgGIAEoCRImCgdhZGRyZXNzGAcgASgLMhUua25vd2xlZGdlLnYxLkFkZHJlc3MSEQoJZGlyZWN0aW9uGAggASgJEg4KBnZpYV9pZBgJIAEoCSLsAgoXRW50aXR5TmVpZ2hib3JzUmVzcG9uc2USCgoCb3AYASABKAkSEQoJaW5kZXhfcmV2GAIgASgJEhIKCmNhcGFiaWxpdHkYAyABKAkSEgoKcHJvdmVuYW5jZRgEIAEoCRINCgVmb3VuZBgFIAEoCBIRCgljb2xsZWN0ZWQYBiABKAgSDgoGcmVhc29uGAcgASgJEiMKBWVycm9yGAggASgLMhQua25vd2xlZGdlLnYxLk5vdGljZRImCgZsaW1pdHMYCSABKAsyFi5rbm93bGVkZ2UudjEuT3BMaW1pdHMSJwoGZW50aXR5GAogASgLMhcua25vd2xlZGdlLnYxLkVudGl0eVJlZhIpCgluZWlnaGJvcnMYCyADKAsyFi5rbm93bGVkZ2UudjEuTmVpZ2hib3ISNwoQbGF5ZXJfcHJvdmVuYW5jZRgeIAMoCzIdLmtub3dsZWRnZS52MS5MYXllclByb3ZlbmFuY2UiXgoTRG9jUmVsYXRpb25zUmVxdWVzdBIUCgNkb2MYASABKAlCB8K+GAMogCASFwoGZW50aXR5GAIgASgJQgfCvhgDKIAgEhgKBWxpbWl0GAMgASgFQgnCvhgFGAEgyAEingEKC0RvY1JlbGF0aW9uEgwKBGZyb20YASABKAkSCgoCdG8YAiABKAkSLQoMdmlhX2VudGl0aWVzGAMgAygLMhcua25vd2xlZGdlLnYxLkVudGl0eVJlZhIoCgljaXRhdGlvbnMYBCADKAsyFS5rbm93bGVkZ2UudjEuQWRkcmVzcxIMCgRraW5kGAUgASgJEg4KBndlaWdodBgGIAEoASLDAgoURG9jUmVsYXRpb25zUmVzcG9uc2USCgoCb3AYASABKAkSEQoJaW5kZXhfcmV2GAIgASgJEhIKCmNhcGFiaWxpdHkYAyABKAkSEgoKcHJvdmVuYW5jZRgEIAEoCRINCgVmb3VuZBgFIAEoCBIRCgljb2xsZWN0ZWQYBiABKAgSDgoGcmVhc29uGAcgASgJEiMKBWVycm9yGAggASgLMhQua25vd2xlZGdlLnYxLk5vdGljZRImCgZsaW1pdHMYCSABKAsyFi5rbm93bGVkZ2UudjEuT3BMaW1pdHMSLAoJcmVsYXRpb25zGAogAygLMhkua25vd2xlZGdlLnYxLkRvY1JlbGF0aW9uEjcKEGxheWVyX3Byb3ZlbmFuY2UYHiADKAsyHS5rbm93bGVkZ2UudjEuTGF5ZXJQcm92ZW5hbmNlIjAKFUdsb2JhbE92ZXJ2aWV3UmVxdWVzdBIXCgVsaW1pdBgBIAEoBUIIwr4YBBgBIDIiiAQKFkdsb2JhbE92ZXJ2aWV3UmVzcG9uc2USCgoCb3AYASABKAkSEQoJaW5kZXhfcmV2GAIgASgJEhIKCmNhcGFiaWxpdHkYAyABKAkSEgoKcHJvdmVuYW5jZRgEIAEoCRINCgVmb3VuZBgFIAEoCBIRCgljb2xsZWN0ZWQYBiABKAgSDgoGcmVhc29uGAcgASgJEiMKBWVycm9yGAggASgLMhQua25vd2xlZGdlLnYxLk5vdGljZRImCgZsaW1pdHMYCSABKAsyFi5rbm93bGVkZ2UudjEuT3BMaW1pdHMSEQoJZG9jdW1lbnRzGAogASgDEhAKCGVudGl0aWVzGAsgASgDEhEKCXJlbGF0aW9ucxgMIAEoAxIOCgZ0aGVtZXMYDSABKAMSJwoKdG9wX3RoZW1lcxgOIAMoCzITLmtub3dsZWRnZS52MS5UaGVtZRIQCghkZWdyYWRlZBgPIAEoCBIaChJkZWdyYWRhdGlvbl9yZWFzb24YECABKAkSDgoGY2h1bmtzGBEgASgDEhEKCXN1bW1hcmllcxgSIAEoAxItCgx0b3BfZW50aXRpZXMYEyADKAsyFy5rbm93bGVkZ2UudjEuRW50aXR5UmVmEjcKEGxheWVyX3Byb3ZlbmFuY2UYHiADKAsyHS5rbm93bGVkZ2UudjEuTGF5ZXJQcm92ZW5hbmNlIkgKE1NlYXJjaExldmVsc1JlcXVlc3QSGAoFcXVlcnkYASABKAlCCcK+GAUIASiAIBIXCgVsaW1pdBgCIAEoBUIIwr4YBBgBIDIiqQEKBkRvY0hpdBImCgdhZGRyZXNzGAEgASgLMhUua25vd2xlZGdlLnYxLkFkZHJlc3MSEgoKbWF0Y2hfa2luZBgCIAEoCRIxChBtYXRjaGVkX2VudGl0aWVzGAMgAygLMhcua25vd2xlZGdlLnYxLkVudGl0eVJlZhINCgVzY29yZRgEIAEoARIPCgdzbmlwcGV0GAUgASgJEhAKCHRoZW1lX2lkGAYgASgJIrQDChRTZWFyY2hMZXZlbHNSZXNwb25zZRIKCgJvcBgBIAEoCRIRCglpbmRleF9yZXYYAiABKAkSEgoKY2FwYWJpbGl0eRgDIAEoCRISCgpwcm92ZW5hbmNlGAQgASgJEg0KBWZvdW5kGAUgASgIEhEKCWNvbGxlY3RlZBgGIAEoCBIOCgZyZWFzb24YByABKAkSIwoFZXJyb3IYCCABKAsyFC5rbm93bGVkZ2UudjEuTm90aWNlEiYKBmxpbWl0cxgJIAEoCzIWLmtub3dsZWRnZS52MS5PcExpbWl0cxISCgpoaWdoX2xldmVsGAogAygJEhEKCWxvd19sZXZlbBgLIAMoCRIjCgZ0aGVtZXMYDCADKAsyEy5rbm93bGVkZ2UudjEuVGhlbWUSIwoFaXRlbXMYDSADKAsyFC5rbm93bGVkZ2UudjEuRG9jSGl0EhAKCGRlZ3JhZGVkGA4gASgIEhoKEmRlZ3JhZGF0aW9uX3JlYXNvbhgPIAEoCRI3ChBsYXllcl9wcm92ZW5hbmNlGB4gAygLMh0ua25vd2xlZGdlLnYxLkxheWVyUHJvdmVuYW5jZTK5BAoPRG9jR3JhcGhTZXJ2aWNlElsKBlRoZW1lcxIbLmtub3dsZWRnZS52MS5UaGVtZXNSZXF1ZXN0Ghwua25vd2xlZGdlLnYxLlRoZW1lc1Jlc3BvbnNlIhaQAgG6vhgPCglkb2MtZ3JhcGgQAxgBEnYKD0VudGl0eU5laWdoYm9ycxIkLmtub3dsZWRnZS52MS5FbnRpdHlOZWlnaGJvcnNSZXF1ZXN0GiUua25vd2xlZGdlLnYxLkVudGl0eU5laWdoYm9yc1Jlc3BvbnNlIhaQAgG6vhgPCglkb2MtZ3JhcGgQAxgBEm0KDERvY1JlbGF0aW9ucxIhLmtub3dsZWRnZS52MS5Eb2NSZWxhdGlvbnNSZXF1ZXN0GiIua25vd2xlZGdlLnYxLkRvY1JlbGF0aW9uc1Jlc3BvbnNlIhaQAgG6vhgPCglkb2MtZ3JhcGgQAxgBEnMKDkdsb2JhbE92ZXJ2aWV3EiMua25vd2xlZGdlLnYxLkdsb2JhbE92ZXJ2aWV3UmVxdWVzdBokLmtub3dsZWRnZS52MS5HbG9iYWxPdmVydmlld1Jlc3BvbnNlIhaQAgG6vhgPCglkb2MtZ3JhcGgQAxgBEm0KDFNlYXJjaExldmVscxIhLmtub3dsZWRnZS52MS5TZWFyY2hMZXZlbHNSZXF1ZXN0GiIua25vd2xlZGdlLnYxLlNlYXJjaExldmVsc1Jlc3BvbnNlIhaQAgG6vhgPCglkb2MtZ3JhcGgQAxgBQpoBCiFjb20ua25vd2xlZGdlc2VydmljZS5rbm93bGVkZ2UudjFCDURvY2dyYXBoUHJvdG9QAVowa25vd2xlZGdlc2VydmljZS9nZW4vZ28va25vd2xlZGdlL3YxO2tub3dsZWRnZXYxogIDS1hYqgIMS25vd2xlZGdlLlYxygIMS25vd2xlZGdlXFYx6gINS25vd2xlZGdlOjpWMWIGcHJvdG8z", [file_knowledge_v1_errors, file_knowledge_v1_options]);
 
 /**
  * An address of a quote: a chunk and its lines. Quotes are never copied.
@@ -226,6 +226,64 @@ export const ThemeSchema: GenMessage<Theme> = /*@__PURE__*/
   messageDesc(file_knowledge_v1_docgraph, 3);
 
 /**
+ * Which build of a workspace's layer an answer comes from, for an auditor: the model that
+ * extracted it, the prompt versions, the layer fingerprint and when it was built.
+ *
+ * @generated from message knowledge.v1.LayerProvenance
+ */
+export type LayerProvenance = Message<"knowledge.v1.LayerProvenance"> & {
+  /**
+   * Workspace root of the layer.
+   *
+   * @generated from field: string workspace = 1;
+   */
+  workspace: string;
+
+  /**
+   * Model identity "provider:model:version" ("none": structural facts only, no LLM).
+   *
+   * @generated from field: string model = 2;
+   */
+  model: string;
+
+  /**
+   * Prompt and extractor versions the layer was built with, e.g. "docgraph-extract/1",
+   * "docgraph-summary/2", "docgraph-keywords/1", "structural/2".
+   *
+   * @generated from field: repeated string prompt_versions = 3;
+   */
+  promptVersions: string[];
+
+  /**
+   * Layer fingerprint (sha256 over chunks, model, prompts, settings).
+   *
+   * @generated from field: string fingerprint = 4;
+   */
+  fingerprint: string;
+
+  /**
+   * When the revision was written (ISO 8601, UTC).
+   *
+   * @generated from field: string built_at = 5;
+   */
+  builtAt: string;
+
+  /**
+   * Code index revision the layer was built from.
+   *
+   * @generated from field: string source_index_rev = 6;
+   */
+  sourceIndexRev: string;
+};
+
+/**
+ * Describes the message knowledge.v1.LayerProvenance.
+ * Use `create(LayerProvenanceSchema)` to create a new message.
+ */
+export const LayerProvenanceSchema: GenMessage<LayerProvenance> = /*@__PURE__*/
+  messageDesc(file_knowledge_v1_docgraph, 4);
+
+/**
  * Request of the themes operation.
  *
  * @generated from message knowledge.v1.ThemesRequest
@@ -251,7 +309,7 @@ export type ThemesRequest = Message<"knowledge.v1.ThemesRequest"> & {
  * Use `create(ThemesRequestSchema)` to create a new message.
  */
 export const ThemesRequestSchema: GenMessage<ThemesRequest> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 4);
+  messageDesc(file_knowledge_v1_docgraph, 5);
 
 /**
  * Response of the themes operation.
@@ -328,6 +386,13 @@ export type ThemesResponse = Message<"knowledge.v1.ThemesResponse"> & {
    * @generated from field: repeated knowledge.v1.Theme themes = 10;
    */
   themes: Theme[];
+
+  /**
+   * The layers the answer comes from, one per workspace, in workspace order.
+   *
+   * @generated from field: repeated knowledge.v1.LayerProvenance layer_provenance = 30;
+   */
+  layerProvenance: LayerProvenance[];
 };
 
 /**
@@ -335,7 +400,7 @@ export type ThemesResponse = Message<"knowledge.v1.ThemesResponse"> & {
  * Use `create(ThemesResponseSchema)` to create a new message.
  */
 export const ThemesResponseSchema: GenMessage<ThemesResponse> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 5);
+  messageDesc(file_knowledge_v1_docgraph, 6);
 
 /**
  * Request of the entity_neighbors operation.
@@ -377,7 +442,7 @@ export type EntityNeighborsRequest = Message<"knowledge.v1.EntityNeighborsReques
  * Use `create(EntityNeighborsRequestSchema)` to create a new message.
  */
 export const EntityNeighborsRequestSchema: GenMessage<EntityNeighborsRequest> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 6);
+  messageDesc(file_knowledge_v1_docgraph, 7);
 
 /**
  * A neighbour of an entity.
@@ -454,7 +519,7 @@ export type Neighbor = Message<"knowledge.v1.Neighbor"> & {
  * Use `create(NeighborSchema)` to create a new message.
  */
 export const NeighborSchema: GenMessage<Neighbor> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 7);
+  messageDesc(file_knowledge_v1_docgraph, 8);
 
 /**
  * Response of the entity_neighbors operation.
@@ -538,6 +603,13 @@ export type EntityNeighborsResponse = Message<"knowledge.v1.EntityNeighborsRespo
    * @generated from field: repeated knowledge.v1.Neighbor neighbors = 11;
    */
   neighbors: Neighbor[];
+
+  /**
+   * The layers the answer comes from, one per workspace, in workspace order.
+   *
+   * @generated from field: repeated knowledge.v1.LayerProvenance layer_provenance = 30;
+   */
+  layerProvenance: LayerProvenance[];
 };
 
 /**
@@ -545,7 +617,7 @@ export type EntityNeighborsResponse = Message<"knowledge.v1.EntityNeighborsRespo
  * Use `create(EntityNeighborsResponseSchema)` to create a new message.
  */
 export const EntityNeighborsResponseSchema: GenMessage<EntityNeighborsResponse> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 8);
+  messageDesc(file_knowledge_v1_docgraph, 9);
 
 /**
  * Request of the doc_relations operation: give `doc` or `entity`.
@@ -580,7 +652,7 @@ export type DocRelationsRequest = Message<"knowledge.v1.DocRelationsRequest"> & 
  * Use `create(DocRelationsRequestSchema)` to create a new message.
  */
 export const DocRelationsRequestSchema: GenMessage<DocRelationsRequest> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 9);
+  messageDesc(file_knowledge_v1_docgraph, 10);
 
 /**
  * A relation between two documents through shared entities.
@@ -636,7 +708,7 @@ export type DocRelation = Message<"knowledge.v1.DocRelation"> & {
  * Use `create(DocRelationSchema)` to create a new message.
  */
 export const DocRelationSchema: GenMessage<DocRelation> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 10);
+  messageDesc(file_knowledge_v1_docgraph, 11);
 
 /**
  * Response of the doc_relations operation.
@@ -713,6 +785,13 @@ export type DocRelationsResponse = Message<"knowledge.v1.DocRelationsResponse"> 
    * @generated from field: repeated knowledge.v1.DocRelation relations = 10;
    */
   relations: DocRelation[];
+
+  /**
+   * The layers the answer comes from, one per workspace, in workspace order.
+   *
+   * @generated from field: repeated knowledge.v1.LayerProvenance layer_provenance = 30;
+   */
+  layerProvenance: LayerProvenance[];
 };
 
 /**
@@ -720,7 +799,7 @@ export type DocRelationsResponse = Message<"knowledge.v1.DocRelationsResponse"> 
  * Use `create(DocRelationsResponseSchema)` to create a new message.
  */
 export const DocRelationsResponseSchema: GenMessage<DocRelationsResponse> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 11);
+  messageDesc(file_knowledge_v1_docgraph, 12);
 
 /**
  * Request of the global_overview operation.
@@ -741,7 +820,7 @@ export type GlobalOverviewRequest = Message<"knowledge.v1.GlobalOverviewRequest"
  * Use `create(GlobalOverviewRequestSchema)` to create a new message.
  */
 export const GlobalOverviewRequestSchema: GenMessage<GlobalOverviewRequest> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 12);
+  messageDesc(file_knowledge_v1_docgraph, 13);
 
 /**
  * Response of the global_overview operation.
@@ -881,6 +960,13 @@ export type GlobalOverviewResponse = Message<"knowledge.v1.GlobalOverviewRespons
    * @generated from field: repeated knowledge.v1.EntityRef top_entities = 19;
    */
   topEntities: EntityRef[];
+
+  /**
+   * The layers the answer comes from, one per workspace, in workspace order.
+   *
+   * @generated from field: repeated knowledge.v1.LayerProvenance layer_provenance = 30;
+   */
+  layerProvenance: LayerProvenance[];
 };
 
 /**
@@ -888,7 +974,7 @@ export type GlobalOverviewResponse = Message<"knowledge.v1.GlobalOverviewRespons
  * Use `create(GlobalOverviewResponseSchema)` to create a new message.
  */
 export const GlobalOverviewResponseSchema: GenMessage<GlobalOverviewResponse> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 13);
+  messageDesc(file_knowledge_v1_docgraph, 14);
 
 /**
  * Request of the dual-level search.
@@ -916,7 +1002,7 @@ export type SearchLevelsRequest = Message<"knowledge.v1.SearchLevelsRequest"> & 
  * Use `create(SearchLevelsRequestSchema)` to create a new message.
  */
 export const SearchLevelsRequestSchema: GenMessage<SearchLevelsRequest> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 14);
+  messageDesc(file_knowledge_v1_docgraph, 15);
 
 /**
  * A document chunk found by the dual-level search.
@@ -972,7 +1058,7 @@ export type DocHit = Message<"knowledge.v1.DocHit"> & {
  * Use `create(DocHitSchema)` to create a new message.
  */
 export const DocHitSchema: GenMessage<DocHit> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 15);
+  messageDesc(file_knowledge_v1_docgraph, 16);
 
 /**
  * Response of the dual-level search.
@@ -1084,6 +1170,13 @@ export type SearchLevelsResponse = Message<"knowledge.v1.SearchLevelsResponse"> 
    * @generated from field: string degradation_reason = 15;
    */
   degradationReason: string;
+
+  /**
+   * The layers the answer comes from, one per workspace, in workspace order.
+   *
+   * @generated from field: repeated knowledge.v1.LayerProvenance layer_provenance = 30;
+   */
+  layerProvenance: LayerProvenance[];
 };
 
 /**
@@ -1091,13 +1184,13 @@ export type SearchLevelsResponse = Message<"knowledge.v1.SearchLevelsResponse"> 
  * Use `create(SearchLevelsResponseSchema)` to create a new message.
  */
 export const SearchLevelsResponseSchema: GenMessage<SearchLevelsResponse> = /*@__PURE__*/
-  messageDesc(file_knowledge_v1_docgraph, 16);
+  messageDesc(file_knowledge_v1_docgraph, 17);
 
 /**
  * The document graph (Enterprise feature "doc-graph"): entities, relations and themes
  * extracted from documents. Fixed, read-only operations; every fact carries `path:line`.
  * Every response has the common envelope: op, index_rev, capability, provenance, found,
- * collected, reason, error, limits.
+ * collected, reason, error, limits, and layer_provenance (which model, prompts and build).
  *
  * @generated from service knowledge.v1.DocGraphService
  */
