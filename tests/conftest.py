@@ -48,6 +48,7 @@ TIERS = {
         "test_integrations",
         "test_integrations_live",
         "test_isolation_canary_e2e",
+        "test_live_ingest_e2e",
         "test_mcp_bridge",
         "test_outbox_quota_e2e",
         "test_request_limits",
