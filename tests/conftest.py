@@ -50,6 +50,7 @@ TIERS = {
         "test_isolation_canary_e2e",
         "test_live_ingest_e2e",
         "test_mcp_bridge",
+        "test_mcp_http",
         "test_outbox_quota_e2e",
         "test_request_limits",
         "test_sdk_client",
