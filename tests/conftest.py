@@ -46,6 +46,7 @@ TIERS = {
         "test_docgraph_server",
         "test_edition_gate",
         "test_integrations",
+        "test_integrations_l2",
         "test_integrations_live",
         "test_isolation_canary_e2e",
         "test_live_ingest_e2e",
