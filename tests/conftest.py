@@ -45,6 +45,7 @@ TIERS = {
         "test_docgraph_editions",
         "test_docgraph_server",
         "test_edition_gate",
+        "test_hooks",
         "test_integrations",
         "test_integrations_l2",
         "test_integrations_live",

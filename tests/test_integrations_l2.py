@@ -213,3 +213,226 @@ def test_opencode_calls_knowledge_search(world: dict[str, object], tmp_path: Pat
             Path(str(world["ws"])),
         )
     _check(out, world)
+
+
+# --- hooks: evidence in the model request without a tool call ---------------------------------
+
+HOOK = f"{sys.executable} -m knowledge_mcp.hooks"
+EVIDENCE = re.compile(
+    r"<knowledge-evidence>.*?shop/shipping\.py:\d+-\d+.*?</knowledge-evidence>", re.S
+)
+
+
+def _model_saw(models: ScriptedModels, pattern: re.Pattern[str]) -> bool:
+    return any(
+        pattern.search(json.dumps(body))
+        for path, body in models.requests
+        if path.startswith("POST")
+    )
+
+
+def _claude_with_hooks(world: dict[str, object], tmp_path: Path, address: str) -> ScriptedModels:
+    home = tmp_path / "home"
+    home.mkdir()
+    hook = {"type": "command", "command": HOOK, "timeout": 10}
+    settings = tmp_path / "settings.json"
+    settings.write_text(
+        json.dumps(
+            {"hooks": {e: [{"hooks": [hook]}] for e in ("SessionStart", "UserPromptSubmit")}}
+        )
+    )
+    models = ScriptedModels(QUERY)
+    with models:
+        env = _env(
+            home,
+            ANTHROPIC_BASE_URL=models.url,
+            ANTHROPIC_API_KEY="sk-ant-scripted",
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+            DISABLE_AUTOUPDATER="1",
+            KNOWLEDGE_ADDRESS=address,
+            PYTHONPATH=PYPATH,
+        )
+        out = _run(
+            [
+                str(BIN / "claude"),
+                "-p",
+                QUERY,
+                "--settings",
+                str(settings),
+                "--output-format",
+                "json",
+            ],
+            env,
+            Path(str(world["ws"])),
+        )
+    assert json.loads(out)["is_error"] is False
+    return models
+
+
+def test_claude_code_hooks_put_evidence_in_the_model_request(
+    world: dict[str, object], tmp_path: Path
+) -> None:
+    models = _claude_with_hooks(world, tmp_path, str(world["address"]))
+    assert _model_saw(models, EVIDENCE), [json.dumps(b)[:2000] for _, b in models.requests]
+    assert _model_saw(models, re.compile(re.escape(str(world["code_rev"]))))
+
+
+def test_claude_code_hooks_are_silent_when_the_service_is_down(
+    world: dict[str, object], tmp_path: Path
+) -> None:
+    models = _claude_with_hooks(world, tmp_path, "127.0.0.1:9")
+    assert not _model_saw(models, re.compile("knowledge-evidence"))
+    assert any(p == "POST /v1/messages" for p, _ in models.requests)  # the prompt still went out
+
+
+def test_codex_cli_hooks_put_evidence_in_the_model_request(
+    world: dict[str, object], tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True)
+    hook = {"type": "command", "command": HOOK, "timeout": 10}
+    (codex_home / "hooks.json").write_text(
+        json.dumps(
+            {"hooks": {e: [{"hooks": [hook]}] for e in ("SessionStart", "UserPromptSubmit")}}
+        )
+    )
+    with ScriptedModels(QUERY) as models:
+        (codex_home / "config.toml").write_text(
+            'model = "scripted"\nmodel_provider = "scripted"\napproval_policy = "never"\n'
+            'sandbox_mode = "read-only"\n[model_providers.scripted]\nname = "scripted"\n'
+            f'base_url = "{models.url}/v1"\nenv_key = "SCRIPTED_API_KEY"\nwire_api = "responses"\n'
+        )
+        env = _env(
+            home,
+            CODEX_HOME=str(codex_home),
+            SCRIPTED_API_KEY="scripted",
+            KNOWLEDGE_ADDRESS=str(world["address"]),
+            PYTHONPATH=PYPATH,
+        )
+        # Codex runs a hook only once its hash is trusted (the TUI's /hooks records it);
+        # this flag stands in for that step in an unattended run.
+        _run(
+            [
+                str(BIN / "codex"),
+                "exec",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-hook-trust",
+                "--json",
+                QUERY,
+            ],
+            env,
+            Path(str(world["ws"])),
+        )
+    assert _model_saw(models, EVIDENCE)
+    assert _model_saw(models, re.compile(re.escape(str(world["code_rev"]))))
+
+
+def test_opencode_plugin_puts_evidence_in_the_model_request(
+    world: dict[str, object], tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    plugin = REPO_ROOT / "integrations" / "opencode" / "plugin" / "knowledge.js"
+    with ScriptedModels(QUERY) as models:
+        config = {
+            "$schema": "https://opencode.ai/config.json",
+            "autoupdate": False,
+            "share": "disabled",
+            "plugin": [f"file://{plugin}"],
+            "provider": {
+                "scripted": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "Scripted",
+                    "options": {"baseURL": f"{models.url}/v1", "apiKey": "scripted"},
+                    "models": {"model": {"name": "model", "tool_call": True}},
+                }
+            },
+        }
+        cfg = tmp_path / "opencode.json"
+        cfg.write_text(json.dumps(config))
+        env = _env(
+            home,
+            OPENCODE_CONFIG=str(cfg),
+            OPENCODE_DISABLE_AUTOUPDATE="1",
+            KNOWLEDGE_ADDRESS=str(world["address"]),
+            KNOWLEDGE_HOOK_COMMAND=HOOK,
+            PYTHONPATH=PYPATH,
+        )
+        _run(
+            [str(OPENCODE), "run", "-m", "scripted/model", "--format", "json", QUERY],
+            env,
+            Path(str(world["ws"])),
+        )
+    assert _model_saw(models, EVIDENCE), [json.dumps(b)[:3000] for _, b in models.requests]
+
+
+# --- one install per harness: the plugin as the client loads it ---------------------------------
+
+PLUGIN = REPO_ROOT / "plugins" / "knowledge"
+
+
+def _installed_commands(tmp_path: Path) -> Path:
+    """`knowledge-mcp` and `knowledge-hook` on PATH as an install of the bridge package puts
+    them (here: this checkout's modules under the test's interpreter)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, module in (
+        ("knowledge-mcp", "knowledge_mcp"),
+        ("knowledge-hook", "knowledge_mcp.hooks"),
+    ):
+        path = bindir / name
+        path.write_text(
+            f'#!/bin/sh\nPYTHONPATH="{PYPATH}" exec "{sys.executable}" -m {module} "$@"\n'
+        )
+        path.chmod(0o755)
+    return bindir
+
+
+def test_claude_code_plugin_validates_and_brings_tools_and_hooks(
+    world: dict[str, object], tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    bindir = _installed_commands(tmp_path)
+    env_base = _env(home, DISABLE_AUTOUPDATER="1")
+    checked = subprocess.run(
+        [str(BIN / "claude"), "plugin", "validate", str(PLUGIN)],
+        env=env_base,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 0 and "Validation passed" in checked.stdout, checked.stdout
+    with ScriptedModels(QUERY) as models:
+        env = _env(
+            home,
+            ANTHROPIC_BASE_URL=models.url,
+            ANTHROPIC_API_KEY="sk-ant-scripted",
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+            DISABLE_AUTOUPDATER="1",
+            ENABLE_TOOL_SEARCH="false",
+            KNOWLEDGE_ADDRESS=str(world["address"]),
+        )
+        env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+        out = _run(
+            [
+                str(BIN / "claude"),
+                "-p",
+                QUERY,
+                "--plugin-dir",
+                str(PLUGIN),
+                "--allowedTools",
+                "mcp__plugin_knowledge_knowledge__knowledge_search,mcp__knowledge__knowledge_search",
+                "--output-format",
+                "json",
+            ],
+            env,
+            Path(str(world["ws"])),
+        )
+    result = json.loads(out)["result"]
+    # (the tools each model request listed, for a failure: the plugin's server must be in turn 1)
+    listed = [[t.get("name") for t in b.get("tools") or []][-12:] for _, b in models.requests]
+    assert QUOTE_PREFIX in result, listed
+    _check(result, world)
+    assert _model_saw(models, EVIDENCE)  # the plugin's UserPromptSubmit hook
