@@ -47,6 +47,7 @@ TIERS = {
         "test_edition_gate",
         "test_hooks",
         "test_integrations",
+        "test_install_wheel",
         "test_integrations_l2",
         "test_integrations_live",
         "test_isolation_canary_e2e",

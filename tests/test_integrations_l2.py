@@ -436,3 +436,52 @@ def test_claude_code_plugin_validates_and_brings_tools_and_hooks(
     assert QUOTE_PREFIX in result, listed
     _check(result, world)
     assert _model_saw(models, EVIDENCE)  # the plugin's UserPromptSubmit hook
+
+
+def test_codex_cli_plugin_installs_from_the_repository_and_brings_hooks_and_skill(
+    world: dict[str, object], tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True)
+    bindir = _installed_commands(tmp_path)
+    with ScriptedModels(QUERY) as models:
+        (codex_home / "config.toml").write_text(
+            'model = "scripted"\nmodel_provider = "scripted"\napproval_policy = "never"\n'
+            'sandbox_mode = "read-only"\n[model_providers.scripted]\nname = "scripted"\n'
+            f'base_url = "{models.url}/v1"\nenv_key = "SCRIPTED_API_KEY"\nwire_api = "responses"\n'
+        )
+        env = _env(
+            home,
+            CODEX_HOME=str(codex_home),
+            SCRIPTED_API_KEY="scripted",
+            KNOWLEDGE_ADDRESS=str(world["address"]),
+        )
+        env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+        codex = str(BIN / "codex")
+        _run([codex, "plugin", "marketplace", "add", str(PLUGIN.parent)], env, tmp_path)
+        _run([codex, "plugin", "add", "knowledge@knowledge-service"], env, tmp_path)
+        listed = _run([codex, "plugin", "list"], env, tmp_path)
+        assert re.search(r"knowledge@knowledge-service\s+installed, enabled\s+0\.1\.0", listed), (
+            listed
+        )
+        out = _run(
+            [
+                codex,
+                "exec",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-hook-trust",
+                "--json",
+                QUERY,
+            ],
+            env,
+            Path(str(world["ws"])),
+        )
+    assert _model_saw(models, EVIDENCE), out  # the plugin's UserPromptSubmit hook
+    # (The plugin's MCP server starts in the background: a headless run's first model request
+    # may go out before its tools are listed, so the tool call itself is proven above with a
+    # config-file server marked `required = true`.)
+    assert _model_saw(
+        models,
+        re.compile(r"knowledge/skills/knowledge/SKILL\.md|consult the knowledge service", re.I),
+    )
