@@ -404,6 +404,14 @@ def test_claude_code_plugin_validates_and_brings_tools_and_hooks(
         timeout=120,
     )
     assert checked.returncode == 0 and "Validation passed" in checked.stdout, checked.stdout
+    # The permanent install: plugins/ is a marketplace, installed from the checkout offline.
+    claude = str(BIN / "claude")
+    _run([claude, "plugin", "validate", str(PLUGIN.parent)], env_base, tmp_path)
+    _run([claude, "plugin", "marketplace", "add", str(PLUGIN.parent)], env_base, tmp_path)
+    installed = _run(
+        [claude, "plugin", "install", "knowledge@knowledge-service"], env_base, tmp_path
+    )
+    assert "Successfully installed plugin: knowledge@knowledge-service" in installed, installed
     with ScriptedModels(QUERY) as models:
         env = _env(
             home,
