@@ -6,6 +6,7 @@ produced for that search. Run headless, offline (only loopback addresses)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -35,23 +36,26 @@ pytestmark = pytest.mark.timeout(1200)
 
 
 def _npm_ci() -> None:
-    """Install the pinned clients once (``npm ci`` from the lockfile)."""
+    """Install the pinned clients once (``npm ci`` from the lockfile). Test processes running
+    side by side (pytest-xdist) take a lock, so one installs and the others find it done."""
     stamp = L2 / "node_modules" / ".package-lock.json"
     lock = L2 / "package-lock.json"
-    if stamp.exists() and stamp.stat().st_mtime >= lock.stat().st_mtime and OPENCODE.is_file():
-        return
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed: the L2 clients come from the npm registry")
-    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the pinned OpenCode build is Linux x64's (integrations/l2/package.json)")
-    done = subprocess.run(
-        ["npm", "ci", "--no-audit", "--no-fund"],
-        cwd=L2,
-        timeout=900,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    with open(L2 / ".npm-ci.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if stamp.exists() and stamp.stat().st_mtime >= lock.stat().st_mtime and OPENCODE.is_file():
+            return
+        if shutil.which("npm") is None:
+            pytest.skip("npm is not installed: the L2 clients come from the npm registry")
+        if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+            pytest.skip("the pinned OpenCode build is Linux x64's (integrations/l2/package.json)")
+        done = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"],
+            cwd=L2,
+            timeout=900,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
