@@ -448,6 +448,12 @@ def test_claude_code_plugin_validates_and_brings_tools_and_hooks(
             Path(str(world["ws"])),
         )
     assert _model_saw(models, EVIDENCE)
+    # The plugin's skill and commands are offered to the model.
+    assert _model_saw(
+        models, re.compile(r"knowledge:consult-knowledge: Consult the knowledge service")
+    )
+    assert _model_saw(models, re.compile(r"knowledge:dispatch: Plan who or what"))
+    assert _model_saw(models, re.compile(r"knowledge:knowledge: Ask the knowledge service"))
 
 
 def test_codex_cli_plugin_installs_from_the_repository_and_brings_hooks_and_skill(
@@ -496,5 +502,7 @@ def test_codex_cli_plugin_installs_from_the_repository_and_brings_hooks_and_skil
     # config-file server marked `required = true`.)
     assert _model_saw(
         models,
-        re.compile(r"knowledge/skills/knowledge/SKILL\.md|consult the knowledge service", re.I),
+        re.compile(
+            r"knowledge/skills/consult-knowledge/SKILL\.md|consult the knowledge service", re.I
+        ),
     )
