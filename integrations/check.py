@@ -54,6 +54,9 @@ except ImportError:  # running from a checkout without the package installed
     from knowledge_server.redact import looks_like_secret
 
 README_SECTIONS = ["Connect", "Verify", "Levels", "Boundaries"]
+# integrations/l2/: the pinned harness CLIs of the L2 tests (package.json + lockfile), not a product.
+L2_DIR = "l2"
+L2_TESTS = HERE.parent / "tests" / "test_integrations_l2.py"
 LEVELS = ("L1", "L2", "L3", "L4")
 SMOKE_KINDS = ("automatic", "checklist", "none")
 FORMATS = ("json", "toml", "yaml", "python", "none")
@@ -231,7 +234,11 @@ def check_index(root: Path) -> tuple[list[Result], list[dict[str, Any]]]:
 
 def check_folders(root: Path, products: list[dict[str, Any]]) -> list[Result]:
     slugs = {p["slug"] for p in products}
-    folders = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    folders = {
+        p.name
+        for p in root.iterdir()
+        if p.is_dir() and not p.name.startswith((".", "_")) and p.name != L2_DIR
+    }
     missing = sorted(slugs - folders)
     extra = sorted(folders - slugs)
     if missing or extra:
@@ -368,6 +375,7 @@ def check_levels(entry: dict[str, Any], folder: Path) -> Result:
             problems.append("L2 claimed without an automatic smoke")
         if not entry.get("verified_client_version"):
             problems.append("L2 claimed without a verified client version")
+        problems += _l2_problems(entry, folder.parent)
     if levels & {"L1", "L3"} and not entry.get("config_file"):
         problems.append("L1/L3 claimed without a template")
     if "L4" not in levels:
@@ -376,6 +384,37 @@ def check_levels(entry: dict[str, Any], folder: Path) -> Result:
         problems.append("verified_client_version without client_package")
     name = f"{slug}/levels"
     return _fail(name, "; ".join(problems)) if problems else _ok(name, ", ".join(sorted(levels)))
+
+
+def _l2_problems(entry: dict[str, Any], root: Path) -> list[str]:
+    """L2 is the real client run by ``tests/test_integrations_l2.py``: its package pinned in
+    ``integrations/l2/package.json`` at the verified version, and that file's test for it."""
+    problems = []
+    package = str(entry.get("client_package") or "")
+    name = package.removeprefix("npm:")
+    try:
+        pins = json.loads((root / L2_DIR / "package.json").read_text(encoding="utf-8"))
+        pinned = pins.get("dependencies", {}).get(name)
+    except (OSError, json.JSONDecodeError):
+        pinned = None
+    if isinstance(pinned, str) and pinned.startswith("npm:"):
+        pinned = pinned.rpartition("@")[2]  # an alias: npm:<platform build>@<version>
+    if not package.startswith("npm:") or pinned is None:
+        problems.append(
+            f"L2 claimed but {package or 'the client'} is not pinned in l2/package.json"
+        )
+    elif pinned != entry.get("verified_client_version"):
+        problems.append(
+            f"L2 claimed for {entry.get('verified_client_version')} but l2/package.json pins {pinned}"
+        )
+    test = f"def test_{entry['slug'].replace('-', '_')}_calls_knowledge_search("
+    try:
+        has_test = test in L2_TESTS.read_text(encoding="utf-8")
+    except OSError:
+        has_test = False
+    if not has_test:
+        problems.append(f"L2 claimed without {test[4:-1]} in tests/test_integrations_l2.py")
+    return problems
 
 
 def check_map(root: Path, products: list[dict[str, Any]]) -> list[Result]:

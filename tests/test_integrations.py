@@ -32,7 +32,9 @@ def _failures(results: list[check.Result]) -> dict[str, str]:
 def tree(tmp_path: Path) -> Path:
     """A private copy of integrations/ to break."""
     root = tmp_path / "integrations"
-    shutil.copytree(INTEGRATIONS, root, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        INTEGRATIONS, root, ignore=shutil.ignore_patterns("__pycache__", "node_modules")
+    )
     assert _failures(check.run_checks(root)) == {}
     return root
 
@@ -159,6 +161,25 @@ def test_catches_an_l2_claim_without_a_verified_client(tree: Path) -> None:
 
     _edit_json(tree / "index.json", claim)
     assert "verified client version" in _failures(check.run_checks(tree))["openclaw/levels"]
+
+
+def test_catches_an_l2_claim_the_l2_tests_do_not_back(tree: Path) -> None:
+    """L2 means the pinned client ran in tests/test_integrations_l2.py: a pin that differs
+    from the verified version, or a product without its L2 test, fails the claim."""
+    _edit_json(
+        tree / "l2" / "package.json", lambda d: d["dependencies"].update({"opencode-ai": "0.0.1"})
+    )
+
+    def claim(data: dict) -> None:  # type: ignore[type-arg]
+        for entry in data["products"]:
+            if entry["slug"] == "hermes-agent":
+                entry["levels"] = ["L1", "L2", "L3", "L4"]
+
+    _edit_json(tree / "index.json", claim)
+    failed = _failures(check.run_checks(tree))
+    assert "l2/package.json pins 0.0.1" in failed["opencode/levels"]
+    assert "not pinned in l2/package.json" in failed["hermes-agent/levels"]
+    assert "test_hermes_agent_calls_knowledge_search" in failed["hermes-agent/levels"]
 
 
 def test_catches_a_malformed_toml_template(tree: Path) -> None:

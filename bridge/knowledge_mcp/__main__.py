@@ -33,11 +33,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--token", help="Bearer token. Env: KNOWLEDGE_TOKEN.")
     parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        nargs="?",
+        const="127.0.0.1:8765",
+        help=(
+            "Serve over streamable HTTP at http://HOST:PORT/mcp instead of stdio (default "
+            "127.0.0.1:8765, loopback). Every request needs `Authorization: Bearer` with the "
+            "token in KNOWLEDGE_MCP_HTTP_TOKEN. Env: KNOWLEDGE_MCP_HTTP."
+        ),
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         help="Deadline in seconds per call (default 30). Env: KNOWLEDGE_TIMEOUT.",
     )
     args = parser.parse_args(argv)
+    if args.http is None and (env_http := os.environ.get("KNOWLEDGE_MCP_HTTP")):
+        args.http = env_http
     if args.timeout is None and (env := os.environ.get("KNOWLEDGE_TIMEOUT")):
         try:
             args.timeout = float(env)
@@ -51,6 +64,25 @@ def main(argv: list[str] | None = None) -> int:
     settings = ConnectionSettings.from_env(
         address=args.address, token=args.token, timeout=args.timeout
     )
+    if args.http:
+        # The HTTP stack (uvicorn, starlette) is loaded only for --http.
+        from knowledge_mcp import http
+
+        try:
+            host, _port = http.parse_listen(args.http)
+            token = os.environ.get(http.TOKEN_ENV, "")
+            http.StaticTokenVerifier(token)  # refuses a missing or short token before binding
+        except http.HTTPConfigError as exc:
+            print(f"knowledge-mcp: {exc}", file=sys.stderr)
+            return 2
+        where = "loopback" if http.is_loopback(host) else "NOT loopback: put TLS in front of it"
+        print(
+            f"knowledge-mcp: serving {len(TOOLS)} tools over streamable HTTP at "
+            f"http://{args.http}/mcp ({where}) for {settings.address}",
+            file=sys.stderr,
+        )
+        http.run_http(settings, args.http, token)
+        return 0
     print(
         f"knowledge-mcp: serving {len(TOOLS)} tools over stdio for {settings.address}",
         file=sys.stderr,

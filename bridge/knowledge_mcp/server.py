@@ -23,6 +23,8 @@ from knowledge_sdk import AsyncKnowledgeClient, ConnectionSettings
 from knowledge_sdk import __version__ as sdk_version
 from knowledge_sdk import errors as kerrors
 from knowledge_sdk import types as v1
+from mcp.server.auth.provider import TokenVerifier
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetadata
@@ -244,10 +246,18 @@ def _tool(spec: ToolSpec, bridge: _Bridge) -> Tool:
     )
 
 
-def build_server(settings: ConnectionSettings | None = None) -> MCPServer:
-    """The MCP server with one tool per entry of TOOLS, talking to ``settings.address``."""
+def build_server(
+    settings: ConnectionSettings | None = None,
+    *,
+    auth: AuthSettings | None = None,
+    token_verifier: TokenVerifier | None = None,
+) -> MCPServer:
+    """The MCP server with one tool per entry of TOOLS, talking to ``settings.address``;
+    ``auth`` and ``token_verifier`` guard the HTTP transport (``knowledge_mcp.http``)."""
     bridge = _Bridge(settings or ConnectionSettings.from_env())
     return MCPServer(
+        auth=auth,
+        token_verifier=token_verifier,
         name=SERVER_NAME,
         title="Knowledge Service",
         version=sdk_version,

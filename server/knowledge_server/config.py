@@ -58,6 +58,8 @@ class Config:
     skill_roots: tuple[str, ...] = ()
     # Index the workspaces and ingest logs when the server starts.
     bootstrap: bool = True
+    # While serving, follow the session-log folders and ingest appended records (live ingest).
+    watch_sessions: bool = True
     licence_file: Path | None = None
     # Development only: a directory of extra vendor public keys (<key_id>.pub) to trust.
     # Off by default; production licences verify with the keys shipped in the package.
@@ -195,7 +197,7 @@ _FLOAT_FIELDS = {
     "llm_timeout_seconds",
     "tracing_sample_ratio",
 }
-_BOOL_FIELDS = {"bootstrap"}
+_BOOL_FIELDS = {"bootstrap", "watch_sessions"}
 _CHOICES = {
     "auth": ("auto", "on", "off"),
     "log_format": ("auto", "json", "console"),

@@ -233,7 +233,8 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
 
 
 async def start_background(app: KnowledgeApp) -> None:
-    """Background work of a serving process: licence polling and first-run bootstrap."""
+    """Background work of a serving process: licence polling, first-run bootstrap and
+    live ingest of the session logs (the first process of a group only, see ``workers``)."""
     tasks = []
     licence = app.licence
     if isinstance(licence, WatchedLicence):
@@ -242,6 +243,16 @@ async def start_background(app: KnowledgeApp) -> None:
         app.kb.worker.start()  # resumes the queue (tasks a dead process left) at start
     if app.config.bootstrap:
         tasks.append(asyncio.create_task(app.bootstrap()))
+    # Follow what the server ingests from: its configured session paths, else the standard
+    # log folders the start-up ingest read (none without it: a server started with
+    # --no-bootstrap and no session paths takes in no logs by itself).
+    config = app.config
+    if (
+        config.watch_sessions
+        and (config.session_paths or config.bootstrap)
+        and app.lanes.episodes is not None
+    ):
+        tasks.append(asyncio.create_task(app.lanes.episodes.follow()))
     try:
         await asyncio.gather(*tasks)
     finally:

@@ -8,7 +8,7 @@ spreads incoming connections over them. The stores are SQLite files shared by al
 readers never block, and every writer takes the store's cross-process lock
 (:class:`knowledge_server.lanes.common.WriterLock`).
 
-The first process alone runs the start-up work (bootstrap). It passes SIGHUP and
+The first process alone runs the start-up work (bootstrap) and the live ingest. It passes SIGHUP and
 SIGTERM on, restarts a worker that dies (a few times a minute at most), and a worker
 whose first process has gone stops by itself.
 """
@@ -47,9 +47,14 @@ class WorkerGroup:
     ) -> None:
         """``target`` runs in each new process (``worker_main.run_worker``); None = this
         process is itself a worker and starts no others."""
-        # The metrics endpoint is the first process's (one port cannot be shared).
+        # The metrics endpoint and the session watcher are the first process's (one port
+        # cannot be shared; one watcher ingests for all).
         self.config = dataclasses.replace(
-            config, listen=f"{host}:{port}", bootstrap=False, metrics_listen=""
+            config,
+            listen=f"{host}:{port}",
+            bootstrap=False,
+            metrics_listen="",
+            watch_sessions=False,
         )
         self._target = target
         self.count = max(0, config.workers - 1) if target is not None else 0

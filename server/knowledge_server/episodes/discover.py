@@ -9,7 +9,7 @@ from knowledge_server.workspaces import is_under
 
 from .importers import sniff_format
 
-__all__ = ["default_roots", "discover"]
+__all__ = ["default_roots", "discover", "log_unit"]
 
 _EXTS = (".jsonl", ".ndjson", ".md", ".json")
 _SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv"}
@@ -105,3 +105,35 @@ def discover(
             elif skipped is not None:
                 skipped.append((f, reason))
     return out
+
+
+def _in_opencode_storage(path: str, root: str) -> bool:
+    """``path`` lies in an OpenCode storage folder (one with ``session/`` and ``message/``)
+    at or under ``root``: its unit is a session, not the file."""
+    d = os.path.dirname(path)
+    while is_under(d, root):
+        if os.path.isdir(os.path.join(d, "session")) and os.path.isdir(os.path.join(d, "message")):
+            return True
+        if d == root:
+            break
+        d = os.path.dirname(d)
+    return False
+
+
+def log_unit(path: str, root: str) -> str | None:
+    """What a change to ``path`` under the watched ``root`` means for ingestion, by the
+    rules :func:`discover` walks with: ``"file"`` (a log file to import on its own),
+    ``"root"`` (a file of an OpenCode storage: rescan ``root``), or None (not a log:
+    another extension, a skipped folder, or a link whose target leaves ``root``)."""
+    if path == root:
+        return "file"
+    if not is_under(path, root):
+        return None
+    rel = os.path.relpath(path, root).split(os.sep)
+    if any(part in _SKIP_DIRS for part in rel[:-1]):
+        return None
+    if not path.endswith(_EXTS) or path.endswith(".meta.json"):
+        return None
+    if _in_opencode_storage(path, root):
+        return "root"
+    return "file" if _inside(path, os.path.realpath(root)) else None

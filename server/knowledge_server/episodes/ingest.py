@@ -8,16 +8,23 @@ import threading
 from collections.abc import Callable, Sequence
 
 from knowledge_server.errors import as_storage_full
-from knowledge_server.workspaces import in_scope
+from knowledge_server.workspaces import in_scope, is_under
 
-from .discover import default_roots, discover
-from .importers import INCREMENTAL_FORMATS, import_full, import_incremental
+from .discover import default_roots, discover, log_unit
+from .importers import INCREMENTAL_FORMATS, import_full, import_incremental, sniff_format
 from .importers import opencode as _opencode
 from .importers.base import ImportResult
 from .model import IngestReport
 from .store import EpisodeStore
 
-__all__ = ["ingest", "ingest_file", "ingest_sample_if_empty", "sample_path", "watch"]
+__all__ = [
+    "ingest",
+    "ingest_changed",
+    "ingest_file",
+    "ingest_sample_if_empty",
+    "sample_path",
+    "watch",
+]
 
 HEAD_BYTES = 4096
 ProgressCallback = Callable[[int, int, str], None]
@@ -174,6 +181,52 @@ def ingest(
     _forget_deleted(store, paths, report)
     store.compact_fts(report.events_added + report.events_removed)
     report.sessions = store.counts(scope)["sessions"]
+    report.index_rev = store.index_rev()
+    return report
+
+
+def ingest_changed(
+    store: EpisodeStore, changed: Sequence[str], roots: Sequence[str]
+) -> IngestReport:
+    """Ingest the files a watcher saw change under ``roots`` (absolute, as watched).
+
+    Each changed log file is imported on its own with :func:`ingest_file` (a grown JSONL
+    file is read from its stored offset); a deleted one's events are dropped; a change
+    inside an OpenCode storage rescans that root (its unit is the session, spread over
+    files). Which files count follows :func:`discover` (``discover.log_unit``): links whose
+    target leaves the root are not followed. Runs as the server itself (unrestricted),
+    like the start-up ingest of the same folders."""
+    report = IngestReport()
+    rescan: list[str] = []
+    for path in sorted(set(changed)):
+        root = max((r for r in roots if is_under(path, r)), key=len, default=None)
+        unit = log_unit(path, root) if root is not None else None
+        if unit is None or root is None:
+            continue
+        if unit == "root":
+            if root not in rescan:
+                rescan.append(root)
+            continue
+        if not os.path.lexists(path):
+            if store.source_state(path) is not None:
+                report.events_removed += store.forget_source(path)
+                report.files_changed += 1
+            continue
+        if not os.path.isfile(path):
+            continue  # a FIFO or device named like a log (see ``discover``)
+        fmt, _reason = sniff_format(path)
+        if fmt is None:
+            continue
+        try:
+            ingest_file(store, path, fmt, report)
+        except Exception as exc:
+            if as_storage_full(exc) is not None:
+                raise
+            report.errors.append(f"{path}: {type(exc).__name__}")
+    if rescan:
+        report.merge(ingest(store, rescan))
+    else:
+        store.compact_fts(report.events_added + report.events_removed)
     report.index_rev = store.index_rev()
     return report
 

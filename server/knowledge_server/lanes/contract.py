@@ -14,6 +14,7 @@ coroutine that the coordinator bounds with the lane timeout.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -60,6 +61,10 @@ class EpisodeLane(Lane, Reporting, Protocol):
     ) -> index_service_pb2.OperationSummary:
         """Ingest ``paths`` (none: the server's log folders, for a scoped caller those in
         its ``scope``); with a ``scope``, only sessions whose workspace lies in it."""
+        ...
+
+    async def follow(self, stop: asyncio.Event | None = None) -> None:
+        """While serving: ingest what is appended to the server's log folders (live ingest)."""
         ...
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+import structlog
+import watchfiles
 
 from knowledge_server._gen.knowledge.v1 import (
     errors_pb2,
@@ -16,7 +20,7 @@ from knowledge_server._gen.knowledge.v1 import (
     search_pb2,
 )
 from knowledge_server.episodes.discover import default_roots
-from knowledge_server.episodes.ingest import ingest, ingest_sample_if_empty
+from knowledge_server.episodes.ingest import ingest, ingest_changed, ingest_sample_if_empty
 from knowledge_server.episodes.model import EpisodeHit, EventDetail, SessionInfo
 from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
 from knowledge_server.errors import InvalidRequest, NotFound
@@ -32,6 +36,7 @@ from knowledge_server.lanes.common import (
     snapshot,
     ts,
 )
+from knowledge_server.logs import get_logger
 from knowledge_server.search.lanes import (
     NO_MATCH,
     NOT_INDEXED,
@@ -47,6 +52,12 @@ from knowledge_server.workspaces import (
 )
 
 SOURCE = "knowledge.episodes"
+# Live ingest: a batch of changes is ingested once no new change came for FOLLOW_STEP_MS
+# (a harness writes one turn as several appends), and at the latest FOLLOW_DEBOUNCE_MS
+# after its first change (a harness that keeps writing is ingested about once a second,
+# not once per append: each ingest costs the searches running beside it, bench_live.py).
+FOLLOW_STEP_MS = 250
+FOLLOW_DEBOUNCE_MS = 1000
 Scope = tuple[str, ...] | None
 
 
@@ -344,6 +355,79 @@ class EpisodesLane:
         if report.errors:
             self.last_error = report.errors[-1]
         return summary
+
+    # -- live ingest ------------------------------------------------------------------------
+    def watch_roots(self) -> list[str]:
+        """The folders (or files) the start-up ingest reads and the watcher follows: the
+        configured session paths, else the harnesses' standard log folders that exist."""
+        configured = list(self.session_paths) or default_roots()
+        roots = [os.path.abspath(os.path.expanduser(p)) for p in configured]
+        return [r for r in dict.fromkeys(roots) if os.path.exists(r)]
+
+    def ingest_changed_sync(
+        self, changed: Sequence[str], roots: Sequence[str]
+    ) -> index_service_pb2.OperationSummary:
+        """Ingest the files the watcher saw change (``episodes.ingest.ingest_changed``)."""
+        started = time.perf_counter()
+        with self.storage.guard("ingest"), self._write_lock:
+            report = ingest_changed(self._writer, changed, roots)
+        if report.errors:
+            self.last_error = report.errors[-1]
+        return operation_summary(
+            report,
+            ("files_changed", "events_added", "events_removed"),
+            index_rev=report.index_rev,
+            changed=bool(report.events_added or report.events_removed or report.files_reimported),
+            started=started,
+        )
+
+    async def follow(self, stop: asyncio.Event | None = None) -> None:
+        """Ingest what the harnesses append to their logs while the server runs, so a
+        search finds a turn about a second after it was written. Watches ``watch_roots``
+        with file-system notifications (``watchfiles``); each batch of changes is
+        ingested in a thread. Returns when ``stop`` is set or the task is cancelled."""
+        log = get_logger("knowledge.episodes.live")
+        roots = self.watch_roots()
+        if not roots:
+            log.info("live.no_roots")
+            return
+        log.info("live.watching", roots=len(roots))
+        try:
+            await self._follow(roots, stop, log)
+        except Exception as exc:  # noqa: BLE001 - a watcher that fails (a watched folder removed) must not stop the server's other background work
+            self.last_error = f"live ingest stopped: {type(exc).__name__}"
+            log.error("live.stopped", error_type=type(exc).__name__)
+
+    async def _follow(
+        self,
+        roots: list[str],
+        stop: asyncio.Event | None,
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        async for changes in watchfiles.awatch(
+            *roots,
+            watch_filter=None,
+            debounce=FOLLOW_DEBOUNCE_MS,
+            step=FOLLOW_STEP_MS,
+            stop_event=stop,
+            rust_timeout=1000,
+            ignore_permission_denied=True,
+        ):
+            paths = [p for _change, p in changes]
+            try:
+                summary = await asyncio.to_thread(self.ingest_changed_sync, paths, roots)
+            except Exception as exc:  # noqa: BLE001 - the watcher outlives one failed batch; kept for GetStatus
+                self.last_error = f"live ingest: {type(exc).__name__}"
+                log.error("live.ingest_failed", error_type=type(exc).__name__)
+                continue
+            if summary.changed:
+                log.info(
+                    "live.ingested",
+                    files=summary.counters["files_changed"],
+                    events_added=summary.counters["events_added"],
+                    index_rev=summary.index_rev,
+                    ms=summary.ms,
+                )
 
     def status(self, workspaces: tuple[str, ...] | None) -> index_service_pb2.LaneStatus:
         with self._readers.get() as store:

@@ -1,0 +1,93 @@
+"""``knowledge-hook`` (bridge/knowledge_mcp/hooks.py): the question each event asks, the
+budget of the evidence block, and the hard time limit (a service that accepts the connection
+and never answers must not hold the user's prompt)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+from knowledge_mcp.hooks import MARK, evidence_block, question_for
+
+from tests.conftest import REPO_ROOT
+
+PYPATH = os.pathsep.join(str(REPO_ROOT / p) for p in ("server", "sdk", "licensing", "bridge"))
+
+
+def _response(n: int) -> SimpleNamespace:
+    code = SimpleNamespace(
+        index_rev="rev-000007",
+        items=[
+            SimpleNamespace(
+                path=f"src/mod{i}.py", start_line=i, end_line=i + 9, id=f"chunk:{i:020x}"
+            )
+            for i in range(n)
+        ],
+    )
+    episodes = SimpleNamespace(index_rev="", items=[])
+    return SimpleNamespace(lanes=SimpleNamespace(code=code, episodes=episodes, skills=None))
+
+
+def test_questions_per_event() -> None:
+    assert (
+        question_for({"hook_event_name": "UserPromptSubmit", "prompt": " fix login "})
+        == "fix login"
+    )
+    assert question_for({"hook_event_name": "UserPromptSubmit", "prompt": ""}) is None
+    assert (
+        question_for({"hook_event_name": "SessionStart", "cwd": "/w/shop"}) == "recent work in shop"
+    )
+    assert question_for({"hook_event_name": "Stop"}) is None
+    long = question_for({"hook_event_name": "UserPromptSubmit", "prompt": "x" * 10_000})
+    assert long is not None and len(long) == 2000
+
+
+def test_block_is_cut_to_its_budget_and_holds_locations_only() -> None:
+    block = evidence_block(_response(200), 600)
+    assert len(block) <= 600
+    assert block.startswith(f"<{MARK}>") and block.endswith(f"</{MARK}>")
+    assert "src/mod0.py:0-9 (chunk:" in block and "index_rev: code rev-000007" in block
+    assert evidence_block(_response(0), 600) == ""  # nothing found: nothing injected
+
+
+def _hook(
+    address: str, timeout: str, event: dict[str, object]
+) -> tuple[float, subprocess.CompletedProcess[str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KNOWLEDGE_")}
+    env.update(PYTHONPATH=PYPATH, KNOWLEDGE_ADDRESS=address, KNOWLEDGE_HOOK_TIMEOUT=timeout)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "knowledge_mcp.hooks"],
+        input=json.dumps(event),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return time.monotonic() - started, done
+
+
+def test_silent_and_bounded_when_the_service_never_answers() -> None:
+    event = {"hook_event_name": "UserPromptSubmit", "prompt": "where is the login handled"}
+    with socket.socket() as hole:  # accepts connections, never speaks HTTP/2
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(16)
+        took, done = _hook(f"127.0.0.1:{hole.getsockname()[1]}", "1", event)
+    assert done.returncode == 0 and done.stdout == ""
+    # 1 s limit + 0.5 s alarm margin + interpreter start; the call's own default is 30 s.
+    assert took < 15, took
+
+
+def test_silent_when_the_service_is_down() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _took, done = _hook(
+        f"127.0.0.1:{port}", "1", {"hook_event_name": "UserPromptSubmit", "prompt": "x"}
+    )
+    assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
