@@ -217,6 +217,11 @@ async def test_licence_file_change_upgrades_and_expiry_downgrades_without_restar
             if result.startswith("refused"):
                 break
         assert result == "refused:expired"
+        # Both changes the server noticed are in the audit log, with the licence's id.
+        changes = [e for e in rs.app.audit.events() if e.operation == "licence.change"]
+        assert [e.outcome for e in changes] == ["valid", "expired"]
+        assert all(e.principal == "server" and e.targets for e in changes)
+        assert rs.app.audit.verify().ok
     finally:
         watcher.cancel()
         await rs.server.stop(0)

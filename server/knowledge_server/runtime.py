@@ -58,6 +58,17 @@ class WatchedLicence(LicenceView):
         self._log_dev_keys()
         self.watcher = LicenceWatcher(config.effective_licence_file, self._keys.ring, clock=clock)
         self._log(self.watcher.status, "licence.loaded")
+        # Told of every change the server notices (a file replaced, an expiry, SIGHUP):
+        # build_app records it in the audit log.
+        self.on_change: Callable[[LicenceStatus], None] | None = None
+
+    def _changed(self, status: LicenceStatus) -> None:
+        self._log(status, "licence.changed")
+        if self.on_change is not None:
+            try:
+                self.on_change(status)
+            except Exception as exc:  # noqa: BLE001 - a failed audit write is logged, the change stands
+                log.error("licence.audit_failed", error_type=type(exc).__name__)
 
     def _log_dev_keys(self) -> None:
         if self._dev_dir is not None:
@@ -99,7 +110,7 @@ class WatchedLicence(LicenceView):
     def poll(self) -> None:
         change = self.watcher.check()
         if change is not None:
-            self._log(change[1], "licence.changed")
+            self._changed(change[1])
 
     def reload(self) -> None:
         """SIGHUP: re-read the key ring, then the licence. A broken development key file
@@ -115,7 +126,7 @@ class WatchedLicence(LicenceView):
             self._log_dev_keys()
         old, new = self.watcher.reload(keyring)
         if old.state is not new.state or old.licence != new.licence:
-            self._log(new, "licence.changed")
+            self._changed(new)
         else:
             self._log(new, "licence.reloaded")
 
@@ -229,7 +240,21 @@ def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) ->
         # its input documents through the code lane.
         docgraph=DocGraphLane(config.data_dir, llm_settings_from_config(config), code=code),
     )
-    return KnowledgeApp(config, licence=licence, lanes=lanes, kb=kb)
+    app = KnowledgeApp(config, licence=licence, lanes=lanes, kb=kb)
+
+    def audit_licence(status: LicenceStatus) -> None:
+        lic = status.licence
+        app.audit.append(
+            principal="server",
+            org=lic.licensee if lic else "",
+            operation="licence.change",
+            targets=[lic.licence_id] if lic else [],
+            input={"state": status.state.value, "edition": status.effective_edition},
+            outcome=status.state.value,
+        )
+
+    licence.on_change = audit_licence
+    return app
 
 
 async def start_background(app: KnowledgeApp) -> None:
