@@ -4,16 +4,15 @@ calls to turn a source into chunks for the retrieval index.
 * ``convert_source(source) -> Document``: a stored file through the converters of
   ``kb/convert.py`` (Markdown, plain text, HTML, PDF with pages; Docling Serve when one is
   configured), or an FAQ entry as one FAQ block;
-* ``chunk_blocks(source, document, ...) -> list[Chunk]``: the document through the
-  structured chunker of ``kb/chunk.py`` (title, section path, page; an FAQ entry stays one
-  chunk), numbered within the revision.
+* ``chunk_document(document) -> list[SourceChunk]``: the structured chunker of
+  ``kb/chunk.py`` (title, section path, page; an FAQ entry stays one chunk); the task
+  numbers a revision's chunks with ``kb.index.port.index_chunks``.
 
 ``Chunk`` is the retrieval index's ``IndexChunk`` (``kb/index/port.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +24,10 @@ __all__ = [
     "SUPPORTED",
     "Chunk",
     "ConversionError",
+    "SourceChunk",
     "SourceInput",
-    "chunk_blocks",
+    "chunk_document",
     "convert_source",
-    "index_chunk",
     "media_type_of",
 ]
 
@@ -51,6 +50,8 @@ DOCLING_ONLY: dict[str, str] = {
 }
 
 Chunk = IndexChunk
+SourceChunk = chunking.Chunk
+chunk_document = chunking.chunk_document
 
 # The local converters alone (no Docling Serve): what a caller that names none gets.
 LOCAL = convert.Converter()
@@ -88,11 +89,6 @@ class SourceInput:
     path: Path | None
     question: str = ""
     answer: str = ""
-
-
-def index_chunk(chunk: Chunk) -> IndexChunk:
-    """The chunk as the retrieval index stages it (the same class)."""
-    return chunk
 
 
 def media_type_of(file_name: str, media_type: str = "", *, docling: bool = False) -> str | None:
@@ -133,35 +129,3 @@ def convert_source(
     except convert.ConversionError as exc:
         category = next((c for t, c in _CATEGORIES if isinstance(exc, t)), "unreadable")
         raise ConversionError(category, str(exc)) from None
-
-
-def chunk_blocks(
-    source: SourceInput,
-    document: convert.Document,
-    *,
-    org: str,
-    topic_id: str,
-    revision_id: str,
-    title: str,
-    tags: Sequence[str],
-    start: int,
-) -> list[Chunk]:
-    """Chunks of one source, numbered from ``start`` (ordinals are unique in the
-    revision); the document's structure gives each its section path and page."""
-    return [
-        IndexChunk(
-            chunk_id=f"{revision_id}:{start + c.ordinal}",
-            org=org,
-            topic_id=topic_id,
-            revision_id=revision_id,
-            source_id=source.source_id,
-            ordinal=start + c.ordinal,
-            kind=c.kind,
-            title=title or c.title,
-            section_path=c.section_path,
-            page=c.page,
-            text=c.text,
-            tags=tuple(tags),
-        )
-        for c in chunking.chunk_document(document)
-    ]

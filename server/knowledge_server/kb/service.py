@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from knowledge_server.code.embed import Embedder, EmbeddingError
 from knowledge_server.kb import pipeline
 from knowledge_server.kb.convert import Converter
+from knowledge_server.kb.index.port import index_chunks
 from knowledge_server.kb.store import KBStore, TaskRow
 from knowledge_server.kb.tasks import TaskQueue, Worker
 from knowledge_server.kb.workflow import INDEXED_STATES, Workflow
@@ -164,7 +165,7 @@ class KnowledgeBase:
         topic = self.store.topic(org, rev.topic_id)
         title = topic.title if topic else ""
         sources = self.store.sources(org, rev.id)
-        chunks: list[pipeline.Chunk] = []
+        per_source: list[tuple[str, list[pipeline.SourceChunk]]] = []
         for i, src in enumerate(sources):
             self.queue.progress(task, "convert", i, len(sources))
             source = pipeline.SourceInput(
@@ -177,26 +178,22 @@ class KnowledgeBase:
                 answer=src.answer,
             )
             try:
-                blocks = pipeline.convert_source(source, title, self.converter)
+                document = pipeline.convert_source(source, title, self.converter)
             except pipeline.ConversionError as exc:
                 raise _TaskFailed(exc.category, f"source {src.ordinal}: {exc}") from None
-            chunks.extend(
-                pipeline.chunk_blocks(
-                    source,
-                    blocks,
-                    org=org,
-                    topic_id=rev.topic_id,
-                    revision_id=rev.id,
-                    title=title,
-                    tags=rev.tags,
-                    start=len(chunks),
-                )
-            )
+            per_source.append((src.id, pipeline.chunk_document(document)))
+        chunks = index_chunks(
+            org=org,
+            topic_id=rev.topic_id,
+            revision_id=rev.id,
+            tags=rev.tags,
+            sources=per_source,
+        )
         self.queue.progress(task, "chunk", len(sources), len(sources), len(chunks))
         vectors = self._embed(task, chunks)
         self.queue.progress(task, "stage", len(chunks), len(chunks), len(chunks))
         try:
-            index.stage(org, rev.id, [pipeline.index_chunk(c) for c in chunks], vectors)
+            index.stage(org, rev.id, chunks, vectors)
         except Exception as exc:  # noqa: BLE001 - any index failure is the task's, with its category
             raise _TaskFailed("index", f"staging failed ({type(exc).__name__})") from None
         return len(chunks), self.embedder.identity
