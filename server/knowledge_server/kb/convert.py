@@ -304,9 +304,8 @@ def convert_markdown(source: Source, *, text: str | None = None) -> Document:
 
 
 # --------------------------------------------------------------------------- HTML
-# selectolax (lexbor) over BeautifulSoup: on the 93 EIP documents rendered to HTML
-# (1.2 MB), parsing and reading every block element took 0.03 s with selectolax and
-# 0.92 s with BeautifulSoup's html.parser, the same text either way.
+# selectolax (lexbor) over BeautifulSoup: the same text, many times faster on the EIP
+# corpus (measured, docs/kb-index.md "Why these libraries").
 
 _DROPPED = "script, style, noscript, template, iframe, object, embed, svg, head"
 _BLOCKS = "h1, h2, h3, h4, h5, h6, p, li, pre, tr, dt, dd, blockquote, figcaption, caption"
@@ -376,9 +375,9 @@ def convert_html(source: Source) -> Document:
 
 
 # --------------------------------------------------------------------------- PDF
-# pypdfium2 (PDFium) over pypdf: text extraction of a 60-page PDF took 0.08 s against
-# pypdf's 0.40 s with the same text (docs/kb-index.md). PDFium is not thread-safe, so
-# one document is read at a time in this process.
+# pypdfium2 (PDFium) over pypdf: the same text, several times faster (measured,
+# docs/kb-index.md "Why these libraries"). PDFium is not thread-safe, so one document is read at a
+# time in this process.
 
 _PDFIUM = threading.Lock()
 
