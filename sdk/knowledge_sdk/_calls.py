@@ -238,6 +238,9 @@ KB_GET_POLICY = Rpc(
 KB_SET_POLICY = Rpc(
     _A, "SetPolicy", v1.SetPolicyRequest, v1.SetPolicyResponse, False, "kb_set_policy"
 )
+_R = "knowledge.v1.KnowledgeBaseService"
+KB_RETRIEVE = Rpc(_R, "Retrieve", v1.RetrieveRequest, v1.RetrieveResponse, False, "kb_retrieve")
+KB_ANSWER = Rpc(_R, "Answer", v1.AnswerRequest, v1.AnswerResponse, False, "kb_answer")
 _M = "knowledge.v1.MemoryService"
 REMEMBER = Rpc(_M, "Remember", v1.RememberRequest, v1.RememberResponse, False, "remember")
 RECALL = Rpc(_M, "Recall", v1.RecallRequest, v1.RecallResponse, False, "recall")
@@ -295,6 +298,8 @@ RPCS: tuple[Rpc[Any, Any], ...] = (
     KB_RESOLVE_FEEDBACK,
     KB_GET_POLICY,
     KB_SET_POLICY,
+    KB_RETRIEVE,
+    KB_ANSWER,
     REMEMBER,
     RECALL,
     TIMELINE,
@@ -314,6 +319,8 @@ class UnaryCall(Generic[Resp]):
     request: betterproto2.Message
     timeout: float | None
     request_id: str = ""
+    # Sent as ``x-trace-id`` (Retrieve, Answer): the service answers with it.
+    trace_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -963,6 +970,55 @@ def kb_set_policy(
         ),
         timeout,
     )
+
+
+# KnowledgeBaseService (agents: published knowledge only)
+
+
+def kb_retrieve(
+    query: str,
+    *,
+    all_tag_codes: Sequence[str] = (),
+    any_tag_codes: Sequence[str] = (),
+    top_k: int = 0,
+    trace_id: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.RetrieveResponse]:
+    """Citable published evidence for ``query`` in the caller's organisation: sources
+    carry every tag of ``all_tag_codes`` and one of ``any_tag_codes``; ``top_k`` 0 = the
+    service's default. ``answerable`` False with ``reason_code`` ``NO_EVIDENCE`` is an
+    answer; a failing dependency raises ``Unavailable`` (``KNOWLEDGE_DEPENDENCY_UNAVAILABLE``,
+    the trace id in its metadata). ``trace_id`` (optional) is sent as ``x-trace-id``."""
+    request = v1.RetrieveRequest(
+        query=query,
+        all_tag_codes=list(all_tag_codes),
+        any_tag_codes=list(any_tag_codes),
+        top_k=top_k,
+    )
+    return UnaryCall(KB_RETRIEVE, request, timeout, trace_id=trace_id)
+
+
+def kb_answer(
+    query: str,
+    *,
+    all_tag_codes: Sequence[str] = (),
+    any_tag_codes: Sequence[str] = (),
+    top_k: int = 0,
+    template_code: str = "",
+    trace_id: str = "",
+    timeout: float | None = None,
+) -> UnaryCall[v1.AnswerResponse]:
+    """An answer from the service's chat model over the reranked published evidence,
+    with the organisation's template ``template_code`` (empty: DEFAULT). Without evidence
+    the model is not called and the configured no-evidence reply comes back."""
+    request = v1.AnswerRequest(
+        query=query,
+        all_tag_codes=list(all_tag_codes),
+        any_tag_codes=list(any_tag_codes),
+        top_k=top_k,
+        template_code=template_code,
+    )
+    return UnaryCall(KB_ANSWER, request, timeout, trace_id=trace_id)
 
 
 # MemoryService

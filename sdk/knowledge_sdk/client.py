@@ -57,7 +57,10 @@ RPC_METHODS: dict[str, str] = {rpc.full_name: rpc.method for rpc in RPCS}
 # UNAVAILABLE (server not reachable yet, or a source it needs down) is retried by gRPC:
 # 3 attempts with backoffs of about 0.05 and 0.1 s, so an address where nothing listens
 # fails in well under a second (also within a short --timeout), not at the deadline.
-# Streams are not retried (index builds write; a caller restarts them on purpose).
+# Streams are not retried (index builds write; a caller restarts them on purpose), nor
+# are Retrieve and Answer: the service already retried its dependencies inside its own
+# end-to-end budget, and seed 002 leaves a retry of their UNAVAILABLE to the caller, when
+# its own budget allows (with the same trace id).
 _RETRY_POLICY = {
     "maxAttempts": 3,
     "initialBackoff": "0.05s",
@@ -72,7 +75,7 @@ SERVICE_CONFIG = json.dumps(
                 "name": [
                     {"service": rpc.service, "method": rpc.name}
                     for rpc in RPCS
-                    if not rpc.streaming
+                    if not rpc.streaming and rpc.service != "knowledge.v1.KnowledgeBaseService"
                 ],
                 "retryPolicy": _RETRY_POLICY,
             }
@@ -132,12 +135,16 @@ class ConnectionSettings:
             root_certificates=root, private_key=key, certificate_chain=cert
         )
 
-    def metadata(self, request_id: str | None = None) -> list[tuple[str, str]]:
+    def metadata(
+        self, request_id: str | None = None, trace_id: str | None = None
+    ) -> list[tuple[str, str]]:
         md: list[tuple[str, str]] = []
         if self.token:
             md.append(("authorization", f"Bearer {self.token}"))
         if request_id:
             md.append(("x-request-id", request_id))
+        if trace_id:
+            md.append(("x-trace-id", trace_id))
         return md
 
 
@@ -187,8 +194,9 @@ class _Client:
         return call.timeout if call.timeout is not None else self.settings.timeout
 
     def _metadata(self, call: UnaryCall[Any] | StreamCall[Any]) -> tuple[tuple[str, str], ...]:
-        request_id = call.request_id if isinstance(call, UnaryCall) else None
-        return tuple(self.settings.metadata(request_id))
+        if isinstance(call, UnaryCall):
+            return tuple(self.settings.metadata(call.request_id, call.trace_id))
+        return tuple(self.settings.metadata(None))
 
     def _error(self, exc: grpc.RpcError) -> errors.RPCError:
         return errors.from_rpc_error(exc, address=self.settings.address)
@@ -350,6 +358,9 @@ class KnowledgeClient(_Client):
     kb_resolve_feedback = _sync(_calls.kb_resolve_feedback)
     kb_get_policy = _sync(_calls.kb_get_policy)
     kb_set_policy = _sync(_calls.kb_set_policy)
+    # KnowledgeBaseService
+    kb_retrieve = _sync(_calls.kb_retrieve)
+    kb_answer = _sync(_calls.kb_answer)
     # MemoryService
     remember = _sync(_calls.remember)
     recall = _sync(_calls.recall)
@@ -464,6 +475,9 @@ class AsyncKnowledgeClient(_Client):
     kb_resolve_feedback = _async(_calls.kb_resolve_feedback)
     kb_get_policy = _async(_calls.kb_get_policy)
     kb_set_policy = _async(_calls.kb_set_policy)
+    # KnowledgeBaseService
+    kb_retrieve = _async(_calls.kb_retrieve)
+    kb_answer = _async(_calls.kb_answer)
     # MemoryService
     remember = _async(_calls.remember)
     recall = _async(_calls.recall)

@@ -24,6 +24,7 @@ from knowledge_server import __version__, deadline
 from knowledge_server._gen.knowledge.v1 import (
     dispatch_pb2,
     index_service_pb2,
+    kb_retrieve_pb2,
     knowledge_service_pb2,
     search_pb2,
 )
@@ -31,6 +32,7 @@ from knowledge_server.audit import AuditEvent, AuditLog
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.config import Config
 from knowledge_server.dispatch import run_dispatch, validate_dispatch
+from knowledge_server.docgraph.llm import make_client
 from knowledge_server.edition import LicenceView
 from knowledge_server.errors import (
     InvalidRequest,
@@ -40,10 +42,13 @@ from knowledge_server.errors import (
     as_storage_full,
 )
 from knowledge_server.kb.admin import KnowledgeBaseAdmin
+from knowledge_server.kb.api import KnowledgeBaseApi
+from knowledge_server.kb.deps import HttpReranker
+from knowledge_server.kb.retrieve import Retriever, RetrieveSettings, SearchIndex
 from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.lanes.common import run_with_progress
 from knowledge_server.lanes.contract import Lanes
-from knowledge_server.lanes.docgraph import GraphDocsLane
+from knowledge_server.lanes.docgraph import GraphDocsLane, llm_settings_from_config
 from knowledge_server.logs import get_logger
 from knowledge_server.memory.ops import WRITES, MemoryOps
 from knowledge_server.memory.store import DB_FILE as MEMORY_DB
@@ -103,6 +108,42 @@ def _root_arg(value: str) -> str:
     return normalise_workspace(value)
 
 
+def retrieve_settings(config: Config) -> RetrieveSettings:
+    return RetrieveSettings(
+        total_timeout_ms=config.retrieve_total_timeout_ms,
+        default_top_k=config.retrieve_default_top_k,
+        max_top_k=config.retrieve_max_top_k,
+        max_query_chars=config.retrieve_max_query_chars,
+        max_retries=config.retrieve_max_retries,
+        min_rerank_score=config.retrieve_min_rerank_score,
+        min_term_coverage=config.retrieve_min_term_coverage,
+        no_evidence_reply=config.answer_no_evidence_reply,
+    )
+
+
+def retriever_from_config(config: Config, kb: KnowledgeBase) -> Retriever:
+    """Retrieval over ``kb``'s store and index with the configured reranker and chat
+    model (the document graph's ``llm_*`` settings)."""
+    reranker = None
+    if config.rerank_url:
+        reranker = HttpReranker(
+            config.rerank_url,
+            config.rerank_model,
+            api=config.rerank_api,
+            api_key_env=config.rerank_key_env,
+            max_chars=config.rerank_max_chars,
+        )
+    index = kb.index if isinstance(kb.index, SearchIndex) else None
+    return Retriever(
+        kb.store,
+        index,
+        kb.embedder,
+        reranker=reranker,
+        llm=make_client(llm_settings_from_config(config)),
+        settings=retrieve_settings(config),
+    )
+
+
 class KnowledgeApp:
     """Everything a serving process answers with. ``lanes`` are the capabilities it has;
     ``coordinator`` defaults to one over those lanes (tests pass their own to search
@@ -116,6 +157,7 @@ class KnowledgeApp:
         licence: LicenceView | None = None,
         coordinator: Coordinator | None = None,
         kb: KnowledgeBase | None = None,
+        retriever: Retriever | None = None,
     ) -> None:
         self.config = config
         self.started_at = datetime.now(UTC)
@@ -125,6 +167,10 @@ class KnowledgeApp:
         # The knowledge base (kb/): None when this deployment has none.
         self.kb = kb
         self._kb_admin = KnowledgeBaseAdmin(kb, self.record) if kb is not None else None
+        if retriever is None and kb is not None:
+            retriever = retriever_from_config(config, kb)
+        # Retrieve / Answer over the knowledge base's published releases (kb/api.py).
+        self.kb_api = KnowledgeBaseApi(retriever) if retriever is not None else None
         self._memory: MemoryOps | None = None
         self.coordinator = coordinator or Coordinator(
             self._search_lanes(),
@@ -416,6 +462,26 @@ class KnowledgeApp:
             raise Unimplemented("this server has no knowledge base")
         async for event in self._kb_admin.watch(req, principal):
             yield event
+
+    # -- KnowledgeBaseService ------------------------------------------------------------
+    async def kb_retrieve(
+        self,
+        req: kb_retrieve_pb2.RetrieveRequest,
+        principal: Principal,
+        trace_id: str | None = None,
+    ) -> kb_retrieve_pb2.RetrieveResponse:
+        """Retrieve: citable published evidence (``kb/api.py``)."""
+        if self.kb_api is None:
+            raise Unimplemented("this server has no knowledge base")
+        return await self.kb_api.retrieve(req, principal, trace_id)
+
+    async def kb_answer(
+        self, req: kb_retrieve_pb2.AnswerRequest, principal: Principal, trace_id: str | None = None
+    ) -> kb_retrieve_pb2.AnswerResponse:
+        """Answer: the chat model's answer from the reranked evidence (``kb/api.py``)."""
+        if self.kb_api is None:
+            raise Unimplemented("this server has no knowledge base")
+        return await self.kb_api.answer(req, principal, trace_id)
 
     # -- MemoryService -----------------------------------------------------------------
     @property

@@ -116,6 +116,29 @@ class Config:
     kb_docling_key_env: str = ""
     kb_docling_for: tuple[str, ...] = ()
     kb_docling_timeout_s: float = 120.0
+    # Retrieve / Answer (docs/kb-retrieve.md): the end-to-end budget of one call, top_k's
+    # default and maximum, the longest question, retries of a transient dependency failure.
+    retrieve_total_timeout_ms: int = 3000
+    retrieve_default_top_k: int = 5
+    retrieve_max_top_k: int = 20
+    retrieve_max_query_chars: int = 1000
+    retrieve_max_retries: int = 2
+    # Evidence policy: the reranker's minimum relevance; without a reranker, the minimum
+    # share of the question's terms a chunk must contain.
+    retrieve_min_rerank_score: float = 0.3
+    retrieve_min_term_coverage: float = 0.5
+    # The rerank port: "v1" (POST URL/v1/rerank, Cohere/Jina style) or "tei" (POST URL/rerank);
+    # empty URL = no reranker. The API key from the variable rerank_key_env names.
+    rerank_url: str = ""
+    rerank_model: str = ""
+    rerank_api: str = "v1"
+    rerank_key_env: str = ""
+    # The reranker's input limit per document, in characters (longer ones are cut, counted).
+    rerank_max_chars: int = 2000
+    # What Answer replies when no evidence qualifies (no model call).
+    answer_no_evidence_reply: str = "No published knowledge answers this question."
+    # The HTTP face of Retrieve / Answer (HOST:PORT, or PORT for 127.0.0.1); empty = off.
+    retrieve_http_listen: str = ""
     # The memory policy: [memory.knowledge] and [memory.lifecycle] (docs/memory.md).
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     # Prometheus endpoint (HOST:PORT, or PORT for 127.0.0.1); empty = no metrics.
@@ -190,12 +213,20 @@ _INT_FIELDS = {
     "outbox_quota_per_principal",
     "llm_max_retries",
     "kb_max_source_mib",
+    "retrieve_total_timeout_ms",
+    "retrieve_default_top_k",
+    "retrieve_max_top_k",
+    "retrieve_max_query_chars",
+    "retrieve_max_retries",
+    "rerank_max_chars",
 }
 _FLOAT_FIELDS = {
     "grace_seconds",
     "kb_docling_timeout_s",
     "llm_timeout_seconds",
     "tracing_sample_ratio",
+    "retrieve_min_rerank_score",
+    "retrieve_min_term_coverage",
 }
 _BOOL_FIELDS = {"bootstrap", "watch_sessions"}
 _CHOICES = {
@@ -205,6 +236,7 @@ _CHOICES = {
     "embedder": ("hash", "openai", "e5"),
     "llm_provider": ("openai", "local"),
     "kb_index": ("sqlite", "milvus"),
+    "rerank_api": ("v1", "tei"),
 }
 
 
@@ -251,6 +283,12 @@ _INT_RANGES = {
     "outbox_quota_per_principal": (1, 1_000_000),
     "llm_max_retries": (0, 10),
     "kb_max_source_mib": (1, 4096),
+    "retrieve_total_timeout_ms": (50, 120_000),
+    "retrieve_default_top_k": (1, 100),
+    "retrieve_max_top_k": (1, 100),
+    "retrieve_max_query_chars": (1, 4000),
+    "retrieve_max_retries": (0, 10),
+    "rerank_max_chars": (64, 1_000_000),
 }
 
 
@@ -268,6 +306,21 @@ def _validate_kb(cfg: Config) -> None:
         raise ConfigError(f"kb_docling_url: {cfg.kb_docling_url!r} is not an http(s) URL")
     if cfg.kb_docling_timeout_s <= 0:
         raise ConfigError("kb_docling_timeout_s: must be positive")
+    if cfg.retrieve_default_top_k > cfg.retrieve_max_top_k:
+        raise ConfigError(
+            f"retrieve_default_top_k: {cfg.retrieve_default_top_k} is above "
+            f"retrieve_max_top_k ({cfg.retrieve_max_top_k})"
+        )
+    for name in ("retrieve_min_rerank_score", "retrieve_min_term_coverage"):
+        value = getattr(cfg, name)
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{name}: {value} is out of range 0..1")
+    if cfg.rerank_url and not cfg.rerank_url.startswith(("http://", "https://")):
+        raise ConfigError(f"rerank_url: {cfg.rerank_url!r} is not an http(s) URL")
+    if cfg.rerank_url and not cfg.rerank_model and cfg.rerank_api == "v1":
+        raise ConfigError("rerank_model: required with rerank_url when rerank_api is v1")
+    if not cfg.answer_no_evidence_reply.strip():
+        raise ConfigError("answer_no_evidence_reply: must not be empty")
 
 
 def _validate(cfg: Config) -> Config:
@@ -326,9 +379,19 @@ def _telemetry(cfg: Config) -> Config:
             "tracing_otlp_endpoint: expected the http:// or https:// URL of an OTLP/gRPC "
             f"collector, got {endpoint!r}"
         )
-    text = cfg.metrics_listen.strip()
+    return replace(
+        cfg,
+        metrics_listen=_loopback_listen("metrics_listen", cfg.metrics_listen),
+        retrieve_http_listen=_loopback_listen("retrieve_http_listen", cfg.retrieve_http_listen),
+    )
+
+
+def _loopback_listen(name: str, value: str) -> str:
+    """An optional listen address: ``HOST:PORT`` as given, ``PORT`` or ``:PORT`` on
+    loopback, empty = off."""
+    text = value.strip()
     if not text:
-        return cfg
+        return ""
     if text.isdigit():
         text = f"127.0.0.1:{text}"
     elif text.startswith(":"):
@@ -336,8 +399,8 @@ def _telemetry(cfg: Config) -> Config:
     try:
         parse_listen(text)
     except ConfigError as exc:
-        raise ConfigError(f"metrics_{exc}") from None
-    return replace(cfg, metrics_listen=text)
+        raise ConfigError(f"{name}: {str(exc).removeprefix('listen: ')}") from None
+    return text
 
 
 def check_workspaces(cfg: Config) -> None:

@@ -76,6 +76,22 @@ class Unavailable(KnowledgeError):
     reason = "KNOWLEDGE_SOURCE_UNAVAILABLE"
 
 
+class DependencyUnavailable(Unavailable):
+    """Retrieval or answering could not finish: a dependency (``dependency`` in the
+    metadata: embedder, reranker, chat, index, metadata) was down, failing or slower
+    than the end-to-end budget. Never turned into "no evidence"."""
+
+    reason = "KNOWLEDGE_DEPENDENCY_UNAVAILABLE"
+
+    def __init__(self, dependency: str, cause: str, *, trace_id: str = "") -> None:
+        super().__init__(
+            f"the {dependency} is unavailable ({cause}); retry within your own budget",
+            metadata={"dependency": dependency, "cause": cause, "trace_id": trace_id},
+        )
+        self.dependency = dependency
+        self.cause = cause
+
+
 class FailedPrecondition(KnowledgeError):
     code = grpc.StatusCode.FAILED_PRECONDITION
     reason = "KNOWLEDGE_INDEX_NOT_READY"

@@ -29,6 +29,8 @@ from knowledge_server._gen.knowledge.v1 import (
     index_service_pb2_grpc,
     kb_admin_pb2,
     kb_admin_pb2_grpc,
+    kb_retrieve_pb2,
+    kb_retrieve_pb2_grpc,
     knowledge_service_pb2,
     knowledge_service_pb2_grpc,
     memory_pb2,
@@ -50,6 +52,7 @@ from knowledge_server.transport.servicers import (
     DocGraphServicer,
     IndexServicer,
     KnowledgeBaseAdminServicer,
+    KnowledgeBaseServicer,
     KnowledgeServicer,
     MemoryServicer,
 )
@@ -62,6 +65,7 @@ SERVICE_NAMES = (
     docgraph_pb2.DESCRIPTOR.services_by_name["DocGraphService"].full_name,
     index_service_pb2.DESCRIPTOR.services_by_name["IndexService"].full_name,
     kb_admin_pb2.DESCRIPTOR.services_by_name["KnowledgeBaseAdminService"].full_name,
+    kb_retrieve_pb2.DESCRIPTOR.services_by_name["KnowledgeBaseService"].full_name,
     memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
 )
 
@@ -169,6 +173,9 @@ async def create_server(
     index_service_pb2_grpc.add_IndexServiceServicer_to_server(IndexServicer(app), server)
     kb_admin_pb2_grpc.add_KnowledgeBaseAdminServiceServicer_to_server(
         KnowledgeBaseAdminServicer(app), server
+    )
+    kb_retrieve_pb2_grpc.add_KnowledgeBaseServiceServicer_to_server(
+        KnowledgeBaseServicer(app), server
     )
     memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(app), server)
     health_servicer = health.aio.HealthServicer()

@@ -186,6 +186,7 @@ REQUEST_WORDS = frozenset({"find", "give", "list", "show", "tell"})
 RU_STEMMER = f"snowball-russian-{version('snowballstemmer')}"
 
 _RUSSIAN = snowballstemmer.stemmer("russian")
+_ENGLISH = snowballstemmer.stemmer("english")
 
 
 @lru_cache(maxsize=100_000)
@@ -195,3 +196,9 @@ def stem_ru(word: str) -> str:
     Cached: the stemmer is pure Python and indexing stems every Cyrillic word it meets,
     while a language's inflected forms in real text are comparatively few."""
     return _RUSSIAN.stemWord(word.lower())
+
+
+@lru_cache(maxsize=20_000)
+def stem_en(word: str) -> str:
+    """The Snowball (Porter 2) stem of an English word, lower-cased."""
+    return str(_ENGLISH.stemWord(word.lower()))

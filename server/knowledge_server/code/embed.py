@@ -23,7 +23,14 @@ from knowledge_server.textlang import STOP_WORDS
 
 from .tokenize import split_identifier, split_uncached
 
-__all__ = ["E5Embedder", "Embedder", "EmbeddingError", "HashingEmbedder", "OpenAIEmbedder"]
+__all__ = [
+    "E5Embedder",
+    "Embedder",
+    "EmbeddingError",
+    "HashingEmbedder",
+    "OpenAIEmbedder",
+    "PermanentEmbeddingError",
+]
 
 
 class EmbeddingError(RuntimeError):
@@ -181,7 +188,7 @@ class HashingEmbedder:
         return _normalise(out)
 
 
-class _Permanent(EmbeddingError):
+class PermanentEmbeddingError(EmbeddingError):
     """A failure a retry would repeat (a 4xx answer, vectors of the wrong size)."""
 
 
@@ -259,7 +266,9 @@ class OpenAIEmbedder:
             raise EmbeddingError(f"embedding endpoint returned HTTP {resp.status_code}")
         if resp.status_code >= 400:
             # A client error (bad model name, bad key) will not improve with retries.
-            raise _Permanent(f"embedding endpoint rejected the call: HTTP {resp.status_code}")
+            raise PermanentEmbeddingError(
+                f"embedding endpoint rejected the call: HTTP {resp.status_code}"
+            )
         try:
             data = sorted(resp.json()["data"], key=lambda d: d["index"])
             m = np.asarray([d["embedding"] for d in data], dtype=np.float32)
@@ -268,17 +277,23 @@ class OpenAIEmbedder:
                 "embedding endpoint answered with malformed JSON (expected data[].embedding)"
             ) from None
         if m.shape != (len(batch), self._dim):
-            raise _Permanent(
+            raise PermanentEmbeddingError(
                 f"embedding endpoint returned shape {m.shape}, expected "
                 f"({len(batch)}, {self._dim}): check embedder_dim against the model"
             )
         return _normalise(m)
 
+    def call_once(self, texts: Sequence[str], *, timeout: float) -> np.ndarray:
+        """One request for ``texts`` within ``timeout`` seconds, no retry and no cooldown:
+        the caller (knowledge-base retrieval) retries inside its own budget.
+        :class:`PermanentEmbeddingError` is a failure a retry would repeat."""
+        return self._call(list(texts), timeout)
+
     def _post(self, batch: list[str]) -> np.ndarray:
         for attempt in range(self._retries + 1):
             try:
                 return self._call(batch, self._timeout)
-            except _Permanent:
+            except PermanentEmbeddingError:
                 raise
             except EmbeddingError as exc:
                 if attempt == self._retries:

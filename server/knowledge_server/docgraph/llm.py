@@ -26,6 +26,7 @@ import httpx
 __all__ = [
     "NOT_CONFIGURED_REASON",
     "LLMClient",
+    "LLMRetryable",
     "LLMSettings",
     "LLMUnavailable",
     "make_client",
@@ -65,6 +66,10 @@ class LLMUnavailable(Exception):
         self.detail = detail
         self.reason = f"LLM_UNAVAILABLE: {detail}"
         super().__init__(self.reason)
+
+
+class LLMRetryable(LLMUnavailable):
+    """A failure a retry may not repeat: a timeout, a connection error, 408/409/425/429/5xx."""
 
 
 class LLMClient:
@@ -111,50 +116,71 @@ class LLMClient:
                 return path.read_text(encoding="utf-8").strip() or None
         return None
 
-    def chat_json(self, system: str, user: str) -> str:
-        """One chat completion asking for a JSON object; returns the message content."""
+    def _body(self, system: str, user: str, *, json_mode: bool) -> dict[str, Any]:
+        s = self.settings
+        body: dict[str, Any] = {
+            "model": s.model,
+            "temperature": s.temperature,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": user},
+            ],
+        }
+        if json_mode:
+            body["response_format"] = {"type": "json_object"}
+        return body
+
+    def send_once(self, body: dict[str, Any], *, timeout: float | None = None) -> str:
+        """One request, no retry: the message content, or :class:`LLMRetryable` (timeout,
+        connection error, a retryable status) / :class:`LLMUnavailable` (any other failure,
+        which a retry would repeat)."""
         s = self.settings
         url = s.base_url.rstrip("/") + "/v1/chat/completions"  # type: ignore[union-attr]
         headers = {"Content-Type": "application/json"}
         key = self._api_key()
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        body: dict[str, Any] = {
-            "model": s.model,
-            "temperature": s.temperature,
-            "response_format": {"type": "json_object"},
-            "messages": [
-                {"role": "system", "content": system},
-                {"role": "user", "content": user},
-            ],
-        }
+        self.calls += 1
+        try:
+            if timeout is None:
+                resp = self._http.post(url, json=body, headers=headers)
+            else:
+                resp = self._http.post(url, json=body, headers=headers, timeout=timeout)
+        except httpx.TimeoutException:
+            raise LLMRetryable("timeout") from None
+        except httpx.TransportError:
+            raise LLMRetryable("connect error") from None
+        if resp.status_code in _RETRY_STATUSES:
+            raise LLMRetryable(f"http {resp.status_code}")
+        if resp.status_code != 200:
+            # 4xx other than the retryable ones: retrying will not help (auth, bad request).
+            raise LLMUnavailable(f"http {resp.status_code}")
+        try:
+            payload = resp.json()
+            content = payload["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise LLMUnavailable("bad envelope") from None
+        if not isinstance(content, str):
+            raise LLMUnavailable("bad envelope")
+        return content
+
+    def chat_text_once(self, system: str, user: str, *, timeout: float) -> str:
+        """One plain-text chat completion within ``timeout`` seconds, no retry (the caller
+        retries inside its own budget)."""
+        return self.send_once(self._body(system, user, json_mode=False), timeout=timeout)
+
+    def chat_json(self, system: str, user: str) -> str:
+        """One chat completion asking for a JSON object; returns the message content."""
+        s = self.settings
+        body = self._body(system, user, json_mode=True)
         last = "no attempt"
         for attempt in range(s.max_retries + 1):
             if attempt:
                 self._sleep(s.backoff_seconds * (2 ** (attempt - 1)))
-            self.calls += 1
             try:
-                resp = self._http.post(url, json=body, headers=headers)
-            except httpx.TimeoutException:
-                last = "timeout"
-                continue
-            except httpx.TransportError:
-                last = "connect error"
-                continue
-            if resp.status_code in _RETRY_STATUSES:
-                last = f"http {resp.status_code}"
-                continue
-            if resp.status_code != 200:
-                # 4xx other than the retryable ones: retrying will not help (auth, bad request).
-                raise LLMUnavailable(f"http {resp.status_code}")
-            try:
-                payload = resp.json()
-                content = payload["choices"][0]["message"]["content"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise LLMUnavailable("bad envelope") from None
-            if not isinstance(content, str):
-                raise LLMUnavailable("bad envelope")
-            return content
+                return self.send_once(body)
+            except LLMRetryable as exc:
+                last = exc.detail
         raise LLMUnavailable(last)
 
 

@@ -36,6 +36,7 @@ from knowledge_server.schema import Migrations, Step, immediate, open_db
 __all__ = [
     "DB_FILE",
     "MIGRATIONS",
+    "CitableRevision",
     "FeedbackRow",
     "KBStore",
     "ReleaseRow",
@@ -320,6 +321,18 @@ class FeedbackRow:
 
 
 @dataclass(frozen=True)
+class CitableRevision:
+    """A topic's released revision as a citation needs it."""
+
+    revision_id: str
+    topic_id: str
+    version_label: str
+    chunk_count: int
+    topic_title: str
+    source_ids: frozenset[str]
+
+
+@dataclass(frozen=True)
 class ReleaseRow:
     org: str
     topic_id: str
@@ -584,6 +597,44 @@ class KBStore:
                 "SELECT revision_id FROM releases WHERE org = ? AND revision_id != ''", (org,)
             ).fetchall()
         return frozenset(str(r[0]) for r in rows)
+
+    def citable_revisions(
+        self, org: str, revision_ids: Sequence[str]
+    ) -> dict[str, CitableRevision]:
+        """Of ``revision_ids``, those that are their topic's release in ``org`` now, with
+        what a citation of them needs; one read transaction, so the answer is one moment's
+        state of the releases."""
+        ids = sorted(set(revision_ids))
+        if not ids:
+            return {}
+        out: dict[str, CitableRevision] = {}
+        with self.read() as c:
+            rows = c.execute(
+                "SELECT r.id, r.topic_id, r.version_label, r.chunk_count, t.title"
+                " FROM releases rel"
+                " JOIN revisions r ON r.id = rel.revision_id AND r.org = rel.org"
+                " JOIN topics t ON t.id = r.topic_id AND t.org = r.org"
+                " WHERE rel.org = ? AND rel.topic_id = r.topic_id"
+                " AND rel.revision_id IN (SELECT value FROM json_each(?))",
+                (org, json.dumps(ids)),
+            ).fetchall()
+            sources: dict[str, set[str]] = {}
+            for src, rev in c.execute(
+                "SELECT id, revision_id FROM sources WHERE org = ?"
+                " AND revision_id IN (SELECT value FROM json_each(?))",
+                (org, json.dumps(ids)),
+            ):
+                sources.setdefault(str(rev), set()).add(str(src))
+        for rid, topic_id, label, count, title in rows:
+            out[str(rid)] = CitableRevision(
+                revision_id=str(rid),
+                topic_id=str(topic_id),
+                version_label=str(label),
+                chunk_count=int(count or 0),
+                topic_title=str(title),
+                source_ids=frozenset(sources.get(str(rid), ())),
+            )
+        return out
 
     def release_history(self, org: str, topic_id: str) -> list[tuple[str, str, str, str, str]]:
         """(revision_id, previous_id, action, principal, at), oldest first."""

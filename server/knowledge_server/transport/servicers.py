@@ -17,6 +17,8 @@ from knowledge_server._gen.knowledge.v1 import (
     index_service_pb2_grpc,
     kb_admin_pb2,
     kb_admin_pb2_grpc,
+    kb_retrieve_pb2,
+    kb_retrieve_pb2_grpc,
     knowledge_service_pb2,
     knowledge_service_pb2_grpc,
     memory_pb2,
@@ -193,6 +195,31 @@ class KnowledgeBaseAdminServicer(kb_admin_pb2_grpc.KnowledgeBaseAdminServiceServ
     ) -> AsyncIterator[Message]:
         async for event in self.app.kb_watch(request, current_call().principal):
             yield event
+
+
+def _trace_id(context: Context) -> str | None:
+    """The caller's ``x-trace-id`` metadata (checked, or replaced, by the application)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-trace-id" and isinstance(value, str):
+            return value
+    return None
+
+
+class KnowledgeBaseServicer(kb_retrieve_pb2_grpc.KnowledgeBaseServiceServicer):
+    """Retrieve and Answer (``kb/api.py``); the trace id goes back in ``x-trace-id``."""
+
+    def __init__(self, app: KnowledgeApp) -> None:
+        self.app = app
+
+    async def Retrieve(
+        self, request: kb_retrieve_pb2.RetrieveRequest, context: Context
+    ) -> kb_retrieve_pb2.RetrieveResponse:
+        return await self.app.kb_retrieve(request, current_call().principal, _trace_id(context))
+
+    async def Answer(
+        self, request: kb_retrieve_pb2.AnswerRequest, context: Context
+    ) -> kb_retrieve_pb2.AnswerResponse:
+        return await self.app.kb_answer(request, current_call().principal, _trace_id(context))
 
 
 class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):

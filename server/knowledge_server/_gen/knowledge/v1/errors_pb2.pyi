@@ -87,6 +87,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A memory value (or category, key) looks like a secret; nothing was written."""
     ERROR_REASON_KNOWLEDGE_PATH_OUTSIDE_SCOPE: _ErrorReason.ValueType  # 31
     """A memory value names a path outside the caller's workspaces; nothing was written."""
+    ERROR_REASON_KNOWLEDGE_DEPENDENCY_UNAVAILABLE: _ErrorReason.ValueType  # 32
+    """Knowledge base retrieval: a dependency (embedder, reranker, chat model, retrieval
+    index, metadata store) was down, failing or slower than the end-to-end budget; the
+    metadata names `dependency`, `cause` and `trace_id`. Never reported as "no evidence".
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Reason codes. A whole-request failure is a gRPC status whose details hold a
@@ -160,6 +165,11 @@ ERROR_REASON_KNOWLEDGE_SECRET_REFUSED: ErrorReason.ValueType  # 30
 """A memory value (or category, key) looks like a secret; nothing was written."""
 ERROR_REASON_KNOWLEDGE_PATH_OUTSIDE_SCOPE: ErrorReason.ValueType  # 31
 """A memory value names a path outside the caller's workspaces; nothing was written."""
+ERROR_REASON_KNOWLEDGE_DEPENDENCY_UNAVAILABLE: ErrorReason.ValueType  # 32
+"""Knowledge base retrieval: a dependency (embedder, reranker, chat model, retrieval
+index, metadata store) was down, failing or slower than the end-to-end budget; the
+metadata names `dependency`, `cause` and `trace_id`. Never reported as "no evidence".
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final
