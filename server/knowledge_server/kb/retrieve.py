@@ -40,13 +40,12 @@ from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2 as pb
 from knowledge_server.auth_model import Principal
 from knowledge_server.code.embed import Embedder
 from knowledge_server.docgraph.llm import LLMClient
-from knowledge_server.episodes.text import query_terms
 from knowledge_server.errors import DependencyUnavailable, InvalidRequest, UnknownTag
 from knowledge_server.kb.deps import Budget, Reranker, call_within, chat
 from knowledge_server.kb.deps import embed_question as _embed
 from knowledge_server.kb.index.port import RRF_K, IndexHit
 from knowledge_server.kb.store import CitableRevision, KBStore
-from knowledge_server.textlang import stem_en
+from knowledge_server.textlang import STOP_WORDS, stem_en, stem_ru
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -75,6 +74,11 @@ ANSWER_RULES = (
 BUILTIN_TEMPLATE = "Reply briefly and factually, in the language of the question."
 _TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _MARKER = re.compile(r"\[(\d{1,4})\]")
+_WORD = re.compile(r"\w+", re.UNICODE)
+_CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
+_CYRILLIC = re.compile(r"[\u0400-\u04ff]")
+# The prompt's own delimiters, neutralised inside quoted text so it cannot close them.
+_DELIMITER = re.compile(r"</?\s*(evidence|question)\s*>", re.IGNORECASE)
 _FUSED_MAX = 2.0 / (RRF_K + 1)  # a chunk first in both lists
 
 
@@ -143,8 +147,8 @@ class Evidence:
 
     @property
     def citation(self) -> str:
-        version = self.revision.version_label
-        label = version if version[:1] in ("v", "V") else f"v{version}"
+        version = self.revision.version_label.strip()
+        label = version if not version or version[:1] in ("v", "V") else f"v{version}"
         parts = [f"{self.title} {label}".strip()]
         if self.section:
             parts.append(self.section)
@@ -197,26 +201,55 @@ def _dedupe(values: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(v.strip() for v in values if v.strip()))
 
 
-def _coverage(question_terms: Sequence[tuple[str, str]], haystack: str) -> float:
-    """Share of the question's terms found in ``haystack`` (lower-cased): a term counts
-    when its stem (Latin), its Snowball stem (Cyrillic, from the tokenizer) or its CJK
-    bigram occurs."""
-    if not question_terms:
-        return 0.0
-    found = sum(1 for _, needle in question_terms if needle and needle in haystack)
-    return found / len(question_terms)
+class QuestionTerms:
+    """The question as the no-reranker evidence policy counts it: words (English words
+    by their Snowball stem, Russian words by theirs, other words as written; stop words
+    left out unless nothing else is left) and runs of CJK characters (no spaces: a run of
+    n characters weighs n / 2 words, and counts as found as far as its character bigrams
+    occur)."""
 
+    def __init__(self, question: str) -> None:
+        words: list[tuple[str, str]] = []
+        stop: list[tuple[str, str]] = []
+        self.runs: list[str] = []
+        for word in _WORD.findall(question.lower().replace("\x00", " ")):
+            pos = 0
+            for m in _CJK_RUN.finditer(word):
+                self._add_word(word[pos : m.start()], words, stop)
+                self.runs.append(m.group(0))
+                pos = m.end()
+            self._add_word(word[pos:], words, stop)
+        self.words = list(dict.fromkeys(words or ([] if self.runs else stop)))
 
-def _terms(query: str) -> list[tuple[str, str]]:
-    terms = query_terms(query)
-    kept = [t for t in terms if not t.stop] or terms
-    out: list[tuple[str, str]] = []
-    for t in kept:
-        needle = t.needle
-        if t.column == "text" and needle.isascii() and needle.isalpha():
-            needle = stem_en(needle)
-        out.append((t.column, needle))
-    return out
+    @staticmethod
+    def _add_word(word: str, words: list[tuple[str, str]], stop: list[tuple[str, str]]) -> None:
+        word = word.strip("_")
+        if not word:
+            return
+        if _CYRILLIC.search(word):
+            stem = stem_ru(word)
+        elif word.isascii() and word.isalpha():
+            stem = stem_en(word)
+        else:
+            stem = word
+        (stop if word in STOP_WORDS else words).append((stem, word))
+
+    def coverage(self, haystack: str) -> float:
+        """Share of the question found in ``haystack`` (lower-cased), 0..1."""
+        total = float(len(self.words)) + sum(len(r) / 2 for r in self.runs)
+        if total == 0:
+            return 0.0
+        found = float(sum(1 for stem, word in self.words if stem in haystack or word in haystack))
+        for run in self.runs:
+            if len(run) == 1:
+                found += 0.5 if run in haystack else 0.0
+                continue
+            covered = [False] * len(run)
+            for i in range(len(run) - 1):
+                if run[i : i + 2] in haystack:
+                    covered[i] = covered[i + 1] = True
+            found += sum(covered) / 2
+        return found / total
 
 
 def check_citations(answer: str, n_sources: int) -> tuple[str, pb.CitationCheck]:
@@ -414,13 +447,13 @@ class Retriever:
         if not evidence:
             return []
         if self.reranker is None:
-            terms = _terms(req.query)
+            terms = QuestionTerms(req.query)
             kept = []
             for ev in evidence:
                 chunk = ev.hit.chunk
                 haystack = f"{ev.title}\n{ev.section}\n{chunk.text}".lower()
                 ev.score = min(1.0, ev.hit.score / _FUSED_MAX)
-                if _coverage(terms, haystack) >= self.settings.min_term_coverage:
+                if terms.coverage(haystack) >= self.settings.min_term_coverage:
                     kept.append(ev)
             trace.below_min_score = len(evidence) - len(kept)
             return kept
@@ -464,11 +497,14 @@ class Retriever:
         system = f"{ANSWER_RULES}\n\n{template_body.strip()}"
         blocks = []
         for n, ev in enumerate(sources, 1):
-            blocks.append(f"[{n}] {ev.citation}\n<evidence>\n{ev.hit.chunk.text}\n</evidence>")
+            text = _DELIMITER.sub(" ", ev.hit.chunk.text)
+            blocks.append(
+                f"[{n}] {_DELIMITER.sub(' ', ev.citation)}\n<evidence>\n{text}\n</evidence>"
+            )
         user = (
             "Evidence:\n\n"
             + "\n\n".join(blocks)
-            + f"\n\nQuestion:\n<question>\n{question}\n</question>"
+            + f"\n\nQuestion:\n<question>\n{_DELIMITER.sub(' ', question)}\n</question>"
         )
         return chat(
             self.llm, system, user, budget, retries=self.settings.max_retries, trace_id=trace_id
