@@ -207,6 +207,23 @@ def _coverage(question_terms: Sequence[tuple[str, str]], haystack: str) -> float
     return found / len(question_terms)
 
 
+def _latin_needle(word: str) -> str:
+    """What shows a Latin word in a text (matched as a substring): the part its Snowball
+    stem shares with the word, less a final "i" that stands for "y" (the stem of "canary"
+    is "canari", of "policies" "polici": "canar" and "polic" find canary, canaries, policy,
+    policies). When the stem shares fewer than three letters with the word ("dying" ->
+    "die"), the word itself."""
+    low = word.lower()
+    stem = stem_en(low)
+    n = 0
+    while n < min(len(low), len(stem)) and low[n] == stem[n]:
+        n += 1
+    shared = low[:n]
+    if shared.endswith("i") and len(shared) > 3:
+        shared = shared[:-1]
+    return shared if len(shared) >= min(3, len(low)) else low
+
+
 def _terms(query: str) -> list[tuple[str, str]]:
     terms = query_terms(query)
     kept = [t for t in terms if not t.stop] or terms
@@ -214,7 +231,7 @@ def _terms(query: str) -> list[tuple[str, str]]:
     for t in kept:
         needle = t.needle
         if t.column == "text" and needle.isascii() and needle.isalpha():
-            needle = stem_en(needle)
+            needle = _latin_needle(needle)
         out.append((t.column, needle))
     return out
 
