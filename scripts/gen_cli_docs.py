@@ -33,7 +33,9 @@ def render() -> str:
         "```",
         "",
         "Exit codes of client commands: 0 ok, 1 request failed (the reason code is printed), 2 usage or",
-        "configuration error, 3 edition required, 4 service unreachable, 5 not authenticated.",
+        "configuration error, 3 edition required, 4 unavailable (the service unreachable, or a",
+        "dependency it needs down or too slow: the reason code and trace id are printed; a retry may",
+        "work), 5 not authenticated.",
         "",
     ]
     for path in iter_commands():

@@ -56,6 +56,7 @@ TIERS = {
         "test_isolation_canary_e2e",
         "test_kb_admin_e2e",
         "test_kb_retrieve_e2e",
+        "test_kb_surfaces_e2e",
         "test_live_ingest_e2e",
         "test_mcp_bridge",
         "test_mcp_http",

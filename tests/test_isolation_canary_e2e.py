@@ -37,6 +37,10 @@ Invariants (ISO-n, named in each case's docstring):
 * ISO-11 MemoryService calls answer from and write to the memory of the caller's own
   workspace only; a ``workspace`` naming B's root (by string, ``..``, a link at any depth,
   the string-prefix sibling) is refused with PERMISSION_DENIED and writes nothing.
+* ISO-12 KnowledgeBaseService Retrieve and Answer answer from the caller's organisation's
+  published knowledge only: another organisation's published text, ids and tag codes never
+  appear in sources, answers, traces, counts or errors, and its tag codes are refused
+  exactly as unknown ones.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from knowledge_sdk import (
     KnowledgeClient,
     NotFound,
     PermissionDenied,
+    Unavailable,
 )
 from knowledge_sdk._gen.knowledge import v1
 from knowledge_server import _gen
@@ -64,6 +69,7 @@ from knowledge_server.auth import TokenStore
 from knowledge_server.search.validate import LANES, MODES
 
 from tests.conftest import ServerThread, dev_keys, make_vendor, start_server, write_session_log
+from tests.kb_world import publish
 
 CANARY_A = "quokkacanary"
 CANARY_B = "zebrafinchcanary"
@@ -143,6 +149,7 @@ class World:
     b_actor_ids: list[str] = field(default_factory=list)
     a_status: dict[str, dict[str, int]] = field(default_factory=dict)
     kb_b: dict[str, str] = field(default_factory=dict)
+    kb_published: dict[str, str] = field(default_factory=dict)
 
     def client(self, who: str) -> KnowledgeClient:
         return KnowledgeClient(self.address, token=self.tokens[who], timeout=30)
@@ -212,6 +219,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         auth="on",
         workspaces=[str(a), str(b)],
         skill_roots=[str(a / ".claude" / "skills"), str(b / ".claude" / "skills")],
+        # A lane past its deadline answers nothing, which would hide a leak as well as
+        # the tenant's own data: give lanes time on a loaded machine.
+        lane_timeout_ms=10_000,
         **dev_keys(data),
     )
     w = World(root, a, b, server.address, data, tokens)
@@ -691,6 +701,117 @@ def _kb_case(name: str) -> Callable[[World], None]:
 
 for _rpc in (*_KB_ADDRESSED, *_KB_OWN):
     CASES[KB + _rpc] = _kb_case(_rpc)
+
+
+# -- published knowledge: Retrieve and Answer (ISO-12) -------------------------------------------
+
+# The same words in both organisations' published documents, each with its own canary: a
+# shared question matches both texts, so only the organisation boundary keeps B's out.
+_HANDBOOK = """# Parcel {canary} handbook
+
+## Deploy window
+
+The {canary} parcel deploy service ships refunds within two working days.
+"""
+_SHARED_QUESTION = "parcel deploy service refunds working days"
+
+
+def _kb_published(w: World) -> dict[str, str]:
+    """Both organisations publish a handbook (once): B's carries B's canary and B's tag,
+    A's carries A's canary. B's is checked to be retrievable by B."""
+    if w.kb_published:
+        return w.kb_published
+    b = _kb_b(w)  # B's tag and B's self-approval policy
+    with w.client("kb-b") as kc:
+        topic_b, rev_b = publish(
+            kc,
+            f"{CANARY_B}-handbook",
+            f"{CANARY_B} handbook",
+            "1.0",
+            markdown=_HANDBOOK.format(canary=CANARY_B),
+            tags=(b["tag"],),
+        )
+        mine = kc.kb_retrieve(CANARY_B, top_k=5)
+        assert mine.answerable and mine.sources[0].knowledge_id == topic_b, "B cannot find B's"
+    with w.client("ops-a") as kc:
+        policy = kc.kb_get_policy().policy
+        if policy is None or not policy.allow_self_approval:
+            kc.kb_set_policy(True, policy.version if policy else 0)
+        topic_a, rev_a = publish(
+            kc, "a-handbook", "A handbook", "1.0", markdown=_HANDBOOK.format(canary=CANARY_A)
+        )
+        a_chunks = kc.kb_get_revision(rev_a).revision.chunk_count
+    w.kb_published.update(
+        topic_b=topic_b, rev_b=rev_b, topic_a=topic_a, rev_a=rev_a, a_chunks=str(a_chunks)
+    )
+    return w.kb_published
+
+
+def _no_kb_leak(w: World, message: Any, *asked: str) -> None:
+    """Nothing of B's knowledge base: its canary and marks (``_no_leak``), its topic and
+    revision ids."""
+    _no_leak(w, message, *asked)
+    pub = w.kb_published
+    text = str(message)
+    for key in ("topic_b", "rev_b"):
+        assert pub[key] not in text, f"B's {key} leaked: {text[:500]}"
+    for key in ("topic", "revision"):
+        assert w.kb_b[key] not in text, f"B's {key} leaked: {text[:500]}"
+
+
+def _b_tag_refused_as_unknown(kc: KnowledgeClient, call: Callable[..., Any], b_tag: str) -> None:
+    """B's tag code, as either filter, is refused exactly as a code nobody has."""
+    for kind in ("all_tag_codes", "any_tag_codes"):
+        answers = []
+        for code in (b_tag, UNKNOWN["tag"]):
+            with pytest.raises(InvalidRequest) as info:
+                call(kc, _SHARED_QUESTION, **{kind: [code]})
+            answers.append((info.value.reason, info.value.message.replace(code, "<tag>")))
+        assert answers[0] == answers[1], answers
+
+
+def _kb_retrieve(w: World) -> None:
+    """ISO-12: Retrieve as A with B's canary, a question both handbooks answer and A's
+    canary: sources of A's handbook only, no B text, id or count (no candidate of another
+    organisation, at most A's chunks as candidates); B's tag refused as an unknown one."""
+    pub = _kb_published(w)
+    own_seen = 0
+    with w.client("agent-a") as kc:
+        for query in (CANARY_B, f"{CANARY_B} {_SHARED_QUESTION}", _SHARED_QUESTION, CANARY_A):
+            resp = kc.kb_retrieve(query, top_k=20)
+            _no_kb_leak(w, resp, query)
+            assert resp.trace is not None
+            assert resp.trace.dropped_other_organisation == 0, resp.trace
+            assert resp.trace.candidates <= int(pub["a_chunks"]), resp.trace
+            assert all(s.knowledge_id == pub["topic_a"] for s in resp.sources)
+            if query == CANARY_A:
+                own_seen += len(resp.sources)
+        _b_tag_refused_as_unknown(kc, lambda c, q, **kw: c.kb_retrieve(q, **kw), w.kb_b["tag"])
+    assert own_seen, "A never found its own handbook: the case cannot fail"
+
+
+def _kb_answer(w: World) -> None:
+    """ISO-12: Answer as A. This server has no chat model, so A's own evidence reaches the
+    chat step (UNAVAILABLE naming it, with nothing of B in the error), while B's canary
+    finds no evidence at all (NO_EVIDENCE, no model call, nothing of B); B's tag refused
+    as an unknown one."""
+    _kb_published(w)
+    with w.client("agent-a") as kc:
+        for query in (CANARY_B, f"{CANARY_B} vault codes"):
+            resp = kc.kb_answer(query, top_k=20)
+            _no_kb_leak(w, resp, query)
+            assert not resp.answerable and resp.reason_code == "NO_EVIDENCE", resp
+            assert resp.trace is not None and resp.trace.dropped_other_organisation == 0
+        for query in (_SHARED_QUESTION, CANARY_A):
+            with pytest.raises(Unavailable) as info:
+                kc.kb_answer(query)
+            assert info.value.metadata.get("dependency") == "chat", info.value
+            _no_kb_leak(w, f"{info.value} {info.value.metadata}", query)
+        _b_tag_refused_as_unknown(kc, lambda c, q, **kw: c.kb_answer(q, **kw), w.kb_b["tag"])
+
+
+CASES["knowledge.v1.KnowledgeBaseService/Retrieve"] = _kb_retrieve
+CASES["knowledge.v1.KnowledgeBaseService/Answer"] = _kb_answer
 
 
 def _declared_rpcs() -> list[str]:

@@ -49,6 +49,8 @@ EXPECTED_TOOLS = {
     "knowledge_doc_relations",
     "knowledge_global_overview",
     "knowledge_search_levels",
+    "knowledge_retrieve",
+    "knowledge_answer",
 }
 PATH = os.pathsep.join(str(REPO_ROOT / d) for d in ("bridge", "sdk", "server", "licensing"))
 
@@ -229,6 +231,13 @@ def test_bridge_builds_the_request_and_fills_the_plumbing() -> None:
             {"id": "ep:s:1", "neighbours": -1},
             "neighbours: must be within 0..20",
         ),
+        # Retrieve / Answer: the caller names no organisation, model or threshold (seed 002).
+        ("knowledge_retrieve", {"query": ""}, "query: is required"),
+        ("knowledge_retrieve", {"query": "x", "organ_id": "o"}, "organ_id: unknown field"),
+        ("knowledge_retrieve", {"query": "x", "top_k": 101}, "top_k: must be within 0..100"),
+        ("knowledge_retrieve", {"query": "x", "any_tag_codes": "a"}, "any_tag_codes: must be"),
+        ("knowledge_answer", {"query": "x", "model": "m"}, "model: unknown field"),
+        ("knowledge_answer", {"query": "x", "template_code": "T" * 65}, "template_code: is longer"),
     ],
 )
 def test_bridge_refuses_bad_arguments_locally(

@@ -28,6 +28,8 @@ CLI_COMMANDS = {
     "knowledge.v1.IndexService/RebuildDerived": "rebuild",
     "knowledge.v1.IndexService/BuildDocGraph": "docgraph build",
     "knowledge.v1.IndexService/GetStatus": "status",
+    "knowledge.v1.KnowledgeBaseService/Retrieve": "kb retrieve",
+    "knowledge.v1.KnowledgeBaseService/Answer": "kb answer",
     "knowledge.v1.KnowledgeBaseAdminService/CreateTopic": "kb topic create",
     "knowledge.v1.KnowledgeBaseAdminService/ListTopics": "kb topic list",
     "knowledge.v1.KnowledgeBaseAdminService/GetTopic": "kb topic show",

@@ -4,7 +4,8 @@ The server runs here, with authentication on, the Community edition (no licence)
 workspace and one session log; `npm test` there compiles the client and runs its
 node:test suite against it: the surface parity of the client, an authentication
 failure, a streaming index with progress, a search with code and episode evidence, a
-dispatch dry run, the document graph's edition refusal and a deadline.
+dispatch dry run, the document graph's edition refusal, the knowledge base's NO_EVIDENCE
+answers under the caller's trace id, an unknown tag's refusal, and a deadline.
 
 The client's packages come from its lockfile (`npm ci`, which .ci/run does): without
 them the test is skipped, except under CI, where it fails.
@@ -82,4 +83,4 @@ def test_typescript_client_against_a_real_server(tmp_path: Path) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     # node:test's closing lines: every test ran and passed.
-    assert "# fail 0" in output and "# pass 8" in output, output
+    assert "# fail 0" in output and "# pass 9" in output, output

@@ -24,6 +24,7 @@ SERVICES = (
     "DocGraphService",
     "IndexService",
     "KnowledgeBaseAdminService",
+    "KnowledgeBaseService",
     "MemoryService",
 )
 

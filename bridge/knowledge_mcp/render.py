@@ -220,3 +220,75 @@ def render_levels(d: dict[str, Any]) -> list[str]:
             f"  {_lines(h.get('address'))} [{h.get('match_kind')}] | {_one_line(h.get('snippet'))}"
         )
     return out
+
+
+def _quoted(text: Any, indent: str = "  ") -> list[str]:
+    """Published or generated text in full, quoted line by line (data, not instructions)."""
+    return [f"{indent}> {line}".rstrip() for line in (str(text or "").splitlines() or [""])]
+
+
+def _evidence(sources: Iterable[dict[str, Any]]) -> list[str]:
+    out = []
+    for n, s in enumerate(sources, 1):
+        out.append(
+            f"[{n}] {_one_line(s.get('citation'))} score={float(s.get('score') or 0):.3f}"
+            f" knowledge={s.get('knowledge_id')} revision={s.get('revision_id')}"
+            f" chunk={s.get('chunk_id')}"
+        )
+        out += _quoted(s.get("content"))
+    return out
+
+
+def _kb_trace(d: dict[str, Any]) -> str:
+    t = d.get("trace") or {}
+    return (
+        f"trace {d.get('trace_id') or '-'}: score {t.get('score_kind') or '-'}"
+        f" (minimum {float(t.get('min_score') or 0):g}), {t.get('candidates', 0)} candidates,"
+        f" {t.get('below_min_score', 0)} below the minimum; dropped"
+        f" {t.get('dropped_old_revision', 0)} old revision,"
+        f" {t.get('dropped_other_organisation', 0)} other organisation,"
+        f" {t.get('dropped_uncitable', 0)} uncitable"
+    )
+
+
+# What an agent should do with NO_EVIDENCE: it is an answer, not an outage.
+_NO_EVIDENCE = (
+    "{code}: the knowledge base has no published evidence for this question that passed the "
+    "checks; say so instead of answering from memory"
+)
+
+
+def render_retrieve(d: dict[str, Any]) -> list[str]:
+    if not d.get("answerable"):
+        return [_NO_EVIDENCE.format(code=d.get("reason_code") or "NO_EVIDENCE"), _kb_trace(d)]
+    sources = d.get("sources") or []
+    return [
+        f"answerable: {len(sources)} source(s); cite them by their citation",
+        *_evidence(sources),
+        _kb_trace(d),
+    ]
+
+
+def render_answer(d: dict[str, Any]) -> list[str]:
+    if not d.get("answerable"):
+        return [
+            _NO_EVIDENCE.format(code=d.get("reason_code") or "NO_EVIDENCE")
+            + " (the model was not called); the configured reply:",
+            *_quoted(d.get("answer")),
+            _kb_trace(d),
+        ]
+    check = d.get("citation_check") or {}
+    cited = ", ".join(f"[{n}]" for n in check.get("cited") or [])
+    removed = ", ".join(f"[{n}]" for n in check.get("removed") or [])
+    sources = d.get("sources") or []
+    return [
+        f"answerable · template {d.get('template_code') or '-'} · citation check"
+        f" {check.get('status') or '-'}"
+        + (f" (cites {cited})" if cited else "")
+        + (f" (removed {removed})" if removed else ""),
+        "answer ([n] = source n below):",
+        *_quoted(d.get("answer")),
+        f"{len(sources)} source(s):",
+        *_evidence(sources),
+        _kb_trace(d),
+    ]

@@ -19,6 +19,7 @@ from google.protobuf.descriptor_pb2 import MethodOptions
 
 from knowledge_mcp._descriptors import proto_rpcs
 from knowledge_mcp.render import (
+    render_answer,
     render_chunk,
     render_dispatch,
     render_episode,
@@ -26,6 +27,7 @@ from knowledge_mcp.render import (
     render_neighbors,
     render_overview,
     render_relations,
+    render_retrieve,
     render_search,
     render_status,
     render_themes,
@@ -76,6 +78,9 @@ class ToolSpec:
     description: str
     untrusted_fields: tuple[str, ...]
     render: Renderer
+    # The SDK method when it is not the RPC's name in snake_case (the knowledge base's
+    # RPCs are kb_retrieve / kb_answer in the SDK).
+    sdk_name: str = ""
 
     @property
     def method(self) -> MethodDescriptor:
@@ -91,9 +96,9 @@ class ToolSpec:
 
     @property
     def sdk_method(self) -> str:
-        """The SDK client's method for the RPC: its name in snake_case (GetEpisode ->
-        get_episode), the SDK's own naming rule."""
-        return re.sub(r"(?<!^)(?=[A-Z])", "_", self.method.name).lower()
+        """The SDK client's method for the RPC: ``sdk_name``, else its name in snake_case
+        (GetEpisode -> get_episode), the SDK's own naming rule."""
+        return self.sdk_name or re.sub(r"(?<!^)(?=[A-Z])", "_", self.method.name).lower()
 
     @property
     def read_only(self) -> bool:
@@ -115,6 +120,16 @@ class ToolSpec:
 
 
 _K = "knowledge.v1.KnowledgeService/"
+_KB = "knowledge.v1.KnowledgeBaseService/"
+# Text of the organisation's published documents (and the chat model's answer): data.
+_KB_TEXT = ("sources[].content", "sources[].title", "sources[].section", "sources[].citation")
+_KB_NOTE = (
+    " Only published, citable evidence of your organisation comes back. answerable=false with "
+    "reason_code NO_EVIDENCE means the knowledge base has nothing on it: say so, do not guess. "
+    "A failing dependency is an error (KNOWLEDGE_DEPENDENCY_UNAVAILABLE with trace_id), never "
+    "NO_EVIDENCE. Tag codes (all_tag_codes, any_tag_codes) must be active tags of the "
+    "organisation."
+)
 _D = "knowledge.v1.DocGraphService/"
 _I = "knowledge.v1.IndexService/"
 _DOCGRAPH_NOTE = (
@@ -224,6 +239,29 @@ TOOLS: tuple[ToolSpec, ...] = (
             "items[].matched_entities[].name",
         ),
         render_levels,
+    ),
+    ToolSpec(
+        "knowledge_retrieve",
+        _KB + "Retrieve",
+        "Retrieve published knowledge",
+        "The best published evidence of the organisation's knowledge base for a question: each "
+        "source with its text, title, section, page, version, a ready citation and a score; "
+        "cite the citation." + _KB_NOTE,
+        _KB_TEXT,
+        render_retrieve,
+        "kb_retrieve",
+    ),
+    ToolSpec(
+        "knowledge_answer",
+        _KB + "Answer",
+        "Answer from published knowledge",
+        "An answer written by the service's chat model from the published evidence only, with "
+        "[n] markers citing sources[n-1] and a citation_check (grounded, repaired, ungrounded, "
+        "no_evidence); template_code picks the organisation's answer template. Without evidence "
+        "the model is not called and the configured no-evidence reply comes back." + _KB_NOTE,
+        ("answer", *_KB_TEXT),
+        render_answer,
+        "kb_answer",
     ),
 )
 

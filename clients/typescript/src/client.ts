@@ -1,7 +1,7 @@
 // A thin typed wrapper over the generated service descriptors: one method per RPC,
 // requests with their `schema` filled in, a bearer token and a deadline per client or
-// per call, server streams as async iterators, and failures as the typed errors of
-// ./errors.ts.
+// per call (and a trace id on the knowledge base's Retrieve and Answer), server streams as
+// async iterators, and failures as the typed errors of ./errors.ts.
 
 import { create, type DescMessage, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
@@ -63,6 +63,11 @@ import {
   WatchTaskRequestSchema,
 } from "./gen/knowledge/v1/kb_admin_pb.js";
 import {
+  AnswerRequestSchema,
+  KnowledgeBaseService,
+  RetrieveRequestSchema,
+} from "./gen/knowledge/v1/kb_retrieve_pb.js";
+import {
   MemoryService,
   ConsolidateRequestSchema,
   PolicyRequestSchema,
@@ -114,6 +119,18 @@ export interface CallOptions {
   headers?: Record<string, string>;
 }
 
+export interface TracedCallOptions extends CallOptions {
+  /** Trace id of the call, sent as `x-trace-id`: kept by the service when it is a plain
+   * token of at most 128 characters (`[A-Za-z0-9._:-]`), else replaced by a new one; the
+   * answer's `traceId` and an error's `metadata.trace_id` carry it. */
+  traceId?: string;
+}
+
+function traced(call: TracedCallOptions): CallOptions {
+  const { traceId, ...rest } = call;
+  return traceId ? { ...rest, headers: { ...rest.headers, "x-trace-id": traceId } } : rest;
+}
+
 function baseUrl(address: string, tls: boolean): string {
   if (address.startsWith("http://") || address.startsWith("https://")) {
     return address;
@@ -122,13 +139,14 @@ function baseUrl(address: string, tls: boolean): string {
 }
 
 /** A client of every service (KnowledgeService, DocGraphService, IndexService,
- * KnowledgeBaseAdminService, MemoryService). */
+ * KnowledgeBaseService, KnowledgeBaseAdminService, MemoryService). */
 export class KnowledgeClient {
   readonly address: string;
   private readonly deadlineMs: number | undefined;
   private readonly knowledge: Client<typeof KnowledgeService>;
   private readonly docgraph: Client<typeof DocGraphService>;
   private readonly index: Client<typeof IndexService>;
+  private readonly kb: Client<typeof KnowledgeBaseService>;
   private readonly kbAdmin: Client<typeof KnowledgeBaseAdminService>;
   private readonly memory: Client<typeof MemoryService>;
 
@@ -154,6 +172,7 @@ export class KnowledgeClient {
     this.knowledge = createClient(KnowledgeService, transport);
     this.docgraph = createClient(DocGraphService, transport);
     this.index = createClient(IndexService, transport);
+    this.kb = createClient(KnowledgeBaseService, transport);
     this.kbAdmin = createClient(KnowledgeBaseAdminService, transport);
     this.memory = createClient(MemoryService, transport);
   }
@@ -306,6 +325,23 @@ export class KnowledgeClient {
 
   restore(request: KnowledgeRequest<typeof RestoreRequestSchema> = {}, call: CallOptions = {}) {
     return this.unary((r, o) => this.memory.restore(r, o), RestoreRequestSchema, request, call);
+  }
+
+  // KnowledgeBaseService (kb.read): published, citable evidence, and answers from it.
+  // `answerable: false` with `reasonCode: "NO_EVIDENCE"` is an answer; a dependency of the
+  // service that is down or too slow rejects with Unavailable
+  // (KNOWLEDGE_DEPENDENCY_UNAVAILABLE, `metadata.trace_id`), which this client does not retry.
+
+  /** Retrieve: a question, or the whole request (`allTagCodes`, `anyTagCodes`, `topK`). */
+  retrieve(request: string | KnowledgeRequest<typeof RetrieveRequestSchema>, call: TracedCallOptions = {}) {
+    const init = typeof request === "string" ? { query: request } : request;
+    return this.unary((r, o) => this.kb.retrieve(r, o), RetrieveRequestSchema, init, traced(call));
+  }
+
+  /** Answer: Retrieve's fields plus `templateCode` (the organisation's ACTIVE template). */
+  answer(request: string | KnowledgeRequest<typeof AnswerRequestSchema>, call: TracedCallOptions = {}) {
+    const init = typeof request === "string" ? { query: request } : request;
+    return this.unary((r, o) => this.kb.answer(r, o), AnswerRequestSchema, init, traced(call));
   }
 
   // KnowledgeBaseAdminService (topics, revisions, sources, tasks, tags, feedback)

@@ -12,6 +12,7 @@ import { test } from "node:test";
 import {
   Code,
   EditionRefused,
+  InvalidRequest,
   KnowledgeClient,
   SEARCH_SCHEMA,
   Unauthenticated,
@@ -19,6 +20,7 @@ import {
 import { DocGraphService } from "../src/gen/knowledge/v1/docgraph_pb.js";
 import { IndexService } from "../src/gen/knowledge/v1/index_service_pb.js";
 import { KnowledgeBaseAdminService } from "../src/gen/knowledge/v1/kb_admin_pb.js";
+import { KnowledgeBaseService } from "../src/gen/knowledge/v1/kb_retrieve_pb.js";
 import { MemoryService } from "../src/gen/knowledge/v1/memory_pb.js";
 import { KnowledgeService } from "../src/gen/knowledge/v1/knowledge_service_pb.js";
 
@@ -42,6 +44,7 @@ test("every RPC of every service has a client method", () => {
     KnowledgeService,
     DocGraphService,
     IndexService,
+    KnowledgeBaseService,
     KnowledgeBaseAdminService,
     MemoryService,
   ];
@@ -143,6 +146,31 @@ test("the document graph under Community is an EditionRefused with its fields", 
     })(),
     (err: unknown) => err instanceof EditionRefused && err.feature === "doc-graph",
   );
+});
+
+test("the knowledge base answers NO_EVIDENCE under the caller's trace id", async () => {
+  // Nothing is published on this server: no evidence is an answer, not an error.
+  const traceId = "ts-trace-1";
+  const found = await client.retrieve({ query: `how does the ${word} parser work`, topK: 3 }, { traceId });
+  assert.equal(found.answerable, false);
+  assert.equal(found.reasonCode, "NO_EVIDENCE");
+  assert.equal(found.traceId, traceId);
+  assert.deepEqual(found.sources, []);
+  const answered = await client.answer(`how does the ${word} parser work`, { traceId: "ts-trace-2" });
+  assert.equal(answered.answerable, false);
+  assert.equal(answered.traceId, "ts-trace-2");
+  assert.equal(answered.citationCheck?.status, "no_evidence");
+  assert.equal(answered.modelMs, 0);
+  assert.notEqual(answered.answer, "");
+  // A trace id that is not a plain token is replaced by the service's own.
+  const replaced = await client.retrieve(word, { traceId: "not a token!" });
+  assert.match(replaced.traceId, /^trace_[0-9a-f]+$/);
+  // A tag code the organisation does not have is refused before any retrieval.
+  await assert.rejects(client.retrieve({ query: word, allTagCodes: ["no-such-tag"] }), (err: unknown) => {
+    assert.ok(err instanceof InvalidRequest, String(err));
+    assert.equal(err.reason, "KNOWLEDGE_UNKNOWN_TAG");
+    return true;
+  });
 });
 
 test("a deadline shorter than the call answers DeadlineExceeded", async () => {

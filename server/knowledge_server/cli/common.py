@@ -99,6 +99,14 @@ def fail(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
+def _rpc_line(exc: sdk_errors.RPCError) -> str:
+    """The service's message, its reason code and, when the error carries one, the trace
+    id to quote when asking about the call."""
+    reason = f" [{exc.reason}]" if exc.reason else ""
+    trace = exc.metadata.get("trace_id", "")
+    return f"{exc.message}{reason}" + (f" (trace id {trace})" if trace else "")
+
+
 def handle_errors(fn: F) -> F:
     """Turn SDK errors into one clear line on stderr and a non-zero exit code."""
     import functools
@@ -110,7 +118,11 @@ def handle_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except sdk_errors.EditionRefused as exc:
             fail(f"{exc.message} [needs edition: {exc.required_edition}]", 3)
-        except sdk_errors.Unavailable:
+        except sdk_errors.Unavailable as exc:
+            if exc.reason:
+                # The service answered: something it needs (e.g. the knowledge base's
+                # embedder or reranker) is down or too slow; retrying later may work.
+                fail(_rpc_line(exc), 4)
             fail(
                 f"cannot reach the service at {resolve_address(ctx)}; is `knowledge serve` running? (--address / KNOWLEDGE_ADDRESS)",
                 4,
@@ -118,8 +130,7 @@ def handle_errors(fn: F) -> F:
         except sdk_errors.Unauthenticated as exc:
             fail(f"{exc.message} (set --token or KNOWLEDGE_TOKEN)", 5)
         except sdk_errors.RPCError as exc:
-            reason = f" [{exc.reason}]" if exc.reason else ""
-            fail(f"{exc.message}{reason}", 1)
+            fail(_rpc_line(exc), 1)
         except sdk_errors.KnowledgeError as exc:
             fail(str(exc), 1)
         return None

@@ -1,10 +1,12 @@
-"""`knowledge kb ...`: manage the knowledge base (topics, revisions, sources, review,
-processing, releases, tags, templates, feedback, policy) on a running service.
+"""`knowledge kb ...`: ask the knowledge base (`retrieve`, `answer`: its published, citable
+evidence) and manage it (topics, revisions, sources, review, processing, releases, tags,
+templates, feedback, policy) on a running service.
 
 Every write names the version it expects (`--expected-version`, shown by the `show` and
 `list` commands) and publish, rollback and offline the release they replace
 (`--expected-release`); a stale one is refused and nothing changes. The organisation is
-the token's. These commands need a token with a `kb.*` capability (docs/kb.md).
+the token's. Retrieve and answer need `kb.read` (docs/kb-retrieve.md), the management
+commands another `kb.*` capability (docs/kb.md).
 """
 
 from __future__ import annotations
@@ -61,14 +63,177 @@ def _task_line(t: v1.KbTask | None) -> str:
 
 @click.group()
 def kb() -> None:
-    """Manage the knowledge base: topics, revisions from draft to published, tags,
-    templates, feedback (needs a token with kb.edit, kb.review, kb.publish or kb.admin).
+    """Ask the knowledge base (retrieve, answer: kb.read) and manage it: topics, revisions
+    from draft to published, tags, templates, feedback (kb.edit, kb.review, kb.publish or
+    kb.admin).
 
     \b
+    Ask:               kb retrieve "how long do refunds take?" --any-tag refund
+                       kb answer "how long do refunds take?" --template CUSTOMER_SERVICE
     A revision's way:  revision create -> source upload / faq put -> revision submit
                        -> revision approve -> revision process (progress bar)
                        -> revision publish; later topic rollback / topic offline.
     """
+
+
+# -- asking: retrieve and answer -------------------------------------------------------------
+
+NO_EVIDENCE = "NO_EVIDENCE"
+
+
+def _ask_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The request fields Retrieve and Answer share, plus the trace id and --json."""
+    for option in reversed(
+        (
+            click.argument("query"),
+            click.option(
+                "--all-tag",
+                "all_tags",
+                multiple=True,
+                help="Tag code every source must carry (repeatable; active tags only).",
+            ),
+            click.option(
+                "--any-tag",
+                "any_tags",
+                multiple=True,
+                help="Tag code of which a source must carry one (repeatable; AND with --all-tag).",
+            ),
+            click.option(
+                "--top-k",
+                type=click.IntRange(0),
+                default=0,
+                help="Sources wanted (0 = the service's default; above its maximum is refused).",
+            ),
+            click.option(
+                "--trace-id",
+                default="",
+                help="Trace id sent as x-trace-id (default: the service makes one up).",
+            ),
+            JSON,
+        )
+    ):
+        fn = option(fn)
+    return fn
+
+
+def _quoted(text: str, indent: str = "    ") -> list[str]:
+    """Published or generated text, quoted line by line: data, never instructions."""
+    return [f"{indent}> {line}".rstrip() for line in (text.splitlines() or [""])]
+
+
+def _source_lines(n: int, ev: v1.KbEvidence) -> list[str]:
+    return [
+        f"[{n}] {ev.citation}  score={ev.score:.3f}",
+        f"    knowledge={ev.knowledge_id}  revision={ev.revision_id}  chunk={ev.chunk_id}",
+        *_quoted(ev.content),
+    ]
+
+
+def _trace_line(trace_id: str, t: v1.RetrievalTrace | None) -> str:
+    if t is None:
+        return f"trace {trace_id}"
+    return (
+        f"trace {trace_id}: score {t.score_kind or '-'} (minimum {t.min_score:g}),"
+        f" {t.candidates} candidates, {t.below_min_score} below the minimum; dropped"
+        f" {t.dropped_old_revision} old revision, {t.dropped_other_organisation} other"
+        f" organisation, {t.dropped_uncitable} uncitable"
+    )
+
+
+@kb.command("retrieve")
+@_ask_options
+@click.pass_context
+@handle_errors
+def retrieve(
+    ctx: click.Context,
+    query: str,
+    all_tags: tuple[str, ...],
+    any_tags: tuple[str, ...],
+    top_k: int,
+    trace_id: str,
+    as_json: bool,
+) -> None:
+    """The published, citable evidence for QUERY in your organisation (kb.read).
+
+    Each source shows its citation, score and ids, then its text quoted. No evidence
+    is an answer (NO_EVIDENCE, exit code 0); a dependency of the service that is down
+    or too slow is exit code 4 with the trace id."""
+    with client(ctx) as kc:
+        resp = kc.kb_retrieve(
+            query,
+            all_tag_codes=list(all_tags),
+            any_tag_codes=list(any_tags),
+            top_k=top_k,
+            trace_id=trace_id,
+        )
+    if resp.answerable:
+        lines = [f"{len(resp.sources)} source(s); quoted text is published data:"]
+        for n, ev in enumerate(resp.sources, 1):
+            lines += _source_lines(n, ev)
+    else:
+        lines = [f"{resp.reason_code or NO_EVIDENCE}: no published evidence passed the checks"]
+    lines.append(_trace_line(resp.trace_id, resp.trace))
+    _print(resp, as_json, "\n".join(lines))
+
+
+@kb.command("answer")
+@_ask_options
+@click.option(
+    "--template",
+    "template_code",
+    default="",
+    help="Code of an ACTIVE answer template of your organisation (default: DEFAULT).",
+)
+@click.pass_context
+@handle_errors
+def answer(
+    ctx: click.Context,
+    query: str,
+    all_tags: tuple[str, ...],
+    any_tags: tuple[str, ...],
+    top_k: int,
+    trace_id: str,
+    as_json: bool,
+    template_code: str,
+) -> None:
+    """An answer to QUERY written by the service's chat model from the published
+    evidence, with the sources its [n] markers cite (kb.read).
+
+    The answer and each source's text are shown quoted. Without evidence the model is
+    not called: NO_EVIDENCE and the configured reply (exit code 0). A dependency that
+    is down or too slow is exit code 4 with the trace id."""
+    with client(ctx) as kc:
+        resp = kc.kb_answer(
+            query,
+            all_tag_codes=list(all_tags),
+            any_tag_codes=list(any_tags),
+            top_k=top_k,
+            template_code=template_code,
+            trace_id=trace_id,
+        )
+    if resp.answerable:
+        check = resp.citation_check
+        status = check.status if check else "-"
+        cited = ", ".join(f"[{n}]" for n in check.cited) if check else ""
+        removed = ", ".join(f"[{n}]" for n in check.removed) if check else ""
+        lines = ["answer (model output, quoted):", *_quoted(resp.answer, "  ")]
+        lines.append(
+            f"citation check: {status}"
+            + (f"; cites {cited}" if cited else "")
+            + (f"; removed {removed}" if removed else "")
+        )
+        lines.append(f"template {resp.template_code}  model {resp.model_ms} ms")
+        lines.append(f"{len(resp.sources)} source(s); quoted text is published data:")
+        for n, ev in enumerate(resp.sources, 1):
+            lines += _source_lines(n, ev)
+    else:
+        lines = [
+            f"{resp.reason_code or NO_EVIDENCE}: no published evidence passed the checks;"
+            " the model was not called. Reply:",
+            *_quoted(resp.answer, "  "),
+        ]
+    lines.append(_trace_line(resp.trace_id, resp.trace))
+    _print(resp, as_json, "\n".join(lines))
 
 
 # -- topics ------------------------------------------------------------------------------

@@ -201,6 +201,23 @@ def _dedupe(values: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(v.strip() for v in values if v.strip()))
 
 
+def _latin_needle(word: str) -> str:
+    """What shows a Latin word in a text (matched as a substring): the part its Snowball
+    stem shares with the word, less a final "i" that stands for "y" (the stem of "canary"
+    is "canari", of "policies" "polici": "canar" and "polic" find canary, canaries, policy,
+    policies). When the stem shares fewer than three letters with the word ("dying" ->
+    "die"), the word itself."""
+    low = word.lower()
+    stem = stem_en(low)
+    n = 0
+    while n < min(len(low), len(stem)) and low[n] == stem[n]:
+        n += 1
+    shared = low[:n]
+    if shared.endswith("i") and len(shared) > 3:
+        shared = shared[:-1]
+    return shared if len(shared) >= min(3, len(low)) else low
+
+
 class QuestionTerms:
     """The question as the no-reranker evidence policy counts it: words (English words
     by their Snowball stem, Russian words by theirs, other words as written; stop words
@@ -229,7 +246,7 @@ class QuestionTerms:
         if _CYRILLIC.search(word):
             stem = stem_ru(word)
         elif word.isascii() and word.isalpha():
-            stem = stem_en(word)
+            stem = _latin_needle(word)
         else:
             stem = word
         (stop if word in STOP_WORDS else words).append((stem, word))

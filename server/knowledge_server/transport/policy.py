@@ -12,13 +12,23 @@ from knowledge_server._gen.knowledge.v1 import (
     docgraph_pb2,
     index_service_pb2,
     kb_admin_pb2,
+    kb_retrieve_pb2,
     knowledge_service_pb2,
     memory_pb2,
     options_pb2,
 )
 from knowledge_server.auth_model import Principal
 
-FILES = (knowledge_service_pb2, docgraph_pb2, index_service_pb2, kb_admin_pb2, memory_pb2)
+# Every file that declares a service: a method missing here would get the default policy
+# (right "read") instead of the capabilities its proto declares.
+FILES = (
+    knowledge_service_pb2,
+    docgraph_pb2,
+    index_service_pb2,
+    kb_admin_pb2,
+    kb_retrieve_pb2,
+    memory_pb2,
+)
 
 EDITION_NAMES = {
     options_pb2.EDITION_UNSPECIFIED: "community",
