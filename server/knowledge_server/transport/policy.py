@@ -12,13 +12,22 @@ from knowledge_server._gen.knowledge.v1 import (
     docgraph_pb2,
     index_service_pb2,
     kb_admin_pb2,
+    kb_retrieve_pb2,
     knowledge_service_pb2,
     memory_pb2,
     options_pb2,
 )
 from knowledge_server.auth_model import Principal
+from knowledge_server.errors import PermissionDenied
 
-FILES = (knowledge_service_pb2, docgraph_pb2, index_service_pb2, kb_admin_pb2, memory_pb2)
+FILES = (
+    knowledge_service_pb2,
+    docgraph_pb2,
+    index_service_pb2,
+    kb_admin_pb2,
+    kb_retrieve_pb2,
+    memory_pb2,
+)
 
 EDITION_NAMES = {
     options_pb2.EDITION_UNSPECIFIED: "community",
@@ -58,6 +67,14 @@ class Policy:
         if self.capabilities:
             return " or ".join(repr(c) for c in self.capabilities)
         return repr(self.right)
+
+    def refusal(self, principal: Principal, method: str) -> PermissionDenied:
+        """The error for ``principal`` calling ``method`` (``/package.Service/Method``)
+        without the right; the same on every face (gRPC, HTTP)."""
+        return PermissionDenied(
+            f"role {principal.role!r} may not call {method.rsplit('/', 1)[-1]}:"
+            f" it needs the {self.needs()} capability, which this token does not hold"
+        )
 
 
 def _load() -> dict[str, Policy]:
