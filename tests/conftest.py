@@ -55,6 +55,7 @@ TIERS = {
         "test_integrations_live",
         "test_isolation_canary_e2e",
         "test_kb_admin_e2e",
+        "test_kb_http_e2e",
         "test_kb_retrieve_e2e",
         "test_kb_surfaces_e2e",
         "test_live_ingest_e2e",
@@ -203,19 +204,25 @@ class RunningServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def http_url(self) -> str:
+        """The HTTP face's base URL (``retrieve_http_listen`` set)."""
+        assert self.served.http is not None, "retrieve_http_listen is not set"
+        return f"http://127.0.0.1:{self.served.http.port}"
+
 
 async def start_server(tmp_path: Path, app_factory=None, authenticate=None, **overrides):  # type: ignore[no-untyped-def]
     """Start the real server (create_server on 127.0.0.1:0) with a temp data dir."""
     from knowledge_server.config import load_config
     from knowledge_server.runtime import build_app
-    from knowledge_server.server import create_server
+    from knowledge_server.server import create_server, start_served
 
     values = {"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "data"), "bootstrap": False}
     values.update(overrides)
     cfg = load_config(env={}, overrides=values)
     app = app_factory(cfg) if app_factory else build_app(cfg)
     served = await create_server(cfg, app, authenticate=authenticate)
-    await served.server.start()
+    await start_served(served)
     return RunningServer(served, cfg)
 
 
@@ -250,6 +257,8 @@ class ServerThread:
                 return
             self._ready.set()
             await self._stop.wait()
+            if self.rs.served.http is not None:
+                await self.rs.served.http.stop(0)
             await self.rs.server.stop(0)
             close = getattr(self.rs.app, "close", None)
             if close:

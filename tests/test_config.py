@@ -53,6 +53,30 @@ def test_non_loopback_requires_auth() -> None:
     assert not load_config(env={}, overrides={"listen": "127.0.0.1:0"}).auth_required
 
 
+def test_retrieve_http_listen_forms_and_its_authentication() -> None:
+    """HTTP-9: the HTTP face of Retrieve / Answer is off unless set; PORT alone is on
+    loopback (also from KNOWLEDGE_RETRIEVE_HTTP_LISTEN); reachable from other hosts it
+    needs authentication on (the token rules follow `listen`), else it is refused."""
+    assert load_config(env={}).retrieve_http_listen == ""
+    env = {"KNOWLEDGE_RETRIEVE_HTTP_LISTEN": "8089"}
+    assert load_config(env=env).retrieve_http_listen == "127.0.0.1:8089"
+    cfg = load_config(env={}, overrides={"retrieve_http_listen": ":0"})
+    assert cfg.retrieve_http_listen == "127.0.0.1:0" and not cfg.auth_required
+    with pytest.raises(ConfigError, match="retrieve_http_listen: port"):
+        load_config(env={}, overrides={"retrieve_http_listen": "127.0.0.1:99999"})
+    for auth in ("auto", "off"):
+        with pytest.raises(
+            ConfigError, match=r"retrieve_http_listen: 0\.0\.0\.0:8089 is reachable"
+        ):
+            load_config(env={}, overrides={"retrieve_http_listen": "0.0.0.0:8089", "auth": auth})
+    public = load_config(env={}, overrides={"retrieve_http_listen": "0.0.0.0:8089", "auth": "on"})
+    assert public.auth_required and public.retrieve_http_listen == "0.0.0.0:8089"
+    both = load_config(
+        env={}, overrides={"listen": "0.0.0.0:0", "retrieve_http_listen": "0.0.0.0:8089"}
+    )
+    assert both.auth_required
+
+
 def test_llm_identity_and_transport_bounds_reach_the_llm_port(tmp_path: Path) -> None:
     """A local model can be named (provider, version) and its timeout and retries set; the
     identity is what the document graph fingerprints."""

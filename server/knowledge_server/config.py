@@ -154,13 +154,7 @@ class Config:
 
     @property
     def is_loopback(self) -> bool:
-        host = self.listen_host
-        if host in ("localhost",):
-            return True
-        try:
-            return ipaddress.ip_address(host.strip("[]")).is_loopback
-        except ValueError:
-            return False
+        return is_loopback_host(self.listen_host)
 
     @property
     def auth_required(self) -> bool:
@@ -177,6 +171,16 @@ class Config:
     @property
     def effective_licence_file(self) -> Path:
         return self.licence_file or (self.data_dir / "licence.json")
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (of a listen address) is reachable from this host only."""
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -361,6 +365,15 @@ def _validate(cfg: Config) -> Config:
             f"auth=off is only allowed on a loopback address; {cfg.listen} is reachable from other hosts"
         )
     cfg = _telemetry(cfg)
+    http = cfg.retrieve_http_listen
+    if http and not cfg.auth_required and not is_loopback_host(parse_listen(http)[0]):
+        # Authentication follows `listen`: off there, the HTTP face would serve anyone
+        # who reaches it as the local operator.
+        raise ConfigError(
+            f"retrieve_http_listen: {http} is reachable from other hosts, but authentication "
+            f'is off (auth={cfg.auth}, listen {cfg.listen}); set auth = "on" or serve the '
+            "HTTP face on a loopback address"
+        )
     if cfg.embedder == "openai" and not (
         cfg.embedder_url and cfg.embedder_model and cfg.embedder_dim > 0
     ):

@@ -2,7 +2,8 @@
 
 ``create_server(config)`` builds a started-but-not-serving ``grpc.aio`` server with
 health checking, reflection and the interceptors, bound to ``config.listen`` (port 0
-picks a free port), and returns ``(server, port, app)``. Tests use it on
+picks a free port), and with ``retrieve_http_listen`` the HTTP face of Retrieve /
+Answer bound too (``kb/http.py``); ``start_served`` starts both. Tests use it on
 ``127.0.0.1:0``. ``serve(config)`` runs until SIGTERM/SIGINT, then shuts down
 gracefully: health goes NOT_SERVING, in-flight calls get ``grace_seconds`` to finish.
 """
@@ -39,6 +40,7 @@ from knowledge_server._gen.knowledge.v1 import (
 from knowledge_server.app import KnowledgeApp
 from knowledge_server.auth_model import Principal
 from knowledge_server.config import Config, ConfigError, parse_listen
+from knowledge_server.kb.http import RetrieveHttp
 from knowledge_server.logs import get_logger
 from knowledge_server.metrics import Metrics, MetricsEndpoint
 from knowledge_server.tracing import Tracing, otlp_provider
@@ -92,6 +94,8 @@ class Served:
     metrics: Metrics | None = None
     tracing: Tracing | None = None
     metrics_endpoint: MetricsEndpoint | None = None
+    # The HTTP face of Retrieve / Answer (``retrieve_http_listen``), bound, not serving yet.
+    http: RetrieveHttp | None = None
 
 
 def check_port_free(listen: str) -> None:
@@ -198,17 +202,42 @@ async def create_server(
         raise ConfigError(f"listen: could not bind {address}")
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    http = None
+    if config.retrieve_http_listen:
+        http = RetrieveHttp(
+            app,
+            authenticate if config.auth_required else None,
+            config.retrieve_http_listen,
+            tls_cert=config.tls_cert,
+            tls_key=config.tls_key,
+            tls_client_ca=config.tls_client_ca,
+        )
     endpoint = None
     if metrics is not None and config.metrics_listen:
-        endpoint = MetricsEndpoint(metrics, config.metrics_listen)
-    return Served(server, bound, app, health_servicer, metrics, tracing, endpoint)
+        try:
+            endpoint = MetricsEndpoint(metrics, config.metrics_listen)
+        except ConfigError:
+            if http is not None:
+                await http.stop(0)
+            raise
+    return Served(server, bound, app, health_servicer, metrics, tracing, endpoint, http)
+
+
+async def start_served(served: Served) -> None:
+    """Start serving: the gRPC server, then the HTTP face (when configured)."""
+    await served.server.start()
+    if served.http is not None:
+        await served.http.start()
 
 
 async def shutdown(served: Served, grace: float) -> None:
     """Health NOT_SERVING first, then stop accepting calls (in-flight ones get ``grace``
     seconds), then close the stores."""
     await served.health.enter_graceful_shutdown()
-    await served.server.stop(grace)
+    if served.http is not None:
+        await asyncio.gather(served.http.stop(grace), served.server.stop(grace))
+    else:
+        await served.server.stop(grace)
     served.app.close()
     if served.metrics_endpoint is not None:
         served.metrics_endpoint.close()
@@ -229,8 +258,12 @@ async def serve(
     entry point of a worker process, ``worker_main.run_worker``) also start and stop the
     extra serving processes (see knowledge_server.workers)."""
     served = await create_server(config, app, authenticate=authenticate)
-    server, port, app = served.server, served.port, served.app
-    await server.start()
+    port, app = served.port, served.app
+    try:
+        await start_served(served)
+    except ConfigError:
+        await shutdown(served, 0)
+        raise
     host = parse_listen(config.listen)[0]
     log.info(
         "server.started",
@@ -239,6 +272,12 @@ async def serve(
         auth=config.auth_required,
         edition=app.licence.edition().edition,
     )
+    if served.http is not None:
+        log.info(
+            "server.retrieve_http_started",
+            url=f"{served.http.scheme}://{served.http.address}",
+            paths=["/knowledge/retrieve", "/knowledge/answer"],
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

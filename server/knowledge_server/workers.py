@@ -47,13 +47,14 @@ class WorkerGroup:
     ) -> None:
         """``target`` runs in each new process (``worker_main.run_worker``); None = this
         process is itself a worker and starts no others."""
-        # The metrics endpoint and the session watcher are the first process's (one port
-        # cannot be shared; one watcher ingests for all).
+        # The metrics endpoint, the HTTP face of Retrieve / Answer and the session watcher
+        # are the first process's (their ports are not shared; one watcher ingests for all).
         self.config = dataclasses.replace(
             config,
             listen=f"{host}:{port}",
             bootstrap=False,
             metrics_listen="",
+            retrieve_http_listen="",
             watch_sessions=False,
         )
         self._target = target

@@ -148,6 +148,13 @@ def version(as_json: bool) -> None:
     "Off by default. Env: KNOWLEDGE_METRICS_LISTEN.",
 )
 @click.option(
+    "--retrieve-http-listen",
+    default=None,
+    help="Serve Retrieve / Answer as JSON over HTTP at http://HOST:PORT/knowledge/retrieve "
+    "and /knowledge/answer (PORT alone: on 127.0.0.1). Off by default. "
+    "Env: KNOWLEDGE_RETRIEVE_HTTP_LISTEN.",
+)
+@click.option(
     "--tracing-otlp-endpoint",
     default=None,
     help="Export OpenTelemetry traces by OTLP/gRPC to this collector URL "
@@ -165,6 +172,7 @@ def serve(
     auth: str | None,
     workers: int | None,
     metrics_listen: str | None,
+    retrieve_http_listen: str | None,
     tracing_otlp_endpoint: str | None,
 ) -> None:
     """Run the gRPC service until SIGTERM/SIGINT.
@@ -201,6 +209,7 @@ def serve(
         "bootstrap": False if no_bootstrap else None,
         "workers": workers,
         "metrics_listen": metrics_listen,
+        "retrieve_http_listen": retrieve_http_listen,
         "tracing_otlp_endpoint": tracing_otlp_endpoint,
     }
     try:

@@ -493,13 +493,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 )
         policy = POLICIES.get(method, Policy())
         if not policy.allows(principal):
-            return refusing_handler(
-                handler,
-                errors.PermissionDenied(
-                    f"role {principal.role!r} may not call {method.rsplit('/', 1)[-1]}:"
-                    f" it needs the {policy.needs()} capability, which this token does not hold"
-                ),
-            )
+            return refusing_handler(handler, policy.refusal(principal, method))
         ctx_principal = principal
 
         def unary(fn: Behavior) -> Behavior:
@@ -565,37 +559,48 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
         policy = POLICIES.get(method)
         if policy is None or not policy.feature:
             return handler
-        state = self._edition()
-        if policy.feature in state.features:
+        refused = edition_refusal(policy, method, self._edition())
+        if refused is None:
             return handler
         if self._on_refusal is not None:
             self._on_refusal(policy.feature, method)
-        required = EDITION_NAMES.get(policy.edition, "enterprise")
-        short = method.rsplit("/", 1)[-1]
-        article = "an" if required[:1] in "aeiou" else "a"
-        message = (
-            f"{short} needs the {required} edition (feature {policy.feature!r}); "
-            f"this server runs as {state.edition} (licence {state.licence_state}). "
-            f"To get it, obtain {article} {required} licence file from the vendor and install it "
-            "with `knowledge license install FILE` (see docs/licensing.md)"
-        )
-        refusal = errors_pb2.EditionRefusal(
-            feature=policy.feature,
-            required_edition=required,
-            current_edition=state.edition,
-            licence_state=state.licence_state,
-            method=method,
-            message=message,
-        )
-        err = errors.EditionRequired(
-            message,
-            metadata={
-                "feature": policy.feature,
-                "required_edition": required,
-                "current_edition": state.edition,
-            },
-        )
+        err, refusal = refused
         return refusing_handler(handler, err, [refusal])
+
+
+def edition_refusal(
+    policy: Policy, method: str, state: EditionState
+) -> tuple[errors.EditionRequired, errors_pb2.EditionRefusal] | None:
+    """The refusal of ``method`` when the edition ``state`` lacks the feature its policy
+    declares, else None; the same on every face (gRPC, HTTP)."""
+    if not policy.feature or policy.feature in state.features:
+        return None
+    required = EDITION_NAMES.get(policy.edition, "enterprise")
+    short = method.rsplit("/", 1)[-1]
+    article = "an" if required[:1] in "aeiou" else "a"
+    message = (
+        f"{short} needs the {required} edition (feature {policy.feature!r}); "
+        f"this server runs as {state.edition} (licence {state.licence_state}). "
+        f"To get it, obtain {article} {required} licence file from the vendor and install it "
+        "with `knowledge license install FILE` (see docs/licensing.md)"
+    )
+    refusal = errors_pb2.EditionRefusal(
+        feature=policy.feature,
+        required_edition=required,
+        current_edition=state.edition,
+        licence_state=state.licence_state,
+        method=method,
+        message=message,
+    )
+    err = errors.EditionRequired(
+        message,
+        metadata={
+            "feature": policy.feature,
+            "required_edition": required,
+            "current_edition": state.edition,
+        },
+    )
+    return err, refusal
 
 
 class LimitsInterceptor(grpc.aio.ServerInterceptor):

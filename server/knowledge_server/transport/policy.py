@@ -18,6 +18,7 @@ from knowledge_server._gen.knowledge.v1 import (
     options_pb2,
 )
 from knowledge_server.auth_model import Principal
+from knowledge_server.errors import PermissionDenied
 
 # Every file that declares a service: a method missing here would get the default policy
 # (right "read") instead of the capabilities its proto declares.
@@ -68,6 +69,14 @@ class Policy:
         if self.capabilities:
             return " or ".join(repr(c) for c in self.capabilities)
         return repr(self.right)
+
+    def refusal(self, principal: Principal, method: str) -> PermissionDenied:
+        """The error for ``principal`` calling ``method`` (``/package.Service/Method``)
+        without the right; the same on every face (gRPC, HTTP)."""
+        return PermissionDenied(
+            f"role {principal.role!r} may not call {method.rsplit('/', 1)[-1]}:"
+            f" it needs the {self.needs()} capability, which this token does not hold"
+        )
 
 
 def _load() -> dict[str, Policy]:

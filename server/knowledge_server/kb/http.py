@@ -1,0 +1,437 @@
+"""The HTTP face of ``KnowledgeBaseService`` (seed 002): ``POST /knowledge/retrieve`` and
+``POST /knowledge/answer``, served by the gRPC server's own process when
+``retrieve_http_listen`` is set (docs/kb-retrieve.md, "HTTP face").
+
+One schema, two faces: a request body is parsed with ``json_format`` into the same
+``RetrieveRequest`` / ``AnswerRequest`` the gRPC service takes (the seed's camelCase
+names; a field the message does not have is refused), checked against the proto's
+declared size limits (``transport/rules.py``), answered by the same application call
+(``KnowledgeApp.kb_retrieve`` / ``kb_answer``) and printed with the proto field names
+(the seed's snake_case), every field included (``sources: []``, ``answerable: false``).
+
+Authentication and the capability check are the gRPC server's: the same authenticator
+(token store), and the method's policy from the proto's ``(knowledge.v1.policy)`` option
+(``transport/policy.py``). With authentication off (loopback) the local principal calls,
+as on gRPC. The caller's ``X-Trace-Id`` goes to the application (checked or replaced
+there) and comes back in the ``X-Trace-Id`` response header and in every body, errors
+included.
+
+Errors are ``{"error": {"code": REASON, "message": ..., "trace_id": ..., "metadata":
+{...}}}`` with the HTTP status of the gRPC code (google.rpc.Code's mapping: 400, 401,
+403, 503 ...). Logs carry the method, status, reason, trace id and timings: never the
+question, a tag code or any other text of the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import re
+import socket
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+import uvicorn
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from knowledge_server import errors
+from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2 as pb
+from knowledge_server.app import KnowledgeApp
+from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
+from knowledge_server.config import ConfigError, parse_listen
+from knowledge_server.kb.retrieve import valid_trace_id
+from knowledge_server.logs import get_logger
+from knowledge_server.transport.interceptors import edition_refusal
+from knowledge_server.transport.policy import POLICIES, Policy
+from knowledge_server.transport.rules import check_limits
+
+__all__ = ["MAX_BODY_BYTES", "RetrieveHttp", "http_status", "make_asgi"]
+
+log = get_logger("knowledge.http")
+
+# Request bodies above this are refused (413) before they are parsed: the largest
+# request the proto's limits allow (a 4000-character question, 2 x 32 tag codes of 64
+# characters) is far below it.
+MAX_BODY_BYTES = 64 * 1024
+
+_SERVICE = pb.DESCRIPTOR.services_by_name["KnowledgeBaseService"].full_name
+
+# The HTTP status of each gRPC code (google.rpc.Code's documented HTTP mapping).
+_HTTP_STATUS = {
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+}
+
+
+def http_status(err: errors.KnowledgeError) -> int:
+    """The HTTP status answering ``err``."""
+    return _HTTP_STATUS.get(err.code, 500)
+
+
+class _BodyTooLarge(errors.InvalidRequest):
+    """A request body over ``MAX_BODY_BYTES`` (413)."""
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    path: str
+    method: str  # the gRPC method: its policy is this endpoint's
+    request: type[Message]
+    call: Callable[[KnowledgeApp, Any, Principal, str], Awaitable[Message]]
+
+    @property
+    def policy(self) -> Policy:
+        return POLICIES.get(self.method, Policy())
+
+
+def _retrieve(app: KnowledgeApp, req: Any, principal: Principal, tid: str) -> Awaitable[Message]:
+    return app.kb_retrieve(req, principal, tid)
+
+
+def _answer(app: KnowledgeApp, req: Any, principal: Principal, tid: str) -> Awaitable[Message]:
+    return app.kb_answer(req, principal, tid)
+
+
+ENDPOINTS = (
+    _Endpoint("/knowledge/retrieve", f"/{_SERVICE}/Retrieve", pb.RetrieveRequest, _retrieve),
+    _Endpoint("/knowledge/answer", f"/{_SERVICE}/Answer", pb.AnswerRequest, _answer),
+)
+
+_PARSE_FIELD = re.compile(r"Failed to parse (\w+) field")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise errors.InvalidRequest(
+                f"request: field {_shown(key)} appears twice", metadata={"field": _shown(key)}
+            )
+        out[key] = value
+    return out
+
+
+def _shown(name: str) -> str:
+    """A field name of the caller's, fit for a message: printable, at most 64 characters."""
+    text = name[:64]
+    return text if text.isprintable() else repr(text)[1:-1][:64]
+
+
+def parse_request(body: bytes, cls: type[Message]) -> Message:
+    """``body`` (JSON) as a ``cls`` message; InvalidRequest naming the field otherwise.
+    The messages never quote a value of the body."""
+    try:
+        data = json.loads(body, object_pairs_hook=_no_duplicates)
+    except errors.InvalidRequest:
+        raise
+    except (ValueError, RecursionError):
+        raise errors.InvalidRequest(
+            "request: the body is not valid JSON", metadata={"field": "request"}
+        ) from None
+    if not isinstance(data, dict):
+        raise errors.InvalidRequest(
+            "request: the body must be a JSON object", metadata={"field": "request"}
+        )
+    fields = cls.DESCRIPTOR.fields
+    known = {f.json_name for f in fields} | {f.name for f in fields}
+    for key in data:
+        if key not in known:
+            names = ", ".join(f.json_name for f in fields)
+            raise errors.InvalidRequest(
+                f"request: unknown field {_shown(key)!r}; the fields are {names}",
+                metadata={"field": _shown(key)},
+            )
+    try:
+        return json_format.ParseDict(data, cls())
+    except json_format.ParseError as exc:
+        found = _PARSE_FIELD.search(str(exc))
+        name = found.group(1) if found and found.group(1) in known else ""
+        if name:
+            raise errors.InvalidRequest(
+                f"request: field {name!r} has a value of the wrong type or out of range",
+                metadata={"field": name},
+            ) from None
+        raise errors.InvalidRequest(
+            "request: a field has a value of the wrong type", metadata={"field": "request"}
+        ) from None
+
+
+def _json_content(request: Request) -> bool:
+    value = request.headers.get("content-type", "")
+    media, _, params = value.partition(";")
+    if media.strip().lower() != "application/json":
+        return False
+    for param in params.split(";"):
+        key, _, val = param.partition("=")
+        if key.strip().lower() == "charset" and val.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            return False
+    return True
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _BodyTooLarge(f"request: the body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge(f"request: the body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _error_response(err: errors.KnowledgeError, tid: str) -> JSONResponse:
+    status = 413 if isinstance(err, _BodyTooLarge) else http_status(err)
+    body = {
+        "error": {
+            "code": err.reason,
+            "message": err.message,
+            "trace_id": tid,
+            # As the gRPC error's ErrorInfo metadata (a 503's dependency, cause, trace_id).
+            "metadata": dict(err.metadata),
+        }
+    }
+    headers = {"X-Trace-Id": tid}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _print(message: Message) -> dict[str, Any]:
+    """``message`` as JSON with the proto field names, every field printed; the fields
+    in the proto's order."""
+    out = json_format.MessageToDict(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+    return {f.name: out[f.name] for f in message.DESCRIPTOR.fields if f.name in out}
+
+
+@contextlib.contextmanager
+def _request_context(endpoint: _Endpoint, request: Request, tid: str) -> Iterator[None]:
+    """The call's log context, like the gRPC server's (request id, method, peer)."""
+    client = request.client
+    peer = f"http:{client.host}:{client.port}" if client else "http"
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=tid, rpc_method=endpoint.method, peer=peer)
+    try:
+        yield
+    finally:
+        structlog.contextvars.clear_contextvars()
+
+
+def make_asgi(
+    app: KnowledgeApp,
+    authenticate: Callable[[str], Principal | None] | None,
+    *,
+    local: Principal = LOCAL_PRINCIPAL,
+    max_body: int = MAX_BODY_BYTES,
+) -> Starlette:
+    """The Starlette application of the HTTP face. ``authenticate`` None: authentication
+    is off and every call runs as ``local`` (the gRPC server's rule)."""
+
+    def principal_of(request: Request) -> Principal:
+        if authenticate is None:
+            return local
+        # Exactly one Authorization header, as on gRPC: with two, which one a proxy or a
+        # server reads differs, so a request carrying two is refused, not guessed at.
+        headers = request.headers.getlist("authorization")
+        header = headers[0] if len(headers) == 1 else ""
+        token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        principal = authenticate(token) if token else None
+        if principal is None:
+            raise errors.Unauthenticated("missing or invalid bearer token")
+        return principal
+
+    def handler(endpoint: _Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            started = time.perf_counter()
+            tid = valid_trace_id(request.headers.get("x-trace-id"))
+            with _request_context(endpoint, request, tid):
+                try:
+                    principal = principal_of(request)
+                    structlog.contextvars.bind_contextvars(principal=principal.id)
+                    policy = endpoint.policy
+                    if not policy.allows(principal):
+                        raise policy.refusal(principal, endpoint.method)
+                    refused = edition_refusal(policy, endpoint.method, app.licence.edition())
+                    if refused is not None:
+                        raise refused[0]
+                    if not _json_content(request):
+                        raise errors.InvalidRequest(
+                            "request: the content type must be application/json (UTF-8)",
+                            metadata={"field": "content-type"},
+                        )
+                    req = parse_request(await _read_body(request, max_body), endpoint.request)
+                    check_limits(req)
+                    out = await endpoint.call(app, req, principal, tid)
+                except errors.KnowledgeError as exc:
+                    response = _error_response(exc, tid)
+                    log.info(
+                        "http.error",
+                        status=response.status_code,
+                        reason=exc.reason,
+                        ms=_ms(started),
+                    )
+                    return response
+                except Exception as exc:  # noqa: BLE001 - answered 500, type logged
+                    # An exception's text may quote the request: its type alone is logged.
+                    log.error("http.internal_error", error_type=type(exc).__name__, ms=_ms(started))
+                    return _error_response(
+                        errors.InternalError("internal error; see the server log for trace " + tid),
+                        tid,
+                    )
+                log.info("http.ok", status=200, ms=_ms(started))
+                return JSONResponse(_print(out), headers={"X-Trace-Id": tid})
+
+        return run
+
+    async def not_served(request: Request, exc: Exception) -> Response:
+        """Paths and methods the face does not serve, as JSON errors too."""
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        tid = valid_trace_id(request.headers.get("x-trace-id"))
+        reason = "KNOWLEDGE_NOT_FOUND" if status == 404 else "KNOWLEDGE_INVALID_REQUEST"
+        if status == 405:
+            message = "only POST is served here"
+        elif status == 404:
+            message = "not found; the paths are /knowledge/retrieve and /knowledge/answer"
+        else:
+            message = "request refused"
+        body = {"error": {"code": reason, "message": message, "trace_id": tid, "metadata": {}}}
+        headers = {"X-Trace-Id": tid}
+        if status == 405:
+            headers["Allow"] = "POST"
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    routes = [Route(e.path, handler(e), methods=["POST"]) for e in ENDPOINTS]
+    return Starlette(routes=routes, exception_handlers={HTTPException: not_served})
+
+
+class _Embedded(uvicorn.Server):
+    """uvicorn inside the serving process's event loop: the process's signals stay the
+    serving loop's (``server.serve``), which stops this face with the gRPC server."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(listen: str) -> socket.socket:
+    host, port = parse_listen(listen)
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family = infos[0][0]
+        sock = socket.create_server((name, port), family=family, backlog=128)
+    except OSError as exc:
+        raise ConfigError(f"retrieve_http_listen: cannot listen on {listen}: {exc}") from None
+    sock.setblocking(False)
+    return sock
+
+
+class RetrieveHttp:
+    """The HTTP face bound to its socket (``retrieve_http_listen``; port 0 picks a free
+    port: ``port`` is the bound one), served by ``start`` as a task of the running event
+    loop until ``stop``. With ``tls_cert`` / ``tls_key`` it serves HTTPS (and with
+    ``tls_client_ca`` asks for client certificates), like the gRPC server."""
+
+    def __init__(
+        self,
+        app: KnowledgeApp,
+        authenticate: Callable[[str], Principal | None] | None,
+        listen: str,
+        *,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
+        tls_client_ca: Path | None = None,
+        max_body: int = MAX_BODY_BYTES,
+    ) -> None:
+        self._sock = _bind(listen)
+        address = self._sock.getsockname()
+        self.host = parse_listen(listen)[0]
+        self.port = int(address[1])
+        tls: dict[str, Any] = {}
+        if tls_cert and tls_key:
+            tls = {"ssl_certfile": str(tls_cert), "ssl_keyfile": str(tls_key)}
+            if tls_client_ca:
+                tls.update(ssl_ca_certs=str(tls_client_ca), ssl_cert_reqs=ssl.CERT_REQUIRED)
+        self.scheme = "https" if tls else "http"
+        config = uvicorn.Config(
+            make_asgi(app, authenticate, max_body=max_body),
+            lifespan="off",
+            ws="none",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            server_header=False,
+            proxy_headers=False,
+            **tls,
+        )
+        self._server = _Embedded(config)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Serve; returns once the socket accepts requests."""
+        if self._task is not None:
+            return
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            if self._task.done():
+                exc = None if self._task.cancelled() else self._task.exception()
+                why = f": {exc}" if exc is not None and str(exc) else ""
+                raise ConfigError(f"retrieve_http_listen: could not serve on {self.address}{why}")
+            await asyncio.sleep(0.01)
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting requests; the ones in flight get ``grace`` seconds."""
+        if self._task is None or self._task.done():
+            if self._task is not None and not self._task.cancelled():
+                self._task.exception()  # reported by start already
+            self._sock.close()
+            return
+        self._server.config.timeout_graceful_shutdown = max(0, math.ceil(grace))
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 2)
