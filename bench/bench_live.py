@@ -16,9 +16,12 @@ in a child process is not counted) and how many events it held at the end; then 
 watching server the difference of its P95 from the other's with a 95% bootstrap interval
 (an interval that holds 0: no difference this run can tell from noise).
 
-``--before TREE``: a third server, watcher on, serving the code of another checkout
+``--before TREE``: one more server, watcher on, serving the code of another checkout
 (``TREE/server`` and its siblings on PYTHONPATH), in the same rotation: before and
-after a change in one run.
+after a change in one run. ``--control``: one more server with the watcher off, whose
+difference from the first shows how far two like servers differ in this run (where each
+process lands on the machine's cores moves its tail; the bootstrap interval cannot see
+that).
 """
 
 from __future__ import annotations
@@ -103,6 +106,9 @@ def main() -> None:
     ap.add_argument("--searches", type=int, default=600)
     ap.add_argument("--append-every", type=float, default=0.2)
     ap.add_argument("--before", default="", help="a checkout whose code a third server runs")
+    ap.add_argument(
+        "--control", action="store_true", help="a second server with the watcher off (noise floor)"
+    )
     args = ap.parse_args()
     rng = random.Random(25)
     with tempfile.TemporaryDirectory() as tmp_s, ExitStack() as stack:
@@ -121,6 +127,8 @@ def main() -> None:
             tree = Path(args.before).resolve()
             path = os.pathsep.join(str(tree / d) for d in ("server", "sdk", "licensing", "bridge"))
             setups["on (before)"] = {**setups["on"], "PYTHONPATH": path}
+        if args.control:
+            setups["off (2)"] = setups["off"]
         pids: dict[str, int] = {}
         clients: dict[str, KnowledgeClient] = {}
         for i, (name, env) in enumerate(setups.items()):

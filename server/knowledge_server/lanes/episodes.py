@@ -387,7 +387,7 @@ class EpisodesLane:
                 log.error("live.not_restarted", reason="the watcher exited too often")
                 return
             ended = await self._follow_child(roots, stop, log, catch_up=len(starts) > 1)
-            if ended != "died":
+            if ended != "died" or (stop is not None and stop.is_set()):
                 return
             await asyncio.sleep(1.0)
 
