@@ -33,6 +33,7 @@ TIERS = {
         "test_lane_finish",
         "test_memory_store",
         "test_proto_options",
+        "test_search_cache_revisions",
         "test_surface_parity",
         "test_workspace_sql",
     },

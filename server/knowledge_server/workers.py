@@ -8,7 +8,8 @@ spreads incoming connections over them. The stores are SQLite files shared by al
 readers never block, and every writer takes the store's cross-process lock
 (:class:`knowledge_server.lanes.common.WriterLock`).
 
-The first process alone runs the start-up work (bootstrap) and the live ingest. It passes SIGHUP and
+The first process alone runs the start-up work (bootstrap) and the live ingest (whose
+watcher runs in a child process of its own, ``lanes/live.py``). It passes SIGHUP and
 SIGTERM on, restarts a worker that dies (a few times a minute at most), and a worker
 whose first process has gone stops by itself.
 """

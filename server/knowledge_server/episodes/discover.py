@@ -9,7 +9,7 @@ from knowledge_server.workspaces import is_under
 
 from .importers import sniff_format
 
-__all__ = ["default_roots", "discover", "log_unit"]
+__all__ = ["default_roots", "discover", "files_under", "log_unit"]
 
 _EXTS = (".jsonl", ".ndjson", ".md", ".json")
 _SKIP_DIRS = {".git", "node_modules", "__pycache__", ".venv"}
@@ -137,3 +137,19 @@ def log_unit(path: str, root: str) -> str | None:
     if _in_opencode_storage(path, root):
         return "root"
     return "file" if _inside(path, os.path.realpath(root)) else None
+
+
+def files_under(folder: str, root: str) -> list[str]:
+    """Every file in ``folder`` (under the watched ``root``) and its subfolders, but those
+    in skipped folders, without following linked folders: what a folder that appeared in
+    a watched one may hold (a folder moved in, or files written before the watcher
+    followed a new folder). Each is still judged by :func:`log_unit`."""
+    if folder == root or not is_under(folder, root) or os.path.islink(folder):
+        return []
+    if any(part in _SKIP_DIRS for part in os.path.relpath(folder, root).split(os.sep)):
+        return []
+    out: list[str] = []
+    for dp, dn, fn in os.walk(folder):
+        dn[:] = sorted(d for d in dn if d not in _SKIP_DIRS)
+        out.extend(os.path.join(dp, f) for f in sorted(fn))
+    return out

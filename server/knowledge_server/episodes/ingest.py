@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from knowledge_server.errors import as_storage_full
 from knowledge_server.workspaces import in_scope, is_under
 
-from .discover import default_roots, discover, log_unit
+from .discover import default_roots, discover, files_under, log_unit
 from .importers import INCREMENTAL_FORMATS, import_full, import_incremental, sniff_format
 from .importers import opencode as _opencode
 from .importers.base import ImportResult
@@ -198,7 +198,14 @@ def ingest_changed(
     like the start-up ingest of the same folders."""
     report = IngestReport()
     rescan: list[str] = []
-    for path in sorted(set(changed)):
+    paths = set(changed)
+    for path in changed:
+        root = max((r for r in roots if is_under(path, r)), key=len, default=None)
+        if root is not None and os.path.isdir(path):
+            # A folder that appeared: its files too (a file written into a new folder
+            # before the watch on it was set up is reported only through the folder).
+            paths.update(files_under(path, root))
+    for path in sorted(paths):
         root = max((r for r in roots if is_under(path, r)), key=len, default=None)
         unit = log_unit(path, root) if root is not None else None
         if unit is None or root is None:

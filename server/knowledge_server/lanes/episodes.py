@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing as mp
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import cast
 
 import structlog
-import watchfiles
 
 from knowledge_server._gen.knowledge.v1 import (
     errors_pb2,
@@ -20,7 +22,7 @@ from knowledge_server._gen.knowledge.v1 import (
     search_pb2,
 )
 from knowledge_server.episodes.discover import default_roots
-from knowledge_server.episodes.ingest import ingest, ingest_changed, ingest_sample_if_empty
+from knowledge_server.episodes.ingest import ingest, ingest_sample_if_empty
 from knowledge_server.episodes.model import EpisodeHit, EventDetail, SessionInfo
 from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
 from knowledge_server.errors import InvalidRequest, NotFound
@@ -36,6 +38,7 @@ from knowledge_server.lanes.common import (
     snapshot,
     ts,
 )
+from knowledge_server.lanes.live import Batch, follow_main
 from knowledge_server.logs import get_logger
 from knowledge_server.search.lanes import (
     NO_MATCH,
@@ -52,12 +55,10 @@ from knowledge_server.workspaces import (
 )
 
 SOURCE = "knowledge.episodes"
-# Live ingest: a batch of changes is ingested once no new change came for FOLLOW_STEP_MS
-# (a harness writes one turn as several appends), and at the latest FOLLOW_DEBOUNCE_MS
-# after its first change (a harness that keeps writing is ingested about once a second,
-# not once per append: each ingest costs the searches running beside it, bench_live.py).
-FOLLOW_STEP_MS = 250
-FOLLOW_DEBOUNCE_MS = 1000
+# Live ingest: how often a watcher process that keeps exiting is started again, a minute.
+FOLLOW_RESTARTS = 3
+# How long a watcher process told to stop may take (it looks at its pipe every 250 ms).
+FOLLOW_STOP_S = 5.0
 Scope = tuple[str, ...] | None
 
 
@@ -78,6 +79,7 @@ class EpisodesLane:
     def __init__(
         self, data_dir: Path, *, session_paths: Sequence[str] = (), workspaces: Sequence[str] = ()
     ) -> None:
+        self.data_dir = data_dir
         self.path = str(data_dir / DB_FILE)
         self.session_paths = tuple(session_paths)
         self.workspaces = tuple(workspaces)
@@ -364,70 +366,115 @@ class EpisodesLane:
         roots = [os.path.abspath(os.path.expanduser(p)) for p in configured]
         return [r for r in dict.fromkeys(roots) if os.path.exists(r)]
 
-    def ingest_changed_sync(
-        self, changed: Sequence[str], roots: Sequence[str]
-    ) -> index_service_pb2.OperationSummary:
-        """Ingest the files the watcher saw change (``episodes.ingest.ingest_changed``)."""
-        started = time.perf_counter()
-        with self.storage.guard("ingest"), self._write_lock:
-            report = ingest_changed(self._writer, changed, roots)
-        if report.errors:
-            self.last_error = report.errors[-1]
-        return operation_summary(
-            report,
-            ("files_changed", "events_added", "events_removed"),
-            index_rev=report.index_rev,
-            changed=bool(report.events_added or report.events_removed or report.files_reimported),
-            started=started,
-        )
-
     async def follow(self, stop: asyncio.Event | None = None) -> None:
         """Ingest what the harnesses append to their logs while the server runs, so a
-        search finds a turn about a second after it was written. Watches ``watch_roots``
-        with file-system notifications (``watchfiles``); each batch of changes is
-        ingested in a thread. Returns when ``stop`` is set or the task is cancelled."""
+        search finds a turn about a second after it was written. The watcher and its
+        ingests run in a child process (``lanes.live``), so they never hold this
+        process's interpreter while it answers searches; this task reads the child's
+        reports. A child that dies is started again (at most ``FOLLOW_RESTARTS`` times a
+        minute), catching up on what changed meanwhile. Returns when ``stop`` is set, the
+        watcher fails, or the task is cancelled (the child is stopped then)."""
         log = get_logger("knowledge.episodes.live")
         roots = self.watch_roots()
         if not roots:
             log.info("live.no_roots")
             return
-        log.info("live.watching", roots=len(roots))
-        try:
-            await self._follow(roots, stop, log)
-        except Exception as exc:  # noqa: BLE001 - a watcher that fails (a watched folder removed) must not stop the server's other background work
-            self.last_error = f"live ingest stopped: {type(exc).__name__}"
-            log.error("live.stopped", error_type=type(exc).__name__)
+        starts: list[float] = []
+        while True:
+            now = time.monotonic()
+            starts = [t for t in starts if now - t < 60] + [now]
+            if len(starts) > FOLLOW_RESTARTS + 1:
+                log.error("live.not_restarted", reason="the watcher exited too often")
+                return
+            ended = await self._follow_child(roots, stop, log, catch_up=len(starts) > 1)
+            if ended != "died" or (stop is not None and stop.is_set()):
+                return
+            await asyncio.sleep(1.0)
 
-    async def _follow(
+    async def _follow_child(
         self,
         roots: list[str],
         stop: asyncio.Event | None,
         log: structlog.typing.FilteringBoundLogger,
-    ) -> None:
-        async for changes in watchfiles.awatch(
-            *roots,
-            watch_filter=None,
-            debounce=FOLLOW_DEBOUNCE_MS,
-            step=FOLLOW_STEP_MS,
-            stop_event=stop,
-            rust_timeout=1000,
-            ignore_permission_denied=True,
-        ):
-            paths = [p for _change, p in changes]
+        *,
+        catch_up: bool,
+    ) -> str:
+        """Run one watcher process until it ends or ``stop`` is set. Returns "stopped"
+        (asked to, or the watcher failed and said so) or "died" (exited unannounced)."""
+        ctx = mp.get_context("spawn")
+        control_r, control_w = ctx.Pipe(duplex=False)
+        out_r, out_w = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=follow_main,
+            args=(self.path, str(self.data_dir), roots, catch_up, control_r, out_w),
+            name="knowledge-live-ingest",
+            daemon=True,
+        )
+        proc.start()
+        control_r.close()
+        out_w.close()
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[str] = loop.create_future()
+
+        def readable() -> None:
             try:
-                summary = await asyncio.to_thread(self.ingest_changed_sync, paths, roots)
-            except Exception as exc:  # noqa: BLE001 - the watcher outlives one failed batch; kept for GetStatus
-                self.last_error = f"live ingest: {type(exc).__name__}"
-                log.error("live.ingest_failed", error_type=type(exc).__name__)
-                continue
-            if summary.changed:
+                while out_r.poll():
+                    if self._on_live_message(out_r.recv(), log) and not ended.done():
+                        ended.set_result("stopped")
+            except (EOFError, OSError):
+                if not ended.done():
+                    ended.set_result("died")
+
+        loop.add_reader(out_r.fileno(), readable)
+        waits: list[asyncio.Future[object]] = [ended]  # type: ignore[list-item]
+        if stop is not None:
+            waits.append(asyncio.ensure_future(stop.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            loop.remove_reader(out_r.fileno())
+            for w in waits[1:]:
+                w.cancel()
+            control_w.close()  # the child sees the pipe close and stops
+            await asyncio.shield(asyncio.to_thread(_reap, proc))
+            out_r.close()
+        if ended.done() and ended.result() == "died":
+            self.last_error = f"live ingest: the watcher exited (code {proc.exitcode})"
+            log.error("live.exited", exit_code=proc.exitcode)
+            return "died"
+        return "stopped"
+
+    def _on_live_message(
+        self, msg: tuple[object, ...], log: structlog.typing.FilteringBoundLogger
+    ) -> bool:
+        """Log one report of the watcher process and keep its errors for GetStatus.
+        True when the watcher stopped for good."""
+        kind = msg[0]
+        if kind == "watching":
+            log.info("live.watching", roots=msg[1], pid=msg[2])
+        elif kind == "batch":
+            batch = cast(Batch, msg[1])
+            files, added, removed, rev, ms, file_error, failure, full = batch
+            self.storage.message = str(full)
+            if failure:
+                self.last_error = f"live ingest: {failure}"
+                log.error("live.ingest_failed", error_type=failure)
+            elif file_error:
+                self.last_error = str(file_error)
+            if files:
                 log.info(
                     "live.ingested",
-                    files=summary.counters["files_changed"],
-                    events_added=summary.counters["events_added"],
-                    index_rev=summary.index_rev,
-                    ms=summary.ms,
+                    files=files,
+                    events_added=added,
+                    events_removed=removed,
+                    index_rev=rev,
+                    ms=ms,
                 )
+        elif kind == "stopped":
+            self.last_error = f"live ingest stopped: {msg[1]}"
+            log.error("live.stopped", error_type=msg[1])
+            return True
+        return False
 
     def status(self, workspaces: tuple[str, ...] | None) -> index_service_pb2.LaneStatus:
         with self._readers.get() as store:
@@ -453,3 +500,11 @@ class EpisodesLane:
                 errors_pb2.Notice(code="FILE_FAILED", lane=self.name, message=self.last_error)
             )
         return st
+
+
+def _reap(proc: BaseProcess) -> None:
+    """Wait for a watcher process that was told to stop; kill one that does not."""
+    proc.join(FOLLOW_STOP_S)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5.0)

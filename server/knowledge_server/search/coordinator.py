@@ -104,8 +104,12 @@ class Coordinator:
         # episode ids -> actor ids (for the per-actor diversity cap); default: the session.
         self.episode_actors = episode_actors
         self.cache_size = cache_size
-        # Lane results under (lane, revision, query), whole answers under ("response", ...).
+        # Lane results under (lane, revision, query), whole answers under ("response",
+        # request, scope, ((lane, revision), ...)).
         self._cache: OrderedDict[object, LaneResult | _Answer] = OrderedDict()
+        # Each lane's revision as last read: when one moves, the entries made under its
+        # earlier revisions can never be hit again and are dropped at once (see _moved).
+        self._revision_seen: dict[str, object] = {}
         self.observers: list[SearchObserver] = []
 
     async def _observed_lane(
@@ -140,6 +144,8 @@ class Coordinator:
                 # The revision read for the whole-answer key a moment ago, when there was one.
                 rev = known_revision if known_revision is not None else lane.revision()
                 key = (name, rev, q) if rev is not None else None
+                if known_revision is None and rev is not None:
+                    self._moved(name, rev)
             except Exception:  # noqa: BLE001 - no revision, no cache
                 key = None
             cached = self._cache.get(key) if key is not None else None
@@ -181,8 +187,26 @@ class Coordinator:
                 return None
             if rev is None:
                 return None
+            self._moved(name, rev)
             revs.append(rev)
         return tuple(revs)
+
+    def _moved(self, name: str, rev: object) -> None:
+        """``rev`` is lane ``name``'s revision now: when it moved, drop the lane results
+        and whole answers made under an earlier one. They would be hit again only if the
+        lane went back to that revision, and left in the cache they push out entries that
+        still count (a live ingest moves the episodes lane about once a second: without
+        this, its dead entries would evict the code lane's results, whose revision did
+        not move)."""
+        seen = self._revision_seen.get(name)
+        if seen == rev:
+            return
+        self._revision_seen[name] = rev
+        if seen is None:
+            return
+        stale = [key for key in self._cache if _made_under(key, name, rev) is False]
+        for key in stale:
+            del self._cache[key]
 
     async def search(
         self, v: ValidSearch, workspaces: tuple[str, ...] | None
@@ -202,7 +226,12 @@ class Coordinator:
         revs = self._revisions(names) if self.cache_size else None
         key = None
         if revs is not None:
-            key = ("response", dataclasses.replace(v, request_id="", trace=False), workspaces, revs)
+            key = (
+                "response",
+                dataclasses.replace(v, request_id="", trace=False),
+                workspaces,
+                tuple(zip(names, revs, strict=True)),
+            )
             cached = self._cache.get(key)
             if isinstance(cached, _Answer):
                 self._cache.move_to_end(key)
@@ -816,3 +845,17 @@ def _prune_evidence(
     for i in reversed(gone):
         del resp.actors[i]
     return removed
+
+
+def _made_under(key: object, name: str, rev: object) -> bool | None:
+    """Whether cache entry ``key`` was made under lane ``name``'s revision ``rev`` (None:
+    the entry does not depend on that lane)."""
+    if not isinstance(key, tuple):
+        return None
+    if key[0] == name:
+        return bool(key[1] == rev)
+    if key[0] == "response":
+        for lane, r in key[3]:
+            if lane == name:
+                return bool(r == rev)
+    return None

@@ -1,0 +1,83 @@
+"""The search cache when one lane's revision moves (a live ingest moves the episodes
+lane's about once a second).
+
+Invariants: the entries made under a lane's earlier revision leave the cache as soon as
+the coordinator reads a new one, so they never push out the entries of the lanes whose
+revision did not move: a code question asked before a run of episodes revisions is still
+answered from the cache after it, and a question over both lanes runs only the lane that
+moved. Answers stay those of the current revisions (KC-12).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from knowledge_server._gen.knowledge.v1 import search_pb2
+from knowledge_server.search.coordinator import Coordinator
+from knowledge_server.search.lanes import LaneQuery, LaneResult, empty_lane
+from knowledge_server.search.validate import validate_search
+
+
+class _Lane:
+    """A lane whose revision the test moves; one item naming the revision it came from."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rev = 1
+        self.searches = 0
+
+    def revision(self) -> str:
+        return f"{self.name}-{self.rev}"
+
+    async def search(self, q: LaneQuery) -> LaneResult:
+        self.searches += 1
+        lane = empty_lane(self.name)
+        if self.name == "code":
+            lane.capability = "full"
+            lane.items.add(id=f"chunk:{self.rev}", chunk_id=str(self.rev), path="a.py")
+        else:
+            lane.items.add(id=f"ep:s:{self.rev}", session_id="s", seq=self.rev)
+        return LaneResult(lane=lane)
+
+
+def _ask(co: Coordinator, query: str, include: list[str]) -> search_pb2.SearchResponse:
+    req = search_pb2.SearchRequest(schema="knowledge.search/v1", query=query, include=include)
+    return asyncio.run(co.search(validate_search(req), None))
+
+
+def test_a_moving_lane_leaves_the_other_lanes_cached_entries() -> None:
+    episodes, code = _Lane("episodes"), _Lane("code")
+    co = Coordinator({"episodes": episodes, "code": code}, cache_size=8)
+    _ask(co, "where is the parser", ["code"])
+    _ask(co, "who fixed the parser", ["episodes", "code"])
+    assert code.searches == 2
+    for i in range(20):  # live ingest: each question meets a new episodes revision
+        episodes.rev += 1
+        resp = _ask(co, f"what happened {i}", ["episodes"])
+        assert resp.lanes.episodes.items[0].id == f"ep:s:{episodes.rev}"
+    assert _ask(co, "where is the parser", ["code"]).lanes.code.items[0].id == "chunk:1"
+    assert code.searches == 2, "the code question was evicted by dead episodes entries"
+    # Over both lanes: the episodes lane runs again (its revision moved), code does not.
+    searched = episodes.searches
+    resp = _ask(co, "who fixed the parser", ["episodes", "code"])
+    assert resp.lanes.episodes.items[0].id == f"ep:s:{episodes.rev}"
+    assert episodes.searches == searched + 1
+    assert code.searches == 2
+
+
+def test_entries_of_a_passed_revision_leave_the_cache() -> None:
+    episodes, code = _Lane("episodes"), _Lane("code")
+    co = Coordinator({"episodes": episodes, "code": code}, cache_size=64)
+    for i in range(5):
+        _ask(co, f"question {i}", ["episodes"])
+    _ask(co, "code question", ["code"])
+    cached = len(co._cache)
+    assert cached == 12  # a lane result and a whole answer per question
+    episodes.rev += 1
+    _ask(co, "question 0", ["episodes"])  # reads the new revision: the old entries go
+    assert len(co._cache) == 2 + 2
+    code.rev += 1
+    _ask(co, "question 0", ["episodes"])  # a cache hit: no code revision read, none dropped
+    assert len(co._cache) == 4
+    assert _ask(co, "code question", ["code"]).lanes.code.items[0].id == "chunk:2"
+    assert len(co._cache) == 4  # the code entries of revision 1 went, revision 2's came
