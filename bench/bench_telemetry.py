@@ -7,6 +7,8 @@ the standard library as the code workspace, the real session logs replayed to --
 real skills), one worker each:
 
 * off: the defaults (no metrics, no tracing);
+* off, again: a second one, the control: its difference from the first is the noise of
+  the run;
 * metrics: `--metrics-listen` alone;
 * on: `--metrics-listen` and `--tracing-otlp-endpoint` pointing at an OTLP/gRPC sink in
   this process, which receives and counts the spans, with the default
@@ -186,6 +188,7 @@ def main() -> int:
     # name -> (tracing arguments, sample ratio ("": the default), metrics, code)
     variants: dict[str, tuple[tuple[str, ...], str, bool, dict[str, str]]] = {
         "off": ((), "", False, code),
+        "off, again": ((), "", False, code),
         "metrics": ((), "", True, code),
         "on": (otlp, "", True, code),
         "on, every call": (otlp, "1.0", True, code),
