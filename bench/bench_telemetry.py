@@ -21,7 +21,9 @@ real skills), one worker each:
 All get the same never-seen questions (a made-up word per question, so no cache answers)
 from Python SDK clients, one call at a time, rotating the servers question by question; each
 server's CPU time over the phase is read from /proc too (the figure least moved by the
-machine's other work). Then, unless `--no-clients`, against the off server, rounds alternate
+machine's other work), split into its main thread's (the event loop, where calls run and
+make their spans) and the other threads' (the batch span exporter, gRPC's). Latency is
+also compared round by round against that round's off server. Then, unless `--no-clients`, against the off server, rounds alternate
 the Python SDK and the TypeScript client (clients/typescript, built with `npm run build` if
 needed; one node process per round running bench/ts_search.mjs).
 
@@ -154,6 +156,48 @@ def diff(a: float, b: float) -> str:
     return f"{(b - a) / a * 100:+.1f}%"
 
 
+def report(
+    lat: dict[str, list[float]],
+    round_diffs: dict[str, list[tuple[float, float]]],
+    pids: dict[str, int],
+    cpu: dict[str, float],
+    main_cpu: dict[str, float],
+    searches: dict[str, int],
+) -> None:
+    """Each server's latency and CPU per search against the off server's."""
+    servers = list(lat)
+    per = {name: (server_cpu_s(pids[name]) - cpu[name]) / searches[name] * 1000 for name in servers}
+    on_main = {
+        name: (main_thread_cpu_s(pids[name]) - main_cpu[name]) / searches[name] * 1000
+        for name in servers
+    }
+    base_p50, base_p95 = statistics.median(lat["off"]), pct(lat["off"], 95)
+    for name in servers:
+        p50, p95 = statistics.median(lat[name]), pct(lat[name], 95)
+        versus = (
+            ""
+            if name == "off"
+            else f"  vs off: p50 {diff(base_p50, p50)}, p95 {diff(base_p95, p95)},"
+            f" CPU {diff(per['off'], per[name])}"
+        )
+        print(
+            f"{summary(f'{name:15}', lat[name])}  server CPU {per[name]:.2f} ms/search"
+            f" (loop thread {on_main[name]:.2f}, other threads"
+            f" {per[name] - on_main[name]:.2f}){versus}"
+        )
+    print(
+        "the same, per round against that round's off (the median over rounds, and the"
+        " smallest and largest; a round's servers share its load):"
+    )
+    for name in servers[1:]:
+        p50s = sorted(d[0] * 100 for d in round_diffs[name])
+        p95s = sorted(d[1] * 100 for d in round_diffs[name])
+        print(
+            f"  {name:15}: p50 {statistics.median(p50s):+.1f}% ({p50s[0]:+.1f}..{p50s[-1]:+.1f}),"
+            f" p95 {statistics.median(p95s):+.1f}% ({p95s[0]:+.1f}..{p95s[-1]:+.1f})"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=100_000)
@@ -199,6 +243,7 @@ def main() -> int:
     servers = list(variants)
     metrics_ports: dict[str, int] = {}
     lat: dict[str, list[float]] = {name: [] for name in servers}
+    round_diffs: dict[str, list[tuple[float, float]]] = {name: [] for name in servers}
     try:
         with contextlib.ExitStack() as stack:
             procs = {}
@@ -235,31 +280,13 @@ def main() -> int:
                 )
                 for name in servers:
                     lat[name].extend(row[name])
+                    off50, off95 = statistics.median(row["off"]), pct(row["off"], 95)
+                    round_diffs[name].append(
+                        (statistics.median(row[name]) / off50 - 1, pct(row[name], 95) / off95 - 1)
+                    )
             time.sleep(6)  # the batch span processor exports every 5 s: its cost is counted
-            per = {
-                name: (server_cpu_s(pids[name]) - cpu[name]) / (len(lat[name]) + args.rounds) * 1000
-                for name in servers
-            }
-            on_main = {
-                name: (main_thread_cpu_s(pids[name]) - main_cpu[name])
-                / (len(lat[name]) + args.rounds)
-                * 1000
-                for name in servers
-            }
-            base_p50, base_p95 = statistics.median(lat["off"]), pct(lat["off"], 95)
-            for name in servers:
-                p50, p95 = statistics.median(lat[name]), pct(lat[name], 95)
-                versus = (
-                    ""
-                    if name == "off"
-                    else f"  vs off: p50 {diff(base_p50, p50)}, p95 {diff(base_p95, p95)},"
-                    f" CPU {diff(per['off'], per[name])}"
-                )
-                print(
-                    f"{summary(f'{name:15}', lat[name])}  server CPU {per[name]:.2f} ms/search"
-                    f" (loop thread {on_main[name]:.2f}, other threads"
-                    f" {per[name] - on_main[name]:.2f}){versus}"
-                )
+            searches = {name: len(lat[name]) + args.rounds for name in servers}
+            report(lat, round_diffs, pids, cpu, main_cpu, searches)
             for name, port in metrics_ports.items():
                 text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
                 calls = [
