@@ -2,23 +2,33 @@
 """Search over gRPC with metrics and tracing on against off, side by side; and the
 TypeScript client's search round trip next to the Python SDK's.
 
-Three `knowledge serve` processes on the same data directory (the one bench_search.py
-builds: the standard library as the code workspace, the real session logs replayed to
---events, the real skills), one worker each:
+`knowledge serve` processes on the same data directory (the one bench_search.py builds:
+the standard library as the code workspace, the real session logs replayed to --events, the
+real skills), one worker each:
 
 * off: the defaults (no metrics, no tracing);
-* on: `--metrics-listen` (scraped at the end) and `--tracing-otlp-endpoint` pointing at an
-  OTLP/gRPC sink in this process, which receives and counts the spans; every call traced;
-* on, 10% traced: the same with `tracing_sample_ratio = 0.1`.
+* off, again: a second one, the control: its difference from the first is the noise of
+  the run;
+* metrics: `--metrics-listen` alone;
+* on: `--metrics-listen` and `--tracing-otlp-endpoint` pointing at an OTLP/gRPC sink in
+  this process, which receives and counts the spans, with the default
+  `tracing_sample_ratio`;
+* on, every call: the same with `tracing_sample_ratio = 1`;
+* with `--before DIR` (another checkout, e.g. `git archive` of an older commit): its "on"
+  (its own default ratio) and "on, 10%" (`tracing_sample_ratio = 0.1`), served from DIR's
+  code.
 
-Both get the same never-seen questions (a made-up word per question, so no cache answers)
-from Python SDK clients, one call at a time, alternating servers question by question (the
-order swapped each question); each server's CPU time over the phase is read from /proc
-too (the figure least moved by the machine's other work). Then, against the off server, rounds alternate the Python SDK and the
-TypeScript client (clients/typescript, built with `npm run build` if needed; one node
-process per round running bench/ts_search.mjs).
+All get the same never-seen questions (a made-up word per question, so no cache answers)
+from Python SDK clients, one call at a time, rotating the servers question by question; each
+server's CPU time over the phase is read from /proc too (the figure least moved by the
+machine's other work), split into its main thread's (the event loop, where calls run and
+make their spans) and the other threads' (the batch span exporter, gRPC's). Latency is
+also compared round by round against that round's off server. Then, unless `--no-clients`, against the off server, rounds alternate
+the Python SDK and the TypeScript client (clients/typescript, built with `npm run build` if
+needed; one node process per round running bench/ts_search.mjs).
 
 Usage: python bench/bench_telemetry.py [--data DIR] [--rounds 6] [--requests 200]
+       [--before DIR] [--no-clients]
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -74,6 +85,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def main_thread_cpu_s(pid: int) -> float:
+    """CPU seconds of the server's main thread (its event loop, where calls run; the
+    batch span processor and gRPC's threads are the others)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def question(i: int, tag: int) -> str:
@@ -138,6 +156,48 @@ def diff(a: float, b: float) -> str:
     return f"{(b - a) / a * 100:+.1f}%"
 
 
+def report(
+    lat: dict[str, list[float]],
+    round_diffs: dict[str, list[tuple[float, float]]],
+    pids: dict[str, int],
+    cpu: dict[str, float],
+    main_cpu: dict[str, float],
+    searches: dict[str, int],
+) -> None:
+    """Each server's latency and CPU per search against the off server's."""
+    servers = list(lat)
+    per = {name: (server_cpu_s(pids[name]) - cpu[name]) / searches[name] * 1000 for name in servers}
+    on_main = {
+        name: (main_thread_cpu_s(pids[name]) - main_cpu[name]) / searches[name] * 1000
+        for name in servers
+    }
+    base_p50, base_p95 = statistics.median(lat["off"]), pct(lat["off"], 95)
+    for name in servers:
+        p50, p95 = statistics.median(lat[name]), pct(lat[name], 95)
+        versus = (
+            ""
+            if name == "off"
+            else f"  vs off: p50 {diff(base_p50, p50)}, p95 {diff(base_p95, p95)},"
+            f" CPU {diff(per['off'], per[name])}"
+        )
+        print(
+            f"{summary(f'{name:15}', lat[name])}  server CPU {per[name]:.2f} ms/search"
+            f" (loop thread {on_main[name]:.2f}, other threads"
+            f" {per[name] - on_main[name]:.2f}){versus}"
+        )
+    print(
+        "the same, per round against that round's off (the median over rounds, and the"
+        " smallest and largest; a round's servers share its load):"
+    )
+    for name in servers[1:]:
+        p50s = sorted(d[0] * 100 for d in round_diffs[name])
+        p95s = sorted(d[1] * 100 for d in round_diffs[name])
+        print(
+            f"  {name:15}: p50 {statistics.median(p50s):+.1f}% ({p50s[0]:+.1f}..{p50s[-1]:+.1f}),"
+            f" p95 {statistics.median(p95s):+.1f}% ({p95s[0]:+.1f}..{p95s[-1]:+.1f})"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=100_000)
@@ -145,13 +205,15 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200, help="searches per server per round")
     ap.add_argument("--data", type=Path, help="reuse/keep this data directory")
     ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--before", type=Path, help="a checkout to serve 'before' variants from")
+    ap.add_argument("--no-clients", action="store_true", help="skip Python SDK vs TypeScript")
     args = ap.parse_args()
     base = args.data or Path(tempfile.mkdtemp(prefix="kn-bench-telemetry-"))
     data = base / "corpus"
     if not (data / "code.sqlite").exists():
         build(data, args.events, args.shared)
     workspace = copy_workspace(base / "workspace")
-    if not (TS_CLIENT / "dist" / "src" / "index.js").exists():
+    if not args.no_clients and not (TS_CLIENT / "dist" / "src" / "index.js").exists():
         subprocess.run([tool("npm"), "run", "build"], cwd=TS_CLIENT, check=True)
 
     sink = _Sink()
@@ -159,37 +221,45 @@ def main() -> int:
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, collector)
     otlp_port = collector.add_insecure_port("127.0.0.1:0")
     collector.start()
-    metrics_port = free_port()
     common = ("--no-bootstrap", "--workspace", str(workspace), "--workers", "1")
-    on_args = (
-        *common,
-        "--metrics-listen",
-        f"127.0.0.1:{metrics_port}",
-        "--tracing-otlp-endpoint",
-        f"http://127.0.0.1:{otlp_port}",
-    )
-    servers = {
-        "off": (common, {}),
-        "on": (on_args, {}),
-        "on, 10% traced": (on_args, {"KNOWLEDGE_TRACING_SAMPLE_RATIO": "0.1"}),
+    otlp = ("--tracing-otlp-endpoint", f"http://127.0.0.1:{otlp_port}")
+    code: dict[str, str] = {}  # this checkout's code (the bench's own PYTHONPATH)
+    if args.before is not None:
+        before = args.before.resolve()
+        code_before = {
+            "PYTHONPATH": ":".join(str(before / p) for p in ("server", "sdk", "licensing"))
+        }
+    # name -> (tracing arguments, sample ratio ("": the default), metrics, code)
+    variants: dict[str, tuple[tuple[str, ...], str, bool, dict[str, str]]] = {
+        "off": ((), "", False, code),
+        "off, again": ((), "", False, code),
+        "metrics": ((), "", True, code),
+        "on": (otlp, "", True, code),
+        "on, every call": (otlp, "1.0", True, code),
     }
+    if args.before is not None:
+        variants["before: on"] = (otlp, "", True, code_before)
+        variants["before: on, 10%"] = (otlp, "0.1", True, code_before)
+    servers = list(variants)
+    metrics_ports: dict[str, int] = {}
     lat: dict[str, list[float]] = {name: [] for name in servers}
+    round_diffs: dict[str, list[tuple[float, float]]] = {name: [] for name in servers}
     try:
         with contextlib.ExitStack() as stack:
             procs = {}
             addresses = {}
-            for name, (serve_args, env) in servers.items():
-                if name == "on, 10% traced":
-                    serve_args = tuple(
-                        f"127.0.0.1:{free_port()}" if a.endswith(f":{metrics_port}") else a
-                        for a in serve_args
-                    )
+            for name, (tracing_args, ratio, with_metrics, env) in variants.items():
+                serve_args: tuple[str, ...] = (*common, *tracing_args)
+                if with_metrics:
+                    metrics_ports[name] = free_port()
+                    serve_args += ("--metrics-listen", f"127.0.0.1:{metrics_ports[name]}")
+                env = {**env, "KNOWLEDGE_TRACING_SAMPLE_RATIO": ratio} if ratio else env
                 procs[name], addresses[name] = stack.enter_context(
                     served(data, *serve_args, env=env)
                 )
             off = addresses["off"]
             pids = {name: proc.pid for name, proc in procs.items()}
-            print(f"servers: {addresses} (metrics :{metrics_port}, OTLP sink :{otlp_port})")
+            print(f"servers: {addresses} (metrics {metrics_ports}, OTLP sink :{otlp_port})")
             for name in servers:  # page cache and the lanes' memos, not measured
                 sdk_round(addresses[name], args.requests, 999)
             print(
@@ -197,6 +267,7 @@ def main() -> int:
                 "one call at a time, rotating servers question by question"
             )
             cpu = {name: server_cpu_s(pid) for name, pid in pids.items()}
+            main_cpu = {name: main_thread_cpu_s(pid) for name, pid in pids.items()}
             for r in range(args.rounds):
                 row = paired_round(addresses, args.requests, 1000 + r)
                 print(
@@ -209,32 +280,24 @@ def main() -> int:
                 )
                 for name in servers:
                     lat[name].extend(row[name])
+                    off50, off95 = statistics.median(row["off"]), pct(row["off"], 95)
+                    round_diffs[name].append(
+                        (statistics.median(row[name]) / off50 - 1, pct(row[name], 95) / off95 - 1)
+                    )
             time.sleep(6)  # the batch span processor exports every 5 s: its cost is counted
-            per = {
-                name: (server_cpu_s(pids[name]) - cpu[name]) / (len(lat[name]) + args.rounds) * 1000
-                for name in servers
-            }
-            base_p50, base_p95 = statistics.median(lat["off"]), pct(lat["off"], 95)
-            for name in servers:
-                p50, p95 = statistics.median(lat[name]), pct(lat[name], 95)
-                versus = (
-                    ""
-                    if name == "off"
-                    else f"  vs off: p50 {diff(base_p50, p50)}, p95 {diff(base_p95, p95)},"
-                    f" CPU {diff(per['off'], per[name])}"
-                )
-                print(
-                    f"{summary(f'{name:15}', lat[name])}  server CPU {per[name]:.2f} ms/search{versus}"
-                )
-            text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-            calls = [
-                line
-                for line in text.splitlines()
-                if line.startswith("knowledge_rpc_calls_total") and "Search" in line
-            ]
-            print(
-                f"'on' server: {calls}; OTLP sink received {sink.spans} spans in {sink.exports} exports"
-            )
+            searches = {name: len(lat[name]) + args.rounds for name in servers}
+            report(lat, round_diffs, pids, cpu, main_cpu, searches)
+            for name, port in metrics_ports.items():
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+                calls = [
+                    line.rsplit(" ", 1)[-1]
+                    for line in text.splitlines()
+                    if line.startswith("knowledge_rpc_calls_total") and "Search" in line
+                ]
+                print(f"{name!r} server: Search calls counted {calls}")
+            print(f"OTLP sink received {sink.spans} spans in {sink.exports} exports")
+            if args.no_clients:
+                return 0
 
             print("== Search round trip: Python SDK vs TypeScript client (against the off server)")
             clients: dict[str, list[float]] = {"python": [], "typescript": []}

@@ -4,7 +4,8 @@
   those calls must have moved are checked (per RPC and code, per lane, per answer,
   operator streams, the licence, edition refusals).
 - OpenTelemetry: with the SDK's in-memory exporter, a Search has one server span with
-  one child span per lane, carrying ids and counts and never the query.
+  one child span per lane, carrying ids and counts and never the query; an untraced
+  call has no span, and its lanes none either.
 - Logs: a search body's request_id is the id of that call's log line; a partial answer
   is logged at warning level with its codes, never its text.
 """
@@ -28,6 +29,7 @@ from knowledge_server.tracing import Tracing, provider_with
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, SamplingResult
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import LogCapture
 
@@ -330,3 +332,70 @@ async def test_a_sample_ratio_of_zero_traces_no_call_and_configuration_checks_it
             await shutdown(served, 0)  # flushes the batch of spans
         spans[ratio] = len(exporter.get_finished_spans())
     assert spans == {0.0: 0, 1.0: 15}  # five calls, each with two lanes
+
+
+class _EveryOtherCall(Sampler):
+    """Samples the first call, not the second, and so on (a ratio of 0.5, deterministic)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def should_sample(
+        self,
+        parent_context: Any,
+        trace_id: int,
+        name: str,
+        kind: Any = None,
+        attributes: Any = None,
+        links: Any = None,
+        trace_state: Any = None,
+    ) -> SamplingResult:
+        self.calls += 1
+        if self.calls % 2:
+            # A sampler hands the span its attributes (as the SDK's own samplers do).
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+        return SamplingResult(Decision.DROP)
+
+    def get_description(self) -> str:
+        return "every other call"
+
+
+async def test_a_traced_call_has_all_its_lane_spans_and_an_untraced_call_none(
+    tmp_path: Path,
+) -> None:
+    """Traced and untraced calls interleaved: an untraced call leaves no span current
+    behind it, so each lane span has the RPC span of its own call as parent, and every
+    traced search has its two lanes."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(_EveryOtherCall()))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    cfg = load_config(
+        env={},
+        overrides={"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "d"), "bootstrap": False},
+    )
+    served = await create_server(cfg, build_app(cfg), tracing=Tracing(provider))
+    await served.server.start()
+    try:
+        async with AsyncKnowledgeClient(f"127.0.0.1:{served.port}") as kc:
+            for i in range(6):
+                await kc.search(
+                    f"{WORD} question {i}", include=["episodes", "code"], request_id=f"r{i}"
+                )
+    finally:
+        await shutdown(served, 0)
+    spans = exporter.get_finished_spans()
+    rpcs = {s.context.span_id: s for s in spans if s.parent is None and s.context is not None}
+    assert sorted((s.attributes or {})["knowledge.request_id"] for s in rpcs.values()) == [
+        "r0",
+        "r2",
+        "r4",
+    ]
+    lanes = [s for s in spans if s.parent is not None]
+    assert len(lanes) == 6
+    for lane in lanes:
+        assert lane.parent is not None and lane.parent.span_id in rpcs
+        parent = rpcs[lane.parent.span_id]
+        assert lane.context is not None and parent.context is not None
+        assert lane.context.trace_id == parent.context.trace_id
+    by_call = sorted(rpcs[s.parent.span_id].attributes["knowledge.request_id"] for s in lanes)  # type: ignore[union-attr,index]
+    assert by_call == ["r0", "r0", "r2", "r2", "r4", "r4"]

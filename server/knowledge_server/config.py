@@ -146,7 +146,9 @@ class Config:
     # OpenTelemetry traces exported by OTLP/gRPC to this collector URL; empty = no tracing.
     tracing_otlp_endpoint: str = ""
     # Share of calls traced (0..1), when tracing is on; a call's lane spans follow it.
-    tracing_sample_ratio: float = 1.0
+    # A tenth by default: tracing every call costs a search more CPU than the service's
+    # telemetry budget allows (docs/configuration.md, "Traces").
+    tracing_sample_ratio: float = 0.1
 
     @property
     def listen_host(self) -> str:

@@ -174,6 +174,10 @@ class Metrics:
             registry=r,
         )
         self._licence: _LicenceCollector | None = None
+        # The label children of a search's metrics, looked up once per method and code and
+        # once per lane: a ``labels()`` lookup takes a lock and validates its values.
+        self._rpc_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._lane_children: dict[str, tuple[Counter, Histogram, Counter, Counter]] = {}
 
     def watch_licence(self, status: Callable[[], Any]) -> None:
         """Export the licence read through ``status()`` (an ``EditionStatus``)."""
@@ -184,8 +188,13 @@ class Metrics:
     # Calls
 
     def rpc(self, method: str, code: str, seconds: float) -> None:
-        self.rpc_calls.labels(method, code).inc()
-        self.rpc_seconds.labels(method, code).observe(seconds)
+        children = self._rpc_children.get((method, code))
+        if children is None:
+            children = (self.rpc_calls.labels(method, code), self.rpc_seconds.labels(method, code))
+            self._rpc_children[(method, code)] = children
+        calls, latency = children
+        calls.inc()
+        latency.observe(seconds)
 
     def refused_edition(self, feature: str, method: str) -> None:
         self.edition_refusals.labels(feature, method).inc()
@@ -210,12 +219,22 @@ class Metrics:
 
     def lane(self, name: str, start_ns: int, end_ns: int, ms: float, result: Any) -> None:
         lane = result.lane
-        self.lane_answers.labels(name).inc()
-        self.lane_seconds.labels(name).observe(ms / 1000)
+        children = self._lane_children.get(name)
+        if children is None:
+            children = (
+                self.lane_answers.labels(name),
+                self.lane_seconds.labels(name),
+                self.lane_zero.labels(name),
+                self.lane_cache_hits.labels(name),
+            )
+            self._lane_children[name] = children
+        answers, latency, zero, cache_hits = children
+        answers.inc()
+        latency.observe(ms / 1000)
         if not lane.items:
-            self.lane_zero.labels(name).inc()
+            zero.inc()
         if result.cache_hit:
-            self.lane_cache_hits.labels(name).inc()
+            cache_hits.inc()
         if lane.degraded:
             reason = reason_code(lane.degradation_reason)
             self.lane_degradations.labels(name, reason).inc()

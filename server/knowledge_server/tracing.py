@@ -1,11 +1,17 @@
 """OpenTelemetry tracing: one span per RPC, a child span per search lane.
 
 Off by default; ``tracing_otlp_endpoint`` turns it on and exports OTLP over gRPC there,
-for the share ``tracing_sample_ratio`` of the calls (all by default).
+for the share ``tracing_sample_ratio`` of the calls (a tenth by default).
 Spans carry ids, codes, counts and timings only, never query text, snippets or
-tokens: the RPC span has the method, the request id and the status code (a search's
-also its item count, cache hit, truncation and warning codes); a lane span has the
-lane, its item count, whether it came from the cache, and its degradation reason.
+tokens: the RPC span is named after the method and has the request id and the status
+code (a search's also its item count, cache hit, truncation and warning codes); a lane
+span is named after the lane and has its item count, whether it came from the cache,
+and its degradation reason.
+
+The cost is in the spans that are recorded: making them on the call's path, encoding and
+sending them on the batch processor's thread. A call not sampled makes one non-recording
+span and nothing else: no attributes are validated, nothing is made current, its lanes
+make no span. Hence few attributes, each set once.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from knowledge_server.metrics import reason_code
 SERVICE_NAME = "knowledge-service"
 
 
-def otlp_provider(endpoint: str, ratio: float = 1.0) -> TracerProvider:
+def otlp_provider(endpoint: str, ratio: float) -> TracerProvider:
     """A provider exporting in batches to the OTLP/gRPC collector at ``endpoint``,
     tracing the share ``ratio`` of the calls."""
     insecure = endpoint.startswith("http://")
@@ -35,15 +41,18 @@ def otlp_provider(endpoint: str, ratio: float = 1.0) -> TracerProvider:
 
 def provider_with(exporter: SpanExporter, ratio: float = 1.0) -> TracerProvider:
     """A provider exporting to ``exporter`` in batches. A call is traced with probability
-    ``ratio`` (by its trace id); its lane spans follow their parent. An untraced call
-    costs next to nothing (a span is tens of microseconds to make and as much to export:
-    bench/RESULTS.md)."""
+    ``ratio`` (by its trace id); its lane spans follow their parent."""
     provider = TracerProvider(
         resource=Resource.create({"service.name": SERVICE_NAME}),
         sampler=ParentBased(TraceIdRatioBased(ratio)),
     )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+def _rpc_attributes(request_id: str) -> dict[str, Any]:
+    # The method is the span's name; an attribute for it too would be encoded again.
+    return {"rpc.system": "grpc", "knowledge.request_id": request_id}
 
 
 class Tracing:
@@ -53,51 +62,44 @@ class Tracing:
         self.provider = provider
         self._tracer = provider.get_tracer("knowledge_server")
 
-    def start_rpc(self, method: str, request_id: str) -> tuple[Span, object]:
+    def start_rpc(self, method: str, request_id: str) -> tuple[Span, object | None]:
         """The RPC's span, made current for the call's task (lane spans nest under it);
-        returns it and the token to detach it with."""
+        returns it and the token to detach it with (None for a call not traced: nothing
+        is made current, so its lanes make no span either)."""
         span = self._tracer.start_span(
-            method.lstrip("/"),
-            kind=SpanKind.SERVER,
-            attributes={
-                "rpc.system": "grpc",
-                "rpc.method": method,
-                "knowledge.request_id": request_id,
-            },
+            method.lstrip("/"), kind=SpanKind.SERVER, attributes=_rpc_attributes(request_id)
         )
-        token = otel_context.attach(trace.set_span_in_context(span))
-        return span, token
+        if not span.is_recording():
+            return span, None
+        return span, otel_context.attach(trace.set_span_in_context(span))
 
     def start_stream(self, method: str, request_id: str) -> Span:
         """A streaming RPC's span (not made current: a generator may resume elsewhere)."""
         return self._tracer.start_span(
-            method.lstrip("/"),
-            kind=SpanKind.SERVER,
-            attributes={
-                "rpc.system": "grpc",
-                "rpc.method": method,
-                "knowledge.request_id": request_id,
-            },
+            method.lstrip("/"), kind=SpanKind.SERVER, attributes=_rpc_attributes(request_id)
         )
 
     @staticmethod
     def end_rpc(
         span: Span, token: object | None, code: str, attributes: dict[str, Any] | None = None
     ) -> None:
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
+        if not span.is_recording():
+            return
         span.set_attributes({"rpc.grpc.status_code": code, **(attributes or {})})
         if code not in ("OK", "CANCELLED", "DEADLINE_EXCEEDED"):
             span.set_status(Status(StatusCode.ERROR, code))
         span.end()
-        if token is not None:
-            otel_context.detach(token)  # type: ignore[arg-type]
 
     # The search coordinator's observer
 
     def lane(self, name: str, start_ns: int, end_ns: int, ms: float, result: Any) -> None:
-        # Few attributes: each costs a validation on this path (a span is tens of us).
+        # A call not traced has no current span: its lanes cost this check alone.
+        if not trace.get_current_span().is_recording():
+            return
         lane = result.lane
         attributes: dict[str, Any] = {
-            "knowledge.lane": name,
             "knowledge.lane.items": len(lane.items),
             "knowledge.lane.cache_hit": bool(result.cache_hit),
         }
