@@ -293,6 +293,7 @@ class SqliteRetrievalIndex:
         k: int,
         tags: Collection[str] = (),
         any_tags: Collection[str] = (),
+        timeout_s: float | None = None,  # nothing remote to wait for: ignored
     ) -> list[IndexHit]:
         if k <= 0 or not revision_ids:
             return []
