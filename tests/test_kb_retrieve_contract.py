@@ -222,6 +222,14 @@ def test_kr3c_no_call_started_after_a_release_change_cites_the_release_it_replac
 
 # -- KR-6m: metadata store held past the budget ------------------------------------------------
 
+GIFT_CARDS = """# Gift cards
+
+## Expiry
+
+Gift card balances expire after 24 months without use.
+"""
+GIFT_Q = "When do gift card balances expire?"
+
 
 def test_kr6m_metadata_store_held_past_the_budget_is_unavailable_not_no_evidence(
     world: KbWorld,
@@ -231,7 +239,7 @@ def test_kr6m_metadata_store_held_past_the_budget_is_unavailable_not_no_evidence
     answer UNAVAILABLE with dependency "metadata" within the budget (the store's 10 s busy
     timeout does not apply), never NO_EVIDENCE; once it commits, retrieval answers."""
     with world.client("admin-org-a") as kc:
-        publish(kc, "refund-m", "Refund policy", "1.0", markdown=_refund(OLD_DAYS))
+        publish(kc, "gift-cards", "Gift cards", "1.0", markdown=GIFT_CARDS)
     world.fake.clear()
     store = world.app.kb.store
     held = threading.Event()
@@ -251,7 +259,7 @@ def test_kr6m_metadata_store_held_past_the_budget_is_unavailable_not_no_evidence
             for call in (kc.kb_retrieve, kc.kb_answer, kc.kb_retrieve):
                 started = time.monotonic()
                 with pytest.raises(Unavailable) as err:
-                    call(REFUND_Q, trace_id="t-meta")
+                    call(GIFT_Q, trace_id="t-meta")
                 took = time.monotonic() - started
                 assert err.value.reason == "KNOWLEDGE_DEPENDENCY_UNAVAILABLE"
                 assert err.value.metadata["dependency"] == "metadata"
@@ -262,8 +270,8 @@ def test_kr6m_metadata_store_held_past_the_budget_is_unavailable_not_no_evidence
         t.join(10)
     assert world.fake.calls["embeddings"] == 0  # nothing past the metadata read ran
     with world.client("agent-org-a") as kc:
-        out = kc.kb_retrieve(REFUND_Q)
-    assert out.answerable and OLD_DAYS in out.sources[0].content
+        out = kc.kb_retrieve(GIFT_Q)
+    assert out.answerable and "24 months" in out.sources[0].content
 
 
 # -- KR-7p: citations of a real PDF --------------------------------------------------------------
