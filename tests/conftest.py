@@ -27,6 +27,7 @@ TIERS = {
         "test_dispatch_kd",
         "test_generated",
         "test_kb_index_contract",
+        "test_kb_retrieve_contract",
         "test_kc_contract",
         "test_layering",
         "test_lane_deadline",

@@ -99,10 +99,12 @@ def publish(
     markdown: str = "",
     faqs: tuple[tuple[str, str], ...] = (),
     tags: tuple[str, ...] = (),
+    files: tuple[tuple[str, bytes], ...] = (),
     publish_it: bool = True,
 ) -> tuple[str, str]:
     """(topic id, revision id) of a new revision of the topic ``key`` (created when new)
-    with a markdown file and FAQ entries, processed and (by default) published."""
+    with a markdown file, other files (``(file name, bytes)``) and FAQ entries, processed
+    and (by default) published."""
     topics = {t.knowledge_key: t for t in kc.kb_list_topics().topics}
     topic = topics.get(key)
     if topic is None:
@@ -118,6 +120,10 @@ def publish(
             data=markdown.encode(),
             final=True,
             expected_version=rev.version,
+        ).revision
+    for file_name, data in files:
+        rev = kc.kb_upload_source_piece(
+            rev.id, file_name=file_name, data=data, final=True, expected_version=rev.version
         ).revision
     for question, answer in faqs:
         rev = kc.kb_put_faq(rev.id, rev.version, question, answer).revision

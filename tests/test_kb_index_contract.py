@@ -14,6 +14,7 @@ KB-IDX-10 ``get_chunks`` returns the organisation's chunks, fields intact, in re
 KB-IDX-11 rows survive closing and reopening the index
 KB-IDX-12 staging refuses rows of another organisation or revision, and mismatched vectors
 KB-IDX-13 the embedded store refuses a file written by a newer version (named migrations)
+KB-IDX-14 the embedded index's vector list over many revisions is the exact nearest visible rows
 """
 
 from __future__ import annotations
@@ -401,3 +402,43 @@ def test_kb_idx_13_sqlite_store_of_a_newer_version_is_refused(tmp_path: Path) ->
     conn.close()
     with pytest.raises(StoreTooNew, match="999_future"):
         SqliteRetrievalIndex(path, dim=DIM)
+
+
+@pytest.mark.parametrize("visible", [40, 17])
+def test_kb_idx_14_sqlite_vector_nearest_of_many_revisions_are_exact(
+    tmp_path: Path, visible: int
+) -> None:
+    """KB-IDX-14: with many visible revisions the SQLite index asks vec0 for the
+    organisation's nearest rows first and drops other revisions' itself; the answer is
+    still exactly the nearest visible rows (brute-force cosine), whether most revisions
+    are visible (40 of 60) or few (17 of 200: the filtered query answers)."""
+    import numpy as np
+
+    rng = np.random.default_rng(14)
+    idx = SqliteRetrievalIndex(tmp_path / STORE_FILE, dim=8)
+    total = 60 if visible == 40 else 200
+    vectors: dict[str, np.ndarray] = {}
+    for r in range(total):
+        rev = f"rev{r:03d}"
+        chunks = [
+            IndexChunk(f"{rev}:{n}", "o", f"t{r}", rev, "s", n, "text", "T", (), None, "x", ())
+            for n in range(5)
+        ]
+        vecs = rng.normal(size=(5, 8)).astype(np.float32)
+        idx.stage("o", rev, chunks, vecs.tolist())
+        for chunk, vec in zip(chunks, vecs, strict=True):
+            vectors[chunk.chunk_id] = vec
+    shown = {f"rev{r:03d}" for r in rng.choice(total, size=visible, replace=False)}
+    try:
+        for _ in range(5):
+            query = rng.normal(size=8).astype(np.float32)
+            hits = idx.search("o", "", query.tolist(), revision_ids=shown, k=10)
+            cos = {
+                cid: float(v @ query / (np.linalg.norm(v) * np.linalg.norm(query)))
+                for cid, v in vectors.items()
+                if cid.split(":")[0] in shown
+            }
+            best = sorted(cos, key=lambda c: -cos[c])[:10]
+            assert [h.chunk.chunk_id for h in hits] == best
+    finally:
+        idx.close()

@@ -78,10 +78,11 @@ class KnowledgeBaseApi:
         r = self.retriever
 
         def work() -> Retrieval:
-            checked = r.check_request(
-                principal, req.query, req.all_tag_codes, req.any_tag_codes, req.top_k
-            )
-            return r.retrieve(principal, checked, tid, budget, step)
+            with r.store.reads_until(budget.deadline):
+                checked = r.check_request(
+                    principal, req.query, req.all_tag_codes, req.any_tag_codes, req.top_k
+                )
+                return r.retrieve(principal, checked, tid, budget, step)
 
         try:
             result: Retrieval = await self._run(work, tid, budget, step)
@@ -114,11 +115,12 @@ class KnowledgeBaseApi:
         r = self.retriever
 
         def work() -> _Answered:
-            checked = r.check_request(
-                principal, req.query, req.all_tag_codes, req.any_tag_codes, req.top_k
-            )
-            code, body = r.template(principal, req.template_code)
-            result = r.retrieve(principal, checked, tid, budget, step)
+            with r.store.reads_until(budget.deadline):
+                checked = r.check_request(
+                    principal, req.query, req.all_tag_codes, req.any_tag_codes, req.top_k
+                )
+                code, body = r.template(principal, req.template_code)
+                result = r.retrieve(principal, checked, tid, budget, step)
             if not result.sources:
                 return _Answered(result, code, r.settings.no_evidence_reply, 0)
             step.name = "chat"

@@ -44,7 +44,7 @@ from knowledge_server.errors import DependencyUnavailable, InvalidRequest, Unkno
 from knowledge_server.kb.deps import Budget, Reranker, call_within, chat
 from knowledge_server.kb.deps import embed_question as _embed
 from knowledge_server.kb.index.port import RRF_K, IndexHit
-from knowledge_server.kb.store import CitableRevision, KBStore
+from knowledge_server.kb.store import CitableRevision, KBStore, StoreBusy
 from knowledge_server.textlang import STOP_WORDS, stem_en, stem_ru
 
 __all__ = [
@@ -96,6 +96,7 @@ class SearchIndex(Protocol):
         k: int,
         tags: Collection[str] = (),
         any_tags: Collection[str] = (),
+        timeout_s: float | None = None,
     ) -> list[IndexHit]: ...
 
 
@@ -377,6 +378,8 @@ class Retriever:
     def _metadata(read: Callable[[], R]) -> R:
         try:
             return read()
+        except StoreBusy:
+            raise DependencyUnavailable("metadata", "timeout (store busy)") from None
         except apsw.Error as exc:
             raise DependencyUnavailable("metadata", type(exc).__name__) from None
 
@@ -417,6 +420,9 @@ class Retriever:
                 k=min(100, max(20, req.top_k * s.candidates_per_source)),
                 tags=req.all_tags,
                 any_tags=req.any_tags,
+                # A hanging backend fails at the budget and frees this thread (the pool
+                # has two): without a timeout a stopped Milvus held it for a minute.
+                timeout_s=budget.remaining(),
             )
         except Exception as exc:  # noqa: BLE001 - any index failure is the index's unavailability
             raise DependencyUnavailable("index", type(exc).__name__, trace_id=trace_id) from None

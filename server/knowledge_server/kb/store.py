@@ -21,6 +21,7 @@ import os
 import secrets
 import shutil
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ __all__ = [
     "ReleaseRow",
     "RevisionRow",
     "SourceRow",
+    "StoreBusy",
     "TagRow",
     "TaskRow",
     "TemplateRow",
@@ -52,6 +54,12 @@ __all__ = [
 ]
 
 DB_FILE = "kb.sqlite"
+
+
+class StoreBusy(Exception):
+    """A read inside ``KBStore.reads_until`` could not start before its deadline: another
+    thread's transaction held the store, or SQLite stayed locked."""
+
 
 _BASELINE = """
 CREATE TABLE policy (
@@ -430,9 +438,12 @@ class KBStore:
         self.path = self.data_dir / DB_FILE
         self.blob_dir = self.data_dir / "kb" / "blobs"
         self.upload_dir = self.data_dir / "kb" / "uploads"
+        self._busy_ms = busy_ms
         self._conn = open_db(str(self.path), MIGRATIONS, busy_ms=busy_ms)
         self._lock = threading.RLock()
         self._depth = 0
+        # Per thread: the monotonic instant reads must start by (``reads_until``).
+        self._read_deadline = threading.local()
 
     def close(self) -> None:
         with self._lock:
@@ -460,8 +471,41 @@ class KBStore:
 
     @contextmanager
     def read(self) -> Iterator[apsw.Connection]:
-        with self._lock:
-            yield self._conn
+        deadline: float | None = getattr(self._read_deadline, "at", None)
+        if deadline is None:
+            with self._lock:
+                yield self._conn
+            return
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise StoreBusy("the metadata store is held by another transaction")
+        try:
+            if self._depth:  # this thread's own transaction: nothing to wait for
+                yield self._conn
+                return
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise StoreBusy("the metadata store is held by another transaction")
+            self._conn.setbusytimeout(min(left_ms, self._busy_ms))
+            try:
+                yield self._conn
+            finally:
+                self._conn.setbusytimeout(self._busy_ms)
+        finally:
+            self._lock.release()
+
+    @contextmanager
+    def reads_until(self, deadline: float) -> Iterator[None]:
+        """Reads of this thread in the block wait for the store no later than
+        ``deadline`` (``time.monotonic()``): for the lock another thread's transaction
+        holds, then for SQLite's (its busy timeout cut to what is left). Past it a read
+        raises ``StoreBusy`` (SQLite's own ``BusyError`` once it started), so a caller
+        with a time budget gives up instead of holding its thread."""
+        previous = getattr(self._read_deadline, "at", None)
+        self._read_deadline.at = deadline
+        try:
+            yield
+        finally:
+            self._read_deadline.at = previous
 
     # -- reads (every one filtered by org) ----------------------------------------------
     def policy(self, org: str) -> tuple[bool, int]:

@@ -68,6 +68,8 @@ def relevance(query: str, document: str) -> float:
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    # Keep-alive, as model servers answer: the clients (httpx) reuse their connections.
+    protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # the fake never logs request bodies

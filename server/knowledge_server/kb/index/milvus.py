@@ -273,12 +273,16 @@ class MilvusRetrievalIndex:
         k: int,
         tags: Collection[str] = (),
         any_tags: Collection[str] = (),
+        timeout_s: float | None = None,
     ) -> list[IndexHit]:
         if k <= 0 or not revision_ids:
             return []
         if vector is not None and len(vector) != self.dim:
             raise ValueError(f"query vector has {len(vector)} dimensions, not {self.dim}")
         expr = self._filter(org, revision_ids, tags, any_tags)
+        # pymilvus applies the client's timeout to connecting only: a call without one
+        # waits for a stopped server until the connection's keepalive gives up (63 s).
+        timeout = self.timeout_s if timeout_s is None else max(0.001, timeout_s)
         query = _clip(text.strip())
         dense = None if vector is None else [float(x) for x in vector]
         if query and dense is not None:
@@ -291,7 +295,12 @@ class MilvusRetrievalIndex:
                 ),
             ]
             result = self.client.hybrid_search(
-                self.collection, reqs, _pymilvus().RRFRanker(RRF_K), limit=k, output_fields=_FIELDS
+                self.collection,
+                reqs,
+                _pymilvus().RRFRanker(RRF_K),
+                limit=k,
+                output_fields=_FIELDS,
+                timeout=timeout,
             )
             ranked: list[tuple[Any, float, int | None, int | None]] = [
                 (hit, float(hit["distance"]), None, None) for hit in result[0]
@@ -305,6 +314,7 @@ class MilvusRetrievalIndex:
                 filter=expr,
                 limit=k,
                 output_fields=_FIELDS,
+                timeout=timeout,
             )
             ranked = [
                 (

@@ -91,12 +91,17 @@ class RetrievalIndex(Protocol):
         k: int,
         tags: Collection[str] = (),
         any_tags: Collection[str] = (),
+        timeout_s: float | None = None,
     ) -> list[IndexHit]:
         """The best ``k`` chunks of ``org`` in ``revision_ids`` for the question ``text``
         (BM25; empty text: no lexical list) and its embedding ``vector`` (None: no vector
         list), fused by RRF. A chunk must carry every tag of ``tags`` and at least one of
         ``any_tags`` when those are given. Never returns another organisation's row or a
-        row of a revision not named."""
+        row of a revision not named.
+
+        ``timeout_s``: how long a remote backend may take before the call fails (what
+        is left of the caller's budget; None: the backend's own default). An embedded
+        backend has nothing to wait for and ignores it."""
         ...
 
     def revision_counts(self, org: str | None = None) -> dict[tuple[str, str], int]:

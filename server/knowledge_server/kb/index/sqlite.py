@@ -26,6 +26,7 @@ import os
 import threading
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 import apsw
 import numpy as np
@@ -50,6 +51,12 @@ BUSY_MS = 10_000
 # Candidates taken from each list before fusion, per requested hit.
 CANDIDATES_PER_HIT = 4
 MAX_CANDIDATES = 400
+# The vector query over many revisions: first the organisation's nearest WIDEN x the
+# candidates without the revision filter (see ``_nearest``), when more than
+# WIDEN_ABOVE_REVISIONS revisions are visible.
+WIDEN = 4
+MAX_WIDE_CANDIDATES = 1_600
+WIDEN_ABOVE_REVISIONS = 16
 
 # Vectors per sqlite-vec storage chunk. vec0 allocates whole chunks per partition (here an
 # organisation): with its default of 1,024, 100 organisations of one row each took 103 MiB
@@ -293,6 +300,7 @@ class SqliteRetrievalIndex:
         k: int,
         tags: Collection[str] = (),
         any_tags: Collection[str] = (),
+        timeout_s: float | None = None,  # nothing remote to wait for: ignored
     ) -> list[IndexHit]:
         if k <= 0 or not revision_ids:
             return []
@@ -318,23 +326,7 @@ class SqliteRetrievalIndex:
         if vector is not None:
             if len(vector) != self.dim:
                 raise ValueError(f"query vector has {len(vector)} dimensions, not {self.dim}")
-            query = np.asarray(vector, dtype=np.float32).tobytes()
-            rowid_sql, rowid_params = "", []
-            if tag_sql:
-                rowid_sql = (
-                    " AND rowid IN (SELECT c.id FROM chunks c WHERE c.org = ? AND c.revision_id IN "  # noqa: S608 - constant fragments; values are bound
-                    "(SELECT value FROM json_each(?))" + tag_sql + ")"
-                )
-                rowid_params = [org, revs, *tag_params]
-            found = conn.execute(
-                f"SELECT rowid, distance FROM {self._vec} WHERE embedding MATCH ? AND k = ? "  # noqa: S608 - a fixed-pattern table name
-                "AND org = ? AND revision_id IN (SELECT value FROM json_each(?))"
-                + rowid_sql
-                + " ORDER BY distance",
-                (query, n, org, revs, *rowid_params),
-            ).fetchall()
-            # vec0 allows no second ORDER BY term: equal distances are ordered by rowid here.
-            nearest = [str(r[0]) for r in sorted(found, key=lambda r: (r[1], r[0]))]
+            nearest = self._nearest(conn, org, vector, n, revision_ids, revs, tag_sql, tag_params)
         fused = rrf(lexical, nearest)
         rows = self._rows(conn, [int(key) for key, *_ in fused])
         hits: list[IndexHit] = []
@@ -347,6 +339,58 @@ class SqliteRetrievalIndex:
             if len(hits) == k:
                 break
         return hits
+
+    def _nearest(
+        self,
+        conn: apsw.Connection,
+        org: str,
+        vector: Sequence[float],
+        n: int,
+        revision_ids: Collection[str],
+        revs: str,
+        tag_sql: str,
+        tag_params: list[object],
+    ) -> list[str]:
+        """The ``n`` nearest rows of ``org`` in ``revision_ids`` (and the tags), as ids.
+
+        vec0 checks a metadata ``IN`` list row by row against every value: with the
+        revisions of hundreds of topics that was most of a search's time (bench/RESULTS.md,
+        ``bench_kb_retrieve.py``). So without
+        tag filters the organisation's nearest ``n * WIDEN`` rows are asked for first
+        (the partition key only) and those of other revisions dropped here; when fewer
+        than ``n`` remain while more rows exist, the filtered query answers instead. Either
+        way the answer is the ``n`` nearest visible rows: a visible row outside the wider
+        list is farther than every row in it."""
+        query = np.asarray(vector, dtype=np.float32).tobytes()
+        knn = (
+            f"SELECT rowid, distance, revision_id FROM {self._vec} "  # noqa: S608 - a fixed-pattern table name
+            "WHERE embedding MATCH ? AND k = ? AND org = ?"
+        )
+        found: list[Any] | None = None
+        if not tag_sql and len(revision_ids) > WIDEN_ABOVE_REVISIONS:
+            wide = min(MAX_WIDE_CANDIDATES, n * WIDEN)
+            rows = conn.execute(knn + " ORDER BY distance", (query, wide, org)).fetchall()
+            allowed = set(revision_ids)
+            kept = [r for r in rows if r[2] in allowed]
+            if len(kept) >= n or len(rows) < wide:
+                found = kept
+        if found is None:
+            rowid_sql, rowid_params = "", []
+            if tag_sql:
+                rowid_sql = (
+                    " AND rowid IN (SELECT c.id FROM chunks c WHERE c.org = ? AND c.revision_id IN "  # noqa: S608 - constant fragments; values are bound
+                    "(SELECT value FROM json_each(?))" + tag_sql + ")"
+                )
+                rowid_params = [org, revs, *tag_params]
+            found = conn.execute(
+                knn  # noqa: S608 - constant fragments; values are bound
+                + " AND revision_id IN (SELECT value FROM json_each(?))"
+                + rowid_sql
+                + " ORDER BY distance",
+                (query, n, org, revs, *rowid_params),
+            ).fetchall()
+        # vec0 allows no second ORDER BY term: equal distances are ordered by rowid here.
+        return [str(r[0]) for r in sorted(found, key=lambda r: (r[1], r[0]))[:n]]
 
     def _rows(self, conn: apsw.Connection, ids: Sequence[int]) -> dict[int, IndexChunk]:
         if not ids:
