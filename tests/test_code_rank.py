@@ -97,6 +97,40 @@ def test_a_larger_file_with_the_same_evidence_ranks_first_but_size_never_outweig
     assert s[2] > s[1]
 
 
+@pytest.mark.parametrize(
+    ("query", "kind", "rest"),
+    [
+        ("fix: handle empty zstd responses", "fix", "handle empty zstd responses"),
+        ("feat(cli)!: add --cwd prefix", "feat", "cli add --cwd prefix"),
+        ("Docs: clarify the exec option", "docs", "clarify the exec option"),
+        ("walk: add a cache", "", "walk: add a cache"),  # a place, not a change type
+        ("fix:nospace", "", "fix:nospace"),
+        ("fix the parser: it drops a byte", "", "fix the parser: it drops a byte"),
+        ("fix: ", "", "fix: "),  # nothing after it: the question stays as it is
+    ],
+)
+def test_split_change_type(query: str, kind: str, rest: str) -> None:
+    assert rank.split_change_type(query) == (kind, rest)
+
+
+def test_a_leading_change_type_is_not_a_word_of_the_question(tmp_path: Path) -> None:
+    """A leading "feat: " or "fix(scope): ": the type is rare in code, so as a word it would
+    outweigh the question's real words; the scope stays a word."""
+    root = tmp_path / "proj"
+    _write(root, "src/flags.py", "FEAT = 'feat'\n\ndef feat_enabled(feat):\n    return feat\n")
+    _write(root, "src/paths.py", "def strip_cwd_prefix(path):\n    return path.lstrip('./')\n")
+    for noun in ("cookie", "session", "header", "proxy", "socket", "stream"):
+        _write(root, f"src/{noun}s.py", f"def prefix_{noun}(path):\n    return path + '{noun}'\n")
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        res = idx.search("feat(paths): strip cwd prefix", intent="find_code")
+        assert "feat" not in res.terms and "paths" in res.terms
+        assert res.hits[0].path == "src/paths.py"
+        # As a word, "feat" would have put the file that only says "feat" second.
+        paths = list(dict.fromkeys(h.path for h in res.hits))
+        assert "src/flags.py" not in paths[:3]
+
+
 def test_with_stems_adds_the_stems_that_differ() -> None:
     assert rank.with_stems(["loaded", "config"]) == ["loaded", "config", "load"]
     assert rank.with_stems(["timestamps"]) == ["timestamps", "timestamp"]

@@ -37,6 +37,7 @@ __all__ = [
     "path_share",
     "priors_for",
     "score_files",
+    "split_change_type",
     "telling",
     "with_stems",
 ]
@@ -169,6 +170,43 @@ def priors_for(intent: str, terms: Iterable[str]) -> Mapping[str, float]:
     if not lifted:
         return base
     return {kind: (LIFTED if kind in lifted else prior) for kind, prior in base.items()}
+
+
+# The change types of the Conventional Commits convention ("fix: ...", "feat(cli)!: ..."),
+# with which questions copied from commit subjects and issue titles often begin. Such a
+# leading type says what kind of change it was, not where: as a word of the question it
+# is rare in code, so BM25 gave it the most weight of all ("feat" outweighed "cwd").
+CHANGE_TYPES = frozenset(
+    {
+        "fix",
+        "feat",
+        "feature",
+        "docs",
+        "doc",
+        "chore",
+        "refactor",
+        "perf",
+        "style",
+        "test",
+        "tests",
+        "build",
+        "ci",
+        "revert",
+        "maint",
+        "deps",
+    }
+)
+_CHANGE_PREFIX = re.compile(r"^\s*([A-Za-z]+)(?:\(([^()]*)\))?!?:\s+(?=\S)")
+
+
+def split_change_type(query: str) -> tuple[str, str]:
+    """(the change type, the rest of the question) of ``feat(scope): text``; the scope
+    stays in the question (it names the place). ("", query) without such a prefix."""
+    m = _CHANGE_PREFIX.match(query)
+    if m is None or m.group(1).lower() not in CHANGE_TYPES:
+        return "", query
+    scope = m.group(2) or ""
+    return m.group(1).lower(), (scope + " " + query[m.end() :]).strip()
 
 
 _stemmer = snowballstemmer.stemmer("porter")

@@ -545,10 +545,12 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     limit: int,
     intent: str,
     vec: tuple[Embedder, str, np.ndarray] | None,
+    cues: list[str],
 ) -> tuple[list[CodeHit], float]:
     """(hits, evidence): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
-    share of the question (rank.evidence_share) for the relevance floor."""
+    share of the question (rank.evidence_share) for the relevance floor. ``cues``: the
+    words that may name a kind of file (rank.priors_for)."""
     weights, n_files = _file_weights(conn, terms)
     files = _file_candidates(conn, terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
     ev = {f[0]: rank.FileEvidence(f[0], f[1], f[2], file_bm25=f[3]) for f in files}
@@ -595,7 +597,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         return [], 0.0
     for fid, n in _chunk_counts(conn, list(ev)).items():
         ev[fid].n_chunks = n
-    priors = rank.priors_for(intent, terms)
+    priors = rank.priors_for(intent, cues)
     scores = rank.score_files(ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0)
     order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))
     evidence = _evidence(conn, weights, order[:_EVIDENCE_FILES])
@@ -662,7 +664,10 @@ def search(
     among = _chunks_under(conn, workspaces, path_prefixes) if path_prefixes else None
     if among is not None and not len(among):
         return empty
-    terms = query_terms(query)
+    # "fix: ..." and "feat(cli): ...": the change type is not a word to look for, but
+    # "test: ..." or "docs: ..." still says which kind of file the change is in.
+    change, body = rank.split_change_type(query)
+    terms = query_terms(body)
     # Chunks are indexed by exact words: their stems join the question there ("loaded"
     # finds load_config); the file-level index stems by itself (porter).
     kept, rare = _split_terms(conn, rank.with_stems(terms) if mode != "vector" else terms)
@@ -681,7 +686,7 @@ def search(
     if vectors and embedder is not None:
         vtbl = vec_table_for(conn, embedder.identity, embedder.dim, create=False)
         if vtbl is not None:
-            qv = embedder.embed_query([query])[0]
+            qv = embedder.embed_query([body])[0]
             # A query without any embeddable feature has no direction: no vector hits.
             if float(np.linalg.norm(qv)) == 0:
                 qv = None
@@ -695,7 +700,18 @@ def search(
     else:
         vec = (embedder, vtbl, qv) if qv is not None and vtbl is not None else None
         hits, evidence = _file_ranked(
-            conn, terms, kept, rare, scope, among, workspaces, path_prefixes, limit, intent, vec
+            conn,
+            terms,
+            kept,
+            rare,
+            scope,
+            among,
+            workspaces,
+            path_prefixes,
+            limit,
+            intent,
+            vec,
+            [*terms, change] if change else terms,
         )
         if hits and evidence < EVIDENCE_FLOOR:
             hits = []
