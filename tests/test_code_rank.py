@@ -71,7 +71,8 @@ def test_score_files_divides_each_signal_by_its_best_and_applies_the_prior() -> 
     s = rank.score_files(files, weights, rank.priors_for("find_code", weights))
     # The test file has more of the words, but the source file comes first for find_code.
     assert s[1] > s[2] > s[3]
-    both = rank.FILE_WEIGHT * 10 / 12 + rank.CHUNK_WEIGHT * 4 / 5 + rank.PATH_WEIGHT * 1.0
+    e = rank.BM25_EXPONENT
+    both = rank.FILE_WEIGHT * (10 / 12) ** e + rank.CHUNK_WEIGHT * (4 / 5) ** e + rank.PATH_WEIGHT
     # (all three files are of one size: each gets the largest file's size factor)
     assert s[1] == pytest.approx(both * (1 + rank.SIZE_WEIGHT))
     # With a vote, vectors add to the evidence: a file only they found still ranks.
@@ -95,6 +96,20 @@ def test_a_larger_file_with_the_same_evidence_ranks_first_but_size_never_outweig
     )
     s = rank.score_files([big, better], weights, priors)
     assert s[2] > s[1]
+
+
+def test_bm25_signals_are_compressed_so_a_path_match_can_decide() -> None:
+    """BM25 enters as (score / best) ** BM25_EXPONENT: a file a quarter behind on BM25 but
+    named after the question's word comes first (linearly it would stay behind)."""
+    weights = {"hyperlink": 1.0}
+    priors = rank.priors_for("find_code", weights)
+    cli = rank.FileEvidence(1, "src/cli.rs", "rust", file_bm25=10.0, chunk_bm25=10.0)
+    named = rank.FileEvidence(2, "src/hyperlink.rs", "rust", file_bm25=7.5, chunk_bm25=7.5)
+    s = rank.score_files([cli, named], weights, priors)
+    assert rank.BM25_EXPONENT < 1.0
+    assert s[2] > s[1]
+    linear = rank.FILE_WEIGHT * 0.75 + rank.CHUNK_WEIGHT * 0.75 + rank.PATH_WEIGHT
+    assert linear < rank.FILE_WEIGHT + rank.CHUNK_WEIGHT  # what the exponent changes
 
 
 @pytest.mark.parametrize(
