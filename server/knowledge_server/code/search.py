@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import time
@@ -606,7 +607,13 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     for fid, r in _first_chunks(conn, missing, scope).items():
         per_file[fid].append(r)
     ranked: list[tuple[float, str, int, tuple[Any, ...], int]] = []
+    # The scores of the best ``limit`` chunks so far (a min-heap). No chunk scores above
+    # its file, and the files come best first: once the limit-th best chunk scores above
+    # the next file, no later file's chunk can take a place.
+    best: list[float] = []
     for fid in order:
+        if len(best) >= limit and best[0] > round(scores[fid], 6):
+            break
         chunks = sorted(
             per_file.get(fid, ()), key=lambda r: (float(r[11]), -sims.get(r[0], 0.0), r[4])
         )
@@ -620,6 +627,10 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             score = round(scores[fid] * factor, 6)
             if score > 0:
                 ranked.append((score, r[3], r[4], r, fid))
+                if len(best) < limit:
+                    heapq.heappush(best, score)
+                elif score > best[0]:
+                    heapq.heapreplace(best, score)
     ranked.sort(key=lambda x: (-x[0], x[1], x[2]))
     hits = []
     for score, _, _, r, fid in ranked[:limit]:
