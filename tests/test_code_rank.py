@@ -146,6 +146,20 @@ def test_a_leading_change_type_is_not_a_word_of_the_question(tmp_path: Path) -> 
         assert "src/flags.py" not in paths[:3]
 
 
+def test_a_file_found_by_its_name_alone_with_no_chunk_is_no_error(tmp_path: Path) -> None:
+    """An empty file is a file version without chunks; its path still matches a question
+    ("zebra" finds ``src/zebra.py``). The search answers (with the files that have
+    chunks) instead of failing while looking up the empty file's first chunk."""
+    root = tmp_path / "proj"
+    _write(root, "src/zebra.py", "")
+    _write(root, "src/other.py", "def other():\n    return 1\n")
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        for mode in ("hybrid", "lexical"):
+            hits = idx.search("zebra", intent="find_code", mode=mode).hits
+            assert all(h.path != "src/zebra.py" for h in hits)
+
+
 def test_with_stems_adds_the_stems_that_differ() -> None:
     assert rank.with_stems(["loaded", "config"]) == ["loaded", "config", "load"]
     assert rank.with_stems(["timestamps"]) == ["timestamps", "timestamp"]

@@ -451,6 +451,8 @@ def _first_chunks(
         )
         if r[0] is not None
     ]
+    if not firsts:  # found by path alone, with no chunk at all (an empty file)
+        return {}
     rows = conn.execute(
         f"SELECT {_COLS}, 0.0, c.file_id FROM chunks c"  # noqa: S608 - constants and _scope_sql's placeholders
         + _scope_and(scope, "c.id IN (SELECT value FROM carray(?))"),
