@@ -12,7 +12,12 @@ reports whether the labelled function is in the first 10 hits, so a speed-up tha
 changes the results shows. Wall time and the worker thread's CPU time are both printed:
 when other work shares the cores, CPU time is the steadier of the two.
 
+With ``--also DIR`` (repeatable) more workspaces are indexed into the same store, and
+``--ask-in DIR`` (one of them) takes the questions from that workspace's docstrings and
+scopes every search to it: a small workspace in a store that holds a larger one.
+
 Usage: python bench/bench_code_ab.py --checkout /path/to/main --checkout . [--queries 300]
+                                     [--also DIR ... --ask-in DIR]
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     q = json.loads(line)
     t, c = time.perf_counter(), time.thread_time()
-    res = ix.search(q["query"], limit=30, mode="hybrid", check_fresh=False,
+    res = ix.search(q["query"], workspaces=q["workspaces"], limit=30, mode="hybrid", check_fresh=False,
                     describe_hits=False, intent="find_code")
     ms, cpu = (time.perf_counter() - t) * 1000, (time.thread_time() - c) * 1000
     rank = next((i + 1 for i, h in enumerate(res.hits[:10])
@@ -55,6 +60,8 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=1, help="passes over the questions")
     ap.add_argument("--work", type=Path, default=None, help="keep the index here")
+    ap.add_argument("--also", action="append", default=[], type=Path, help="more workspaces")
+    ap.add_argument("--ask-in", type=Path, default=None, help="ask in this workspace only")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-code-ab-"))
     work = args.work or tmp
@@ -74,7 +81,10 @@ def run(work: Path, args: argparse.Namespace) -> None:
     with CodeIndex(str(db), options=IndexOptions(extra_ignore=IGNORE)) as ix:
         rep = ix.index_workspace(str(root))
         chunks = rep.chunks or ix.conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
-    cases = _cases(root, args.queries, seed=11)
+        others = {str(d.resolve()): ix.index_workspace(str(d.resolve())).chunks for d in args.also}
+    asked = root if args.ask_in is None else args.ask_in.resolve()
+    scope = None if args.ask_in is None else [str(asked)]
+    cases = _cases(asked, args.queries, seed=11)
     names = [str(c) for c in args.checkout]
     workers = []
     for c in args.checkout:
@@ -96,7 +106,7 @@ def run(work: Path, args: argparse.Namespace) -> None:
     def ask(i: int, case: object) -> None:
         p = workers[i]
         assert p.stdin is not None and p.stdout is not None
-        q = {"query": case.query, "path": case.path, "line": case.line}  # type: ignore[attr-defined]
+        q = {"query": case.query, "path": case.path, "line": case.line, "workspaces": scope}  # type: ignore[attr-defined]
         p.stdin.write(json.dumps(q) + "\n")
         p.stdin.flush()
         a = json.loads(p.stdout.readline())
@@ -128,6 +138,10 @@ def run(work: Path, args: argparse.Namespace) -> None:
         f"{chunks} chunks (standard library without test/), {len(cases)} questions x"
         f" {args.rounds}, alternating, {time.perf_counter() - t0:.0f} s"
     )
+    for d, n in others.items():
+        print(f"also in the store: {d} ({n} chunks)")
+    if scope:
+        print(f"questions from and scoped to {asked}")
     print(
         f"{'checkout':<32} {'P50 ms':>7} {'P95 ms':>7} {'mean':>7}   {'CPU P50':>7} {'P95':>7}"
         f" {'mean':>7} {'R@10':>6} {'MRR':>6}"

@@ -105,6 +105,65 @@ def _chunks_under(
     return np.unique(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
 
 
+# A workspace filter that leaves out more than half of the store's current chunks (other
+# workspaces indexed into the same store) ranks only the chosen workspaces' chunks, as a
+# path filter does: ranked among all of them first, the other workspaces' chunks took the
+# candidate places and the lexical and vector searches widened again and again.
+_SCOPE_SHARE = 0.5
+# Per database: the sorted chunk ids of each scope's current revisions.
+_scope_memos: dict[str, RevisionMemo[str, np.ndarray]] = defaultdict(lambda: RevisionMemo(cap=64))
+
+
+_SCOPE_FILES = (
+    "SELECT rf.file_id FROM workspaces w"
+    " CROSS JOIN rev_file rf ON rf.rev_id = w.current_rev_id WHERE "
+)
+_SCOPE_CHUNKS = (
+    "SELECT c.id FROM workspaces w CROSS JOIN rev_file rf ON rf.rev_id = w.current_rev_id"
+    " CROSS JOIN chunks c ON c.file_id = rf.file_id WHERE "
+)
+
+
+def _scope_chunks(
+    conn: apsw.Connection, workspaces: Sequence[str] | None, files: bool = False
+) -> np.ndarray:
+    """Sorted ids of the chunks (``files``: the file versions) of the current revisions
+    of ``workspaces`` (None: all), remembered per revision of the store."""
+    state = tuple(
+        conn.execute(
+            "SELECT (SELECT max(rowid) FROM chunks),"
+            " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces)"
+        ).fetchone()
+    )
+    key = ("f" if files else "c") + (
+        "\x00".join(sorted(workspaces)) if workspaces is not None else ""
+    )
+    known = _scope_memos[conn.filename].at(state) if conn.filename else {}
+    ids = known.get(key)
+    if ids is None:
+        where, args = "w.current_rev_id IS NOT NULL", []
+        if workspaces is not None:
+            where += " AND w.root IN (SELECT value FROM json_each(?))"
+            args.append(_json_list(workspaces))
+        rows = conn.execute((_SCOPE_FILES if files else _SCOPE_CHUNKS) + where, args).fetchall()
+        ids = known[key] = np.unique(
+            np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        )
+    return ids
+
+
+def _narrow_scope(
+    conn: apsw.Connection, workspaces: Sequence[str], files: bool = False
+) -> np.ndarray | None:
+    """The chunk (``files``: file version) ids of ``workspaces`` when they hold less than
+    _SCOPE_SHARE of the store's current ones, else None (ranking everything and joining
+    the scope is then cheaper than checking every match against a set)."""
+    chosen = _scope_chunks(conn, workspaces, files)
+    if len(chosen) >= _SCOPE_SHARE * len(_scope_chunks(conn, None, files)):
+        return None
+    return chosen
+
+
 def _scope_and(scope: tuple[str, list[Any]], condition: str) -> str:
     """The scope's joins and filters (``_scope_sql``) with one more condition."""
     sql = scope[0]
@@ -370,9 +429,29 @@ def _file_candidates(
     n: int,
 ) -> list[tuple[int, str, str, float]]:
     """The best ``n`` current file versions in scope by whole-file BM25 (text and path):
-    (file_id, path, language, score > 0)."""
+    (file_id, path, language, score > 0). A few workspaces of a larger store score only
+    their files (_narrow_scope)."""
     if not terms:
         return []
+    only = _narrow_scope(conn, workspaces, files=True) if workspaces is not None else None
+    if only is not None:
+        if not len(only):
+            return []
+        with ID_SETS.hold(frozenset(only.tolist())) as token:
+            return _file_query(conn, terms, weights, n_files, workspaces, prefixes, n, token)
+    return _file_query(conn, terms, weights, n_files, workspaces, prefixes, n, None)
+
+
+def _file_query(
+    conn: apsw.Connection,
+    terms: list[str],
+    weights: dict[str, float],
+    n_files: int,
+    workspaces: Sequence[str] | None,
+    prefixes: Sequence[str] | None,
+    n: int,
+    token: int | None,
+) -> list[tuple[int, str, str, float]]:
     where, params = [], []
     if workspaces is not None:
         where.append("w.root IN (SELECT value FROM json_each(?))")
@@ -382,15 +461,17 @@ def _file_candidates(
         params += [x for p in prefixes for x in (len(p), p)]
     cond = (" WHERE " + " AND ".join(where)) if where else ""
     fetch = max(n * 4, 200)
+    only = "" if token is None else " AND knowledge_in_set(rowid, ?)"
+    extra: list[Any] = [] if token is None else [token]
     rows = conn.execute(
         f"WITH m AS MATERIALIZED (SELECT rowid, {FILE_SCORE} AS s FROM files_fts"  # noqa: S608 - constants and placeholders; the MATCH expression is bound
-        " WHERE files_fts MATCH ? ORDER BY s LIMIT ?)"
+        f" WHERE files_fts MATCH ?{only} ORDER BY s LIMIT ?)"
         " SELECT fv.id, fv.path, fv.language, m.s FROM m"
         " CROSS JOIN file_versions fv ON fv.id = m.rowid"
         " CROSS JOIN rev_file rf ON rf.file_id = fv.id"
         f" CROSS JOIN workspaces w ON w.current_rev_id = rf.rev_id{cond}"
         " ORDER BY m.s, fv.path LIMIT ?",
-        [_file_match(terms, weights, n_files), fetch, *params, n],
+        [_file_match(terms, weights, n_files), *extra, fetch, *params, n],
     ).fetchall()
     return [(r[0], r[1], r[2], -float(r[3])) for r in rows]
 
@@ -579,7 +660,10 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             scope,
             max(limit, _VEC_POOL),
             list(best_row.values()),
-            among,
+            # Not a workspace filter's chunks (_narrow_scope): with them the vectors
+            # rescored fewer candidates of the workspace than the widening KNN finds,
+            # and MRR on the labelled sets fell (bench/RESULTS.md).
+            among if prefixes else None,
         )
         new = [r for r in vec_rows if r[0] not in by_id]
         for r in new:
@@ -688,6 +772,11 @@ def search(
         # Frequent across the index says nothing about the chunks under the prefixes: all
         # terms pick candidates, and only those chunks are scored (knowledge_in_set).
         rare = kept
+    elif workspaces is not None:
+        # A few workspaces of a larger store: only their chunks are ranked.
+        among = _narrow_scope(conn, workspaces)
+        if among is not None and not len(among):
+            return empty
     vectors = (
         embedder is not None
         and capability == "full"
