@@ -110,8 +110,9 @@ def _chunks_under(
 # path filter does: ranked among all of them first, the other workspaces' chunks took the
 # candidate places and the lexical and vector searches widened again and again.
 _SCOPE_SHARE = 0.5
-# Per database: the sorted chunk ids of each scope's current revisions.
-_scope_memos: dict[str, RevisionMemo[str, np.ndarray]] = defaultdict(lambda: RevisionMemo(cap=64))
+# Per database: the sorted chunk (or file version) ids of each scope's current revisions,
+# 8 bytes an id; a few scopes at a time (a new revision, or more scopes, start afresh).
+_scope_memos: dict[str, RevisionMemo[str, np.ndarray]] = defaultdict(lambda: RevisionMemo(cap=16))
 
 
 _SCOPE_FILES = (
