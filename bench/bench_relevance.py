@@ -11,8 +11,13 @@ Metric (the sets' README): the ranked paths of the code items, repeats dropped; 
 one among the question's answer files gives Recall@1, Recall@10 and MRR@10. The floor is
 whole-file BM25 over the set's source files, as measured by the README.
 
+With ``--in-process`` no server is started: the questions go to ``CodeIndex.search`` as the
+code lane sends them (hybrid, intent find_code, the lane's top-K of 30, at most 5 items per
+path as the coordinator keeps them, the first 10), for measuring a ranking change in seconds;
+its figures match the gRPC path's find_code row.
+
 Usage: python bench/bench_relevance.py [--sets click,starlette,cobra,fd] [--work DIR]
-                                       [--limit-questions N] [--no-auto]
+                                       [--limit-questions N] [--no-auto] [--in-process]
 """
 
 from __future__ import annotations
@@ -127,6 +132,37 @@ def ask(address: str, root: Path, qs: list[tuple[str, set[str]]], mode: str) -> 
     return score
 
 
+def ask_in_process(index_path: Path, root: Path, qs: list[tuple[str, set[str]]]) -> Score:
+    """The questions through ``CodeIndex.search`` with the code lane's parameters."""
+    from knowledge_server.code.index import CodeIndex
+    from knowledge_server.search.coordinator import MAX_CODE_PER_PATH, lane_top_k
+
+    score = Score()
+    prefix = str(root).rstrip("/") + "/"
+    with CodeIndex(str(index_path)) as idx:
+        idx.search("warm up", workspaces=[str(root)], check_fresh=False)
+        for query, answers in qs:
+            t0 = time.perf_counter()
+            res = idx.search(
+                query,
+                workspaces=[str(root)],
+                limit=lane_top_k(10),
+                mode="hybrid",
+                check_fresh=False,
+                describe_hits=False,
+                intent="find_code",
+            )
+            ms = (time.perf_counter() - t0) * 1000
+            per_path: dict[str, int] = {}
+            paths = []
+            for h in res.hits:
+                per_path[h.path] = per_path.get(h.path, 0) + 1
+                if per_path[h.path] <= MAX_CODE_PER_PATH:
+                    paths.append(h.path.removeprefix(prefix))
+            score.add(paths[:10], answers, ms)
+    return score
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     shared = Path(os.environ.get("KNOWLEDGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -135,6 +171,9 @@ def main() -> None:
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--limit-questions", type=int, default=0, help="first N questions per set")
     ap.add_argument("--no-auto", action="store_true", help="skip the mode=auto pass")
+    ap.add_argument(
+        "--in-process", action="store_true", help="CodeIndex.search, no server (find_code only)"
+    )
     args = ap.parse_args()
     if not args.shared.is_dir():
         sys.exit(f"no code-eval data at {args.shared}")
@@ -142,8 +181,26 @@ def main() -> None:
     roots = {n: extract(args.shared, n, args.work) for n in names}
     data = args.work / "data"
     index(data, roots)
-    modes = ["find_code"] if args.no_auto else ["find_code", "auto"]
+    modes = ["find_code"] if args.no_auto or args.in_process else ["find_code", "auto"]
     results: dict[tuple[str, str], Score] = {}
+    if args.in_process:
+        for name, root in roots.items():
+            qs = questions(args.shared, name)
+            if args.limit_questions:
+                qs = qs[: args.limit_questions]
+            results[(name, "find_code")] = ask_in_process(data / "code.sqlite", root, qs)
+    else:
+        serve_and_ask(data, roots, args, modes, results)
+    report(names, modes, results)
+
+
+def serve_and_ask(
+    data: Path,
+    roots: dict[str, Path],
+    args: argparse.Namespace,
+    modes: list[str],
+    results: dict[tuple[str, str], Score],
+) -> None:
     with served(
         data, "--no-bootstrap", *(a for r in roots.values() for a in ("--workspace", str(r)))
     ) as (
@@ -156,6 +213,9 @@ def main() -> None:
                 qs = qs[: args.limit_questions]
             for mode in modes:
                 results[(name, mode)] = ask(address, root, qs, mode)
+
+
+def report(names: list[str], modes: list[str], results: dict[tuple[str, str], Score]) -> None:
     for mode in modes:
         print(
             f"\n== mode={mode}" + (', include=["code"]' if mode == "find_code" else ", all lanes")

@@ -440,6 +440,46 @@ def test_workspace_scope_costs_what_the_unscoped_search_costs(tmp_path: Path) ->
         ix.close()
 
 
+def test_a_small_workspace_of_a_larger_store_ranks_only_its_own_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workspace filter that leaves out most of the store (``_SCOPE_SHARE``) scores only
+    the chosen workspace's chunks and files: the same hits, in the same order with the
+    same scores, as ranking the whole store and keeping the workspace's, at a fraction of
+    the cost (SQLite steps, counted)."""
+    search_mod._fresh_cache.clear()
+    big, small = tmp_path / "big", tmp_path / "small"
+    _many_files(big, 600)
+    for i in range(6):
+        _write(
+            small,
+            f"app/part{i}.py",
+            f"def parse_request_{i}(request):\n    return parse_headers(request, {i})\n\n"
+            f"def store_{i}(key):\n    return cache[key]\n",
+        )
+    ix = CodeIndex(str(tmp_path / "data" / "code.sqlite"))
+    try:
+        ix.index_workspace(str(big))
+        ix.index_workspace(str(small))
+        query = "parse request headers store"
+        scoped = {"workspaces": [str(small)]}
+        narrow = {
+            m: ix.search(query, mode=m, limit=20, **scoped).hits for m in ("hybrid", "lexical")
+        }  # type: ignore[arg-type]
+        narrow_cost = _sqlite_steps(ix, query, **scoped)
+        monkeypatch.setattr(search_mod, "_SCOPE_SHARE", 0.0)  # rank all, keep the scope's
+        wide = {m: ix.search(query, mode=m, limit=20, **scoped).hits for m in ("hybrid", "lexical")}  # type: ignore[arg-type]
+        wide_cost = _sqlite_steps(ix, query, **scoped)
+        for m in narrow:
+            assert narrow[m] and all(h.workspace == str(small) for h in narrow[m])
+            assert [(h.row_id, h.score) for h in narrow[m]] == [
+                (h.row_id, h.score) for h in wide[m]
+            ]
+        assert narrow_cost < wide_cost / 2, (narrow_cost, wide_cost)
+    finally:
+        ix.close()
+
+
 @pytest.mark.parametrize("prune_from", [5000, 10])
 def test_path_filter_ranks_only_chunks_under_the_prefixes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prune_from: int

@@ -71,7 +71,8 @@ def test_score_files_divides_each_signal_by_its_best_and_applies_the_prior() -> 
     s = rank.score_files(files, weights, rank.priors_for("find_code", weights))
     # The test file has more of the words, but the source file comes first for find_code.
     assert s[1] > s[2] > s[3]
-    both = rank.FILE_WEIGHT * 10 / 12 + rank.CHUNK_WEIGHT * 4 / 5 + rank.PATH_WEIGHT * 1.0
+    e = rank.BM25_EXPONENT
+    both = rank.FILE_WEIGHT * (10 / 12) ** e + rank.CHUNK_WEIGHT * (4 / 5) ** e + rank.PATH_WEIGHT
     # (all three files are of one size: each gets the largest file's size factor)
     assert s[1] == pytest.approx(both * (1 + rank.SIZE_WEIGHT))
     # With a vote, vectors add to the evidence: a file only they found still ranks.
@@ -95,6 +96,68 @@ def test_a_larger_file_with_the_same_evidence_ranks_first_but_size_never_outweig
     )
     s = rank.score_files([big, better], weights, priors)
     assert s[2] > s[1]
+
+
+def test_bm25_signals_are_compressed_so_a_path_match_can_decide() -> None:
+    """BM25 enters as (score / best) ** BM25_EXPONENT: a file a quarter behind on BM25 but
+    named after the question's word comes first (linearly it would stay behind)."""
+    weights = {"hyperlink": 1.0}
+    priors = rank.priors_for("find_code", weights)
+    cli = rank.FileEvidence(1, "src/cli.rs", "rust", file_bm25=10.0, chunk_bm25=10.0)
+    named = rank.FileEvidence(2, "src/hyperlink.rs", "rust", file_bm25=7.5, chunk_bm25=7.5)
+    s = rank.score_files([cli, named], weights, priors)
+    assert rank.BM25_EXPONENT < 1.0
+    assert s[2] > s[1]
+    linear = rank.FILE_WEIGHT * 0.75 + rank.CHUNK_WEIGHT * 0.75 + rank.PATH_WEIGHT
+    assert linear < rank.FILE_WEIGHT + rank.CHUNK_WEIGHT  # what the exponent changes
+
+
+@pytest.mark.parametrize(
+    ("query", "kind", "rest"),
+    [
+        ("fix: handle empty zstd responses", "fix", "handle empty zstd responses"),
+        ("feat(cli)!: add --cwd prefix", "feat", "cli add --cwd prefix"),
+        ("Docs: clarify the exec option", "docs", "clarify the exec option"),
+        ("walk: add a cache", "", "walk: add a cache"),  # a place, not a change type
+        ("fix:nospace", "", "fix:nospace"),
+        ("fix the parser: it drops a byte", "", "fix the parser: it drops a byte"),
+        ("fix: ", "", "fix: "),  # nothing after it: the question stays as it is
+    ],
+)
+def test_split_change_type(query: str, kind: str, rest: str) -> None:
+    assert rank.split_change_type(query) == (kind, rest)
+
+
+def test_a_leading_change_type_is_not_a_word_of_the_question(tmp_path: Path) -> None:
+    """A leading "feat: " or "fix(scope): ": the type is rare in code, so as a word it would
+    outweigh the question's real words; the scope stays a word."""
+    root = tmp_path / "proj"
+    _write(root, "src/flags.py", "FEAT = 'feat'\n\ndef feat_enabled(feat):\n    return feat\n")
+    _write(root, "src/paths.py", "def strip_cwd_prefix(path):\n    return path.lstrip('./')\n")
+    for noun in ("cookie", "session", "header", "proxy", "socket", "stream"):
+        _write(root, f"src/{noun}s.py", f"def prefix_{noun}(path):\n    return path + '{noun}'\n")
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        res = idx.search("feat(paths): strip cwd prefix", intent="find_code")
+        assert "feat" not in res.terms and "paths" in res.terms
+        assert res.hits[0].path == "src/paths.py"
+        # As a word, "feat" would have put the file that only says "feat" second.
+        paths = list(dict.fromkeys(h.path for h in res.hits))
+        assert "src/flags.py" not in paths[:3]
+
+
+def test_a_file_found_by_its_name_alone_with_no_chunk_is_no_error(tmp_path: Path) -> None:
+    """An empty file is a file version without chunks; its path still matches a question
+    ("zebra" finds ``src/zebra.py``). The search answers (with the files that have
+    chunks) instead of failing while looking up the empty file's first chunk."""
+    root = tmp_path / "proj"
+    _write(root, "src/zebra.py", "")
+    _write(root, "src/other.py", "def other():\n    return 1\n")
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        for mode in ("hybrid", "lexical"):
+            hits = idx.search("zebra", intent="find_code", mode=mode).hits
+            assert all(h.path != "src/zebra.py" for h in hits)
 
 
 def test_with_stems_adds_the_stems_that_differ() -> None:

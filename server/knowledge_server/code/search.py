@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import time
@@ -102,6 +103,66 @@ def _chunks_under(
         args,
     ).fetchall()
     return np.unique(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+
+
+# A workspace filter that leaves out more than half of the store's current chunks (other
+# workspaces indexed into the same store) ranks only the chosen workspaces' chunks, as a
+# path filter does: ranked among all of them first, the other workspaces' chunks took the
+# candidate places and the lexical and vector searches widened again and again.
+_SCOPE_SHARE = 0.5
+# Per database: the sorted chunk (or file version) ids of each scope's current revisions,
+# 8 bytes an id; a few scopes at a time (a new revision, or more scopes, start afresh).
+_scope_memos: dict[str, RevisionMemo[str, np.ndarray]] = defaultdict(lambda: RevisionMemo(cap=16))
+
+
+_SCOPE_FILES = (
+    "SELECT rf.file_id FROM workspaces w"
+    " CROSS JOIN rev_file rf ON rf.rev_id = w.current_rev_id WHERE "
+)
+_SCOPE_CHUNKS = (
+    "SELECT c.id FROM workspaces w CROSS JOIN rev_file rf ON rf.rev_id = w.current_rev_id"
+    " CROSS JOIN chunks c ON c.file_id = rf.file_id WHERE "
+)
+
+
+def _scope_chunks(
+    conn: apsw.Connection, workspaces: Sequence[str] | None, files: bool = False
+) -> np.ndarray:
+    """Sorted ids of the chunks (``files``: the file versions) of the current revisions
+    of ``workspaces`` (None: all), remembered per revision of the store."""
+    state = tuple(
+        conn.execute(
+            "SELECT (SELECT max(rowid) FROM chunks),"
+            " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces)"
+        ).fetchone()
+    )
+    key = ("f" if files else "c") + (
+        "\x00".join(sorted(workspaces)) if workspaces is not None else ""
+    )
+    known = _scope_memos[conn.filename].at(state) if conn.filename else {}
+    ids = known.get(key)
+    if ids is None:
+        where, args = "w.current_rev_id IS NOT NULL", []
+        if workspaces is not None:
+            where += " AND w.root IN (SELECT value FROM json_each(?))"
+            args.append(_json_list(workspaces))
+        rows = conn.execute((_SCOPE_FILES if files else _SCOPE_CHUNKS) + where, args).fetchall()
+        ids = known[key] = np.unique(
+            np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        )
+    return ids
+
+
+def _narrow_scope(
+    conn: apsw.Connection, workspaces: Sequence[str], files: bool = False
+) -> np.ndarray | None:
+    """The chunk (``files``: file version) ids of ``workspaces`` when they hold less than
+    _SCOPE_SHARE of the store's current ones, else None (ranking everything and joining
+    the scope is then cheaper than checking every match against a set)."""
+    chosen = _scope_chunks(conn, workspaces, files)
+    if len(chosen) >= _SCOPE_SHARE * len(_scope_chunks(conn, None, files)):
+        return None
+    return chosen
 
 
 def _scope_and(scope: tuple[str, list[Any]], condition: str) -> str:
@@ -369,9 +430,29 @@ def _file_candidates(
     n: int,
 ) -> list[tuple[int, str, str, float]]:
     """The best ``n`` current file versions in scope by whole-file BM25 (text and path):
-    (file_id, path, language, score > 0)."""
+    (file_id, path, language, score > 0). A few workspaces of a larger store score only
+    their files (_narrow_scope)."""
     if not terms:
         return []
+    only = _narrow_scope(conn, workspaces, files=True) if workspaces is not None else None
+    if only is not None:
+        if not len(only):
+            return []
+        with ID_SETS.hold(frozenset(only.tolist())) as token:
+            return _file_query(conn, terms, weights, n_files, workspaces, prefixes, n, token)
+    return _file_query(conn, terms, weights, n_files, workspaces, prefixes, n, None)
+
+
+def _file_query(
+    conn: apsw.Connection,
+    terms: list[str],
+    weights: dict[str, float],
+    n_files: int,
+    workspaces: Sequence[str] | None,
+    prefixes: Sequence[str] | None,
+    n: int,
+    token: int | None,
+) -> list[tuple[int, str, str, float]]:
     where, params = [], []
     if workspaces is not None:
         where.append("w.root IN (SELECT value FROM json_each(?))")
@@ -381,15 +462,17 @@ def _file_candidates(
         params += [x for p in prefixes for x in (len(p), p)]
     cond = (" WHERE " + " AND ".join(where)) if where else ""
     fetch = max(n * 4, 200)
+    only = "" if token is None else " AND knowledge_in_set(rowid, ?)"
+    extra: list[Any] = [] if token is None else [token]
     rows = conn.execute(
         f"WITH m AS MATERIALIZED (SELECT rowid, {FILE_SCORE} AS s FROM files_fts"  # noqa: S608 - constants and placeholders; the MATCH expression is bound
-        " WHERE files_fts MATCH ? ORDER BY s LIMIT ?)"
+        f" WHERE files_fts MATCH ?{only} ORDER BY s LIMIT ?)"
         " SELECT fv.id, fv.path, fv.language, m.s FROM m"
         " CROSS JOIN file_versions fv ON fv.id = m.rowid"
         " CROSS JOIN rev_file rf ON rf.file_id = fv.id"
         f" CROSS JOIN workspaces w ON w.current_rev_id = rf.rev_id{cond}"
         " ORDER BY m.s, fv.path LIMIT ?",
-        [_file_match(terms, weights, n_files), fetch, *params, n],
+        [_file_match(terms, weights, n_files), *extra, fetch, *params, n],
     ).fetchall()
     return [(r[0], r[1], r[2], -float(r[3])) for r in rows]
 
@@ -450,6 +533,8 @@ def _first_chunks(
         )
         if r[0] is not None
     ]
+    if not firsts:  # found by path alone, with no chunk at all (an empty file)
+        return {}
     rows = conn.execute(
         f"SELECT {_COLS}, 0.0, c.file_id FROM chunks c"  # noqa: S608 - constants and _scope_sql's placeholders
         + _scope_and(scope, "c.id IN (SELECT value FROM carray(?))"),
@@ -545,10 +630,12 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     limit: int,
     intent: str,
     vec: tuple[Embedder, str, np.ndarray] | None,
+    cues: list[str],
 ) -> tuple[list[CodeHit], float]:
     """(hits, evidence): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
-    share of the question (rank.evidence_share) for the relevance floor."""
+    share of the question (rank.evidence_share) for the relevance floor. ``cues``: the
+    words that may name a kind of file (rank.priors_for)."""
     weights, n_files = _file_weights(conn, terms)
     files = _file_candidates(conn, terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
     ev = {f[0]: rank.FileEvidence(f[0], f[1], f[2], file_bm25=f[3]) for f in files}
@@ -574,7 +661,10 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             scope,
             max(limit, _VEC_POOL),
             list(best_row.values()),
-            among,
+            # Not a workspace filter's chunks (_narrow_scope): with them the vectors
+            # rescored fewer candidates of the workspace than the widening KNN finds,
+            # and MRR on the labelled sets fell (bench/RESULTS.md).
+            among if prefixes else None,
         )
         new = [r for r in vec_rows if r[0] not in by_id]
         for r in new:
@@ -595,7 +685,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         return [], 0.0
     for fid, n in _chunk_counts(conn, list(ev)).items():
         ev[fid].n_chunks = n
-    priors = rank.priors_for(intent, terms)
+    priors = rank.priors_for(intent, cues)
     scores = rank.score_files(ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0)
     order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))
     evidence = _evidence(conn, weights, order[:_EVIDENCE_FILES])
@@ -604,7 +694,13 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     for fid, r in _first_chunks(conn, missing, scope).items():
         per_file[fid].append(r)
     ranked: list[tuple[float, str, int, tuple[Any, ...], int]] = []
+    # The scores of the best ``limit`` chunks so far (a min-heap). No chunk scores above
+    # its file, and the files come best first: once the limit-th best chunk scores above
+    # the next file, no later file's chunk can take a place.
+    best: list[float] = []
     for fid in order:
+        if len(best) >= limit and best[0] > round(scores[fid], 6):
+            break
         chunks = sorted(
             per_file.get(fid, ()), key=lambda r: (float(r[11]), -sims.get(r[0], 0.0), r[4])
         )
@@ -618,6 +714,10 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             score = round(scores[fid] * factor, 6)
             if score > 0:
                 ranked.append((score, r[3], r[4], r, fid))
+                if len(best) < limit:
+                    heapq.heappush(best, score)
+                elif score > best[0]:
+                    heapq.heapreplace(best, score)
     ranked.sort(key=lambda x: (-x[0], x[1], x[2]))
     hits = []
     for score, _, _, r, fid in ranked[:limit]:
@@ -662,7 +762,10 @@ def search(
     among = _chunks_under(conn, workspaces, path_prefixes) if path_prefixes else None
     if among is not None and not len(among):
         return empty
-    terms = query_terms(query)
+    # "fix: ..." and "feat(cli): ...": the change type is not a word to look for, but
+    # "test: ..." or "docs: ..." still says which kind of file the change is in.
+    change, body = rank.split_change_type(query)
+    terms = query_terms(body)
     # Chunks are indexed by exact words: their stems join the question there ("loaded"
     # finds load_config); the file-level index stems by itself (porter).
     kept, rare = _split_terms(conn, rank.with_stems(terms) if mode != "vector" else terms)
@@ -670,6 +773,11 @@ def search(
         # Frequent across the index says nothing about the chunks under the prefixes: all
         # terms pick candidates, and only those chunks are scored (knowledge_in_set).
         rare = kept
+    elif workspaces is not None:
+        # A few workspaces of a larger store: only their chunks are ranked.
+        among = _narrow_scope(conn, workspaces)
+        if among is not None and not len(among):
+            return empty
     vectors = (
         embedder is not None
         and capability == "full"
@@ -681,7 +789,7 @@ def search(
     if vectors and embedder is not None:
         vtbl = vec_table_for(conn, embedder.identity, embedder.dim, create=False)
         if vtbl is not None:
-            qv = embedder.embed_query([query])[0]
+            qv = embedder.embed_query([body])[0]
             # A query without any embeddable feature has no direction: no vector hits.
             if float(np.linalg.norm(qv)) == 0:
                 qv = None
@@ -695,7 +803,18 @@ def search(
     else:
         vec = (embedder, vtbl, qv) if qv is not None and vtbl is not None else None
         hits, evidence = _file_ranked(
-            conn, terms, kept, rare, scope, among, workspaces, path_prefixes, limit, intent, vec
+            conn,
+            terms,
+            kept,
+            rare,
+            scope,
+            among,
+            workspaces,
+            path_prefixes,
+            limit,
+            intent,
+            vec,
+            [*terms, change] if change else terms,
         )
         if hits and evidence < EVIDENCE_FLOOR:
             hits = []
