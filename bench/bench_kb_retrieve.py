@@ -252,9 +252,17 @@ def _start_servers(
     backends: list[str],
     before: Path | None,
     work: Path,
+    local: bool = False,
 ) -> dict[str, tuple[str, str, subprocess.Popen[str]]]:
-    """One ``knowledge serve`` per backend (and the earlier checkout's, when given)."""
+    """One ``knowledge serve`` per backend (and the earlier checkout's, when given; and,
+    with ``local``, one on a copy of the SQLite data with no network dependency: the
+    hashing embedder in process, no reranker)."""
     servers: dict[str, tuple[str, str, subprocess.Popen[str]]] = {}
+    if local:
+        data["sqlite-local"] = work / "sqlite-local"
+        if not data["sqlite-local"].exists():
+            shutil.copytree(data["sqlite"], data["sqlite-local"])
+        backends.append("sqlite-local")
     if before is not None:
         data["sqlite-before"] = work / "sqlite-before"
         if not data["sqlite-before"].exists():
@@ -263,6 +271,12 @@ def _start_servers(
     for b in backends:
         token = _token(data[b])
         env = _serve_env(url, b.split("-")[0])
+        if b == "sqlite-local":
+            # The same vectors as the model server's (it computes the hashing embedder's).
+            for name in ("KNOWLEDGE_EMBEDDER_URL", "KNOWLEDGE_EMBEDDER_MODEL"):
+                env.pop(name)
+            env["KNOWLEDGE_EMBEDDER"] = "hash"
+            env["KNOWLEDGE_RERANK_URL"] = ""
         if b == "sqlite-before":
             assert before is not None
             code = before.resolve()
@@ -291,6 +305,12 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--answers", type=int, default=100)
     ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument(
+        "--local",
+        action="store_true",
+        help="also serve a copy of the SQLite data without network dependencies"
+        " ('sqlite-local': hashing embedder in process, no reranker, the fused score)",
+    )
     ap.add_argument(
         "--before",
         type=Path,
@@ -321,7 +341,7 @@ def main() -> None:
 
     with ExitStack() as stack:
         url = stack.enter_context(_model_server())
-        servers = _start_servers(stack, url, data, backends, args.before, work)
+        servers = _start_servers(stack, url, data, backends, args.before, work, args.local)
         clients = {
             b: stack.enter_context(KnowledgeClient(addr, token=tok, timeout=30))
             for b, (addr, tok, _) in servers.items()

@@ -15,6 +15,7 @@ KB-IDX-11 rows survive closing and reopening the index
 KB-IDX-12 staging refuses rows of another organisation or revision, and mismatched vectors
 KB-IDX-13 the embedded store refuses a file written by a newer version (named migrations)
 KB-IDX-14 the embedded index's vector list over many revisions is the exact nearest visible rows
+KB-IDX-15 the embedded index's rows held in memory follow every write, from any connection
 """
 
 from __future__ import annotations
@@ -397,22 +398,30 @@ def test_kb_idx_13_sqlite_store_of_a_newer_version_is_refused(tmp_path: Path) ->
     path = tmp_path / STORE_FILE
     SqliteRetrievalIndex(path, dim=DIM).close()
     conn = apsw.Connection(str(path))
-    assert [r[0] for r in conn.execute("SELECT name FROM migrations")] == ["001_initial"]
+    assert [r[0] for r in conn.execute("SELECT name FROM migrations")] == [
+        "001_initial",
+        "002_generations",
+    ]
     conn.execute("INSERT INTO migrations(name, applied_at) VALUES('999_future', 'now')")
     conn.close()
     with pytest.raises(StoreTooNew, match="999_future"):
         SqliteRetrievalIndex(path, dim=DIM)
 
 
+@pytest.mark.parametrize("in_memory", [True, False])
 @pytest.mark.parametrize("visible", [40, 17])
 def test_kb_idx_14_sqlite_vector_nearest_of_many_revisions_are_exact(
-    tmp_path: Path, visible: int
+    tmp_path: Path, visible: int, in_memory: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """KB-IDX-14: with many visible revisions the SQLite index asks vec0 for the
-    organisation's nearest rows first and drops other revisions' itself; the answer is
-    still exactly the nearest visible rows (brute-force cosine), whether most revisions
-    are visible (40 of 60) or few (17 of 200: the filtered query answers)."""
+    """KB-IDX-14: the SQLite index's vector list is exactly the nearest visible rows
+    (brute-force cosine), from the organisation's vectors in memory, or (over the memory
+    limit) from vec0, which is asked for the organisation's nearest rows first and drops
+    other revisions' itself, whether most revisions are visible (40 of 60) or few (17 of
+    200: the filtered query answers)."""
     import numpy as np
+
+    if not in_memory:
+        monkeypatch.setattr("knowledge_server.kb.index.sqlite.MEMORY_VECTOR_BYTES", 0)
 
     rng = np.random.default_rng(14)
     idx = SqliteRetrievalIndex(tmp_path / STORE_FILE, dim=8)
@@ -442,3 +451,53 @@ def test_kb_idx_14_sqlite_vector_nearest_of_many_revisions_are_exact(
             assert [h.chunk.chunk_id for h in hits] == best
     finally:
         idx.close()
+
+
+def test_kb_idx_15_sqlite_in_memory_lists_follow_writes_of_other_processes(tmp_path: Path) -> None:
+    """KB-IDX-15: the organisation's rows held in memory follow every write to the store,
+    also one made through another connection (another serving process): a new revision's
+    rows are found, a dropped one's never, and tag filters give what vec0 and the joined
+    text query give."""
+    import numpy as np
+
+    rng = np.random.default_rng(15)
+    reader = SqliteRetrievalIndex(tmp_path / STORE_FILE, dim=8)
+    writer = SqliteRetrievalIndex(tmp_path / STORE_FILE, dim=8)
+
+    def rows(rev: str, words: str, tags: tuple[str, ...]) -> list[IndexChunk]:
+        return [
+            IndexChunk(
+                f"{rev}:{n}",
+                "o",
+                f"t-{rev}",
+                rev,
+                "s",
+                n,
+                "text",
+                "T",
+                (),
+                None,
+                f"{words} {n}",
+                tags,
+            )
+            for n in range(4)
+        ]
+
+    try:
+        writer.stage("o", "r1", rows("r1", "alpha beta", ("a",)), rng.normal(size=(4, 8)).tolist())
+        q = rng.normal(size=8).tolist()
+        first = reader.search("o", "alpha", q, revision_ids={"r1", "r2"}, k=10)
+        assert {h.chunk.revision_id for h in first} == {"r1"}
+        writer.stage("o", "r2", rows("r2", "alpha gamma", ("b",)), rng.normal(size=(4, 8)).tolist())
+        second = reader.search("o", "alpha", q, revision_ids={"r1", "r2"}, k=10)
+        assert {h.chunk.revision_id for h in second} == {"r1", "r2"}
+        tagged = reader.search("o", "alpha", q, revision_ids={"r1", "r2"}, k=10, tags=("b",))
+        assert {h.chunk.revision_id for h in tagged} == {"r2"}
+        some = reader.search("o", "gamma", q, revision_ids={"r1", "r2"}, k=10, any_tags=("a", "zz"))
+        assert {h.chunk.revision_id for h in some} == {"r1"}
+        writer.drop_revision("o", "r2")
+        third = reader.search("o", "gamma alpha", q, revision_ids={"r1", "r2"}, k=10)
+        assert {h.chunk.revision_id for h in third} == {"r1"}
+    finally:
+        reader.close()
+        writer.close()

@@ -6,21 +6,25 @@ the prompt's delimiters."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+from knowledge_server.auth_model import Principal
+from knowledge_server.code.embed import HashingEmbedder
 from knowledge_server.docgraph.llm import LLMClient, LLMSettings
-from knowledge_server.errors import DependencyUnavailable
+from knowledge_server.errors import DependencyUnavailable, InvalidRequest
 from knowledge_server.kb.deps import Budget, HttpReranker, Permanent, Transient, call_within, chat
 from knowledge_server.kb.index.port import IndexChunk, IndexHit
 from knowledge_server.kb.retrieve import (
+    BUILTIN_TEMPLATE,
     Evidence,
     QuestionTerms,
     Retriever,
     check_citations,
     valid_trace_id,
 )
-from knowledge_server.kb.store import CitableRevision
+from knowledge_server.kb.store import CitableRevision, KBStore
 from knowledge_server.testing.fake_models import FakeModelServer
 
 
@@ -197,3 +201,18 @@ def test_chat_failure_is_the_chat_dependency() -> None:
         llm.close()
         assert fake.calls["chat"] == 1  # a 400 is not retried
     assert err.value.dependency == "chat" and err.value.cause == "http 400"
+
+
+def test_an_organisation_without_a_default_template_gets_the_built_in_one(tmp_path: Path) -> None:
+    """Answer's template: DEFAULT omitted or named falls back to the built-in one when the
+    organisation has none; any other unknown code is refused."""
+    store = KBStore(tmp_path)
+    try:
+        retriever = Retriever(store, None, HashingEmbedder())
+        who = Principal(id="a", organisation="o", workspaces=None, role="agent")
+        assert retriever.template(who, "") == ("DEFAULT", BUILTIN_TEMPLATE)
+        assert retriever.template(who, "DEFAULT") == ("DEFAULT", BUILTIN_TEMPLATE)
+        with pytest.raises(InvalidRequest, match="NOPE"):
+            retriever.template(who, "NOPE")
+    finally:
+        store.close()

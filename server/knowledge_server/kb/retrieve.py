@@ -361,7 +361,7 @@ class Retriever:
         name = code.strip() or DEFAULT_TEMPLATE
         row = self._metadata(lambda: self.store.template(who.organisation, name))
         if row is None:
-            if not code.strip():
+            if name == DEFAULT_TEMPLATE:  # named or not: the built-in one stands in
                 return DEFAULT_TEMPLATE, BUILTIN_TEMPLATE
             raise InvalidRequest(
                 f"templateCode: your organisation has no template {name!r}",

@@ -57,6 +57,9 @@ MAX_CANDIDATES = 400
 WIDEN = 4
 MAX_WIDE_CANDIDATES = 1_600
 WIDEN_ABOVE_REVISIONS = 16
+# Organisations' vectors held in memory for the vector list (``_OrgVectors``), at most
+# this many bytes of them in all; an organisation beyond it is searched by vec0.
+MEMORY_VECTOR_BYTES = 256 * 1024 * 1024
 
 # Vectors per sqlite-vec storage chunk. vec0 allocates whole chunks per partition (here an
 # organisation): with its default of 1,024, 100 organisations of one row each took 103 MiB
@@ -89,12 +92,97 @@ CREATE VIRTUAL TABLE chunks_fts USING fts5(
 CREATE TABLE vector_tables(dim INTEGER PRIMARY KEY, tbl TEXT NOT NULL UNIQUE);
 """
 
-MIGRATIONS = Migrations("kb_index.sqlite", (Step("001_initial", _BASELINE),))
+# Each write of an organisation's rows bumps its generation: a process holding that
+# organisation's vectors in memory sees the change on its next search.
+_GENERATIONS = """
+CREATE TABLE generations(org TEXT PRIMARY KEY, gen INTEGER NOT NULL);
+"""
+
+MIGRATIONS = Migrations(
+    "kb_index.sqlite",
+    (Step("001_initial", _BASELINE), Step("002_generations", _GENERATIONS)),
+)
+
+
+class _OrgVectors:
+    """One organisation's rows for the vector list, in memory: row ids (ascending), unit
+    vectors, a revision code per row and a mask per tag. A search is one matrix-vector
+    product over them (exact: the same nearest rows as vec0's brute-force scan), where
+    vec0 read and compared every stored vector per question (bench/RESULTS.md)."""
+
+    def __init__(self, gen: int, rows: Sequence[tuple[Any, ...]], dim: int) -> None:
+        self.gen = gen
+        self.ids = np.asarray([int(r[0]) for r in rows], dtype=np.int64)
+        codes: dict[str, int] = {}
+        self.revs = np.asarray(
+            [codes.setdefault(str(r[1]), len(codes)) for r in rows], dtype=np.int32
+        )
+        self.codes = codes
+        m = np.frombuffer(b"".join(bytes(r[2]) for r in rows), dtype=np.float32)
+        m = m.reshape(len(rows), dim) if rows else np.zeros((0, dim), dtype=np.float32)
+        norms = np.linalg.norm(m, axis=1, keepdims=True)
+        self.matrix = m / np.where(norms == 0, 1.0, norms)
+        tag_rows: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            for tag in json.loads(str(r[3])):
+                tag_rows.setdefault(str(tag), []).append(i)
+        self.tags = {t: np.asarray(ix, dtype=np.int64) for t, ix in tag_rows.items()}
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.matrix.nbytes + self.ids.nbytes + self.revs.nbytes)
+
+    def visible(
+        self, revision_ids: Collection[str], tags: Collection[str], any_tags: Collection[str]
+    ) -> np.ndarray:
+        """The mask of rows in ``revision_ids`` carrying every tag and one of ``any_tags``."""
+        wanted = [self.codes[r] for r in revision_ids if r in self.codes]
+        mask = np.isin(self.revs, np.asarray(wanted, dtype=np.int32))
+        for tag in set(tags):
+            has = np.zeros(len(self.ids), dtype=bool)
+            has[self.tags.get(tag, np.zeros(0, dtype=np.int64))] = True
+            mask &= has
+        if any_tags:
+            some = np.zeros(len(self.ids), dtype=bool)
+            for tag in set(any_tags):
+                some[self.tags.get(tag, np.zeros(0, dtype=np.int64))] = True
+            mask &= some
+        return mask
+
+    def nearest(self, query: np.ndarray, mask: np.ndarray, n: int) -> list[int]:
+        """Row ids of the ``n`` nearest visible rows by cosine distance, ties by row id."""
+        positions = np.flatnonzero(mask)
+        if positions.size == 0:
+            return []
+        q = query / (np.linalg.norm(query) or 1.0)
+        dist = (
+            1.0 - self.matrix[positions] @ q
+            if positions.size < len(self.ids)
+            else 1.0 - self.matrix @ q
+        )
+        if n < dist.size:
+            # Everything at least as near as the n-th, so ties at the boundary stay exact.
+            cut = np.partition(dist, n - 1)[n - 1]
+            keep = np.flatnonzero(dist <= cut)
+        else:
+            keep = np.arange(dist.size)
+        ids = self.ids[positions[keep]]
+        order = np.lexsort((ids, dist[keep]))
+        return [int(i) for i in ids[order][:n]]
+
 
 _COLUMNS = (
     "id, org, chunk_id, topic_id, revision_id, source_id, ordinal, kind, title, "
     "section_path, page, text, tags"
 )
+
+
+def _bump(conn: apsw.Connection, org: str) -> None:
+    conn.execute(
+        "INSERT INTO generations(org, gen) VALUES(?, 1) "
+        "ON CONFLICT(org) DO UPDATE SET gen = gen + 1",
+        (org,),
+    )
 
 
 def _vec_table(dim: int) -> str:
@@ -144,6 +232,9 @@ class SqliteRetrievalIndex:
         self._all: list[apsw.Connection] = []
         self._all_guard = threading.Lock()
         self._closed = False
+        # Organisations' vectors in memory (``_OrgVectors``), least recently used first.
+        self._memory: dict[str, _OrgVectors] = {}
+        self._memory_guard = threading.Lock()
         with self._lock:
             conn = self._connect(write=True)
             with immediate(conn):
@@ -218,6 +309,7 @@ class SqliteRetrievalIndex:
                 (id_list,),
             )
         conn.execute("DELETE FROM chunks WHERE org = ? AND revision_id = ?", (org, revision_id))
+        _bump(conn, org)
         return len(ids)
 
     def stage(
@@ -232,6 +324,7 @@ class SqliteRetrievalIndex:
             conn = self._connect(write=True)
             with immediate(conn):
                 self._delete(conn, org, revision_id)
+                _bump(conn, org)
                 for chunk, vector in zip(chunks, vectors, strict=True):
                     conn.execute(
                         "INSERT INTO chunks(org, chunk_id, topic_id, revision_id, source_id, "
@@ -308,25 +401,38 @@ class SqliteRetrievalIndex:
         revs = json.dumps(sorted(set(revision_ids)))
         n = min(MAX_CANDIDATES, max(k, k * CANDIDATES_PER_HIT))
         tag_sql, tag_params = self._filter_sql(tags, any_tags)
+        memory = self._org_vectors(conn, org)
+        mask = None if memory is None else memory.visible(revision_ids, tags, any_tags)
         lexical: list[str] = []
         match = _fts_query(text)
         if match is not None:
-            lexical = [
-                str(r[0])
-                for r in conn.execute(
-                    "SELECT c.id FROM chunks_fts f JOIN chunks c ON c.id = f.rowid "  # noqa: S608 - tag_sql is built from constant fragments; values are bound
-                    "WHERE chunks_fts MATCH ? AND c.org = ? "
-                    "AND c.revision_id IN (SELECT value FROM json_each(?))"
-                    + tag_sql
-                    + " ORDER BY bm25(chunks_fts), c.id LIMIT ?",
-                    (match, org, revs, *tag_params, n),
-                )
-            ]
+            found = None
+            if memory is not None and mask is not None:
+                found = self._lexical_in_memory(conn, match, n, memory, mask)
+            if found is None:
+                found = [
+                    str(r[0])
+                    for r in conn.execute(
+                        "SELECT c.id FROM chunks_fts f JOIN chunks c ON c.id = f.rowid "  # noqa: S608 - tag_sql is built from constant fragments; values are bound
+                        "WHERE chunks_fts MATCH ? AND c.org = ? "
+                        "AND c.revision_id IN (SELECT value FROM json_each(?))"
+                        + tag_sql
+                        + " ORDER BY bm25(chunks_fts), c.id LIMIT ?",
+                        (match, org, revs, *tag_params, n),
+                    )
+                ]
+            lexical = found
         nearest: list[str] = []
         if vector is not None:
             if len(vector) != self.dim:
                 raise ValueError(f"query vector has {len(vector)} dimensions, not {self.dim}")
-            nearest = self._nearest(conn, org, vector, n, revision_ids, revs, tag_sql, tag_params)
+            if memory is not None and mask is not None:
+                q = np.asarray(vector, dtype=np.float32)
+                nearest = [str(i) for i in memory.nearest(q, mask, n)]
+            else:
+                nearest = self._nearest(
+                    conn, org, vector, n, revision_ids, revs, tag_sql, tag_params
+                )
         fused = rrf(lexical, nearest)
         rows = self._rows(conn, [int(key) for key, *_ in fused])
         hits: list[IndexHit] = []
@@ -339,6 +445,70 @@ class SqliteRetrievalIndex:
             if len(hits) == k:
                 break
         return hits
+
+    def _org_vectors(self, conn: apsw.Connection, org: str) -> _OrgVectors | None:
+        """``org``'s rows in memory, current with the store (its generation); None when
+        they would not fit in ``MEMORY_VECTOR_BYTES``."""
+        gen_sql = "SELECT gen FROM generations WHERE org = ?"
+        rows = conn.execute(gen_sql, (org,)).fetchall()
+        gen = int(str(rows[0][0])) if rows else 0
+        with self._memory_guard:
+            held = self._memory.pop(org, None)
+            if held is not None and held.gen == gen:
+                self._memory[org] = held  # most recently used last
+                return held
+        count = int(
+            str(conn.execute("SELECT count(*) FROM chunks WHERE org = ?", (org,)).fetchall()[0][0])
+        )
+        if count * self.dim * 4 > MEMORY_VECTOR_BYTES:
+            return None
+        loaded = conn.execute(
+            f"SELECT v.rowid, v.revision_id, v.embedding, c.tags FROM {self._vec} v "  # noqa: S608 - a fixed-pattern table name
+            "JOIN chunks c ON c.id = v.rowid WHERE v.org = ? ORDER BY v.rowid",
+            (org,),
+        ).fetchall()
+        again = conn.execute(gen_sql, (org,)).fetchall()
+        memory = _OrgVectors(gen, loaded, self.dim)
+        if (int(str(again[0][0])) if again else 0) != gen:
+            return memory  # written meanwhile: good for this question, not kept
+        with self._memory_guard:
+            self._memory[org] = memory
+            total = sum(m.nbytes for m in self._memory.values())
+            while total > MEMORY_VECTOR_BYTES and len(self._memory) > 1:
+                oldest = next(iter(self._memory))
+                total -= self._memory.pop(oldest).nbytes
+        return memory
+
+    @staticmethod
+    def _lexical_in_memory(
+        conn: apsw.Connection, match: str, n: int, memory: _OrgVectors, mask: np.ndarray
+    ) -> list[str] | None:
+        """The ``n`` best BM25 rows among the visible ones, read from the text index alone
+        (no join per match) and filtered by the organisation's rows in memory; None when
+        the widened list held too few visible rows (the joined query answers then)."""
+        wide = min(MAX_WIDE_CANDIDATES, n * WIDEN)
+        ids = np.asarray(
+            [
+                int(r[0])
+                for r in conn.execute(
+                    "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? "
+                    "ORDER BY bm25(chunks_fts), rowid LIMIT ?",
+                    (match, wide),
+                )
+            ],
+            dtype=np.int64,
+        )
+        if ids.size == 0:
+            return []
+        pos = np.searchsorted(memory.ids, ids)
+        pos_ok = pos < memory.ids.size
+        hit = np.zeros(ids.size, dtype=bool)
+        hit[pos_ok] = memory.ids[pos[pos_ok]] == ids[pos_ok]
+        hit[hit] = mask[pos[hit]]
+        kept = [str(i) for i in ids[hit][:n]]
+        if len(kept) >= n or ids.size < wide:
+            return kept
+        return None
 
     def _nearest(
         self,
