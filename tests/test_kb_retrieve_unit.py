@@ -216,3 +216,38 @@ def test_an_organisation_without_a_default_template_gets_the_built_in_one(tmp_pa
             retriever.template(who, "NOPE")
     finally:
         store.close()
+
+
+async def test_a_call_no_retrieval_thread_takes_up_is_the_server_busy(tmp_path: Path) -> None:
+    """When every retrieval thread is held by other calls until the budget ends, the call
+    waiting for one is UNAVAILABLE naming ``server`` (an overloaded server), not one of
+    the dependencies it never reached; the held calls name the step they were in."""
+    import asyncio
+
+    from knowledge_server import deadline
+    from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2
+    from knowledge_server.kb.api import KnowledgeBaseApi
+    from knowledge_server.kb.retrieve import RetrieveSettings
+
+    store = KBStore(tmp_path)
+
+    class Slow(Retriever):
+        def check_request(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def, override]
+            time.sleep(0.6)  # holds its thread past the budget
+            return super().check_request(*args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        api = KnowledgeBaseApi(
+            Slow(store, None, HashingEmbedder(), settings=RetrieveSettings(total_timeout_ms=300))
+        )
+        who = Principal(id="a", organisation="o", workspaces=None, role="agent")
+        calls = [
+            api.retrieve(kb_retrieve_pb2.RetrieveRequest(query="q"), who, f"t{i}")
+            for i in range(deadline.POOL_THREADS + 1)
+        ]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        names = sorted(r.dependency for r in results if isinstance(r, DependencyUnavailable))
+        assert names == ["metadata"] * deadline.POOL_THREADS + ["server"]
+        await asyncio.sleep(0.8)  # let the held threads finish before the store closes
+    finally:
+        store.close()

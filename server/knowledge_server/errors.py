@@ -78,7 +78,8 @@ class Unavailable(KnowledgeError):
 
 class DependencyUnavailable(Unavailable):
     """Retrieval or answering could not finish: a dependency (``dependency`` in the
-    metadata: embedder, reranker, chat, index, metadata) was down, failing or slower
+    metadata: embedder, reranker, chat, index, metadata; server when no retrieval
+    thread was free) was down, failing or slower
     than the end-to-end budget. Never turned into "no evidence"."""
 
     reason = "KNOWLEDGE_DEPENDENCY_UNAVAILABLE"

@@ -78,6 +78,7 @@ class KnowledgeBaseApi:
         r = self.retriever
 
         def work() -> Retrieval:
+            step.name = "metadata"
             with r.store.reads_until(budget.deadline):
                 checked = r.check_request(
                     principal, req.query, req.all_tag_codes, req.any_tag_codes, req.top_k
@@ -115,6 +116,7 @@ class KnowledgeBaseApi:
         r = self.retriever
 
         def work() -> _Answered:
+            step.name = "metadata"
             with r.store.reads_until(budget.deadline):
                 checked = r.check_request(
                     principal, req.query, req.all_tag_codes, req.any_tag_codes, req.top_k

@@ -192,9 +192,11 @@ class _Checked:
 
 @dataclass
 class Step:
-    """The step a call is in, read by the async side when the budget runs out."""
+    """The step a call is in, read by the async side when the budget runs out. Until a
+    retrieval thread takes the call up it is "server": every thread was busy with other
+    calls (an overloaded server, not a failing dependency)."""
 
-    name: str = "metadata"
+    name: str = "server"
     timings: dict[str, float] = field(default_factory=dict)
 
 
