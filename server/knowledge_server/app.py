@@ -44,7 +44,8 @@ from knowledge_server.errors import (
 from knowledge_server.kb.admin import KnowledgeBaseAdmin
 from knowledge_server.kb.api import KnowledgeBaseApi
 from knowledge_server.kb.deps import HttpReranker
-from knowledge_server.kb.retrieve import Retriever, RetrieveSettings, SearchIndex
+from knowledge_server.kb.index.port import SearchIndex
+from knowledge_server.kb.retrieve import Retriever, RetrieveSettings
 from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.lanes.common import run_with_progress
 from knowledge_server.lanes.contract import Lanes

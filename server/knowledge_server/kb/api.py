@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2 as pb
@@ -26,6 +28,7 @@ from knowledge_server.kb.retrieve import (
     Retriever,
     Step,
     check_citations,
+    elapsed_ms,
     valid_trace_id,
 )
 from knowledge_server.logs import get_logger
@@ -33,6 +36,8 @@ from knowledge_server.logs import get_logger
 __all__ = ["POOL", "KnowledgeBaseApi"]
 
 log = get_logger("knowledge.kb.retrieve")
+
+R = TypeVar("R")
 
 # The thread pool retrieval runs in (deadline.off_loop): its own, so a hanging dependency
 # holds retrieval's threads only.
@@ -54,48 +59,55 @@ class KnowledgeBaseApi:
     def __init__(self, retriever: Retriever) -> None:
         self.retriever = retriever
 
-    async def _run(self, fn, trace_id: str, budget: Budget, step: Step, *args: object):  # type: ignore[no-untyped-def]
+    async def _run(
+        self, event: str, work: Callable[[Budget, Step], R], trace_id: str, started: float
+    ) -> R:
+        """``work`` in a retrieval thread under a new budget. Past the budget, or when a
+        dependency fails, the call is ``DependencyUnavailable`` naming the step (the
+        trace id in its metadata), logged as ``<event>_unavailable``."""
+        budget = Budget.of_ms(self.retriever.settings.total_timeout_ms)
+        step = Step()
+
+        def in_thread() -> R:
+            step.name = "metadata"  # a thread took the call up: its first reads are there
+            return work(budget, step)
+
         try:
             return await asyncio.wait_for(
-                deadline.off_loop(fn, *args, pool=POOL),
+                deadline.off_loop(in_thread, pool=POOL),
                 timeout=max(0.0, budget.remaining()) + _GRACE_S,
             )
         except TimeoutError:
-            raise DependencyUnavailable(
+            failed = DependencyUnavailable(
                 step.name, "timeout (budget exhausted)", trace_id=trace_id
-            ) from None
+            )
         except DependencyUnavailable as exc:
             exc.metadata["trace_id"] = trace_id
-            raise
+            failed = exc
+        log.warning(
+            f"{event}_unavailable",
+            trace_id=trace_id,
+            dependency=failed.dependency,
+            cause=failed.cause,
+            ms=elapsed_ms(started),
+        )
+        raise failed from None
 
     async def retrieve(
         self, req: pb.RetrieveRequest, principal: Principal, trace_id: str | None
     ) -> pb.RetrieveResponse:
         tid = valid_trace_id(trace_id)
         started = time.perf_counter()
-        budget = Budget.of_ms(self.retriever.settings.total_timeout_ms)
-        step = Step()
         r = self.retriever
 
-        def work() -> Retrieval:
-            step.name = "metadata"
+        def work(budget: Budget, step: Step) -> Retrieval:
             with r.store.reads_until(budget.deadline):
                 checked = r.check_request(
                     principal, req.query, req.all_tag_codes, req.any_tag_codes, req.top_k
                 )
                 return r.retrieve(principal, checked, tid, budget, step)
 
-        try:
-            result: Retrieval = await self._run(work, tid, budget, step)
-        except DependencyUnavailable as exc:
-            log.warning(
-                "kb.retrieve_unavailable",
-                trace_id=tid,
-                dependency=exc.dependency,
-                cause=exc.cause,
-                ms=_ms(started),
-            )
-            raise
+        result = await self._run("kb.retrieve", work, tid, started)
         out = pb.RetrieveResponse(
             answerable=bool(result.sources),
             trace_id=tid,
@@ -111,12 +123,9 @@ class KnowledgeBaseApi:
     ) -> pb.AnswerResponse:
         tid = valid_trace_id(trace_id)
         started = time.perf_counter()
-        budget = Budget.of_ms(self.retriever.settings.total_timeout_ms)
-        step = Step()
         r = self.retriever
 
-        def work() -> _Answered:
-            step.name = "metadata"
+        def work(budget: Budget, step: Step) -> _Answered:
             with r.store.reads_until(budget.deadline):
                 checked = r.check_request(
                     principal, req.query, req.all_tag_codes, req.any_tag_codes, req.top_k
@@ -128,19 +137,9 @@ class KnowledgeBaseApi:
             step.name = "chat"
             asked = time.perf_counter()
             text = r.answer(checked.query, body, result.sources, budget, tid)
-            return _Answered(result, code, text, _ms(asked))
+            return _Answered(result, code, text, elapsed_ms(asked))
 
-        try:
-            done: _Answered = await self._run(work, tid, budget, step)
-        except DependencyUnavailable as exc:
-            log.warning(
-                "kb.answer_unavailable",
-                trace_id=tid,
-                dependency=exc.dependency,
-                cause=exc.cause,
-                ms=_ms(started),
-            )
-            raise
+        done = await self._run("kb.answer", work, tid, started)
         result = done.retrieval
         if result.sources:
             text, check = check_citations(done.text, len(result.sources))
@@ -172,10 +171,6 @@ def _log(event: str, tid: str, result: Retrieval, started: float, **extra: objec
         dropped_other_organisation=t.dropped_other_organisation,
         dropped_uncitable=t.dropped_uncitable,
         below_min_score=t.below_min_score,
-        ms=_ms(started),
+        ms=elapsed_ms(started),
         **extra,
     )
-
-
-def _ms(started: float) -> int:
-    return round((time.perf_counter() - started) * 1000)

@@ -29,10 +29,10 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TypeVar
 
 import apsw
 
@@ -43,18 +43,22 @@ from knowledge_server.docgraph.llm import LLMClient
 from knowledge_server.errors import DependencyUnavailable, InvalidRequest, UnknownTag
 from knowledge_server.kb.deps import Budget, Reranker, call_within, chat
 from knowledge_server.kb.deps import embed_question as _embed
-from knowledge_server.kb.index.port import RRF_K, IndexHit
+from knowledge_server.kb.index.port import RRF_K, IndexHit, SearchIndex
 from knowledge_server.kb.store import CitableRevision, KBStore, StoreBusy
 from knowledge_server.textlang import STOP_WORDS, stem_en, stem_ru
 
 __all__ = [
+    "BUILTIN_TEMPLATE",
     "DEFAULT_TEMPLATE",
     "NO_EVIDENCE",
     "Evidence",
+    "QuestionTerms",
+    "Retrieval",
     "RetrieveSettings",
     "Retriever",
-    "SearchIndex",
+    "Step",
     "check_citations",
+    "elapsed_ms",
     "new_trace_id",
     "valid_trace_id",
 ]
@@ -80,24 +84,6 @@ _CYRILLIC = re.compile(r"[\u0400-\u04ff]")
 # The prompt's own delimiters, neutralised inside quoted text so it cannot close them.
 _DELIMITER = re.compile(r"</?\s*(evidence|question)\s*>", re.IGNORECASE)
 _FUSED_MAX = 2.0 / (RRF_K + 1)  # a chunk first in both lists
-
-
-@runtime_checkable
-class SearchIndex(Protocol):
-    """What retrieval calls on the retrieval index (``RetrievalIndex.search``)."""
-
-    def search(
-        self,
-        org: str,
-        text: str,
-        vector: Sequence[float] | None,
-        *,
-        revision_ids: Collection[str],
-        k: int,
-        tags: Collection[str] = (),
-        any_tags: Collection[str] = (),
-        timeout_s: float | None = None,
-    ) -> list[IndexHit]: ...
 
 
 @dataclass(frozen=True)
@@ -197,7 +183,6 @@ class Step:
     calls (an overloaded server, not a failing dependency)."""
 
     name: str = "server"
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 def _dedupe(values: Sequence[str]) -> tuple[str, ...]:
@@ -408,7 +393,7 @@ class Retriever:
         started = time.perf_counter()
         step.name = "embedder"
         vector = _embed(self.embedder, req.query, budget, retries=s.max_retries, trace_id=trace_id)
-        trace.embed_ms = _ms(started)
+        trace.embed_ms = elapsed_ms(started)
         started = time.perf_counter()
         step.name = "index"
         if budget.remaining() <= 0:
@@ -428,16 +413,16 @@ class Retriever:
             )
         except Exception as exc:  # noqa: BLE001 - any index failure is the index's unavailability
             raise DependencyUnavailable("index", type(exc).__name__, trace_id=trace_id) from None
-        trace.search_ms = _ms(started)
+        trace.search_ms = elapsed_ms(started)
         trace.candidates = len(hits)
         started = time.perf_counter()
         step.name = "metadata"
         evidence = self._recheck(org, hits, trace)
-        trace.check_ms = _ms(started)
+        trace.check_ms = elapsed_ms(started)
         step.name = "reranker"
         started = time.perf_counter()
         kept = self._score(req, evidence, trace, budget, trace_id)
-        trace.rerank_ms = _ms(started)
+        trace.rerank_ms = elapsed_ms(started)
         return Retrieval(kept[: req.top_k], trace, trace_id)
 
     def _recheck(
@@ -548,5 +533,6 @@ def _citable(hit: IndexHit, rev: CitableRevision) -> bool:
     )
 
 
-def _ms(started: float) -> int:
+def elapsed_ms(started: float) -> int:
+    """Whole milliseconds since ``started`` (a ``time.perf_counter()`` value)."""
     return round((time.perf_counter() - started) * 1000)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from knowledge_server.kb.chunk import Chunk
 
@@ -31,6 +31,7 @@ __all__ = [
     "IndexChunk",
     "IndexHit",
     "RetrievalIndex",
+    "SearchIndex",
     "index_chunks",
     "recheck",
     "rrf",
@@ -65,21 +66,9 @@ class IndexHit:
     vector_rank: int | None
 
 
-class RetrievalIndex(Protocol):
-    def stage(
-        self,
-        org: str,
-        revision_id: str,
-        chunks: Sequence[IndexChunk],
-        vectors: Sequence[Sequence[float]],
-    ) -> None:
-        """Write a revision's chunks with their vectors (one per chunk, in order).
-        Idempotent: staging a revision again replaces all its rows."""
-        ...
-
-    def drop_revision(self, org: str, revision_id: str) -> int:
-        """Remove a revision's rows; returns how many there were (0 the second time)."""
-        ...
+@runtime_checkable
+class SearchIndex(Protocol):
+    """The read side of the retrieval index: what Retrieve calls."""
 
     def search(
         self,
@@ -102,6 +91,23 @@ class RetrievalIndex(Protocol):
         ``timeout_s``: how long a remote backend may take before the call fails (what
         is left of the caller's budget; None: the backend's own default). An embedded
         backend has nothing to wait for and ignores it."""
+        ...
+
+
+class RetrievalIndex(SearchIndex, Protocol):
+    def stage(
+        self,
+        org: str,
+        revision_id: str,
+        chunks: Sequence[IndexChunk],
+        vectors: Sequence[Sequence[float]],
+    ) -> None:
+        """Write a revision's chunks with their vectors (one per chunk, in order).
+        Idempotent: staging a revision again replaces all its rows."""
+        ...
+
+    def drop_revision(self, org: str, revision_id: str) -> int:
+        """Remove a revision's rows; returns how many there were (0 the second time)."""
         ...
 
     def revision_counts(self, org: str | None = None) -> dict[tuple[str, str], int]:
