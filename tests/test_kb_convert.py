@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from fpdf import FPDF
 from knowledge_server.kb.chunk import ChunkSettings, chunk_document
 from knowledge_server.kb.convert import (
     Block,
@@ -33,6 +32,8 @@ from knowledge_server.kb.convert import (
     convert_faq,
 )
 from knowledge_server.search.coordinator import count_tokens
+
+from tests.pdfs import make_pdf
 
 # --------------------------------------------------------------------------- Markdown corpus
 
@@ -120,21 +121,10 @@ def test_markdown_structure_tables_code_and_raw_html_stay_text() -> None:
 # --------------------------------------------------------------------------- PDF, HTML, text
 
 
-def _pdf(pages: list[str], title: str = "") -> bytes:
-    pdf = FPDF()
-    if title:
-        pdf.set_title(title)
-    pdf.set_font("helvetica", size=12)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 8, text)
-    return bytes(pdf.output())
-
-
 def test_pdf_pages_are_numbered_from_one() -> None:
     """Each PDF page's text carries its page number into the chunks, which never span
     two pages; the title comes from the metadata."""
-    data = _pdf(
+    data = make_pdf(
         [
             "Refunds are processed by the payments team.",
             "Card refunds arrive within three working days.",
@@ -152,7 +142,7 @@ def test_pdf_pages_are_numbered_from_one() -> None:
 
 
 def test_pdf_over_the_page_limit_and_fake_pdf_are_refused() -> None:
-    data = _pdf(["one", "two", "three"])
+    data = make_pdf(["one", "two", "three"])
     with pytest.raises(SourceTooLarge):
         Converter(ConvertLimits(max_pages=2)).convert(Source("big.pdf", data))
     with pytest.raises(ConversionMalformed):
@@ -366,7 +356,7 @@ def test_docling_async_conversion_polls_until_done(docling: str) -> None:
 
 
 def test_docling_pdf_only_when_asked(docling: str) -> None:
-    pdf = Source("h.pdf", _pdf(["local text"]))
+    pdf = Source("h.pdf", make_pdf(["local text"]))
     local = Converter(docling=DoclingServeClient(docling)).convert(pdf)
     assert [b.text for b in local.blocks] == ["local text"] and not _Docling.uploads
     remote = Converter(

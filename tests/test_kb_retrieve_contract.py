@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fpdf import FPDF
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from knowledge_sdk import KnowledgeClient, Unavailable
 
 from tests.kb_world import KbWorld, publish, start_world
+from tests.pdfs import make_pdf
 
 BUDGET_S = 2.5  # kb_world's retrieve_total_timeout_ms
 SLACK_S = 1.0  # transport and scheduling on a loaded 2-core machine
@@ -277,16 +277,6 @@ def test_kr6m_metadata_store_held_past_the_budget_is_unavailable_not_no_evidence
 # -- KR-7p: citations of a real PDF --------------------------------------------------------------
 
 
-def _pdf(pages: list[str], title: str) -> bytes:
-    pdf = FPDF()
-    pdf.set_title(title)
-    pdf.set_font("helvetica", size=12)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 8, text)
-    return bytes(pdf.output())
-
-
 PDF_PAGES = [
     "Warranty claims are handled by the service desk of the nearest store.",
     "Batteries of cordless drills carry a warranty of eighteen months from purchase.",
@@ -303,7 +293,7 @@ def test_kr7p_pdf_sources_cite_the_page_their_text_is_on(world: KbWorld) -> None
             "warranty",
             "Warranty handbook",
             "4.1",
-            files=(("warranty.pdf", _pdf(PDF_PAGES, "Warranty handbook")),),
+            files=(("warranty.pdf", make_pdf(PDF_PAGES, "Warranty handbook")),),
         )
         stored = kc.kb_get_revision(rev).revision
     with world.client("agent-org-a") as kc:
