@@ -234,6 +234,9 @@ class SqliteRetrievalIndex:
         self._closed = False
         # Organisations' vectors in memory (``_OrgVectors``), least recently used first.
         self._memory: dict[str, _OrgVectors] = {}
+        # Organisations found too large for memory, with the generation they were counted
+        # at: not counted again on every search until they change.
+        self._too_large: dict[str, int] = {}
         self._memory_guard = threading.Lock()
         with self._lock:
             conn = self._connect(write=True)
@@ -457,10 +460,14 @@ class SqliteRetrievalIndex:
             if held is not None and held.gen == gen:
                 self._memory[org] = held  # most recently used last
                 return held
+            if self._too_large.get(org) == gen:
+                return None
         count = int(
             str(conn.execute("SELECT count(*) FROM chunks WHERE org = ?", (org,)).fetchall()[0][0])
         )
         if count * self.dim * 4 > MEMORY_VECTOR_BYTES:
+            with self._memory_guard:
+                self._too_large[org] = gen
             return None
         loaded = conn.execute(
             f"SELECT v.rowid, v.revision_id, v.embedding, c.tags FROM {self._vec} v "  # noqa: S608 - a fixed-pattern table name
