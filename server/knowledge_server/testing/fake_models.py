@@ -71,7 +71,7 @@ class _Handler(BaseHTTPRequestHandler):
     # Keep-alive, as model servers answer: the clients (httpx) reuse their connections.
     protocol_version = "HTTP/1.1"
     # Headers and body go out in two writes: without this, Nagle's algorithm holds the
-    # body for the client's delayed ACK (about 40 ms) on a kept-alive connection.
+    # body for the client's delayed ACK on a kept-alive connection (bench/RESULTS.md, bench_kb_retrieve).
     disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -281,7 +281,7 @@ class MilvusRetrievalIndex:
             raise ValueError(f"query vector has {len(vector)} dimensions, not {self.dim}")
         expr = self._filter(org, revision_ids, tags, any_tags)
         # pymilvus applies the client's timeout to connecting only: a call without one
-        # waits for a stopped server until the connection's keepalive gives up (63 s).
+        # waits for a stopped server until the connection's keepalive gives up.
         timeout = self.timeout_s if timeout_s is None else max(0.001, timeout_s)
         query = _clip(text.strip())
         dense = None if vector is None else [float(x) for x in vector]
