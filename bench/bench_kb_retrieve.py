@@ -14,7 +14,8 @@ chat model over HTTP. Over gRPC with the Python SDK:
 
 * Retrieve P50 / P95 with one client, the same questions to SQLite and Milvus Lite,
   alternating question by question, and the server's own step timings from the trace
-  (embed, search, check, rerank);
+  (embed, search, check, rerank); then each server alone, one after the other, on
+  another 200 questions of the same kind;
 * throughput with ``--clients`` (16) client processes (the SDK decodes in pure Python: in
   threads of one process the client would be the bottleneck);
 * Answer's own overhead: Answer latency minus the model's time (``model_ms``), next to
@@ -136,21 +137,22 @@ def _copy_to_milvus(sqlite_data: Path, milvus_data: Path) -> None:
     server_manager_instance.release_server(str(milvus_data / MILVUS_LITE_FILE))
 
 
-def _questions(data: Path, n: int) -> list[str]:
+def _questions(data: Path, n: int, seed: int = 23) -> list[str]:
     """The first twelve words of ``n`` published chunks (fixed seed): questions the
     knowledge answers, in its own words."""
     index = open_index(data, DIM)
     kb = KnowledgeBase(data, index=index, embedder=HashingEmbedder(DIM))
     revs = kb.store.revisions_in_states(ORG, ("PUBLISHED",))
-    rng = random.Random(23)
+    rng = random.Random(seed)
     out: list[str] = []
     while len(out) < n:
         rev = rng.choice(revs)
         ordinal = rng.randrange(rev.chunk_count)
         chunk = index.get_chunks(ORG, [f"{rev.id}:{ordinal}"])[0]
         words = re.findall(r"[A-Za-z][A-Za-z0-9-]{2,}", chunk.text)
-        if len(words) >= 6:
-            out.append(" ".join(words[:12]))
+        question = " ".join(words[:12])
+        if len(words) >= 6 and len(question) <= 1000:  # the default query limit
+            out.append(question)
     kb.close()
     return out
 
@@ -333,6 +335,7 @@ def main() -> None:
         (work / BUILT).write_text(str(chunks))
     chunks = int((work / BUILT).read_text())
     questions = _questions(data["sqlite"], args.questions)
+    alone_questions = _questions(data["sqlite"], args.questions, seed=29)
     print(
         f"knowledge base: {chunks} published chunks in one organisation; {len(questions)} questions"
     )
@@ -379,6 +382,21 @@ def main() -> None:
                 f" {statistics.median(s['search']):.0f} / check {statistics.median(s['check']):.0f}"
                 f" / rerank {statistics.median(s['rerank']):.0f} ms, P95 search"
                 f" {_pct(s['search'], 0.95):.0f} ms"
+            )
+
+        # -- one client, one server at a time ----------------------------------------------------
+        # Alternating keeps the comparison fair but wakes an idle process for every call;
+        # here each server answers a run of other questions of the same kind on its own.
+        print("Retrieve, one client, each server alone (other questions):")
+        for b in backends:
+            alone, search = [], []
+            for question in alone_questions:
+                ms, out = _timed(lambda b=b, question=question: clients[b].kb_retrieve(question))
+                alone.append(ms)
+                search.append(float(out.trace.search_ms))
+            print(
+                f"  {b:13s} {_fig(alone)}; server step search P50"
+                f" {statistics.median(search):.0f} / P95 {_pct(search, 0.95):.0f} ms"
             )
 
         # -- answer overhead ---------------------------------------------------------------------

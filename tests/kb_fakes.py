@@ -135,5 +135,8 @@ class MemoryIndex:
                 if c.chunk_id in wanted
             ]
 
+    def warm(self, org: str | None = None, *, wait: bool = False) -> None:
+        """Nothing to prepare."""
+
     def close(self) -> None:
         pass

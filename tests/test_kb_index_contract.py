@@ -16,6 +16,8 @@ KB-IDX-12 staging refuses rows of another organisation or revision, and mismatch
 KB-IDX-13 the embedded store refuses a file written by a newer version (named migrations)
 KB-IDX-14 the embedded index's vector list over many revisions is the exact nearest visible rows
 KB-IDX-15 the embedded index's rows held in memory follow every write, from any connection
+KB-IDX-16 the embedded index's text list in memory ranks as FTS5's bm25() over the same rows
+KB-IDX-17 another organisation's rows, or hidden revisions, do not move a text ranking
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ import pytest
 from knowledge_server.kb.chunk import chunk_document
 from knowledge_server.kb.convert import FaqEntry, convert_faq
 from knowledge_server.kb.index.port import RRF_K, IndexChunk, RetrievalIndex, index_chunks
-from knowledge_server.kb.index.sqlite import STORE_FILE, SqliteRetrievalIndex
+from knowledge_server.kb.index.sqlite import (
+    STORE_FILE,
+    SqliteRetrievalIndex,
+    _fts_query,
+    _search_terms,
+)
 from knowledge_server.schema import StoreTooNew
 
 DIM = 8
@@ -438,6 +445,8 @@ def test_kb_idx_14_sqlite_vector_nearest_of_many_revisions_are_exact(
         for chunk, vec in zip(chunks, vecs, strict=True):
             vectors[chunk.chunk_id] = vec
     shown = {f"rev{r:03d}" for r in rng.choice(total, size=visible, replace=False)}
+    idx.warm("o", wait=True)
+    assert idx.held("o") is in_memory
     try:
         for _ in range(5):
             query = rng.normal(size=8).astype(np.float32)
@@ -483,21 +492,152 @@ def test_kb_idx_15_sqlite_in_memory_lists_follow_writes_of_other_processes(tmp_p
             for n in range(4)
         ]
 
+    def found(text: str, **filters: Any) -> set[str]:
+        hits = reader.search("o", text, q, revision_ids={"r1", "r2"}, k=10, **filters)
+        return {h.chunk.revision_id for h in hits}
+
     try:
         writer.stage("o", "r1", rows("r1", "alpha beta", ("a",)), rng.normal(size=(4, 8)).tolist())
         q = rng.normal(size=8).tolist()
-        first = reader.search("o", "alpha", q, revision_ids={"r1", "r2"}, k=10)
-        assert {h.chunk.revision_id for h in first} == {"r1"}
+        for warm in (False, True):  # a search right after a write, and once rebuilt
+            if warm:
+                reader.warm("o", wait=True)
+                assert reader.held("o")
+            assert found("alpha") == {"r1"}
         writer.stage("o", "r2", rows("r2", "alpha gamma", ("b",)), rng.normal(size=(4, 8)).tolist())
-        second = reader.search("o", "alpha", q, revision_ids={"r1", "r2"}, k=10)
-        assert {h.chunk.revision_id for h in second} == {"r1", "r2"}
-        tagged = reader.search("o", "alpha", q, revision_ids={"r1", "r2"}, k=10, tags=("b",))
-        assert {h.chunk.revision_id for h in tagged} == {"r2"}
-        some = reader.search("o", "gamma", q, revision_ids={"r1", "r2"}, k=10, any_tags=("a", "zz"))
-        assert {h.chunk.revision_id for h in some} == {"r1"}
+        assert not reader.held("o")  # another connection's write is seen
+        for warm in (False, True):
+            if warm:
+                reader.warm("o", wait=True)
+                assert reader.held("o")
+            assert found("alpha") == {"r1", "r2"}
+            assert found("alpha", tags=("b",)) == {"r2"}
+            assert found("gamma", any_tags=("a", "zz")) == {"r1"}
         writer.drop_revision("o", "r2")
-        third = reader.search("o", "gamma alpha", q, revision_ids={"r1", "r2"}, k=10)
-        assert {h.chunk.revision_id for h in third} == {"r1"}
+        assert not reader.held("o")
+        for warm in (False, True):
+            if warm:
+                reader.warm("o", wait=True)
+                assert reader.held("o")
+            assert found("gamma alpha") == {"r1"}
     finally:
         reader.close()
         writer.close()
+
+
+_WORDS = (
+    "refund policy customer order payment invoice shipping delay account password reset "
+    "token ledger balance transfer fee limit card travel insurance claim window"
+).split()
+_EXTRA = ["load_config", "read_only_mode", "возврат средств", "退款政策", "refunds", "paid"]
+
+
+def _corpus(rng: Any, rev: str, org: str, n: int) -> list[IndexChunk]:
+    """``n`` chunks of words drawn with very different frequencies, with identifiers
+    (phrases to FTS5), Cyrillic and CJK words among them."""
+    weights = 1.0 / (1.0 + rng.permutation(len(_WORDS)))
+    weights /= weights.sum()
+    out = []
+    for i in range(n):
+        words = list(rng.choice(_WORDS, size=int(rng.integers(3, 60)), p=weights))
+        if rng.random() < 0.3:
+            words.insert(int(rng.integers(0, len(words))), str(rng.choice(_EXTRA)))
+        out.append(
+            IndexChunk(
+                f"{rev}:{i}",
+                org,
+                f"t-{rev}",
+                rev,
+                "s",
+                i,
+                "text",
+                str(rng.choice(_WORDS)).title(),
+                ("Section", str(i % 3)),
+                1,
+                " ".join(words),
+                (),
+            )
+        )
+    return out
+
+
+_QUESTIONS = (
+    "refund policy",
+    "how do I reset my account password",
+    "payment delay on shipping",
+    "load_config",
+    "read_only_mode token",
+    "возврат средств за заказ",
+    "退款政策",
+    "refunds paid travel insurance claim window fee",
+)
+
+
+def test_kb_idx_16_sqlite_text_list_in_memory_ranks_as_fts5_bm25(tmp_path: Path) -> None:
+    """KB-IDX-16: with one organisation whose every revision is visible, the text list
+    held in memory returns exactly the rows, in the order, of FTS5's ``ORDER BY
+    bm25(chunks_fts), rowid`` (plain words, stems, identifiers that FTS5 reads as phrases,
+    Cyrillic stems and CJK bigrams)."""
+    import numpy as np
+
+    rng = np.random.default_rng(16)
+    idx = SqliteRetrievalIndex(tmp_path / STORE_FILE, dim=DIM)
+    revs = [f"r{r}" for r in range(6)]
+    try:
+        for rev in revs:
+            chunks = _corpus(rng, rev, "o", 40)
+            idx.stage("o", rev, chunks, [_unit(i % DIM) for i in range(len(chunks))])
+        idx.warm("o", wait=True)
+        assert idx.held("o")
+        conn = apsw.Connection(str(tmp_path / STORE_FILE))
+        ids = dict(conn.execute("SELECT id, chunk_id FROM chunks").fetchall())
+        for question in _QUESTIONS:
+            match = _fts_query(_search_terms(question))
+            expected = [
+                ids[r[0]]
+                for r in conn.execute(
+                    "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? "
+                    "ORDER BY bm25(chunks_fts), rowid LIMIT 20",
+                    (match,),
+                )
+            ]
+            assert expected, question
+            hits = idx.search("o", question, None, revision_ids=set(revs), k=20)
+            assert [h.chunk.chunk_id for h in hits] == expected, question
+        conn.close()
+    finally:
+        idx.close()
+
+
+def test_kb_idx_17_other_organisations_do_not_move_a_text_ranking(tmp_path: Path) -> None:
+    """KB-IDX-17: the text list's statistics are those of the rows the question may
+    see: another organisation's rows (and the organisation's own hidden revisions),
+    however many and whatever their words, leave a ranking exactly as it was."""
+    import numpy as np
+
+    rng = np.random.default_rng(17)
+    alone = SqliteRetrievalIndex(tmp_path / "a" / STORE_FILE, dim=DIM)
+    shared = SqliteRetrievalIndex(tmp_path / "b" / STORE_FILE, dim=DIM)
+    try:
+        mine = [_corpus(rng, f"r{r}", "o", 30) for r in range(3)]
+        for index in (alone, shared):
+            for chunks in mine:
+                index.stage("o", chunks[0].revision_id, chunks, [_unit(0)] * len(chunks))
+        for r in range(4):  # other rows, full of the questions' words
+            other = _corpus(rng, f"x{r}", "other", 60)
+            shared.stage("other", f"x{r}", other, [_unit(1)] * len(other))
+        hidden = _corpus(rng, "hidden", "o", 60)
+        shared.stage("o", "hidden", hidden, [_unit(1)] * len(hidden))
+        visible = {"r0", "r1", "r2"}
+        for index in (alone, shared):
+            index.warm("o", wait=True)
+            assert index.held("o")
+        for question in _QUESTIONS:
+            a = alone.search("o", question, None, revision_ids=visible, k=20)
+            b = shared.search("o", question, None, revision_ids=visible, k=20)
+            assert [(h.chunk.chunk_id, h.score) for h in a] == [
+                (h.chunk.chunk_id, h.score) for h in b
+            ], question
+    finally:
+        alone.close()
+        shared.close()

@@ -33,3 +33,45 @@ def test_many_small_organisations_keep_the_store_small(tmp_path: Path) -> None:
     finally:
         conn.close()
     assert pages * page_size < 12 * 1024 * 1024
+
+
+def _rows(rev: str, n: int) -> list[IndexChunk]:
+    return [
+        IndexChunk(f"{rev}:{i}", "o", f"t-{rev}", rev, "s", i, "text", "T", (), None, f"w{i}", ())
+        for i in range(n)
+    ]
+
+
+def test_a_new_generation_tokenises_only_the_rows_it_did_not_hold(tmp_path: Path) -> None:
+    """After a write, the build of the organisation's rows in memory reuses the tokens of
+    the rows it held and tokenises only the new revision's; a dropped revision's rows
+    leave the text list."""
+    index = SqliteRetrievalIndex(tmp_path / STORE_FILE, dim=4)
+    try:
+        index.stage("o", "r1", _rows("r1", 30), [[1.0, 0, 0, 0]] * 30)
+        index.warm("o", wait=True)
+        assert index._memory["o"].text is not None
+        assert index._memory["o"].text.tokenised == 30
+        index.stage("o", "r2", _rows("r2", 5), [[0, 1.0, 0, 0]] * 5)
+        index.warm("o", wait=True)
+        text = index._memory["o"].text
+        assert text is not None and text.tokenised == 5 and len(text.row_tokens) == 35
+        index.drop_revision("o", "r1")
+        index.warm("o", wait=True)
+        text = index._memory["o"].text
+        assert text is not None and text.tokenised == 0 and len(text.row_tokens) == 5
+        hits = index.search("o", "w3", None, revision_ids={"r1", "r2"}, k=5)
+        assert [h.chunk.chunk_id for h in hits] == ["r2:3"]
+    finally:
+        index.close()
+
+
+def test_closing_stops_a_build_and_searches_never_wait_for_one(tmp_path: Path) -> None:
+    """A search that finds the rows in memory out of date starts a build and is answered
+    from the tables meanwhile; closing the index stops a build in progress."""
+    index = SqliteRetrievalIndex(tmp_path / STORE_FILE, dim=4)
+    index.stage("o", "r1", _rows("r1", 3000), [[1.0, 0, 0, 0]] * 3000)
+    assert not index.held("o")
+    hits = index.search("o", "w7", None, revision_ids={"r1"}, k=3)
+    assert [h.chunk.chunk_id for h in hits] == ["r1:7"]  # answered without the build
+    index.close()  # returns with the build stopped or done, its connections closed

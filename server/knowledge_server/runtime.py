@@ -266,6 +266,9 @@ async def start_background(app: KnowledgeApp) -> None:
         tasks.append(asyncio.create_task(licence.watch()))
     if app.kb is not None:
         app.kb.worker.start()  # resumes the queue (tasks a dead process left) at start
+        if app.kb.index is not None:
+            # What retrieval holds in memory is read now, in the background.
+            await asyncio.to_thread(app.kb.index.warm)
     if app.config.bootstrap:
         tasks.append(asyncio.create_task(app.bootstrap()))
     # Follow what the server ingests from: its configured session paths, else the standard

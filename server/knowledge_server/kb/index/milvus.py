@@ -192,6 +192,9 @@ class MilvusRetrievalIndex:
             self.collection, schema=schema, index_params=index, consistency_level="Strong"
         )
 
+    def warm(self, org: str | None = None, *, wait: bool = False) -> None:
+        """Nothing to prepare: the Milvus server holds what its searches need."""
+
     def close(self) -> None:
         self.client.close()
 

@@ -120,6 +120,11 @@ class RetrievalIndex(SearchIndex, Protocol):
         order of ``chunk_ids``."""
         ...
 
+    def warm(self, org: str | None = None, *, wait: bool = False) -> None:
+        """Prepare what searches of ``org`` (every organisation when None) hold in this
+        process, in the background or, with ``wait``, before returning."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -17,6 +17,10 @@ migrations (``MIGRATIONS``). Rows:
 
 Every query filters by organisation and revision inside SQL, and every row read back is
 checked again (``port.recheck``) before it is returned.
+
+An organisation's rows are also held in memory (``_OrgVectors``, its text list
+``memtext.OrgText``), built in the background at each new generation; searches read them
+there once built, and the tables above meanwhile (docs/kb-index.md).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +38,9 @@ import apsw
 import numpy as np
 import sqlite_vec
 
-from knowledge_server.episodes.text import aux_terms, query_terms
+from knowledge_server.episodes.text import QueryTerm, aux_terms, query_terms
 from knowledge_server.fts import compact
+from knowledge_server.kb.index import memtext
 from knowledge_server.kb.index.port import (
     IndexChunk,
     IndexHit,
@@ -42,9 +49,12 @@ from knowledge_server.kb.index.port import (
     validate_stage,
 )
 from knowledge_server.lanes.common import WriterLock
+from knowledge_server.logs import get_logger
 from knowledge_server.schema import Migrations, Step, immediate, store_settings, use_wal
 
 __all__ = ["MIGRATIONS", "STORE_FILE", "SqliteRetrievalIndex"]
+
+_log = get_logger("knowledge.kb.index")
 
 STORE_FILE = "kb_index.sqlite"
 BUSY_MS = 10_000
@@ -60,6 +70,9 @@ WIDEN_ABOVE_REVISIONS = 16
 # Organisations' vectors held in memory for the vector list (``_OrgVectors``), at most
 # this many bytes of them in all; an organisation beyond it is searched by vec0.
 MEMORY_VECTOR_BYTES = 256 * 1024 * 1024
+# What a row's text list takes in memory, roughly (its tokens, postings and counts), for
+# the limit above.
+TEXT_BYTES_PER_ROW = 2048
 
 # Vectors per sqlite-vec storage chunk. vec0 allocates whole chunks per partition (here an
 # organisation): with its default of 1,024, 100 organisations of one row each took 103 MiB
@@ -112,6 +125,7 @@ class _OrgVectors:
 
     def __init__(self, gen: int, rows: Sequence[tuple[Any, ...]], dim: int) -> None:
         self.gen = gen
+        self.text: memtext.OrgText | None = None  # set by the index once built
         self.ids = np.asarray([int(r[0]) for r in rows], dtype=np.int64)
         codes: dict[str, int] = {}
         self.revs = np.asarray(
@@ -130,7 +144,8 @@ class _OrgVectors:
 
     @property
     def nbytes(self) -> int:
-        return int(self.matrix.nbytes + self.ids.nbytes + self.revs.nbytes)
+        held = self.text.nbytes if self.text is not None else 0
+        return int(self.matrix.nbytes + self.ids.nbytes + self.revs.nbytes + held)
 
     def visible(
         self, revision_ids: Collection[str], tags: Collection[str], any_tags: Collection[str]
@@ -213,10 +228,15 @@ def _fts_text(chunk: IndexChunk) -> str:
     return "\n".join([chunk.title, *chunk.section_path, chunk.text])
 
 
-def _fts_query(text: str) -> str | None:
+def _search_terms(text: str) -> list[QueryTerm]:
+    """The question's terms the text list looks for: its words but stop words, or all of
+    them when it has no other."""
     terms = query_terms(text)
-    kept = [t for t in terms if not t.stop] or terms
-    return " OR ".join(t.fts() for t in kept) or None
+    return [t for t in terms if not t.stop] or terms
+
+
+def _fts_query(terms: Sequence[QueryTerm]) -> str | None:
+    return " OR ".join(t.fts() for t in terms) or None
 
 
 class SqliteRetrievalIndex:
@@ -238,6 +258,9 @@ class SqliteRetrievalIndex:
         # at: not counted again on every search until they change.
         self._too_large: dict[str, int] = {}
         self._memory_guard = threading.Lock()
+        # Organisations whose rows are being read into memory, with the generation.
+        self._building: dict[str, int] = {}
+        self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-memory")
         with self._lock:
             conn = self._connect(write=True)
             with immediate(conn):
@@ -282,8 +305,9 @@ class SqliteRetrievalIndex:
         return conn
 
     def close(self) -> None:
+        self._closed = True  # a build in progress stops at its next batch of rows
+        self._builder.shutdown(wait=True, cancel_futures=True)
         with self._all_guard:
-            self._closed = True
             conns, self._all = self._all, []
         for conn in conns:
             conn.close()
@@ -407,24 +431,23 @@ class SqliteRetrievalIndex:
         memory = self._org_vectors(conn, org)
         mask = None if memory is None else memory.visible(revision_ids, tags, any_tags)
         lexical: list[str] = []
-        match = _fts_query(text)
-        if match is not None:
-            found = None
-            if memory is not None and mask is not None:
-                found = self._lexical_in_memory(conn, match, n, memory, mask)
-            if found is None:
-                found = [
-                    str(r[0])
-                    for r in conn.execute(
-                        "SELECT c.id FROM chunks_fts f JOIN chunks c ON c.id = f.rowid "  # noqa: S608 - tag_sql is built from constant fragments; values are bound
-                        "WHERE chunks_fts MATCH ? AND c.org = ? "
-                        "AND c.revision_id IN (SELECT value FROM json_each(?))"
-                        + tag_sql
-                        + " ORDER BY bm25(chunks_fts), c.id LIMIT ?",
-                        (match, org, revs, *tag_params, n),
-                    )
-                ]
-            lexical = found
+        terms = _search_terms(text)
+        if terms and memory is not None and mask is not None and memory.text is not None:
+            text_list = memory.text
+            bm25 = text_list.scores(terms, self._tokens(conn), mask)
+            lexical = [str(i) for i in text_list.best(bm25, memory.ids, n)]
+        elif terms:
+            lexical = [
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT c.id FROM chunks_fts f JOIN chunks c ON c.id = f.rowid "  # noqa: S608 - tag_sql is built from constant fragments; values are bound
+                    "WHERE chunks_fts MATCH ? AND c.org = ? "
+                    "AND c.revision_id IN (SELECT value FROM json_each(?))"
+                    + tag_sql
+                    + " ORDER BY bm25(chunks_fts), c.id LIMIT ?",
+                    (_fts_query(terms), org, revs, *tag_params, n),
+                )
+            ]
         nearest: list[str] = []
         if vector is not None:
             if len(vector) != self.dim:
@@ -437,85 +460,148 @@ class SqliteRetrievalIndex:
                     conn, org, vector, n, revision_ids, revs, tag_sql, tag_params
                 )
         fused = rrf(lexical, nearest)
-        rows = self._rows(conn, [int(key) for key, *_ in fused])
         hits: list[IndexHit] = []
         allowed = set(revision_ids)
-        for key, score, lex_rank, vec_rank in fused:
-            chunk = rows.get(int(key))
-            if chunk is None or not recheck(chunk, org, allowed, tags, any_tags):
-                continue
-            hits.append(IndexHit(chunk, score, lex_rank, vec_rank))
-            if len(hits) == k:
-                break
+        # Rows are read in the fused order, k at a time: nearly every candidate passes
+        # the check, and reading (and decoding) all of up to 2n candidates for k hits
+        # was most of a search's remaining time.
+        for start in range(0, len(fused), k):
+            batch = fused[start : start + k]
+            rows = self._rows(conn, [int(key) for key, *_ in batch])
+            for key, score, lex_rank, vec_rank in batch:
+                chunk = rows.get(int(key))
+                if chunk is None or not recheck(chunk, org, allowed, tags, any_tags):
+                    continue
+                hits.append(IndexHit(chunk, score, lex_rank, vec_rank))
+                if len(hits) == k:
+                    return hits
         return hits
 
+    def _generation(self, conn: apsw.Connection, org: str) -> int:
+        rows = conn.execute("SELECT gen FROM generations WHERE org = ?", (org,)).fetchall()
+        return int(str(rows[0][0])) if rows else 0
+
     def _org_vectors(self, conn: apsw.Connection, org: str) -> _OrgVectors | None:
-        """``org``'s rows in memory, current with the store (its generation); None when
-        they would not fit in ``MEMORY_VECTOR_BYTES``."""
-        gen_sql = "SELECT gen FROM generations WHERE org = ?"
-        rows = conn.execute(gen_sql, (org,)).fetchall()
-        gen = int(str(rows[0][0])) if rows else 0
+        """``org``'s rows in memory, current with the store (its generation); None while
+        they are being built (in the background: a search never waits for it) or when
+        they would not fit in ``MEMORY_VECTOR_BYTES``. The searches meanwhile read the
+        text index and vec0, as an organisation too large for memory always does."""
+        gen = self._generation(conn, org)
         with self._memory_guard:
-            held = self._memory.pop(org, None)
+            held = self._memory.get(org)
             if held is not None and held.gen == gen:
-                self._memory[org] = held  # most recently used last
+                self._memory[org] = self._memory.pop(org)  # most recently used last
                 return held
-            if self._too_large.get(org) == gen:
-                return None
+            if self._too_large.get(org) != gen and self._building.get(org) is None:
+                self._building[org] = gen
+                try:
+                    self._builder.submit(self._build_quietly, org, gen)
+                except RuntimeError:  # closed meanwhile
+                    self._building.pop(org, None)
+        return None
+
+    def warm(self, org: str | None = None, *, wait: bool = False) -> None:
+        """Build the rows in memory of ``org`` (every organisation when None), in the
+        background, or now with ``wait``. A serving process warms all at its start."""
+        conn = self._connect()
+        orgs = (
+            [org]
+            if org is not None
+            else [str(r[0]) for r in conn.execute("SELECT DISTINCT org FROM chunks")]
+        )
+        for name in orgs:
+            if wait:
+                self._build(name, self._generation(conn, name))
+            else:
+                self._org_vectors(conn, name)
+
+    def held(self, org: str) -> bool:
+        """Whether ``org``'s rows are in memory at the store's current generation (its
+        searches read them there)."""
+        gen = self._generation(self._connect(), org)
+        with self._memory_guard:
+            held = self._memory.get(org)
+        return held is not None and held.gen == gen
+
+    def _build_quietly(self, org: str, gen: int) -> None:
+        try:
+            self._build(org, gen)
+        except Exception:  # noqa: BLE001 - the searches go on without it; the next one retries
+            if not self._closed:
+                _log.warning("kb_index.memory_build_failed", exc_info=True)
+        finally:
+            with self._memory_guard:
+                if self._building.get(org) == gen:
+                    del self._building[org]
+
+    def _build(self, org: str, gen: int) -> None:
+        """Read ``org``'s rows into memory and keep them at ``gen`` (read before them: after
+        a write meanwhile the next search sees a newer one and builds again, reusing the
+        rows' tokens)."""
+        started = time.perf_counter()
+        conn = self._connect()
         count = int(
             str(conn.execute("SELECT count(*) FROM chunks WHERE org = ?", (org,)).fetchall()[0][0])
         )
-        if count * self.dim * 4 > MEMORY_VECTOR_BYTES:
+        if count * (self.dim * 4 + TEXT_BYTES_PER_ROW) > MEMORY_VECTOR_BYTES:
             with self._memory_guard:
                 self._too_large[org] = gen
-            return None
+            return
         loaded = conn.execute(
             f"SELECT v.rowid, v.revision_id, v.embedding, c.tags FROM {self._vec} v "  # noqa: S608 - a fixed-pattern table name
             "JOIN chunks c ON c.id = v.rowid WHERE v.org = ? ORDER BY v.rowid",
             (org,),
         ).fetchall()
-        again = conn.execute(gen_sql, (org,)).fetchall()
         memory = _OrgVectors(gen, loaded, self.dim)
-        if (int(str(again[0][0])) if again else 0) != gen:
-            return memory  # written meanwhile: good for this question, not kept
         with self._memory_guard:
+            held = self._memory.get(org)
+        previous = held.text if held is not None else None
+        memory.text = memtext.build(
+            memory.ids,
+            previous,
+            lambda ids: self._texts(conn, ids),
+            self._tokens(conn),
+            stop=lambda: self._closed,
+        )
+        _log.info(
+            "kb_index.memory_built",
+            org=org,
+            generation=gen,
+            rows=len(memory.ids),
+            tokenised=memory.text.tokenised,
+            ms=round((time.perf_counter() - started) * 1000),
+        )
+        with self._memory_guard:
+            now = self._memory.get(org)
+            if now is not None and now.gen > gen:
+                return  # a newer build finished first
+            self._memory.pop(org, None)
             self._memory[org] = memory
             total = sum(m.nbytes for m in self._memory.values())
             while total > MEMORY_VECTOR_BYTES and len(self._memory) > 1:
                 oldest = next(iter(self._memory))
                 total -= self._memory.pop(oldest).nbytes
-        return memory
+
+    def _tokens(self, conn: apsw.Connection) -> memtext.Tokens:
+        """The text index's tokenizer, through this thread's connection."""
+        tokens = getattr(self._local, "tokens", None)
+        if tokens is None or getattr(self._local, "tokens_conn", None) is not conn:
+            tokens = memtext.tokenizer(conn)
+            self._local.tokens, self._local.tokens_conn = tokens, conn
+        return tokens
 
     @staticmethod
-    def _lexical_in_memory(
-        conn: apsw.Connection, match: str, n: int, memory: _OrgVectors, mask: np.ndarray
-    ) -> list[str] | None:
-        """The ``n`` best BM25 rows among the visible ones, read from the text index alone
-        (no join per match) and filtered by the organisation's rows in memory; None when
-        the widened list held too few visible rows (the joined query answers then)."""
-        wide = min(MAX_WIDE_CANDIDATES, n * WIDEN)
-        ids = np.asarray(
-            [
-                int(r[0])
-                for r in conn.execute(
-                    "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ? "
-                    "ORDER BY bm25(chunks_fts), rowid LIMIT ?",
-                    (match, wide),
-                )
-            ],
-            dtype=np.int64,
-        )
-        if ids.size == 0:
-            return []
-        pos = np.searchsorted(memory.ids, ids)
-        pos_ok = pos < memory.ids.size
-        hit = np.zeros(ids.size, dtype=bool)
-        hit[pos_ok] = memory.ids[pos[pos_ok]] == ids[pos_ok]
-        hit[hit] = mask[pos[hit]]
-        kept = [str(i) for i in ids[hit][:n]]
-        if len(kept) >= n or ids.size < wide:
-            return kept
-        return None
+    def _texts(conn: apsw.Connection, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """The text index's two column values of the rows ``ids``, as ``stage`` wrote them."""
+        out: dict[int, tuple[str, str]] = {}
+        for rid, title, section, text in conn.execute(
+            "SELECT id, title, section_path, text FROM chunks "
+            "WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(ids)),),
+        ):
+            indexed = "\n".join([str(title), *json.loads(str(section)), str(text)])
+            out[int(rid)] = (indexed, aux_terms(indexed))
+        return out
 
     def _nearest(
         self,

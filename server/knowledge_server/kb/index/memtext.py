@@ -1,0 +1,207 @@
+"""An organisation's text list in memory: BM25 as FTS5 computes it, over the rows a
+question may see.
+
+The embedded index's text list asked FTS5 for the best rows by ``bm25()``: FTS5 calls
+that function once per matching row of every organisation, and a question of a dozen
+words matches most of an organisation's chunks, so it was most of a retrieval's time
+(bench/RESULTS.md, ``bench_kb_retrieve.py``). Here each of an organisation's rows is
+tokenised once, by the FTS5 tokenizer of the table itself (``porter unicode61
+remove_diacritics 2``, through the connection), into per-term posting arrays; a question
+then costs a few array operations per term.
+
+The score is FTS5's ``bm25()`` formula (k1 = 1.2, b = 0.75, every column weight 1, a
+row's length counted over both columns, the idf floor of 1e-6), computed over the rows
+the question may see (the organisation's released revisions, after the tag filters)
+rather than over every row of the table. Statistics of other organisations' rows, or of
+drafts and replaced releases, do not move a ranking.
+
+A phrase of several tokens (``load_config`` is ``load config`` to FTS5) is found by
+scanning the column's token sequence for its tokens in a row, one after the other, as
+FTS5's phrase query does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import apsw
+import numpy as np
+
+from knowledge_server.episodes.text import QueryTerm
+
+__all__ = ["COLUMNS", "OrgText", "Stopped", "Tokens", "build", "tokenizer"]
+
+# FTS5 bm25()'s constants (fts5_aux.c).
+K1 = 1.2
+B = 0.75
+IDF_FLOOR = 1e-6
+# Tokens of rows no longer held are forgotten once the vocabulary is more than twice
+# the tokens in use plus this many.
+VOCAB_SLACK = 4096
+# Rows read and tokenised at a time by ``build``.
+BATCH_ROWS = 512
+# The FTS5 table's columns, in order.
+COLUMNS = ("text", "aux")
+
+Tokens = Callable[[str, bool], list[str]]
+
+
+class Stopped(Exception):
+    """``build`` was told to stop."""
+
+
+def tokenizer(conn: apsw.Connection) -> Tokens:
+    """The chunks_fts table's tokenizer, as ``tokens(text, query)``."""
+    tok = conn.fts5_tokenizer("porter", ["unicode61", "remove_diacritics", "2"])
+
+    def tokens(text: str, query: bool) -> list[str]:
+        flags = apsw.FTS5_TOKENIZE_QUERY if query else apsw.FTS5_TOKENIZE_DOCUMENT
+        out = tok(text.encode("utf-8"), flags, None, include_offsets=False, include_colocated=False)
+        return [str(t) for t in out]
+
+    return tokens
+
+
+class _Column:
+    """One column of every row: the token sequence (rows one after the other) and the
+    postings built from it (rows and counts grouped by term)."""
+
+    def __init__(self, rows: Sequence[np.ndarray], terms: int) -> None:
+        lengths = np.asarray([r.size for r in rows], dtype=np.int64)
+        self.lengths = lengths
+        self.offsets = np.concatenate(([0], np.cumsum(lengths)))
+        self.seq = np.concatenate(rows).astype(np.int32) if rows else np.zeros(0, np.int32)
+        row_of = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
+        width = max(len(rows), 1)
+        keys, counts = np.unique(self.seq.astype(np.int64) * width + row_of, return_counts=True)
+        term_of = keys // width
+        self.rows = (keys % width).astype(np.int32)
+        self.tf = counts.astype(np.float64)
+        self.starts = np.searchsorted(term_of, np.arange(terms + 1))
+
+    @property
+    def nbytes(self) -> int:
+        return int(
+            self.seq.nbytes
+            + self.offsets.nbytes
+            + self.rows.nbytes
+            + self.tf.nbytes
+            + self.starts.nbytes
+            + self.lengths.nbytes
+        )
+
+    def matches(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, counts) of the rows holding the tokens ``ids`` one after the other."""
+        if len(ids) == 1:
+            lo, hi = self.starts[ids[0]], self.starts[ids[0] + 1]
+            return self.rows[lo:hi], self.tf[lo:hi]
+        n = len(ids)
+        at = np.flatnonzero(self.seq[: max(self.seq.size - n + 1, 0)] == ids[0])
+        for j, t in enumerate(ids[1:], start=1):
+            at = at[self.seq[at + j] == t]
+        row = np.searchsorted(self.offsets, at, side="right") - 1
+        row = row[at + n <= self.offsets[row + 1]]  # inside one row
+        found, counts = np.unique(row, return_counts=True)
+        return found.astype(np.int32), counts.astype(np.float64)
+
+
+def build(
+    ids: np.ndarray,
+    previous: OrgText | None,
+    texts: Callable[[list[int]], dict[int, tuple[str, str]]],
+    tokens: Tokens,
+    *,
+    stop: Callable[[], bool] = lambda: False,
+) -> OrgText:
+    """The text list of the rows ``ids`` (ascending): the rows ``previous`` held keep their
+    tokens, the others are read with ``texts`` (row id -> its column values) and
+    tokenised. ``previous`` is not changed (a search may still be using it). ``stop``
+    is asked between batches of rows; when it says so, ``Stopped`` is raised."""
+    vocab = dict(previous.vocab) if previous is not None else {}
+    held = previous.row_tokens if previous is not None else {}
+    row_tokens = {int(i): held[int(i)] for i in ids if int(i) in held}
+    missing = [int(i) for i in ids if int(i) not in row_tokens]
+    for start in range(0, len(missing), BATCH_ROWS):
+        if stop():
+            raise Stopped
+        for rid, values in texts(missing[start : start + BATCH_ROWS]).items():
+            row_tokens[rid] = tuple(  # type: ignore[assignment]
+                np.asarray([vocab.setdefault(t, len(vocab)) for t in tokens(v, False)], np.int32)
+                for v in values
+            )
+    for rid in missing:
+        # Deleted since its vector was read (a write meanwhile): no text; the search
+        # that built this drops the row when it reads the rows back.
+        row_tokens.setdefault(rid, (np.zeros(0, np.int32), np.zeros(0, np.int32)))
+    used = np.unique(
+        np.concatenate([a for pair in row_tokens.values() for a in pair] or [np.zeros(0, np.int32)])
+    )
+    if len(vocab) > 2 * used.size + VOCAB_SLACK:
+        # Tokens of rows no longer held: renumber the ones in use.
+        remap = np.full(len(vocab), -1, dtype=np.int32)
+        remap[used] = np.arange(used.size, dtype=np.int32)
+        vocab = {t: int(remap[i]) for t, i in vocab.items() if remap[i] >= 0}
+        row_tokens = {r: (remap[a], remap[b]) for r, (a, b) in row_tokens.items()}
+    text = OrgText(ids, row_tokens, vocab)
+    text.tokenised = len(missing)
+    return text
+
+
+class OrgText:
+    """The text columns of an organisation's rows, in the order of its rows in memory.
+
+    ``vocab`` maps a token to its id; ``row_tokens`` holds each row's token ids per
+    column, by row id, so that the next generation tokenises only the rows it adds."""
+
+    def __init__(
+        self,
+        ids: np.ndarray,
+        row_tokens: dict[int, tuple[np.ndarray, np.ndarray]],
+        vocab: dict[str, int],
+    ) -> None:
+        self.vocab = vocab
+        self.row_tokens = row_tokens
+        self.tokenised = 0  # rows ``build`` tokenised for this one (the others were held)
+        per_row = [row_tokens[int(i)] for i in ids]
+        self.columns = tuple(
+            _Column([r[c] for r in per_row], len(vocab)) for c in range(len(COLUMNS))
+        )
+        self.length = (self.columns[0].lengths + self.columns[1].lengths).astype(np.float64)
+
+    @property
+    def nbytes(self) -> int:
+        held = sum(a.nbytes + b.nbytes for a, b in self.row_tokens.values())
+        return int(held + self.length.nbytes + sum(c.nbytes for c in self.columns))
+
+    def scores(self, terms: Sequence[QueryTerm], tokens: Tokens, mask: np.ndarray) -> np.ndarray:
+        """BM25 of every row for ``terms`` (FTS5's formula, positive: higher is better)
+        over the rows of ``mask``; 0 where a row matches none of them or is not visible."""
+        score = np.zeros(mask.size, dtype=np.float64)
+        n = int(mask.sum())
+        if n == 0:
+            return score
+        avg = float(self.length[mask].sum()) / n
+        for term in terms:
+            col = self.columns[COLUMNS.index(term.column)]
+            ids = [self.vocab.get(t, -1) for t in tokens(term.term, True)]
+            if not ids or min(ids) < 0:
+                continue  # a token no row holds: the phrase matches nothing
+            rows, tf = col.matches(ids)
+            seen = mask[rows]
+            rows, tf = rows[seen], tf[seen]
+            if rows.size == 0:
+                continue
+            idf = float(np.log((n - rows.size + 0.5) / (rows.size + 0.5)))
+            idf = idf if idf > 0 else IDF_FLOOR
+            norm = K1 * (1 - B + B * self.length[rows] / avg)
+            score[rows] += idf * tf * (K1 + 1) / (tf + norm)
+        return score
+
+    def best(self, score: np.ndarray, ids: np.ndarray, n: int) -> list[int]:
+        """Row ids of the ``n`` best-scoring rows (score > 0), ties by row id."""
+        hit = np.flatnonzero(score > 0)
+        if hit.size > n:
+            cut = np.partition(score[hit], hit.size - n)[hit.size - n]
+            hit = hit[score[hit] >= cut]
+        order = np.lexsort((ids[hit], -score[hit]))
+        return [int(i) for i in ids[hit[order]][:n]]
