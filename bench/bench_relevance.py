@@ -16,8 +16,14 @@ code lane sends them (hybrid, intent find_code, the lane's top-K of 30, at most 
 path as the coordinator keeps them, the first 10), for measuring a ranking change in seconds;
 its figures match the gRPC path's find_code row.
 
+With ``--before CHECKOUT`` (another checkout, e.g. a git worktree of an earlier commit) the
+sets are indexed a second time by that checkout's code into its own data directory, its
+server runs next to this one's, and every question goes to both, alternating which is
+asked first: both tables and both latencies come from one run (the machine's speed drifts).
+
 Usage: python bench/bench_relevance.py [--sets click,starlette,cobra,fd] [--work DIR]
                                        [--limit-questions N] [--no-auto] [--in-process]
+                                       [--before CHECKOUT]
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tarfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,21 +123,33 @@ def index(data: Path, roots: dict[str, Path]) -> None:
             )
 
 
-def ask(address: str, root: Path, qs: list[tuple[str, set[str]]], mode: str) -> Score:
+def ask(
+    addresses: dict[str, str], root: Path, qs: list[tuple[str, set[str]]], mode: str
+) -> dict[str, Score]:
+    """Every question to every server (label -> address), the first asked in turn."""
     from knowledge_sdk import KnowledgeClient
 
-    score = Score()
+    scores = {label: Score() for label in addresses}
     include = ["code"] if mode == "find_code" else ["episodes", "code", "skills"]
-    with KnowledgeClient(address, timeout=60) as kc:
-        kc.search("warm up", mode=mode, include=include, workspaces=[str(root)])
-        for query, answers in qs:
-            t0 = time.perf_counter()
-            resp = kc.search(query, mode=mode, include=include, limit=10, workspaces=[str(root)])
-            ms = (time.perf_counter() - t0) * 1000
-            prefix = str(root).rstrip("/") + "/"
-            paths = [it.path.removeprefix(prefix) for it in resp.lanes.code.items]
-            score.add(paths, answers, ms)
-    return score
+    prefix = str(root).rstrip("/") + "/"
+    clients = {label: KnowledgeClient(a, timeout=60) for label, a in addresses.items()}
+    labels = list(clients)
+    try:
+        for kc in clients.values():
+            kc.search("warm up", mode=mode, include=include, workspaces=[str(root)])
+        for i, (query, answers) in enumerate(qs):
+            for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
+                t0 = time.perf_counter()
+                resp = clients[label].search(
+                    query, mode=mode, include=include, limit=10, workspaces=[str(root)]
+                )
+                ms = (time.perf_counter() - t0) * 1000
+                paths = [it.path.removeprefix(prefix) for it in resp.lanes.code.items]
+                scores[label].add(paths, answers, ms)
+    finally:
+        for kc in clients.values():
+            kc.close()
+    return scores
 
 
 def ask_in_process(index_path: Path, root: Path, qs: list[tuple[str, set[str]]]) -> Score:
@@ -174,64 +194,125 @@ def main() -> None:
     ap.add_argument(
         "--in-process", action="store_true", help="CodeIndex.search, no server (find_code only)"
     )
+    ap.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        help="another checkout: its code indexes and serves a second data directory,"
+        " asked the same questions alternately (over gRPC)",
+    )
+    ap.add_argument("--index-into", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not args.shared.is_dir():
         sys.exit(f"no code-eval data at {args.shared}")
     names = [s for s in args.sets.split(",") if s]
     roots = {n: extract(args.shared, n, args.work) for n in names}
+    if args.index_into is not None:  # run by --before, with that checkout's code
+        index(args.index_into, roots)
+        return
     data = args.work / "data"
     index(data, roots)
     modes = ["find_code"] if args.no_auto or args.in_process else ["find_code", "auto"]
-    results: dict[tuple[str, str], Score] = {}
+    results: dict[tuple[str, str], dict[str, Score]] = {}
     if args.in_process:
         for name, root in roots.items():
             qs = questions(args.shared, name)
             if args.limit_questions:
                 qs = qs[: args.limit_questions]
-            results[(name, "find_code")] = ask_in_process(data / "code.sqlite", root, qs)
+            results[(name, "find_code")] = {"": ask_in_process(data / "code.sqlite", root, qs)}
     else:
-        serve_and_ask(data, roots, args, modes, results)
+        servers = {"": (data, {})}
+        if args.before is not None:
+            code = _code_env(args.before.resolve())
+            before_data = args.work / "data-before"
+            if not (before_data / "code.sqlite").exists():
+                subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--work",
+                        str(args.work),
+                        "--shared",
+                        str(args.shared),
+                        "--sets",
+                        args.sets,
+                        "--index-into",
+                        str(before_data),
+                    ],
+                    env={**os.environ, **code},
+                    check=True,
+                )
+            servers = {"after": (data, {}), "before": (before_data, code)}
+        serve_and_ask(servers, roots, args, modes, results)
     report(names, modes, results)
 
 
+def _code_env(checkout: Path) -> dict[str, str]:
+    """The environment that runs ``checkout``'s code."""
+    return {
+        "PYTHONPATH": os.pathsep.join(
+            str(checkout / p) for p in ("server", "sdk", "licensing", "bridge")
+        )
+    }
+
+
 def serve_and_ask(
-    data: Path,
+    servers: dict[str, tuple[Path, dict[str, str]]],
     roots: dict[str, Path],
     args: argparse.Namespace,
     modes: list[str],
-    results: dict[tuple[str, str], Score],
+    results: dict[tuple[str, str], dict[str, Score]],
 ) -> None:
-    with served(
-        data, "--no-bootstrap", *(a for r in roots.values() for a in ("--workspace", str(r)))
-    ) as (
-        _,
-        address,
-    ):
+    """One server per label (its data directory and environment), asked side by side."""
+    workspaces = [a for r in roots.values() for a in ("--workspace", str(r))]
+    with ExitStack() as stack:
+        addresses = {
+            label: stack.enter_context(served(data, "--no-bootstrap", *workspaces, env=env))[1]
+            for label, (data, env) in servers.items()
+        }
         for name, root in roots.items():
             qs = questions(args.shared, name)
             if args.limit_questions:
                 qs = qs[: args.limit_questions]
             for mode in modes:
-                results[(name, mode)] = ask(address, root, qs, mode)
+                results[(name, mode)] = ask(addresses, root, qs, mode)
 
 
-def report(names: list[str], modes: list[str], results: dict[tuple[str, str], Score]) -> None:
+def report(
+    names: list[str], modes: list[str], results: dict[tuple[str, str], dict[str, Score]]
+) -> None:
+    labels = list(results[(names[0], modes[0])])
     for mode in modes:
         print(
             f"\n== mode={mode}" + (', include=["code"]' if mode == "find_code" else ", all lanes")
         )
         print(
-            f"{'set':<10} {'n':>4} {'R@1':>6} {'R@10':>6} {'MRR':>6}   {'floor R@1':>9} {'R@10':>6}"
+            f"{'set':<16} {'n':>4} {'R@1':>6} {'R@10':>6} {'MRR':>6}   {'floor R@1':>9} {'R@10':>6}"
             f" {'MRR':>6}   {'MRR/floor':>9}  {'P50 ms':>7} {'P95 ms':>7} {'empty':>5}"
         )
         for name in names:
-            s = results[(name, mode)]
-            r1, r10, mrr = s.figures()
-            f1, f10, fm = FLOOR[name]
+            for label in labels:
+                s = results[(name, mode)][label]
+                r1, r10, mrr = s.figures()
+                f1, f10, fm = FLOOR[name]
+                title = f"{name} {label}".strip()
+                print(
+                    f"{title:<16} {len(s.ranks):>4} {r1:>6.3f} {r10:>6.3f} {mrr:>6.3f}"
+                    f"   {f1:>9.3f} {f10:>6.3f} {fm:>6.3f}   {mrr / fm:>9.2f}"
+                    f"  {statistics.median(s.latency_ms):>7.1f} {pct(s.latency_ms, 95):>7.1f}"
+                    f" {s.empty:>5}"
+                )
+        if len(labels) == 2:
+            a, b = labels
+            lat = {
+                x: [ms for n in names for ms in results[(n, mode)][x].latency_ms] for x in labels
+            }
+            p50 = {x: statistics.median(v) for x, v in lat.items()}
+            p95 = {x: pct(v, 95) for x, v in lat.items()}
             print(
-                f"{name:<10} {len(s.ranks):>4} {r1:>6.3f} {r10:>6.3f} {mrr:>6.3f}   {f1:>9.3f} {f10:>6.3f}"
-                f" {fm:>6.3f}   {mrr / fm:>9.2f}  {statistics.median(s.latency_ms):>7.1f}"
-                f" {pct(s.latency_ms, 95):>7.1f} {s.empty:>5}"
+                f"all sets: {a} P50 {p50[a]:.1f} / P95 {p95[a]:.1f} ms, {b} P50 {p50[b]:.1f}"
+                f" / P95 {p95[b]:.1f} ms; {a} against {b}: P50"
+                f" {(p50[a] / p50[b] - 1) * 100:+.1f}%, P95 {(p95[a] / p95[b] - 1) * 100:+.1f}%"
             )
 
 
