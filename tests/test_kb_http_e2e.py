@@ -23,7 +23,9 @@ HTTP-12 `knowledge serve --retrieve-http-listen` starts and stops the face with 
        server; with authentication off (loopback) the local principal calls; the
        question is never logged;
 HTTP-13 with the server's TLS settings the face serves HTTPS only (and with a client
-       CA, to callers with a client certificate only).
+       CA, to callers with a client certificate only);
+HTTP-14 with metrics on, every answer of the face is counted by path and status (any
+       path it does not serve under one label), and never under a question's words.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from google.protobuf import json_format
 from knowledge_sdk import PermissionDenied
 from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2
 from knowledge_server.auth import TokenStore
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import serve_process, start_server
 from tests.kb_world import KbWorld, publish, start_world
@@ -91,7 +94,9 @@ SEED_SOURCE = {
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KbWorld]:
     root = tmp_path_factory.mktemp("kbhttp")
-    w = start_world(root, "sqlite", retrieve_http_listen="127.0.0.1:0")
+    w = start_world(
+        root, "sqlite", retrieve_http_listen="127.0.0.1:0", metrics_listen="127.0.0.1:0"
+    )
     try:
         # An agent token holding `read` (search) but not `kb.read`.
         store = TokenStore(root / "data" / "tokens.json")
@@ -644,3 +649,40 @@ async def test_http13_the_face_serves_https_with_the_servers_certificate(
         await rs.served.http.stop(0)
         await rs.server.stop(0)
         rs.app.close()
+
+
+def _http_counts(world: KbWorld) -> dict[tuple[str, str], float]:
+    endpoint = world.server.rs.served.metrics_endpoint
+    assert endpoint is not None
+    text = httpx.get(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=10).text
+    assert QUESTION not in text
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "knowledge_http_requests_total":
+                out[(sample.labels["path"], sample.labels["status"])] = sample.value
+    return out
+
+
+def test_http14_the_faces_answers_are_counted_by_path_and_status(
+    world: KbWorld, http: httpx.Client
+) -> None:
+    """HTTP-14: a 200, a 401, a 400, a 405 on a served path and a 404 elsewhere each move
+    their own counter; the unserved path is counted as "other", not under its name."""
+    before = _http_counts(world)
+    ok = http.post("/knowledge/retrieve", json={"query": QUESTION}, headers=_auth(world))
+    assert ok.status_code == 200
+    assert http.post("/knowledge/answer", json={"query": QUESTION}).status_code == 401
+    bad = http.post("/knowledge/retrieve", json={"query": " "}, headers=_auth(world))
+    assert bad.status_code == 400
+    assert http.get("/knowledge/retrieve").status_code == 405
+    assert http.post("/secret-scan-path", json={}).status_code == 404
+    after = _http_counts(world)
+    moved = {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+    assert moved == {
+        ("/knowledge/retrieve", "200"): 1.0,
+        ("/knowledge/answer", "401"): 1.0,
+        ("/knowledge/retrieve", "400"): 1.0,
+        ("/knowledge/retrieve", "405"): 1.0,
+        ("other", "404"): 1.0,
+    }

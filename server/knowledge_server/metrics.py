@@ -91,6 +91,19 @@ class Metrics:
             buckets=_RPC_BUCKETS,
             registry=r,
         )
+        self.http_calls = Counter(
+            "knowledge_http_requests",
+            "Requests to the HTTP face (retrieve_http_listen) by path and HTTP status.",
+            ["path", "status"],
+            registry=r,
+        )
+        self.http_seconds = Histogram(
+            "knowledge_http_request_duration_seconds",
+            "HTTP face latency by path and HTTP status.",
+            ["path", "status"],
+            buckets=_RPC_BUCKETS,
+            registry=r,
+        )
         self.lane_seconds = Histogram(
             "knowledge_lane_duration_seconds",
             "A search lane's own time per search.",
@@ -177,6 +190,7 @@ class Metrics:
         # The label children of a search's metrics, looked up once per method and code and
         # once per lane: a ``labels()`` lookup takes a lock and validates its values.
         self._rpc_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._http_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self._lane_children: dict[str, tuple[Counter, Histogram, Counter, Counter]] = {}
 
     def watch_licence(self, status: Callable[[], Any]) -> None:
@@ -192,6 +206,18 @@ class Metrics:
         if children is None:
             children = (self.rpc_calls.labels(method, code), self.rpc_seconds.labels(method, code))
             self._rpc_children[(method, code)] = children
+        calls, latency = children
+        calls.inc()
+        latency.observe(seconds)
+
+    def http(self, path: str, status: int, seconds: float) -> None:
+        """A request the HTTP face answered; ``path`` is one it serves, or "other"
+        (any other path is one label, so a scan cannot grow the label set)."""
+        key = (path, str(status))
+        children = self._http_children.get(key)
+        if children is None:
+            children = (self.http_calls.labels(*key), self.http_seconds.labels(*key))
+            self._http_children[key] = children
         calls, latency = children
         calls.inc()
         latency.observe(seconds)

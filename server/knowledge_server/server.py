@@ -211,6 +211,7 @@ async def create_server(
             tls_cert=config.tls_cert,
             tls_key=config.tls_key,
             tls_client_ca=config.tls_client_ca,
+            metrics=metrics,
         )
     endpoint = None
     if metrics is not None and config.metrics_listen:

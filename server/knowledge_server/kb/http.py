@@ -55,6 +55,7 @@ from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.config import ConfigError, parse_listen
 from knowledge_server.kb.retrieve import valid_trace_id
 from knowledge_server.logs import get_logger
+from knowledge_server.metrics import Metrics
 from knowledge_server.transport.interceptors import edition_refusal
 from knowledge_server.transport.policy import POLICIES, Policy
 from knowledge_server.transport.rules import check_limits
@@ -260,9 +261,16 @@ def make_asgi(
     *,
     local: Principal = LOCAL_PRINCIPAL,
     max_body: int = MAX_BODY_BYTES,
+    metrics: Metrics | None = None,
 ) -> Starlette:
     """The Starlette application of the HTTP face. ``authenticate`` None: authentication
-    is off and every call runs as ``local`` (the gRPC server's rule)."""
+    is off and every call runs as ``local`` (the gRPC server's rule). ``metrics``: every
+    answer is counted there by path and status, and edition refusals as on gRPC."""
+
+    def counted(path: str, response: Response, started: float) -> Response:
+        if metrics is not None:
+            metrics.http(path, response.status_code, time.perf_counter() - started)
+        return response
 
     def principal_of(request: Request) -> Principal:
         if authenticate is None:
@@ -290,6 +298,8 @@ def make_asgi(
                         raise policy.refusal(principal, endpoint.method)
                     refused = edition_refusal(policy, endpoint.method, app.licence.edition())
                     if refused is not None:
+                        if metrics is not None:
+                            metrics.refused_edition(policy.feature, endpoint.method)
                         raise refused[0]
                     if not _json_content(request):
                         raise errors.InvalidRequest(
@@ -307,21 +317,40 @@ def make_asgi(
                         reason=exc.reason,
                         ms=_ms(started),
                     )
-                    return response
+                    return counted(endpoint.path, response, started)
                 except Exception as exc:  # noqa: BLE001 - answered 500, type logged
                     # An exception's text may quote the request: its type alone is logged.
                     log.error("http.internal_error", error_type=type(exc).__name__, ms=_ms(started))
-                    return _error_response(
-                        errors.InternalError("internal error; see the server log for trace " + tid),
-                        tid,
+                    return counted(
+                        endpoint.path,
+                        _error_response(
+                            errors.InternalError(
+                                "internal error; see the server log for trace " + tid
+                            ),
+                            tid,
+                        ),
+                        started,
                     )
                 log.info("http.ok", status=200, ms=_ms(started))
-                return JSONResponse(_print(out), headers={"X-Trace-Id": tid})
+                ok = JSONResponse(_print(out), headers={"X-Trace-Id": tid})
+                return counted(endpoint.path, ok, started)
 
         return run
 
+    routes = [Route(e.path, handler(e), methods=["POST"]) for e in ENDPOINTS]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _not_served(counted)})
+
+
+def _not_served(
+    counted: Callable[[str, Response, float], Response],
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The answer to paths and methods the face does not serve: a JSON error too,
+    counted under its path when it is one the face serves (a GET), else "other"."""
+    served = {e.path for e in ENDPOINTS}
+
     async def not_served(request: Request, exc: Exception) -> Response:
         """Paths and methods the face does not serve, as JSON errors too."""
+        started = time.perf_counter()
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         tid = valid_trace_id(request.headers.get("x-trace-id"))
         reason = "KNOWLEDGE_NOT_FOUND" if status == 404 else "KNOWLEDGE_INVALID_REQUEST"
@@ -335,10 +364,10 @@ def make_asgi(
         headers = {"X-Trace-Id": tid}
         if status == 405:
             headers["Allow"] = "POST"
-        return JSONResponse(body, status_code=status, headers=headers)
+        path = request.url.path if request.url.path in served else "other"
+        return counted(path, JSONResponse(body, status_code=status, headers=headers), started)
 
-    routes = [Route(e.path, handler(e), methods=["POST"]) for e in ENDPOINTS]
-    return Starlette(routes=routes, exception_handlers={HTTPException: not_served})
+    return not_served
 
 
 class _Embedded(uvicorn.Server):
@@ -379,6 +408,7 @@ class RetrieveHttp:
         tls_key: Path | None = None,
         tls_client_ca: Path | None = None,
         max_body: int = MAX_BODY_BYTES,
+        metrics: Metrics | None = None,
     ) -> None:
         self._sock = _bind(listen)
         address = self._sock.getsockname()
@@ -391,7 +421,7 @@ class RetrieveHttp:
                 tls.update(ssl_ca_certs=str(tls_client_ca), ssl_cert_reqs=ssl.CERT_REQUIRED)
         self.scheme = "https" if tls else "http"
         config = uvicorn.Config(
-            make_asgi(app, authenticate, max_body=max_body),
+            make_asgi(app, authenticate, max_body=max_body, metrics=metrics),
             lifespan="off",
             ws="none",
             log_config=None,
