@@ -117,3 +117,27 @@ def test_matched_terms_agrees_with_full_tokenisation(words: list[str], query: li
     terms = query_terms(" ".join(query))
     full = token_set(text)
     assert matched_terms(text, terms) == [t for t in terms if t in full]
+
+
+def test_a_question_of_more_words_than_one_mask_holds_still_finds(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The relevance floor asks which of the question's telling words each best file
+    holds, 62 words to a query (a 64-bit mask): a question of 90 words, all of them in
+    one file and none in the other, finds that file first, with every word counted."""
+    base = tmp_path_factory.mktemp("many")
+    ws = base / "ws"
+    ws.mkdir()
+    letters = "bcdfghjklmnpqrstvwxz"
+    words = [f"kx{a}{b}" for a in letters for b in letters][:90]
+    body = "".join(f"    {w} = {i}\n" for i, w in enumerate(words))
+    (ws / "many.py").write_text(f"def holder():\n{body}    return 0\n")
+    (ws / "other.py").write_text("def unrelated(value):\n    return value\n")
+    ix = CodeIndex(str(base / "code.sqlite"))
+    try:
+        ix.index_workspace(str(ws))
+        found = ix.search(" ".join(words), mode="lexical", check_fresh=False)
+        assert found.hits and found.hits[0].path.endswith("many.py")
+        assert ix.search(" ".join(words[:3]), mode="lexical", check_fresh=False).hits
+    finally:
+        ix.close()

@@ -6,6 +6,7 @@ import heapq
 import json
 import math
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -130,12 +131,7 @@ def _scope_chunks(
 ) -> np.ndarray:
     """Sorted ids of the chunks (``files``: the file versions) of the current revisions
     of ``workspaces`` (None: all), remembered per revision of the store."""
-    state = tuple(
-        conn.execute(
-            "SELECT (SELECT max(rowid) FROM chunks),"
-            " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces)"
-        ).fetchone()
-    )
+    state = _store_state(conn)
     key = ("f" if files else "c") + (
         "\x00".join(sorted(workspaces)) if workspaces is not None else ""
     )
@@ -181,14 +177,34 @@ def _json_list(items: Sequence[object]) -> str:
 _df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
 
 
-def _doc_freqs(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, int], int]:
-    """({term: chunks containing it}, highest chunk rowid)."""
+# Per connection: the store's state (``_store_state``) with the connection's data version
+# and change count it was read at. A search asked for it in four to five places, a
+# statement each; another connection's commit or this one's own write reads it again.
+_states: weakref.WeakKeyDictionary[apsw.Connection, tuple[tuple[int, int], tuple[Any, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _store_state(conn: apsw.Connection) -> tuple[Any, ...]:
+    """(highest chunk rowid, the workspaces' current revisions): what the memos of
+    document frequencies and scopes are valid for."""
+    version = (conn.data_version(), conn.total_changes())
+    held = _states.get(conn)
+    if held is not None and held[0] == version:
+        return held[1]
     state = tuple(
         conn.execute(
             "SELECT (SELECT max(rowid) FROM chunks),"
             " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces)"
         ).fetchone()
     )
+    _states[conn] = (version, state)
+    return state
+
+
+def _doc_freqs(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, int], int]:
+    """({term: chunks containing it}, highest chunk rowid)."""
+    state = _store_state(conn)
     # In-memory databases all have the name "": nothing is remembered for them.
     known = _df_memos[conn.filename].at(state) if conn.filename else {}
     missing = [t for t in terms if t not in known]
@@ -479,7 +495,7 @@ def _file_query(
 
 def _evidence(conn: apsw.Connection, weights: dict[str, float], file_ids: Sequence[int]) -> float:
     """The best share of the question that one of ``file_ids`` answers (rank.evidence_share),
-    from one full-text lookup per telling term."""
+    from one full-text lookup of the telling terms."""
     telling = [t for t in weights if rank.telling(t)]
     if not telling:
         return 1.0
@@ -487,13 +503,16 @@ def _evidence(conn: apsw.Connection, weights: dict[str, float], file_ids: Sequen
         return 0.0
     present: dict[int, list[str]] = defaultdict(list)
     ids = int_array(file_ids)
-    for t in telling:
-        for (fid,) in conn.execute(
-            "SELECT rowid FROM files_fts WHERE files_fts MATCH ?"
+    # One query for up to 62 terms (a 64-bit mask): knowledge_phrases says which of them
+    # each file holds.
+    for start in range(0, len(telling), 62):
+        group = telling[start : start + 62]
+        for fid, mask in conn.execute(
+            "SELECT rowid, knowledge_phrases(files_fts) FROM files_fts WHERE files_fts MATCH ?"
             " AND rowid IN (SELECT value FROM carray(?))",
-            (fts_quote(t), ids),
+            (" OR ".join(fts_quote(t) for t in group), ids),
         ):
-            present[fid].append(t)
+            present[fid].extend(t for i, t in enumerate(group) if int(mask) >> i & 1)
     return max(rank.evidence_share(weights, present.get(f, ())) for f in file_ids)
 
 

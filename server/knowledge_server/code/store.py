@@ -210,6 +210,13 @@ def _in_set(rowid: int, token: int) -> int:
     return int(rowid in ID_SETS[token])  # type: ignore[operator]
 
 
+def _phrases_found(api: apsw.FTS5ExtensionApi, *args: object) -> int:
+    """FTS5 ``knowledge_phrases(table)``: which phrases of the query the current row
+    holds, as a bit mask (bit i: phrase i), so one query tells which of several terms
+    each row has."""
+    return sum(1 << i for i in range(api.phrase_count) if api.phrase_columns(i))
+
+
 def open_store(path: str) -> apsw.Connection:
     """Open (creating if needed) the code store with sqlite-vec loaded."""
     import sqlite_vec
@@ -235,6 +242,7 @@ def open_store(path: str) -> apsw.Connection:
         raise
     store_settings(conn)
     conn.create_scalar_function("knowledge_in_set", _in_set, 2)
+    conn.register_fts5_function("knowledge_phrases", _phrases_found)
     return conn
 
 
