@@ -668,7 +668,8 @@ def test_http14_the_faces_answers_are_counted_by_path_and_status(
     world: KbWorld, http: httpx.Client
 ) -> None:
     """HTTP-14: a 200, a 401, a 400, a 405 on a served path and a 404 elsewhere each move
-    their own counter; the unserved path is counted as "other", not under its name."""
+    their own counter; unserved paths (a trailing slash included: not redirected) are
+    counted as "other", not under their names."""
     before = _http_counts(world)
     ok = http.post("/knowledge/retrieve", json={"query": QUESTION}, headers=_auth(world))
     assert ok.status_code == 200
@@ -677,6 +678,7 @@ def test_http14_the_faces_answers_are_counted_by_path_and_status(
     assert bad.status_code == 400
     assert http.get("/knowledge/retrieve").status_code == 405
     assert http.post("/secret-scan-path", json={}).status_code == 404
+    assert http.post("/knowledge/retrieve/", json={}, headers=_auth(world)).status_code == 404
     after = _http_counts(world)
     moved = {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
     assert moved == {
@@ -684,5 +686,5 @@ def test_http14_the_faces_answers_are_counted_by_path_and_status(
         ("/knowledge/answer", "401"): 1.0,
         ("/knowledge/retrieve", "400"): 1.0,
         ("/knowledge/retrieve", "405"): 1.0,
-        ("other", "404"): 1.0,
+        ("other", "404"): 2.0,
     }

@@ -75,3 +75,48 @@ def test_closing_stops_a_build_and_searches_never_wait_for_one(tmp_path: Path) -
     hits = index.search("o", "w7", None, revision_ids={"r1"}, k=3)
     assert [h.chunk.chunk_id for h in hits] == ["r1:7"]  # answered without the build
     index.close()  # returns with the build stopped or done, its connections closed
+
+
+def _texts(rev: str, words: list[str]) -> list[IndexChunk]:
+    return [
+        IndexChunk(f"{rev}:{i}", "o", f"t-{rev}", rev, "s", i, "text", "T", (), None, w, ())
+        for i, w in enumerate(words)
+    ]
+
+
+def test_rows_that_get_freed_ids_are_tokenised_again(tmp_path: Path) -> None:
+    """SQLite gives a freed row id to the next row: after a draft is dropped and another
+    revision staged, or a revision staged again with other text, the rows holding those
+    ids are found by their own words in memory, never by the words of the rows before."""
+    index = SqliteRetrievalIndex(tmp_path / STORE_FILE, dim=4)
+    vec = [[1.0, 0, 0, 0]] * 2
+
+    def found(word: str) -> list[str]:
+        hits = index.search("o", word, None, revision_ids={"r1", "r2", "r3"}, k=5)
+        return sorted(h.chunk.chunk_id for h in hits)
+
+    try:
+        index.stage("o", "r1", _texts("r1", ["alpha one", "alpha two"]), vec)
+        index.stage("o", "draft", _texts("draft", ["banana", "banana split"]), vec)
+        index.warm("o", wait=True)
+        index.drop_revision("o", "draft")
+        index.stage("o", "r2", _texts("r2", ["cherry", "cherry pie"]), vec)
+        ids = [
+            r[0]
+            for r in apsw.Connection(str(tmp_path / STORE_FILE)).execute(
+                "SELECT id FROM chunks WHERE revision_id = 'r2' ORDER BY id"
+            )
+        ]
+        assert ids == [3, 4]  # the draft's ids, given again
+        index.warm("o", wait=True)
+        assert index.held("o")
+        assert found("cherry") == ["r2:0", "r2:1"]
+        assert found("banana") == []
+        index.stage("o", "r2", _texts("r2", ["damson", "damson jam"]), vec)  # staged again
+        index.warm("o", wait=True)
+        assert index.held("o")
+        assert found("damson") == ["r2:0", "r2:1"]
+        assert found("cherry") == []
+        assert found("alpha") == ["r1:0", "r1:1"]
+    finally:
+        index.close()

@@ -338,7 +338,11 @@ def make_asgi(
         return run
 
     routes = [Route(e.path, handler(e), methods=["POST"]) for e in ENDPOINTS]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _not_served(counted)})
+    face = Starlette(routes=routes, exception_handlers={HTTPException: _not_served(counted)})
+    # "/knowledge/retrieve/" is another path (404), not a redirect to be followed with the
+    # body and the token again.
+    face.router.redirect_slashes = False
+    return face
 
 
 def _not_served(

@@ -22,7 +22,7 @@ FTS5's phrase query does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import apsw
 import numpy as np
@@ -38,12 +38,18 @@ IDF_FLOOR = 1e-6
 # Tokens of rows no longer held are forgotten once the vocabulary is more than twice
 # the tokens in use plus this many.
 VOCAB_SLACK = 4096
+# What Python's objects around a row's token arrays take (two arrays, a tuple, a dict
+# entry and its key), and around a token of the vocabulary (a string and a dict entry),
+# about, as measured with tracemalloc.
+ROW_OVERHEAD_BYTES = 400
+TOKEN_OVERHEAD_BYTES = 120
 # Rows read and tokenised at a time by ``build``.
 BATCH_ROWS = 512
 # The FTS5 table's columns, in order.
 COLUMNS = ("text", "aux")
 
 Tokens = Callable[[str, bool], list[str]]
+RowKey = tuple[int, int]  # (row id, hash of the row's text)
 
 
 class Stopped(Exception):
@@ -107,32 +113,35 @@ class _Column:
 
 def build(
     ids: np.ndarray,
+    texts: Mapping[int, str],
     previous: OrgText | None,
-    texts: Callable[[list[int]], dict[int, tuple[str, str]]],
     tokens: Tokens,
+    aux: Callable[[str], str],
     *,
     stop: Callable[[], bool] = lambda: False,
 ) -> OrgText:
-    """The text list of the rows ``ids`` (ascending): the rows ``previous`` held keep their
-    tokens, the others are read with ``texts`` (row id -> its column values) and
-    tokenised. ``previous`` is not changed (a search may still be using it). ``stop``
-    is asked between batches of rows; when it says so, ``Stopped`` is raised."""
+    """The text list of the rows ``ids`` (ascending), ``texts`` holding each one's text
+    column (a row missing there, deleted meanwhile, has no text). A row keeps the tokens
+    ``previous`` held for the same row id and the same text; the others are tokenised
+    (``aux`` makes the second column from the text). Row ids alone would not do: SQLite
+    gives a freed id to the next row, so a revision staged again, or after another was
+    dropped, may hold the ids of rows whose text was different. ``previous`` is not
+    changed (a search may still be using it). ``stop`` is asked between batches of rows;
+    when it says so, ``Stopped`` is raised."""
     vocab = dict(previous.vocab) if previous is not None else {}
     held = previous.row_tokens if previous is not None else {}
-    row_tokens = {int(i): held[int(i)] for i in ids if int(i) in held}
-    missing = [int(i) for i in ids if int(i) not in row_tokens]
+    keys = [(int(i), hash(texts.get(int(i), ""))) for i in ids]
+    row_tokens = {k: held[k] for k in keys if k in held}
+    missing = [k for k in keys if k not in row_tokens]
     for start in range(0, len(missing), BATCH_ROWS):
         if stop():
             raise Stopped
-        for rid, values in texts(missing[start : start + BATCH_ROWS]).items():
-            row_tokens[rid] = tuple(  # type: ignore[assignment]
+        for key in missing[start : start + BATCH_ROWS]:
+            body = texts.get(key[0], "")
+            row_tokens[key] = tuple(  # type: ignore[assignment]
                 np.asarray([vocab.setdefault(t, len(vocab)) for t in tokens(v, False)], np.int32)
-                for v in values
+                for v in (body, aux(body))
             )
-    for rid in missing:
-        # Deleted since its vector was read (a write meanwhile): no text; the search
-        # that built this drops the row when it reads the rows back.
-        row_tokens.setdefault(rid, (np.zeros(0, np.int32), np.zeros(0, np.int32)))
     used = np.unique(
         np.concatenate([a for pair in row_tokens.values() for a in pair] or [np.zeros(0, np.int32)])
     )
@@ -142,7 +151,7 @@ def build(
         remap[used] = np.arange(used.size, dtype=np.int32)
         vocab = {t: int(remap[i]) for t, i in vocab.items() if remap[i] >= 0}
         row_tokens = {r: (remap[a], remap[b]) for r, (a, b) in row_tokens.items()}
-    text = OrgText(ids, row_tokens, vocab)
+    text = OrgText(keys, row_tokens, vocab)
     text.tokenised = len(missing)
     return text
 
@@ -151,27 +160,35 @@ class OrgText:
     """The text columns of an organisation's rows, in the order of its rows in memory.
 
     ``vocab`` maps a token to its id; ``row_tokens`` holds each row's token ids per
-    column, by row id, so that the next generation tokenises only the rows it adds."""
+    column, by (row id, hash of its text): the next generation tokenises only the rows it
+    adds or whose text changed. ``keys`` are the rows' keys in the rows' order."""
 
     def __init__(
         self,
-        ids: np.ndarray,
-        row_tokens: dict[int, tuple[np.ndarray, np.ndarray]],
+        keys: Sequence[RowKey],
+        row_tokens: dict[RowKey, tuple[np.ndarray, np.ndarray]],
         vocab: dict[str, int],
     ) -> None:
         self.vocab = vocab
         self.row_tokens = row_tokens
         self.tokenised = 0  # rows ``build`` tokenised for this one (the others were held)
-        per_row = [row_tokens[int(i)] for i in ids]
+        per_row = [row_tokens[k] for k in keys]
         self.columns = tuple(
             _Column([r[c] for r in per_row], len(vocab)) for c in range(len(COLUMNS))
         )
         self.length = (self.columns[0].lengths + self.columns[1].lengths).astype(np.float64)
-
-    @property
-    def nbytes(self) -> int:
-        held = sum(a.nbytes + b.nbytes for a, b in self.row_tokens.values())
-        return int(held + self.length.nbytes + sum(c.nbytes for c in self.columns))
+        # Counted once (a walk over every row): the arrays, and about what Python's own
+        # objects around them take (a row's tuple, arrays and dict entry; a token's string
+        # and dict entry).
+        arrays = sum(a.nbytes + b.nbytes for a, b in row_tokens.values())
+        self.nbytes = int(
+            arrays
+            + len(row_tokens) * ROW_OVERHEAD_BYTES
+            + sum(len(t) for t in vocab)
+            + len(vocab) * TOKEN_OVERHEAD_BYTES
+            + self.length.nbytes
+            + sum(c.nbytes for c in self.columns)
+        )
 
     def scores(self, terms: Sequence[QueryTerm], tokens: Tokens, mask: np.ndarray) -> np.ndarray:
         """BM25 of every row for ``terms`` (FTS5's formula, positive: higher is better)
@@ -194,7 +211,8 @@ class OrgText:
             idf = float(np.log((n - rows.size + 0.5) / (rows.size + 0.5)))
             idf = idf if idf > 0 else IDF_FLOOR
             norm = K1 * (1 - B + B * self.length[rows] / avg)
-            score[rows] += idf * tf * (K1 + 1) / (tf + norm)
+            # Grouped as fts5_aux.c groups it, so near-ties order as FTS5 orders them.
+            score[rows] += idf * ((tf * (K1 + 1)) / (tf + norm))
         return score
 
     def best(self, score: np.ndarray, ids: np.ndarray, n: int) -> list[int]:

@@ -72,7 +72,10 @@ WIDEN_ABOVE_REVISIONS = 16
 MEMORY_VECTOR_BYTES = 256 * 1024 * 1024
 # What a row's text list takes in memory, roughly (its tokens, postings and counts), for
 # the limit above.
-TEXT_BYTES_PER_ROW = 2048
+TEXT_BYTES_PER_ROW = 4096
+# A build that failed is tried again for the same generation after this long (a new
+# generation tries at once); the searches meanwhile read the tables.
+RETRY_BUILD_S = 30.0
 
 # Vectors per sqlite-vec storage chunk. vec0 allocates whole chunks per partition (here an
 # organisation): with its default of 1,024, 100 organisations of one row each took 103 MiB
@@ -260,6 +263,8 @@ class SqliteRetrievalIndex:
         self._memory_guard = threading.Lock()
         # Organisations whose rows are being read into memory, with the generation.
         self._building: dict[str, int] = {}
+        # Organisations whose build failed: (generation, when to try it again).
+        self._failed: dict[str, tuple[int, float]] = {}
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-memory")
         with self._lock:
             conn = self._connect(write=True)
@@ -492,7 +497,9 @@ class SqliteRetrievalIndex:
             if held is not None and held.gen == gen:
                 self._memory[org] = self._memory.pop(org)  # most recently used last
                 return held
-            if self._too_large.get(org) != gen and self._building.get(org) is None:
+            failed = self._failed.get(org)
+            waiting = failed is not None and failed[0] == gen and time.monotonic() < failed[1]
+            if self._too_large.get(org) != gen and self._building.get(org) is None and not waiting:
                 self._building[org] = gen
                 try:
                     self._builder.submit(self._build_quietly, org, gen)
@@ -526,9 +533,11 @@ class SqliteRetrievalIndex:
     def _build_quietly(self, org: str, gen: int) -> None:
         try:
             self._build(org, gen)
-        except Exception:  # noqa: BLE001 - the searches go on without it; the next one retries
+        except Exception:  # noqa: BLE001 - the searches go on without it; tried again later
             if not self._closed:
-                _log.warning("kb_index.memory_build_failed", exc_info=True)
+                _log.warning("kb_index.memory_build_failed", org=org, exc_info=True)
+                with self._memory_guard:
+                    self._failed[org] = (gen, time.monotonic() + RETRY_BUILD_S)
         finally:
             with self._memory_guard:
                 if self._building.get(org) == gen:
@@ -546,6 +555,7 @@ class SqliteRetrievalIndex:
         if count * (self.dim * 4 + TEXT_BYTES_PER_ROW) > MEMORY_VECTOR_BYTES:
             with self._memory_guard:
                 self._too_large[org] = gen
+                self._memory.pop(org, None)  # an older generation's copy is of no use
             return
         loaded = conn.execute(
             f"SELECT v.rowid, v.revision_id, v.embedding, c.tags FROM {self._vec} v "  # noqa: S608 - a fixed-pattern table name
@@ -558,9 +568,10 @@ class SqliteRetrievalIndex:
         previous = held.text if held is not None else None
         memory.text = memtext.build(
             memory.ids,
+            self._texts(conn, org),
             previous,
-            lambda ids: self._texts(conn, ids),
             self._tokens(conn),
+            aux_terms,
             stop=lambda: self._closed,
         )
         _log.info(
@@ -591,17 +602,14 @@ class SqliteRetrievalIndex:
         return tokens
 
     @staticmethod
-    def _texts(conn: apsw.Connection, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
-        """The text index's two column values of the rows ``ids``, as ``stage`` wrote them."""
-        out: dict[int, tuple[str, str]] = {}
-        for rid, title, section, text in conn.execute(
-            "SELECT id, title, section_path, text FROM chunks "
-            "WHERE id IN (SELECT value FROM json_each(?))",
-            (json.dumps(list(ids)),),
-        ):
-            indexed = "\n".join([str(title), *json.loads(str(section)), str(text)])
-            out[int(rid)] = (indexed, aux_terms(indexed))
-        return out
+    def _texts(conn: apsw.Connection, org: str) -> dict[int, str]:
+        """The text index's ``text`` column of ``org``'s rows, as ``stage`` wrote it."""
+        return {
+            int(rid): "\n".join([str(title), *json.loads(str(section)), str(text)])
+            for rid, title, section, text in conn.execute(
+                "SELECT id, title, section_path, text FROM chunks WHERE org = ?", (org,)
+            )
+        }
 
     def _nearest(
         self,
