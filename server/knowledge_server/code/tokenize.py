@@ -100,12 +100,14 @@ def matched_terms(text: str, terms: list[str]) -> list[str]:
     simple = len(low) == len(text)
     flat = low.replace("_", "") if "_" in low else low
     full: set[str] | None = None
+    around: _Around | None = None
     out = []
     for term in terms:
         if term.isascii() and simple:
-            found = term in flat and (
-                _in_words_around(text, low, term) or _spelled_with_underscores(text, term)
-            )
+            found = False
+            if term in flat:
+                around = _Around(text, low) if around is None else around
+                found = around.has(term)
         else:
             full = token_set(text) if full is None else full
             found = term in full
@@ -114,42 +116,55 @@ def matched_terms(text: str, terms: list[str]) -> list[str]:
     return out
 
 
-def _is_word_char(c: str) -> bool:
-    return c.isalnum() or c == "_"  # exactly the characters of regex \w
+# A run of word characters (regex \w: letters, digits, "_"), possibly empty.
+_WORD_RUN = re.compile(r"\w*")
 
 
-def _in_words_around(text: str, low: str, term: str) -> bool:
-    """Whether ``term`` is a token of a word in which it occurs."""
-    pos = low.find(term)
-    n = len(text)
-    seen: set[str] = set()
-    while pos >= 0:
-        start, end = pos, pos + len(term)
-        while start > 0 and _is_word_char(text[start - 1]):
-            start -= 1
-        while end < n and _is_word_char(text[end]):
-            end += 1
-        word = text[start:end]
-        if word not in seen:
-            seen.add(word)
-            if term in split_identifier(word):
-                return True
-        pos = low.find(term, end)
-    return False
+class _Around:
+    """One text's words around the places a term occurs. Word boundaries are found by
+    the regex engine, forwards in the lower-cased text and backwards in its reverse, where
+    a character loop in Python was a chunk explanation's main cost; the words that spell
+    a term with underscores are looked up by their joined form, where one regex per term
+    scanned the whole text."""
 
+    def __init__(self, text: str, low: str) -> None:
+        self.text, self.low = text, low
+        self._reverse: str | None = None
+        self._joined: dict[str, list[str]] | None = None
 
-@lru_cache(maxsize=4096)
-def _underscored(term: str) -> re.Pattern[str]:
-    # The whole word: the term's letters with underscores anywhere between or around.
-    letters = "_*".join(re.escape(c) for c in term)
-    return re.compile(r"(?<!\w)_*" + letters + r"_*(?!\w)", re.IGNORECASE)
+    def has(self, term: str) -> bool:
+        return self._in_words_around(term) or self._spelled_with_underscores(term)
 
-
-def _spelled_with_underscores(text: str, term: str) -> bool:
-    """Whether ``term`` is the joined form of a word written with underscores."""
-    if "_" not in text:
+    def _in_words_around(self, term: str) -> bool:
+        """Whether ``term`` is a token of a word in which it occurs."""
+        text, low = self.text, self.low
+        if self._reverse is None:
+            self._reverse = low[::-1]
+        reverse, n = self._reverse, len(low)
+        seen: set[str] = set()
+        pos = low.find(term)
+        while pos >= 0:
+            before = _WORD_RUN.match(reverse, n - pos).end() - (n - pos)  # type: ignore[union-attr]
+            start = pos - before
+            end = _WORD_RUN.match(low, pos + len(term)).end()  # type: ignore[union-attr]
+            word = text[start:end]
+            if word not in seen:
+                seen.add(word)
+                if term in split_identifier(word):
+                    return True
+            pos = low.find(term, end)
         return False
-    return any(term in split_identifier(w) for w in _underscored(term).findall(text))
+
+    def _spelled_with_underscores(self, term: str) -> bool:
+        """Whether ``term`` is the joined form of a word written with underscores."""
+        if "_" not in self.text:
+            return False
+        if self._joined is None:
+            self._joined = {}
+            for word in _WORD.findall(self.text):
+                if "_" in word:
+                    self._joined.setdefault(word.lower().replace("_", ""), []).append(word)
+        return any(term in split_identifier(w) for w in self._joined.get(term, ()))
 
 
 def fts_quote(term: str) -> str:
