@@ -12,7 +12,10 @@ KR-6i the retrieval index (a Milvus server process) stopped or killed is UNAVAIL
       dependency "index" within the budget, never NO_EVIDENCE; after SIGCONT it answers;
 KR-6m the metadata store held by another transaction past the budget is UNAVAILABLE with
       dependency "metadata" within the budget, never NO_EVIDENCE;
-KR-7p a PDF source's citation names the PDF page its text is on.
+KR-7p a PDF source's citation names the PDF page its text is on;
+KR-6w a stopped Milvus server fails the index's writes and reads (stage, drop, chunks)
+      within the index's timeout instead of holding the caller, and they work again once
+      it answers.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from knowledge_sdk import KnowledgeClient, Unavailable
+from knowledge_server.kb.index.milvus import MilvusRetrievalIndex
+from knowledge_server.kb.index.port import IndexChunk
 
 from tests.kb_world import KbWorld, publish, start_world
 from tests.pdfs import make_pdf
@@ -555,3 +560,54 @@ def test_kr3p_sources_are_always_the_active_release(
                 _check_retrieval(pw, admin, agent, key)
         for key in _TOPICS:  # every sequence ends with a look at both topics
             _check_retrieval(pw, admin, agent, key)
+
+
+def test_kr6w_milvus_stopped_fails_writes_and_reads_within_the_timeout(tmp_path: Path) -> None:
+    """KR-6w: with the Milvus server stopped (SIGSTOP), staging, dropping and reading
+    chunks each raise within a few times the index's timeout (2 s here), where they
+    waited for the connection's keepalive; after SIGCONT they work again. (Counting
+    revisions uses pymilvus's query iterator, whose setup retries for about a minute
+    whatever the timeout: docs/kb-index.md.)"""
+    pytest.importorskip("pymilvus")
+    milvus = _milvus_server(tmp_path / "milvus")
+    try:
+        index = MilvusRetrievalIndex(milvus.uri, dim=8, timeout_s=2.0)
+        chunk = IndexChunk("r1:0", "o", "t", "r1", "s", 0, "text", "T", (), None, "refund", ())
+        index.stage("o", "r1", [chunk], [[1.0] + [0.0] * 7])
+        milvus.signal(signal.SIGSTOP)
+        try:
+            calls = {
+                "stage": lambda: index.stage(
+                    "o",
+                    "r2",
+                    [
+                        chunk.__class__(
+                            "r2:0", "o", "t", "r2", "s", 0, "text", "T", (), None, "refund", ()
+                        )
+                    ],
+                    [[1.0] + [0.0] * 7],
+                ),
+                "drop_revision": lambda: index.drop_revision("o", "r1"),
+                "get_chunks": lambda: index.get_chunks("o", ["r1:0"]),
+            }
+            for name, call in calls.items():
+                started = time.monotonic()
+                with pytest.raises(Exception):  # noqa: B017 - pymilvus's own error types
+                    call()
+                assert time.monotonic() - started < 12, name
+        finally:
+            milvus.signal(signal.SIGCONT)
+        limit = time.monotonic() + 30
+        while True:
+            try:
+                assert index.revision_counts("o") == {("o", "r1"): 1}
+                break
+            except AssertionError:
+                raise
+            except Exception:  # noqa: BLE001 - reconnecting
+                assert time.monotonic() < limit, "the index did not recover after SIGCONT"
+                time.sleep(0.5)
+        assert [c.chunk_id for c in index.get_chunks("o", ["r1:0"])] == ["r1:0"]
+        index.close()
+    finally:
+        milvus.stop()
