@@ -24,7 +24,7 @@ import structlog
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused
 from knowledge_server.config import ConfigError, load_config
 from knowledge_server.runtime import build_app
-from knowledge_server.server import create_server, shutdown
+from knowledge_server.server import create_server, shutdown, start_served
 from knowledge_server.tracing import Tracing, provider_with
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -399,3 +399,45 @@ async def test_a_traced_call_has_all_its_lane_spans_and_an_untraced_call_none(
         assert lane.context.trace_id == parent.context.trace_id
     by_call = sorted(rpcs[s.parent.span_id].attributes["knowledge.request_id"] for s in lanes)  # type: ignore[union-attr,index]
     assert by_call == ["r0", "r0", "r2", "r2", "r4", "r4"]
+
+
+async def test_a_call_to_the_http_face_is_one_server_span(tmp_path: Path) -> None:
+    """A Retrieve through the HTTP face is one server span named by its path, with the
+    call's trace id and HTTP status; an invalid call (400) is a span too, not an error
+    (the caller's fault); no value of the body appears in any span."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    cfg = load_config(
+        env={},
+        overrides={
+            "listen": "127.0.0.1:0",
+            "data_dir": str(tmp_path / "data"),
+            "bootstrap": False,
+            "retrieve_http_listen": "127.0.0.1:0",
+        },
+    )
+    served = await create_server(cfg, build_app(cfg), tracing=Tracing(provider))
+    await start_served(served)
+    try:
+        assert served.http is not None
+        url = f"http://127.0.0.1:{served.http.port}/knowledge/retrieve"
+        async with httpx.AsyncClient(timeout=30) as http:
+            ok = await http.post(
+                url, json={"query": f"{WORD} refund"}, headers={"X-Trace-Id": "http-trace-1"}
+            )
+            assert ok.status_code == 200, ok.text
+            wrong = await http.post(url, content=b"{", headers={"Content-Type": "text/plain"})
+            assert wrong.status_code == 400
+    finally:
+        await shutdown(served, 0)
+    spans = [s for s in exporter.get_finished_spans() if s.name == "POST /knowledge/retrieve"]
+    assert len(spans) == 2
+    first, second = spans
+    assert first.attributes is not None and second.attributes is not None
+    assert first.attributes["knowledge.request_id"] == "http-trace-1"
+    assert first.attributes["http.response.status_code"] == 200
+    assert second.attributes["http.response.status_code"] == 400
+    assert first.status.is_ok and second.status.is_ok  # 4xx: not the server's error
+    text = json.dumps([dict(s.attributes or {}) for s in exporter.get_finished_spans()])
+    assert WORD not in text and "refund" not in text

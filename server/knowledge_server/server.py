@@ -212,6 +212,7 @@ async def create_server(
             tls_key=config.tls_key,
             tls_client_ca=config.tls_client_ca,
             metrics=metrics,
+            tracing=tracing,
         )
     endpoint = None
     if metrics is not None and config.metrics_listen:

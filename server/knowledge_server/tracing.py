@@ -79,6 +79,32 @@ class Tracing:
             method.lstrip("/"), kind=SpanKind.SERVER, attributes=_rpc_attributes(request_id)
         )
 
+    def start_http(self, path: str, request_id: str) -> tuple[Span, object | None]:
+        """A call to the HTTP face: its span, made current as an RPC's is."""
+        span = self._tracer.start_span(
+            f"POST {path}",
+            kind=SpanKind.SERVER,
+            attributes={
+                "http.request.method": "POST",
+                "url.path": path,
+                "knowledge.request_id": request_id,
+            },
+        )
+        if not span.is_recording():
+            return span, None
+        return span, otel_context.attach(trace.set_span_in_context(span))
+
+    @staticmethod
+    def end_http(span: Span, token: object | None, status: int) -> None:
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
+        if not span.is_recording():
+            return
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:  # a server span's error: the server's fault, not the caller's
+            span.set_status(Status(StatusCode.ERROR, str(status)))
+        span.end()
+
     @staticmethod
     def end_rpc(
         span: Span, token: object | None, code: str, attributes: dict[str, Any] | None = None

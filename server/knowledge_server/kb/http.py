@@ -56,6 +56,7 @@ from knowledge_server.config import ConfigError, parse_listen
 from knowledge_server.kb.retrieve import valid_trace_id
 from knowledge_server.logs import get_logger
 from knowledge_server.metrics import Metrics
+from knowledge_server.tracing import Tracing
 from knowledge_server.transport.interceptors import edition_refusal
 from knowledge_server.transport.policy import POLICIES, Policy
 from knowledge_server.transport.rules import check_limits
@@ -255,6 +256,44 @@ def _request_context(endpoint: _Endpoint, request: Request, tid: str) -> Iterato
         structlog.contextvars.clear_contextvars()
 
 
+def _admit(
+    app: KnowledgeApp,
+    endpoint: _Endpoint,
+    request: Request,
+    principal: Principal,
+    metrics: Metrics | None,
+) -> None:
+    """The gRPC method's policy and edition, and a JSON body, or the error refusing it."""
+    policy = endpoint.policy
+    if not policy.allows(principal):
+        raise policy.refusal(principal, endpoint.method)
+    refused = edition_refusal(policy, endpoint.method, app.licence.edition())
+    if refused is not None:
+        if metrics is not None:
+            metrics.refused_edition(policy.feature, endpoint.method)
+        raise refused[0]
+    if not _json_content(request):
+        raise errors.InvalidRequest(
+            "request: the content type must be application/json (UTF-8)",
+            metadata={"field": "content-type"},
+        )
+
+
+@contextlib.contextmanager
+def _span(tracing: Tracing | None, path: str, tid: str) -> Iterator[list[int]]:
+    """The call's span (with tracing on); the caller puts the answer's status in the
+    list it gets (500 stays when no answer came: the call was cancelled)."""
+    status = [500]
+    if tracing is None:
+        yield status
+        return
+    span, token = tracing.start_http(path, tid)
+    try:
+        yield status
+    finally:
+        tracing.end_http(span, token, status[0])
+
+
 def make_asgi(
     app: KnowledgeApp,
     authenticate: Callable[[str], Principal | None] | None,
@@ -262,10 +301,13 @@ def make_asgi(
     local: Principal = LOCAL_PRINCIPAL,
     max_body: int = MAX_BODY_BYTES,
     metrics: Metrics | None = None,
+    tracing: Tracing | None = None,
 ) -> Starlette:
     """The Starlette application of the HTTP face. ``authenticate`` None: authentication
     is off and every call runs as ``local`` (the gRPC server's rule). ``metrics``: every
-    answer is counted there by path and status, and edition refusals as on gRPC."""
+    answer is counted there by path and status, and edition refusals as on gRPC.
+    ``tracing``: every call to a served path is a server span (the trace id as its
+    request id; never a value of the body), the parent of the call's own spans."""
 
     def counted(path: str, response: Response, started: float) -> Response:
         if metrics is not None:
@@ -286,26 +328,12 @@ def make_asgi(
         return principal
 
     def handler(endpoint: _Endpoint) -> Callable[[Request], Awaitable[Response]]:
-        async def run(request: Request) -> Response:
-            started = time.perf_counter()
-            tid = valid_trace_id(request.headers.get("x-trace-id"))
+        async def answer(request: Request, tid: str, started: float) -> Response:
             with _request_context(endpoint, request, tid):
                 try:
                     principal = principal_of(request)
                     structlog.contextvars.bind_contextvars(principal=principal.id)
-                    policy = endpoint.policy
-                    if not policy.allows(principal):
-                        raise policy.refusal(principal, endpoint.method)
-                    refused = edition_refusal(policy, endpoint.method, app.licence.edition())
-                    if refused is not None:
-                        if metrics is not None:
-                            metrics.refused_edition(policy.feature, endpoint.method)
-                        raise refused[0]
-                    if not _json_content(request):
-                        raise errors.InvalidRequest(
-                            "request: the content type must be application/json (UTF-8)",
-                            metadata={"field": "content-type"},
-                        )
+                    _admit(app, endpoint, request, principal, metrics)
                     req = parse_request(await _read_body(request, max_body), endpoint.request)
                     check_limits(req)
                     out = await endpoint.call(app, req, principal, tid)
@@ -317,23 +345,24 @@ def make_asgi(
                         reason=exc.reason,
                         ms=_ms(started),
                     )
-                    return counted(endpoint.path, response, started)
+                    return response
                 except Exception as exc:  # noqa: BLE001 - answered 500, type logged
                     # An exception's text may quote the request: its type alone is logged.
                     log.error("http.internal_error", error_type=type(exc).__name__, ms=_ms(started))
-                    return counted(
-                        endpoint.path,
-                        _error_response(
-                            errors.InternalError(
-                                "internal error; see the server log for trace " + tid
-                            ),
-                            tid,
-                        ),
-                        started,
+                    return _error_response(
+                        errors.InternalError("internal error; see the server log for trace " + tid),
+                        tid,
                     )
                 log.info("http.ok", status=200, ms=_ms(started))
-                ok = JSONResponse(_print(out), headers={"X-Trace-Id": tid})
-                return counted(endpoint.path, ok, started)
+                return JSONResponse(_print(out), headers={"X-Trace-Id": tid})
+
+        async def run(request: Request) -> Response:
+            started = time.perf_counter()
+            tid = valid_trace_id(request.headers.get("x-trace-id"))
+            with _span(tracing, endpoint.path, tid) as status:
+                response = await answer(request, tid, started)
+                status[0] = response.status_code
+            return counted(endpoint.path, response, started)
 
         return run
 
@@ -413,6 +442,7 @@ class RetrieveHttp:
         tls_client_ca: Path | None = None,
         max_body: int = MAX_BODY_BYTES,
         metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._sock = _bind(listen)
         address = self._sock.getsockname()
@@ -425,7 +455,7 @@ class RetrieveHttp:
                 tls.update(ssl_ca_certs=str(tls_client_ca), ssl_cert_reqs=ssl.CERT_REQUIRED)
         self.scheme = "https" if tls else "http"
         config = uvicorn.Config(
-            make_asgi(app, authenticate, max_body=max_body, metrics=metrics),
+            make_asgi(app, authenticate, max_body=max_body, metrics=metrics, tracing=tracing),
             lifespan="off",
             ws="none",
             log_config=None,
