@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import math
 import time
-import weakref
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import replace
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import apsw
 import numpy as np
@@ -177,29 +178,29 @@ def _json_list(items: Sequence[object]) -> str:
 _df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
 
 
-# Per connection: the store's state (``_store_state``) with the connection's data version
-# and change count it was read at. A search asked for it in four to five places, a
-# statement each; another connection's commit or this one's own write reads it again.
-_states: weakref.WeakKeyDictionary[apsw.Connection, tuple[tuple[int, int], tuple[Any, ...]]] = (
-    weakref.WeakKeyDictionary()
+# The store's state (``_store_state``) as one search read it, for the rest of that search:
+# it asked for it in four to five places, a statement each. Per search and not per
+# connection: a connection's data version is only current once its read transaction has
+# read something, so a state remembered across searches could outlive a re-index.
+P = ParamSpec("P")
+R = TypeVar("R")
+_search_state: ContextVar[tuple[apsw.Connection, tuple[Any, ...]] | None] = ContextVar(
+    "code_search_state", default=None
 )
 
 
 def _store_state(conn: apsw.Connection) -> tuple[Any, ...]:
     """(highest chunk rowid, the workspaces' current revisions): what the memos of
     document frequencies and scopes are valid for."""
-    version = (conn.data_version(), conn.total_changes())
-    held = _states.get(conn)
-    if held is not None and held[0] == version:
+    held = _search_state.get()
+    if held is not None and held[0] is conn:
         return held[1]
-    state = tuple(
+    return tuple(
         conn.execute(
             "SELECT (SELECT max(rowid) FROM chunks),"
             " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces)"
         ).fetchone()
     )
-    _states[conn] = (version, state)
-    return state
 
 
 def _doc_freqs(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, int], int]:
@@ -751,6 +752,23 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     return hits, evidence
 
 
+def _one_state(
+    fn: Callable[Concatenate[apsw.Connection, P], R],
+) -> Callable[Concatenate[apsw.Connection, P], R]:
+    """``fn`` with the store's state read once for all of the call (``_search_state``)."""
+
+    @functools.wraps(fn)
+    def wrapper(conn: apsw.Connection, *args: P.args, **kwargs: P.kwargs) -> R:
+        token = _search_state.set((conn, _store_state(conn)))
+        try:
+            return fn(conn, *args, **kwargs)
+        finally:
+            _search_state.reset(token)
+
+    return wrapper
+
+
+@_one_state
 def search(
     conn: apsw.Connection,
     query: str,
