@@ -25,7 +25,8 @@ HTTP-12 `knowledge serve --retrieve-http-listen` starts and stops the face with 
 HTTP-13 with the server's TLS settings the face serves HTTPS only (and with a client
        CA, to callers with a client certificate only);
 HTTP-14 with metrics on, every answer of the face is counted by path and status (any
-       path it does not serve under one label), and never under a question's words.
+       path it does not serve under one label), and never under a question's words; a
+       caller that leaves before its body arrived is counted as 499, not as a 500.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import json
 import queue
 import signal
+import socket
 import ssl
 import subprocess
 import threading
@@ -688,3 +690,34 @@ def test_http14_the_faces_answers_are_counted_by_path_and_status(
         ("/knowledge/retrieve", "405"): 1.0,
         ("other", "404"): 2.0,
     }
+
+
+def test_http14_a_caller_gone_before_its_body_is_499_not_a_server_error(
+    world: KbWorld, http: httpx.Client
+) -> None:
+    """HTTP-14: a request whose body never arrives (the caller closed the connection) is
+    counted as 499 and never as a 500 (no alarm on the server's error rate)."""
+    before = _http_counts(world)
+    host, port = world.server.rs.http_url.removeprefix("http://").split(":")
+    head = (
+        "POST /knowledge/retrieve HTTP/1.1\r\nHost: face\r\n"
+        f"Authorization: Bearer {world.tokens['agent-org-a']}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 4000\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.encode() + b'{"query": "how long')
+    limit = time.monotonic() + 10
+    while True:
+        after = _http_counts(world)
+        if after.get(("/knowledge/retrieve", "499"), 0.0) > before.get(
+            ("/knowledge/retrieve", "499"), 0.0
+        ):
+            break
+        assert time.monotonic() < limit, "the dropped call was not counted"
+        time.sleep(0.1)
+    assert after.get(("/knowledge/retrieve", "500"), 0.0) == before.get(
+        ("/knowledge/retrieve", "500"), 0.0
+    )
+    assert http.post(
+        "/knowledge/retrieve", json={"query": QUESTION}, headers=_auth(world)
+    ).is_success

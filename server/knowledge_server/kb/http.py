@@ -44,7 +44,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -201,6 +201,10 @@ def _json_content(request: Request) -> bool:
     return True
 
 
+# The status counted for a caller that left before its request was read (nginx's 499).
+CLIENT_GONE = 499
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -346,6 +350,11 @@ def make_asgi(
                         ms=_ms(started),
                     )
                     return response
+                except ClientDisconnect:
+                    # The caller left before its body arrived: nothing to answer, and not
+                    # the server's error (counted as 499, the status proxies use for it).
+                    log.info("http.client_gone", ms=_ms(started))
+                    return Response(status_code=CLIENT_GONE)
                 except Exception as exc:  # noqa: BLE001 - answered 500, type logged
                     # An exception's text may quote the request: its type alone is logged.
                     log.error("http.internal_error", error_type=type(exc).__name__, ms=_ms(started))
