@@ -71,6 +71,15 @@ def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
 SEARCH = "/knowledge.v1.KnowledgeService/Search"
 
 
+def _recorded(sampler: Sampler | None = None) -> tuple[InMemorySpanExporter, Tracing]:
+    """Tracing whose spans are kept in memory as each ends (``sampler``: every call when
+    None)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter, Tracing(provider)
+
+
 async def test_metrics_move_with_real_calls(tmp_path: Path) -> None:
     ws, logs = _workspace(tmp_path, files=30)
     rs = await start_server(
@@ -181,9 +190,7 @@ async def test_metrics_are_off_by_default(tmp_path: Path) -> None:
 
 async def test_a_search_is_one_span_with_a_child_span_per_lane(tmp_path: Path) -> None:
     ws, logs = _workspace(tmp_path)
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter, tracing = _recorded()
     cfg = load_config(
         env={},
         overrides={
@@ -194,7 +201,7 @@ async def test_a_search_is_one_span_with_a_child_span_per_lane(tmp_path: Path) -
             "session_paths": [str(logs)],
         },
     )
-    served = await create_server(cfg, build_app(cfg), tracing=Tracing(provider))
+    served = await create_server(cfg, build_app(cfg), tracing=tracing)
     await served.server.start()
     try:
         async with AsyncKnowledgeClient(f"127.0.0.1:{served.port}") as kc:
@@ -366,14 +373,12 @@ async def test_a_traced_call_has_all_its_lane_spans_and_an_untraced_call_none(
     """Traced and untraced calls interleaved: an untraced call leaves no span current
     behind it, so each lane span has the RPC span of its own call as parent, and every
     traced search has its two lanes."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ParentBased(_EveryOtherCall()))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter, tracing = _recorded(ParentBased(_EveryOtherCall()))
     cfg = load_config(
         env={},
         overrides={"listen": "127.0.0.1:0", "data_dir": str(tmp_path / "d"), "bootstrap": False},
     )
-    served = await create_server(cfg, build_app(cfg), tracing=Tracing(provider))
+    served = await create_server(cfg, build_app(cfg), tracing=tracing)
     await served.server.start()
     try:
         async with AsyncKnowledgeClient(f"127.0.0.1:{served.port}") as kc:
@@ -405,9 +410,7 @@ async def test_a_call_to_the_http_face_is_one_server_span(tmp_path: Path) -> Non
     """A Retrieve through the HTTP face is one server span named by its path, with the
     call's trace id and HTTP status; an invalid call (400) is a span too, not an error
     (the caller's fault); no value of the body appears in any span."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter, tracing = _recorded()
     cfg = load_config(
         env={},
         overrides={
@@ -417,7 +420,7 @@ async def test_a_call_to_the_http_face_is_one_server_span(tmp_path: Path) -> Non
             "retrieve_http_listen": "127.0.0.1:0",
         },
     )
-    served = await create_server(cfg, build_app(cfg), tracing=Tracing(provider))
+    served = await create_server(cfg, build_app(cfg), tracing=tracing)
     await start_served(served)
     try:
         assert served.http is not None

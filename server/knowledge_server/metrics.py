@@ -71,6 +71,22 @@ class _LicenceCollector(Collector):
             )
 
 
+def _count_call(
+    children: dict[tuple[str, str], tuple[Counter, Histogram]],
+    calls: Counter,
+    latency: Histogram,
+    labels: tuple[str, str],
+    seconds: float,
+) -> None:
+    """One call counted and timed under ``labels``, through label children looked up
+    once (``children``)."""
+    held = children.get(labels)
+    if held is None:
+        held = children[labels] = (calls.labels(*labels), latency.labels(*labels))
+    held[0].inc()
+    held[1].observe(seconds)
+
+
 class Metrics:
     """The service's metrics in one registry of its own (so several servers in one
     process, as in tests, do not share counters)."""
@@ -202,25 +218,14 @@ class Metrics:
     # Calls
 
     def rpc(self, method: str, code: str, seconds: float) -> None:
-        children = self._rpc_children.get((method, code))
-        if children is None:
-            children = (self.rpc_calls.labels(method, code), self.rpc_seconds.labels(method, code))
-            self._rpc_children[(method, code)] = children
-        calls, latency = children
-        calls.inc()
-        latency.observe(seconds)
+        _count_call(self._rpc_children, self.rpc_calls, self.rpc_seconds, (method, code), seconds)
 
     def http(self, path: str, status: int, seconds: float) -> None:
         """A request the HTTP face answered; ``path`` is one it serves, or "other"
         (any other path is one label, so a scan cannot grow the label set)."""
-        key = (path, str(status))
-        children = self._http_children.get(key)
-        if children is None:
-            children = (self.http_calls.labels(*key), self.http_seconds.labels(*key))
-            self._http_children[key] = children
-        calls, latency = children
-        calls.inc()
-        latency.observe(seconds)
+        _count_call(
+            self._http_children, self.http_calls, self.http_seconds, (path, str(status)), seconds
+        )
 
     def refused_edition(self, feature: str, method: str) -> None:
         self.edition_refusals.labels(feature, method).inc()

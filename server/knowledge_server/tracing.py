@@ -66,9 +66,11 @@ class Tracing:
         """The RPC's span, made current for the call's task (lane spans nest under it);
         returns it and the token to detach it with (None for a call not traced: nothing
         is made current, so its lanes make no span either)."""
-        span = self._tracer.start_span(
-            method.lstrip("/"), kind=SpanKind.SERVER, attributes=_rpc_attributes(request_id)
-        )
+        return self._start_current(method.lstrip("/"), _rpc_attributes(request_id))
+
+    def _start_current(self, name: str, attributes: dict[str, Any]) -> tuple[Span, object | None]:
+        """A server span made current (when recorded) and its detach token."""
+        span = self._tracer.start_span(name, kind=SpanKind.SERVER, attributes=attributes)
         if not span.is_recording():
             return span, None
         return span, otel_context.attach(trace.set_span_in_context(span))
@@ -81,41 +83,39 @@ class Tracing:
 
     def start_http(self, path: str, request_id: str) -> tuple[Span, object | None]:
         """A call to the HTTP face: its span, made current as an RPC's is."""
-        span = self._tracer.start_span(
-            f"POST {path}",
-            kind=SpanKind.SERVER,
-            attributes={
-                "http.request.method": "POST",
-                "url.path": path,
-                "knowledge.request_id": request_id,
-            },
-        )
-        if not span.is_recording():
-            return span, None
-        return span, otel_context.attach(trace.set_span_in_context(span))
+        attributes = {
+            "http.request.method": "POST",
+            "url.path": path,
+            "knowledge.request_id": request_id,
+        }
+        return self._start_current(f"POST {path}", attributes)
 
     @staticmethod
     def end_http(span: Span, token: object | None, status: int) -> None:
-        if token is not None:
-            otel_context.detach(token)  # type: ignore[arg-type]
-        if not span.is_recording():
-            return
-        span.set_attribute("http.response.status_code", status)
-        if status >= 500:  # a server span's error: the server's fault, not the caller's
-            span.set_status(Status(StatusCode.ERROR, str(status)))
-        span.end()
+        # A server span's error is the server's fault (5xx), not the caller's.
+        error = str(status) if status >= 500 else None
+        Tracing._end(span, token, {"http.response.status_code": status}, error)
 
     @staticmethod
     def end_rpc(
         span: Span, token: object | None, code: str, attributes: dict[str, Any] | None = None
     ) -> None:
+        error = code if code not in ("OK", "CANCELLED", "DEADLINE_EXCEEDED") else None
+        Tracing._end(span, token, {"rpc.grpc.status_code": code, **(attributes or {})}, error)
+
+    @staticmethod
+    def _end(
+        span: Span, token: object | None, attributes: dict[str, Any], error: str | None
+    ) -> None:
+        """Detach the span (``token``), then, when recorded, set its attributes and its
+        error status (``error`` not None) and end it."""
         if token is not None:
             otel_context.detach(token)  # type: ignore[arg-type]
         if not span.is_recording():
             return
-        span.set_attributes({"rpc.grpc.status_code": code, **(attributes or {})})
-        if code not in ("OK", "CANCELLED", "DEADLINE_EXCEEDED"):
-            span.set_status(Status(StatusCode.ERROR, code))
+        span.set_attributes(attributes)
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
         span.end()
 
     # The search coordinator's observer

@@ -228,7 +228,12 @@ def _row_chunk(row: Sequence[object]) -> IndexChunk:
 
 
 def _fts_text(chunk: IndexChunk) -> str:
-    return "\n".join([chunk.title, *chunk.section_path, chunk.text])
+    return _indexed(chunk.title, chunk.section_path, chunk.text)
+
+
+def _indexed(title: str, section_path: Sequence[str], text: str) -> str:
+    """The text index's ``text`` column: the title, the section path and the text."""
+    return "\n".join([title, *section_path, text])
 
 
 def _search_terms(text: str) -> list[QueryTerm]:
@@ -605,7 +610,7 @@ class SqliteRetrievalIndex:
     def _texts(conn: apsw.Connection, org: str) -> dict[int, str]:
         """The text index's ``text`` column of ``org``'s rows, as ``stage`` wrote it."""
         return {
-            int(rid): "\n".join([str(title), *json.loads(str(section)), str(text)])
+            int(rid): _indexed(str(title), json.loads(str(section)), str(text))
             for rid, title, section, text in conn.execute(
                 "SELECT id, title, section_path, text FROM chunks WHERE org = ?", (org,)
             )
