@@ -22,7 +22,7 @@ server runs next to this one's, and every question goes to both, alternating whi
 asked first: both tables and both latencies come from one run (the machine's speed drifts).
 
 Usage: python bench/bench_relevance.py [--sets click,starlette,cobra,fd] [--work DIR]
-                                       [--limit-questions N] [--no-auto] [--in-process]
+                                       [--limit-questions N] [--no-auto | --auto-only] [--in-process]
                                        [--before CHECKOUT]
 """
 
@@ -192,6 +192,13 @@ def main() -> None:
     ap.add_argument("--limit-questions", type=int, default=0, help="first N questions per set")
     ap.add_argument("--no-auto", action="store_true", help="skip the mode=auto pass")
     ap.add_argument(
+        "--auto-only",
+        action="store_true",
+        help="only the mode=auto pass (a server's lane cache answers a question it was"
+        " asked before: after a find_code pass, a server whose cache key leaves the"
+        " intent out answers auto from it)",
+    )
+    ap.add_argument(
         "--in-process", action="store_true", help="CodeIndex.search, no server (find_code only)"
     )
     ap.add_argument(
@@ -213,6 +220,8 @@ def main() -> None:
     data = args.work / "data"
     index(data, roots)
     modes = ["find_code"] if args.no_auto or args.in_process else ["find_code", "auto"]
+    if args.auto_only and not args.in_process:
+        modes = ["auto"]
     results: dict[tuple[str, str], dict[str, Score]] = {}
     if args.in_process:
         for name, root in roots.items():

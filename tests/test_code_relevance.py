@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+from knowledge_server.code import memory
 from knowledge_server.code.index import CodeIndex
 
 SUBSET = 30
@@ -73,3 +75,32 @@ def test_find_code_mrr_stays_above_its_threshold(
     print(f"{name}: MRR@10 {mrr:.3f} R@10 {r10:.3f}")
     assert mrr >= want_mrr, f"{name}: MRR@10 {mrr:.3f} < {want_mrr}"
     assert r10 >= floor_r10 - 0.1, f"{name}: R@10 {r10:.3f} far below the floor's {floor_r10}"
+
+
+@pytest.mark.parametrize("name", list(THRESHOLDS))
+def test_the_copy_in_memory_ranks_the_subset_as_sql_does(
+    name: str,
+    indexed: tuple[CodeIndex, dict[str, Path]],
+    shared_data: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """code.memory on real repositories: every question of the subset, asked of one
+    workspace of the four-set store as the code lane asks it, gets the same hits, scores,
+    explanations and snippets from the copy in memory as from SQL."""
+    idx, roots = indexed
+    assert memory.warm(idx.conn, wait=True) is not None
+    for q in _subset(shared_data, name):
+        kw: dict[str, Any] = {
+            "workspaces": [str(roots[name])],
+            "limit": 30,
+            "intent": "find_code",
+            "check_fresh": False,
+        }
+        with monkeypatch.context() as m:
+            m.setattr(memory, "ready", lambda conn, key: None)
+            m.setattr(memory, "held", lambda filename: None)
+            by_sql = idx.search(str(q["query"]), **kw).hits
+        held = idx.search(str(q["query"]), **kw).hits
+        assert [(h.chunk_id, h.score, h.why, h.snippet) for h in held] == [
+            (h.chunk_id, h.score, h.why, h.snippet) for h in by_sql
+        ], q["query"]

@@ -19,7 +19,7 @@ import numpy as np
 from knowledge_server.memo import RevisionMemo
 from knowledge_server.schema import int_array, prefix_upper
 
-from . import bitknn, rank
+from . import bitknn, memory, rank
 from .embed import Embedder
 from .model import ChunkRecord, CodeHit, CodeSearchResult, Freshness, IndexOptions
 from .store import FILE_SCORE, FTS_SCORE, ID_SETS, is_binary, scalar, vec_table_for
@@ -310,10 +310,12 @@ def _vector(
     n: int,
     also: Sequence[tuple[Any, ...]] = (),
     among: np.ndarray | None = None,
+    rows_of: Callable[[Sequence[int]], list[tuple[Any, ...]]] | None = None,
 ) -> tuple[list[tuple[Any, ...]], dict[int, float]]:
     """KNN in sqlite-vec (or code.bitknn for binary tables), then exact cosine
     rescoring of the candidates. With ``among`` (a path filter's chunk ids), the binary
-    KNN looks only at those chunks.
+    KNN looks only at those chunks. ``rows_of`` reads the candidates' rows in scope
+    (the store's copy in memory, ``_Held.rows``) instead of SQL.
 
     Returns the best ``n`` rows, each ending with its cosine distance (1 - similarity),
     and the similarity of every candidate and of every row in ``also`` (the hybrid
@@ -331,15 +333,16 @@ def _vector(
             if among is not None:
                 held = min(held, len(among))
             distance = dict(near)
-            rows = (
-                conn.execute(
+            if not distance:
+                rows = []
+            elif rows_of is not None:
+                rows = rows_of(list(distance))
+            else:
+                rows = conn.execute(
                     f"SELECT {_COLS} FROM chunks c"  # noqa: S608 - constants and _scope_sql's placeholders
                     + _scope_and(scope, "c.id IN (SELECT value FROM carray(?))"),
                     [*scope[1], int_array(distance)],
                 ).fetchall()
-                if distance
-                else []
-            )
             rows = [(*r, distance[r[0]]) for r in rows]
             rows.sort(key=lambda r: (r[11], r[3], r[4]))
         else:
@@ -421,20 +424,26 @@ def _file_weights(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, fl
     return {t: rank.idf(known[t], n) for t in terms}, n
 
 
-def _file_match(terms: list[str], weights: dict[str, float], n_files: int) -> str:
-    """The MATCH expression of the file-level query: all terms OR-ed; with many files,
-    those in more than a tenth of them only score the files the rarer ones pick (as
-    ``_lexical`` does for chunks: FTS5 then seeks their long posting lists instead of
-    scoring every file that has a common word)."""
-    expr = " OR ".join(fts_quote(t) for t in terms)
+def _file_pick(terms: list[str], weights: dict[str, float], n_files: int) -> list[str] | None:
+    """The terms that pick file candidates when some do not: with many files, those in
+    more than a tenth of them only score the files the rarer ones pick (as ``_lexical``
+    does for chunks: FTS5 then seeks their long posting lists instead of scoring every
+    file that has a common word). None: every term picks."""
     if len(terms) < 2 or n_files < _FILE_PRUNE_FROM:
-        return expr
+        return None
     rare = [t for t in terms if weights.get(t, 0.0) >= _RARE_IDF]
     if not rare:
         rare = [max(terms, key=lambda t: weights.get(t, 0.0))]
-    if len(rare) == len(terms):
+    return None if len(rare) == len(terms) else rare
+
+
+def _file_match(terms: list[str], weights: dict[str, float], n_files: int) -> str:
+    """The MATCH expression of the file-level query (``_file_pick``)."""
+    expr = " OR ".join(fts_quote(t) for t in terms)
+    pick = _file_pick(terms, weights, n_files)
+    if pick is None:
         return expr
-    return "(" + " OR ".join(fts_quote(t) for t in rare) + f") AND ({expr})"
+    return "(" + " OR ".join(fts_quote(t) for t in pick) + f") AND ({expr})"
 
 
 def _file_candidates(
@@ -638,6 +647,145 @@ def _hit(r: tuple[Any, ...], score: float, why: list[str], lexical: bool) -> Cod
     )
 
 
+class _Held:
+    """A search answered from the store's copy in memory (code.memory): what the SQL
+    statements of ``_file_ranked`` return, the same rows in the same order."""
+
+    def __init__(
+        self, mem: memory.StoreMemory, file_tids: dict[str, int], chunk_tids: dict[str, int]
+    ) -> None:
+        self.mem, self.ftid, self.ctid = mem, file_tids, chunk_tids
+
+    @classmethod
+    def of(
+        cls, conn: apsw.Connection, file_terms: Sequence[str], chunk_terms: Sequence[str]
+    ) -> _Held | None:
+        """The copy for the store's state, when held and when every term is one token to
+        both tables' tokenizers (a phrase is left to SQL)."""
+        mem = memory.ready(conn, memory.state_key(conn))
+        if mem is None:
+            return None
+        tids: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        for lex, terms, out in (
+            (mem.files, file_terms, tids[0]),
+            (mem.chunks, chunk_terms, tids[1]),
+        ):
+            for t in terms:
+                tid = lex.token(t)
+                if tid is None:
+                    return None
+                out[t] = tid
+        return cls(mem, *tids)
+
+    def file_weights(self, terms: list[str]) -> tuple[dict[str, float], int]:
+        n = self.mem.max_file_id() + 1
+        return {t: rank.idf(self.mem.files.df(self.ftid[t]), n) for t in terms}, n
+
+    def file_candidates(
+        self,
+        terms: list[str],
+        weights: dict[str, float],
+        n_files: int,
+        workspaces: Sequence[str] | None,
+        prefixes: Sequence[str] | None,
+        n: int,
+    ) -> list[tuple[int, str, str, float]]:
+        if not terms:
+            return []
+        pick = _file_pick(terms, weights, n_files)
+        files = self.mem.files
+        score = files.bm25([self.ftid[t] for t in (pick + terms if pick else terms)])
+        among = self.mem.file_scope(workspaces, prefixes)
+        if pick:
+            among = among & files.holding([self.ftid[t] for t in pick])
+        meta = self.mem.file_meta
+        return [
+            (meta[p][0], meta[p][2], meta[p][3], float(score[p]))
+            for p in memory.best(score, among, self.mem.file_order, n)
+        ]
+
+    def lexical(
+        self,
+        terms: list[str],
+        rare: list[str],
+        workspaces: Sequence[str] | None,
+        prefixes: Sequence[str] | None,
+        n: int,
+    ) -> list[tuple[Any, ...]]:
+        if not terms:
+            return []
+        chunks, mem = self.mem.chunks, self.mem
+        score = chunks.bm25([self.ctid[t] for t in (terms if rare == terms else rare + terms)])
+        # A chunk of no file version (none is written so) is in no scope: the appended False.
+        files = np.append(mem.file_scope(workspaces, prefixes), False)
+        among = files[mem.chunk_file]
+        if rare != terms:
+            among &= chunks.holding([self.ctid[t] for t in rare])
+        return [
+            mem.chunk_row(int(p), -float(score[p]))
+            for p in memory.best(score, among, mem.chunk_order, n)
+        ]
+
+    def file_of(self, chunk_ids: Sequence[int]) -> dict[int, int]:
+        mem = self.mem
+        if not chunk_ids or not mem.chunk_ids.size:
+            return {}
+        ids = np.asarray(chunk_ids, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(mem.chunk_ids, ids), mem.chunk_ids.size - 1)
+        fp = mem.chunk_file[pos]
+        ok = (mem.chunk_ids[pos] == ids) & (fp >= 0)
+        return dict(zip(ids[ok].tolist(), mem.file_ids[fp[ok]].tolist(), strict=True))
+
+    def rows(
+        self,
+        chunk_ids: Sequence[int],
+        workspaces: Sequence[str] | None,
+        prefixes: Sequence[str] | None,
+    ) -> list[tuple[Any, ...]]:
+        """The rows (``_COLS``) of those of ``chunk_ids`` in scope."""
+        mem = self.mem
+        if not chunk_ids or not mem.chunk_ids.size:
+            return []
+        ids = np.asarray(chunk_ids, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(mem.chunk_ids, ids), mem.chunk_ids.size - 1)
+        scope = np.append(mem.file_scope(workspaces, prefixes), False)
+        ok = (mem.chunk_ids[pos] == ids) & scope[mem.chunk_file[pos]]
+        return [mem.chunk_row(int(p), 0.0)[:11] for p in pos[ok]]
+
+    def chunk_counts(self, file_ids: Sequence[int]) -> dict[int, int]:
+        meta, pos = self.mem.file_meta, self.mem.file_pos
+        return {f: int(meta[pos[f]][4]) for f in file_ids if f in pos}
+
+    def first_chunks(
+        self,
+        file_ids: Sequence[int],
+        workspaces: Sequence[str] | None,
+        prefixes: Sequence[str] | None,
+    ) -> dict[int, tuple[Any, ...]]:
+        mem = self.mem
+        scope = mem.file_scope(workspaces, prefixes)
+        out = {}
+        for f in file_ids:
+            p = mem.file_pos.get(f)
+            if p is not None and scope[p] and mem.first_chunk[p] >= 0:
+                out[f] = mem.chunk_row(int(mem.first_chunk[p]), 0.0)
+        return out
+
+    def evidence(self, weights: dict[str, float], file_ids: Sequence[int]) -> float:
+        telling = [t for t in weights if rank.telling(t)]
+        if not telling:
+            return 1.0
+        if not file_ids:
+            return 0.0
+        files, pos = self.mem.files, self.mem.file_pos
+        return max(
+            rank.evidence_share(
+                weights, [t for t in telling if f in pos and files.holds(self.ftid[t], pos[f])]
+            )
+            for f in file_ids
+        )
+
+
 def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chunks, vectors, order
     conn: apsw.Connection,
     terms: list[str],
@@ -656,15 +804,21 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
     share of the question (rank.evidence_share) for the relevance floor. ``cues``: the
     words that may name a kind of file (rank.priors_for)."""
-    weights, n_files = _file_weights(conn, terms)
-    files = _file_candidates(conn, terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
+    held = _Held.of(conn, terms, kept)
+    if held is not None:
+        weights, n_files = held.file_weights(terms)
+        files = held.file_candidates(terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
+        rows = held.lexical(kept, rare, workspaces, prefixes, max(limit * 3, _CHUNK_POOL))
+    else:
+        weights, n_files = _file_weights(conn, terms)
+        files = _file_candidates(conn, terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
+        rows = _lexical(conn, kept, rare, scope, max(limit * 3, _CHUNK_POOL), among)
     ev = {f[0]: rank.FileEvidence(f[0], f[1], f[2], file_bm25=f[3]) for f in files}
-    rows = _lexical(conn, kept, rare, scope, max(limit * 3, _CHUNK_POOL), among)
     by_id: dict[int, tuple[Any, ...]] = {}
     for r in rows:
         by_id.setdefault(r[0], r)
     sims: dict[int, float] = {}
-    file_of = _file_of(conn, list(by_id))
+    file_of = held.file_of(list(by_id)) if held else _file_of(conn, list(by_id))
     if vec is not None:
         embedder, vtbl, qv = vec
         # The vectors rank their own nearest chunks and each file's best lexical chunk
@@ -685,11 +839,13 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             # rescored fewer candidates of the workspace than the widening KNN finds,
             # and MRR on the labelled sets fell (bench/RESULTS.md).
             among if prefixes else None,
+            (lambda ids: held.rows(ids, workspaces, prefixes)) if held else None,
         )
         new = [r for r in vec_rows if r[0] not in by_id]
         for r in new:
             by_id[r[0]] = (*r[:11], 0.0)
-        file_of.update(_file_of(conn, [r[0] for r in new]))
+        new_ids = [r[0] for r in new]
+        file_of.update(held.file_of(new_ids) if held else _file_of(conn, new_ids))
     per_file: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
     for cid, r in by_id.items():
         fid = file_of.get(cid)
@@ -703,15 +859,22 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         per_file[fid].append(r)
     if not ev:
         return [], 0.0
-    for fid, n in _chunk_counts(conn, list(ev)).items():
+    counts = held.chunk_counts(list(ev)) if held else _chunk_counts(conn, list(ev))
+    for fid, n in counts.items():
         ev[fid].n_chunks = n
     priors = rank.priors_for(intent, cues)
     scores = rank.score_files(ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0)
     order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))
-    evidence = _evidence(conn, weights, order[:_EVIDENCE_FILES])
+    best3 = order[:_EVIDENCE_FILES]
+    evidence = held.evidence(weights, best3) if held else _evidence(conn, weights, best3)
     # Files found by their path alone answer with their first chunk.
     missing = [f for f in order[:limit] if f not in per_file]
-    for fid, r in _first_chunks(conn, missing, scope).items():
+    firsts = (
+        held.first_chunks(missing, workspaces, prefixes)
+        if held
+        else _first_chunks(conn, missing, scope)
+    )
+    for fid, r in firsts.items():
         per_file[fid].append(r)
     ranked: list[tuple[float, str, int, tuple[Any, ...], int]] = []
     # The scores of the best ``limit`` chunks so far (a min-heap). No chunk scores above
@@ -884,15 +1047,39 @@ def describe(
     A chunk whose row is gone (a later index run dropped it) keeps an empty snippet."""
     texts = _texts(conn, [h.row_id for h in hits])
     all_terms, centre_on = list(terms), list(snippet_terms)
+    mem = memory.held(conn.filename) if conn.filename else None
+    ascii_terms = all(t.isascii() for t in all_terms)
     out = []
     for h in hits:
         text = texts.get(h.row_id, "")
         why = list(h.why)
         if h.lexical:
-            matched = matched_terms(text + " " + h.path + " " + h.symbol, all_terms)
+            matched = (
+                _held_terms(mem, h, text, all_terms) if mem is not None and ascii_terms else None
+            )
+            if matched is None:
+                matched = matched_terms(text + " " + h.path + " " + h.symbol, all_terms)
             why.insert(0, "lex: " + " ".join(matched))
         out.append(replace(h, why=why, snippet=_snippet(text, centre_on, snippet_chars)))
     return out
+
+
+def _held_terms(
+    mem: memory.StoreMemory, hit: CodeHit, text: str, terms: Sequence[str]
+) -> list[str] | None:
+    """The ``terms`` among the chunk's full-text tokens, from the store's copy in memory:
+    for ASCII text and terms, the same answer as ``matched_terms`` (both are the words'
+    identifier parts and joined forms, lower-cased), without reading the text again.
+    None when the copy does not hold this chunk with this text, or the text is not ASCII
+    (the full-text tokens then drop diacritics, which ``matched_terms`` keeps)."""
+    if not (text.isascii() and hit.path.isascii() and hit.symbol.isascii()):
+        return None
+    held = mem.chunk_tokens.get((hit.row_id, hash((text, hit.path, hit.symbol))))
+    if held is None:
+        return None
+    present = set(np.concatenate(held).tolist())
+    vocab = mem.chunks.vocab
+    return [t for t in terms if vocab.get(t, -1) in present]
 
 
 def get_chunk(conn: apsw.Connection, chunk_id: str) -> ChunkRecord | None:

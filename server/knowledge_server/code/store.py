@@ -123,7 +123,8 @@ FTS_RANK = "bm25({}, {})".format(*FTS_WEIGHTS)
 FTS_SCORE = "bm25(chunks_fts, {}, {})".format(*FTS_WEIGHTS)
 FTS_AUTOMERGE = 16
 # Whole-file BM25: words of the text 1.0, of the path 2.0.
-FILE_SCORE = "bm25(files_fts, 1.0, 2.0)"
+FILE_WEIGHTS = (1.0, 2.0)
+FILE_SCORE = "bm25(files_fts, {}, {})".format(*FILE_WEIGHTS)
 # How long a connection waits for another one's lock.
 BUSY_MS = 10_000
 

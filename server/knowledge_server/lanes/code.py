@@ -15,7 +15,7 @@ from knowledge_server._gen.knowledge.v1 import (
     knowledge_service_pb2,
     search_pb2,
 )
-from knowledge_server.code import bitknn
+from knowledge_server.code import bitknn, memory
 from knowledge_server.code.embed import Embedder, EmbeddingError, HashingEmbedder
 from knowledge_server.code.index import CodeIndex
 from knowledge_server.code.model import (
@@ -102,6 +102,9 @@ class CodeLane:
         # In-process chunking: the server never forks worker processes next to gRPC threads.
         self.options = options or IndexOptions(workers=1)
         self._writer = CodeIndex(self.path, embedder=embedder, options=self.options)
+        # Searches here build the store's copy in memory when it is missing or behind.
+        self._db_file = self._writer.conn.filename
+        memory.enable(self._db_file)
         self._write_lock = WriterLock(data_dir, "code")
         self._readers: Pool[CodeIndex] = Pool(
             lambda: bound_store(CodeIndex(self.path, embedder=embedder, options=self.options))
@@ -126,6 +129,7 @@ class CodeLane:
         self._cancel.set()
         self._stop.set()
         self._fresh_thread.join(timeout=5)
+        memory.cancel(self._db_file)
         idle = self._write_lock.acquire_thread(timeout=wait_s)
         try:
             self._readers.close_all(lambda s: s.close())
@@ -161,12 +165,23 @@ class CodeLane:
             vtbl = vec_table_for(idx.conn, emb.identity, emb.dim, create=False)
             return bitknn.preload(idx.conn, vtbl, emb.dim) if vtbl else 0
 
+    def preload_memory(self, wait: bool = False) -> None:
+        """Start (``wait``: and finish) building this process's copy of the store's
+        full-text tables (code.memory) if it is missing or behind the store: searches are
+        answered by SQL until it is there."""
+        with self._readers.get() as idx:
+            memory.warm(idx.conn, wait=wait)
+
     def _freshness_loop(self) -> None:
         while True:
             try:
                 self.preload_vectors()
             except Exception as exc:  # noqa: BLE001 - queries load it themselves then
                 self.last_error = f"vector preload failed: {type(exc).__name__}"
+            try:
+                self.preload_memory()
+            except Exception as exc:  # noqa: BLE001 - searches build it themselves then
+                self.last_error = f"memory preload failed: {type(exc).__name__}"
             try:
                 self.refresh_freshness()
             except Exception as exc:  # noqa: BLE001 - freshness must never take the lane down
