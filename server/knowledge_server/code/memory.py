@@ -178,6 +178,13 @@ class Lexicon:
             return None
         return self.vocab.get(out[0], -1)
 
+    def exact(self, term: str) -> int | None:
+        """``token``, for a term the tokenizer leaves as it is; None otherwise."""
+        out = self.tokens(term, True)
+        if out != [term]:
+            return None
+        return self.vocab.get(term, -1)
+
     def posting(self, tid: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows, weighted counts) of token ``tid`` (-1: none)."""
         if tid < 0:

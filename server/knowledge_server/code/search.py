@@ -203,8 +203,18 @@ def _store_state(conn: apsw.Connection) -> tuple[Any, ...]:
     )
 
 
-def _doc_freqs(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, int], int]:
-    """({term: chunks containing it}, highest chunk rowid)."""
+def _doc_freqs(
+    conn: apsw.Connection, terms: list[str], mem: memory.StoreMemory | None = None
+) -> tuple[dict[str, int], int]:
+    """({term: chunks containing it}, highest chunk rowid); from the store's copy in
+    memory when every term is a token as it stands (fts5vocab looks terms up verbatim)."""
+    if mem is not None and mem.chunk_ids.size:
+        tids = [mem.chunks.exact(t) for t in terms]
+        if None not in tids:
+            return (
+                {t: mem.chunks.df(i) for t, i in zip(terms, tids, strict=True) if i is not None},
+                int(mem.chunk_ids[-1]),
+            )
     state = _store_state(conn)
     # In-memory databases all have the name "": nothing is remembered for them.
     known = _df_memos[conn.filename].at(state) if conn.filename else {}
@@ -220,11 +230,13 @@ def _doc_freqs(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, int],
     return {t: known[t] for t in terms}, int(state[0] or 1)
 
 
-def _split_terms(conn: apsw.Connection, terms: list[str]) -> tuple[list[str], list[str]]:
+def _split_terms(
+    conn: apsw.Connection, terms: list[str], mem: memory.StoreMemory | None = None
+) -> tuple[list[str], list[str]]:
     """(terms present in the index, the rarer ones that select candidates)."""
     if not terms:
         return [], []
-    df, total = _doc_freqs(conn, terms)
+    df, total = _doc_freqs(conn, terms, mem)
     present = sorted((t for t in terms if df[t] > 0), key=lambda t: df[t])[:_MAX_TERMS]
     if len(present) <= 1:
         return present, present
@@ -658,13 +670,10 @@ class _Held:
 
     @classmethod
     def of(
-        cls, conn: apsw.Connection, file_terms: Sequence[str], chunk_terms: Sequence[str]
+        cls, mem: memory.StoreMemory, file_terms: Sequence[str], chunk_terms: Sequence[str]
     ) -> _Held | None:
-        """The copy for the store's state, when held and when every term is one token to
-        both tables' tokenizers (a phrase is left to SQL)."""
-        mem = memory.ready(conn, memory.state_key(conn))
-        if mem is None:
-            return None
+        """The copy, when every term is one token to both tables' tokenizers (a phrase is
+        left to SQL)."""
         tids: tuple[dict[str, int], dict[str, int]] = ({}, {})
         for lex, terms, out in (
             (mem.files, file_terms, tids[0]),
@@ -799,12 +808,13 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     intent: str,
     vec: tuple[Embedder, str, np.ndarray] | None,
     cues: list[str],
+    mem: memory.StoreMemory | None = None,
 ) -> tuple[list[CodeHit], float]:
     """(hits, evidence): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
     share of the question (rank.evidence_share) for the relevance floor. ``cues``: the
     words that may name a kind of file (rank.priors_for)."""
-    held = _Held.of(conn, terms, kept)
+    held = _Held.of(mem, terms, kept) if mem is not None else None
     if held is not None:
         weights, n_files = held.file_weights(terms)
         files = held.file_candidates(terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
@@ -968,13 +978,17 @@ def search(
     terms = query_terms(body)
     # Chunks are indexed by exact words: their stems join the question there ("loaded"
     # finds load_config); the file-level index stems by itself (porter).
-    kept, rare = _split_terms(conn, rank.with_stems(terms) if mode != "vector" else terms)
+    stemmed = rank.with_stems(terms) if mode != "vector" else terms
+    # The store's copy in memory (code.memory), when this process holds it for this state.
+    mem = memory.ready(conn, memory.state_key(conn)) if mode != "vector" else None
+    kept, rare = _split_terms(conn, stemmed, mem)
     if among is not None:
         # Frequent across the index says nothing about the chunks under the prefixes: all
         # terms pick candidates, and only those chunks are scored (knowledge_in_set).
         rare = kept
-    elif workspaces is not None:
-        # A few workspaces of a larger store: only their chunks are ranked.
+    elif workspaces is not None and mem is None:
+        # A few workspaces of a larger store: only their chunks are ranked (the copy in
+        # memory ranks only the scope's rows anyway).
         among = _narrow_scope(conn, workspaces)
         if among is not None and not len(among):
             return empty
@@ -1015,12 +1029,13 @@ def search(
             intent,
             vec,
             [*terms, change] if change else terms,
+            mem,
         )
         if hits and evidence < EVIDENCE_FLOOR:
             hits = []
     snippet_terms = kept or terms
     # "lex:" names the words a hit contains, stems included (what ranked it).
-    terms = rank.with_stems(terms) if mode != "vector" else terms
+    terms = stemmed
     if describe_hits:
         hits = describe(conn, hits, terms, snippet_terms, snippet_chars)
     return CodeSearchResult(
