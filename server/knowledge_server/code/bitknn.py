@@ -97,7 +97,7 @@ class BitMatrix:
         else:
             sel = np.arange(n)
         sel = sel[np.lexsort((ids[sel], dist[sel]))][:k]
-        return [(int(i), int(d)) for i, d in zip(ids[sel], dist[sel], strict=True)]
+        return list(zip(ids[sel].tolist(), dist[sel].tolist(), strict=True))
 
 
 _cache: dict[tuple[str, str], tuple[str, BitMatrix]] = {}
