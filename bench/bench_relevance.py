@@ -195,8 +195,8 @@ def main() -> None:
         "--auto-only",
         action="store_true",
         help="only the mode=auto pass (a server's lane cache answers a question it was"
-        " asked before: after a find_code pass, a server whose cache key leaves the"
-        " intent out answers auto from it)",
+        " asked before: after a find_code pass, a server whose lane query has no intent"
+        " answers auto from it)",
     )
     ap.add_argument(
         "--in-process", action="store_true", help="CodeIndex.search, no server (find_code only)"
