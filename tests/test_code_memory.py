@@ -5,6 +5,7 @@ new revision tokenises only its new rows, and a one-off search builds nothing.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from knowledge_server.code import CodeIndex, memory
 from knowledge_server.code import search as search_mod
+from knowledge_server.lanes.code import CodeLane
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = [
@@ -130,20 +132,127 @@ def test_a_copy_serves_only_the_state_it_was_built_for(tmp_path: Path) -> None:
         idx.close()
 
 
-def test_a_one_off_search_builds_no_copy(tmp_path: Path) -> None:
-    """A process that did not enable the store (the CLI's one-off search, a script)
-    answers by SQL and builds nothing; an enabled store's search starts one build."""
+def _store_of(tmp_path: Path, files: dict[str, str]) -> CodeIndex:
     ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "a.py").write_text("def load_config(path):\n    return read_settings(path)\n")
+    for rel, text in files.items():
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text(text)
     idx = CodeIndex(str(tmp_path / "code.sqlite"))
+    idx.index_workspace(str(ws))
+    return idx
+
+
+def test_a_one_off_search_builds_no_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that did not enable the store (the CLI's one-off search, a script)
+    answers by SQL and starts no build; an enabled store's search starts one for a state
+    it saw SETTLE_S before (not for each commit of an index run)."""
+    idx = _store_of(tmp_path, {"a.py": "def load_config(path):\n    return read_settings(path)\n"})
+    f = idx.conn.filename
     try:
-        idx.index_workspace(str(ws))
         assert idx.search("load config", check_fresh=False).hits
-        assert memory.held(idx.conn.filename) is None
-        memory.enable(idx.conn.filename)
-        assert idx.search("load config", check_fresh=False).hits  # answered by SQL
+        assert f not in memory._builds.building and memory.held(f) is None
+        memory.enable(f)
+        assert idx.search("load config", check_fresh=False).hits  # first sight of this state
+        assert f not in memory._builds.building and memory.held(f) is None
+        monkeypatch.setattr(memory, "SETTLE_S", 0.0)
+        assert idx.search("load config", check_fresh=False).hits  # answered by SQL ...
+        deadline = time.monotonic() + 30  # ... while the search started a build
+        while memory.held(f) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert memory.held(f) is not None
+    finally:
+        memory.cancel(f)
+        idx.close()
+
+
+def test_closing_stops_and_drops_the_copy(tmp_path: Path) -> None:
+    """A closed store (``cancel``, what the lane's close does) keeps no copy: a build under
+    way is dropped when it ends, a late warm-up builds nothing, until enabled again. A
+    lane's close cancels its store."""
+    files = {f"m/f{i:03}.py": f"def handler_{i}():\n    return {i}\n" for i in range(300)}
+    idx = _store_of(tmp_path, files)
+    f = idx.conn.filename
+    try:
+        memory.enable(f)
+        memory.warm(idx.conn, wait=False)
+        memory.cancel(f)
+        while f in memory._builds.building:
+            time.sleep(0.01)
+        assert memory.held(f) is None
+        assert memory.warm(idx.conn, wait=True) is None and memory.held(f) is None
+        memory.enable(f)
         assert memory.warm(idx.conn, wait=True) is not None
     finally:
-        memory.cancel(idx.conn.filename)
+        memory.cancel(f)
+        idx.close()
+    data = tmp_path / "lane"
+    data.mkdir()
+    with CodeIndex(str(data / "code.sqlite")) as ix:
+        ix.index_workspace(str(tmp_path / "ws"))
+    lane = CodeLane(data)
+    lane.preload_memory(wait=True)
+    lane_file = lane._db_file
+    assert memory.held(lane_file) is not None
+    lane.close()
+    assert memory.held(lane_file) is None and lane_file not in memory._builds.enabled
+
+
+def test_past_the_sql_cuts_ties_and_scopes_answer_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where SQL keeps the best matches of the whole table before it applies the scope
+    (200 files, 3 x limit chunks), the answer is still the best of the scope: with a path
+    filter that leaves out most files, with old revisions' rows in the table, and with
+    equal scores across the cut (300 files of the same shape) both ways give the same
+    hits in the same order (score, then path and line). The frequent-term pruning of
+    chunks and files runs too (its thresholds lowered)."""
+    files = {f"gen/f{i:03}.py": "def handler():\n    return 1\n" for i in range(300)}
+    files |= {
+        f"app/mod{i:02}.py": f"def handler_{i}(request):\n    return render(request, {i})\n"
+        for i in range(40)
+    }
+    files |= {
+        f"tests/test_{i:02}.py": f"def test_handler_{i}():\n    assert handler()\n"
+        for i in range(20)
+    }
+    idx = _store_of(tmp_path, files)
+    try:
+        for i in range(10):  # new versions: higher row ids; the old ones stay as history
+            (tmp_path / "ws" / f"gen/f{i:03}.py").write_text("def handler():\n    return 2\n")
+        idx.index_workspace(str(tmp_path / "ws"))
+        assert idx.conn.execute("SELECT count(*) FROM file_versions").fetchone()[0] > 300
+        monkeypatch.setattr(search_mod, "_PRUNE_FROM", 50)
+        monkeypatch.setattr(search_mod, "_FILE_PRUNE_FROM", 50)
+        mem = memory.warm(idx.conn, wait=True)
+        assert mem is not None
+        used = 0
+        real = search_mod._Held.of.__func__  # type: ignore[attr-defined]
+
+        def counted(cls: type, *a: Any) -> Any:
+            nonlocal used
+            held = real(cls, *a)
+            used += held is not None
+            return held
+
+        scopes: list[dict[str, Any]] = [
+            {},
+            {"path_prefixes": ["app/"]},
+            {"path_prefixes": ["tests/"]},
+            {"path_prefixes": ["gen/"]},
+            {"workspaces": [str(tmp_path / "ws")]},
+        ]
+        n = 0
+        for q in ["handler", "handler return", "render the request handler", "test handler"]:
+            for scope in scopes:
+                for mode in ("lexical", "hybrid"):
+                    kw = {**scope, "mode": mode, "intent": "find_code", "limit": 10}
+                    expected = _by_sql(idx, q, monkeypatch, **kw)
+                    with monkeypatch.context() as m:
+                        m.setattr(search_mod._Held, "of", classmethod(counted))
+                        got = _answers(idx, q, **kw)
+                    assert got == expected, (q, scope, mode)
+                    n += 1
+        assert used == n
+    finally:
+        memory.forget(idx.conn.filename)
         idx.close()

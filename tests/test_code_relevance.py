@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from knowledge_server.code import memory
+from knowledge_server.code import search as search_mod
 from knowledge_server.code.index import CodeIndex
 
 SUBSET = 30
@@ -84,23 +85,32 @@ def test_the_copy_in_memory_ranks_the_subset_as_sql_does(
     shared_data: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """code.memory on real repositories: every question of the subset, asked of one
-    workspace of the four-set store as the code lane asks it, gets the same hits, scores,
-    explanations and snippets from the copy in memory as from SQL."""
+    """code.memory on real repositories: every question of the subset, asked of its set's
+    workspace and of the whole four-set store as the code lane asks it, gets the same hits,
+    scores, explanations and snippets from the copy in memory as from SQL."""
     idx, roots = indexed
     assert memory.warm(idx.conn, wait=True) is not None
+    used = 0
+    real = search_mod._Held.of.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, *a: Any) -> Any:
+        nonlocal used
+        held = real(cls, *a)
+        used += held is not None
+        return held
+
+    scopes: list[dict[str, Any]] = [{"workspaces": [str(roots[name])]}, {}]
     for q in _subset(shared_data, name):
-        kw: dict[str, Any] = {
-            "workspaces": [str(roots[name])],
-            "limit": 30,
-            "intent": "find_code",
-            "check_fresh": False,
-        }
-        with monkeypatch.context() as m:
-            m.setattr(memory, "ready", lambda conn, key: None)
-            m.setattr(memory, "held", lambda filename: None)
-            by_sql = idx.search(str(q["query"]), **kw).hits
-        held = idx.search(str(q["query"]), **kw).hits
-        assert [(h.chunk_id, h.score, h.why, h.snippet) for h in held] == [
-            (h.chunk_id, h.score, h.why, h.snippet) for h in by_sql
-        ], q["query"]
+        for scope in scopes:
+            kw: dict[str, Any] = {**scope, "limit": 30, "intent": "find_code", "check_fresh": False}
+            with monkeypatch.context() as m:
+                m.setattr(memory, "ready", lambda conn, key: None)
+                m.setattr(memory, "held", lambda filename: None)
+                by_sql = idx.search(str(q["query"]), **kw).hits
+            with monkeypatch.context() as m:
+                m.setattr(search_mod._Held, "of", classmethod(counted))
+                held = idx.search(str(q["query"]), **kw).hits
+            assert [(h.chunk_id, h.score, h.why, h.snippet) for h in held] == [
+                (h.chunk_id, h.score, h.why, h.snippet) for h in by_sql
+            ], (q["query"], scope)
+    assert used == SUBSET * len(scopes)  # every search was answered from the copy

@@ -13,17 +13,18 @@ next to it: a question is a few array operations per word.
 The scores are FTS5's: its ``bm25()`` formula (k1 = 1.2, b = 0.75, the tables' column
 weights, a row's length counted over both columns, the idf floor of 1e-6) over every
 row of the table, as FTS5 computes it; the rows' order, ties included, is the SQL
-queries' (``tests/test_code_memory.py`` compares them on real repositories).
+queries' (score, then path, line and row id; ``tests/test_code_memory.py`` compares them).
 
 One copy per serving process and store file, for one state of the store (its current
 revisions, its newest chunk and file version, the tables' row and token totals). A
-search that finds the copy behind the store starts one build in the background and is
-answered by SQL meanwhile: correct, only slower. A build tokenises only the rows it
+search that finds the copy behind the store is answered by SQL (the same answer, only
+slower) and starts one build in the background once that state has stood SETTLE_S. A build tokenises only the rows it
 does not hold for the same row id and text (SQLite gives a freed id to the next row).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -64,6 +65,9 @@ IDF_FLOOR = 1e-6
 MAX_CHUNKS = 120_000
 # A build that failed is tried again for the same state after this long.
 RETRY_S = 30.0
+# A search starts a build only for a state it saw this long before (not during an index
+# run, whose every commit is a new state); the serving lane's warm-up does not wait.
+SETTLE_S = 1.0
 # Rows tokenised between two checks of ``stop``.
 BATCH_ROWS = 1024
 # The vocabulary is renewed (every row tokenised again) once it holds more than twice
@@ -204,7 +208,8 @@ class Lexicon:
             rows, wf = self.posting(tid)
             if rows.size == 0:
                 continue
-            idf = float(np.log((self.n - rows.size + 0.5) / (rows.size + 0.5)))
+            # math.log: the C library's log, as FTS5 calls it (numpy may use its own).
+            idf = math.log((self.n - rows.size + 0.5) / (rows.size + 0.5))
             idf = idf if idf > 0 else IDF_FLOOR
             f = wf.astype(np.float64)
             score[rows] += idf * ((f * (K1 + 1)) / (f + self.norm[rows]))
@@ -280,6 +285,7 @@ class StoreMemory:
         self._scopes: dict[tuple[Any, ...], np.ndarray] = {}
         self._lock = threading.Lock()
         self.stem: list[int] = []  # chunk token id -> its stem's file token id (-1: none)
+        self.own: apsw.Connection | None = None  # the tokenizers' connection (build)
         self.tokenised = 0
         # More than half the vocabulary unused (rows dropped since): the next build
         # tokenises every row afresh.
@@ -367,7 +373,10 @@ def build(
     stem: list[int] = list(base.stem) if base else []
     c_held = base.chunk_tokens if base else {}
     f_held = base.file_tokens if base else {}
-    tok_c, tok_f = chunk_tokenizer(conn), file_tokenizer(conn)
+    # The copy's own connection for its tokenizers (the built-in ones; the store's
+    # connection is closed after the build).
+    own = base.own if base is not None and base.own is not None else apsw.Connection(":memory:")
+    tok_c, tok_f = chunk_tokenizer(own), file_tokenizer(own)
 
     def chunk_ids(text: str) -> np.ndarray:
         out = []
@@ -387,8 +396,8 @@ def build(
         files = [
             tuple(map(_intern, r))
             for r in conn.execute(
-                "SELECT id, workspace, path, language, n_chunks, file_hash FROM file_versions"
-                " ORDER BY id"
+                "SELECT id, workspace, path, language, n_chunks, file_hash, chunker"
+                " FROM file_versions ORDER BY id"
             )
         ]
         current = {
@@ -408,21 +417,24 @@ def build(
             "SELECT id, chunk_id, workspace, path, start_line, end_line, source_kind, symbol,"
             " language, file_id, text FROM chunks ORDER BY id"
         ):
+            if len(rows) % BATCH_ROWS == 0 and stop():
+                return None
             k = (int(r[0]), hash((r[10], r[3], r[7])))
             held = c_held.get(k)
             if held is None:
                 held = (chunk_ids(index_tokens(r[10])), chunk_ids(index_tokens(f"{r[3]} {r[7]}")))
                 tokenised += 1
-                if tokenised % BATCH_ROWS == 0 and stop():
-                    return None
             c_tokens[k] = held
             c_keys.append(k)
             rows.append(tuple(map(_intern, r[:10])))
             of_file.setdefault(int(r[9]), []).append((int(r[4]), int(r[0]), k))
     stems = np.asarray(stem, dtype=np.int32)
-    f_keys = [(int(r[0]), f"{r[5]}\x00{r[2]}") for r in files]
+    # A file version's id, content, path and chunker: its chunks are the same.
+    f_keys = [(int(r[0]), f"{r[5]}\x00{r[2]}\x00{r[6]}") for r in files]
     f_tokens = {}
-    for r, k in zip(files, f_keys, strict=True):
+    for i, (r, k) in enumerate(zip(files, f_keys, strict=True)):
+        if i % BATCH_ROWS == 0 and stop():
+            return None
         held_f = f_held.get(k)
         if held_f is None:
             parts = [stems[c_tokens[ck][0]] for _, _, ck in sorted(of_file.get(int(r[0]), []))]
@@ -453,6 +465,7 @@ def build(
         (tok_c, tok_f),
     )
     mem.stem = stem
+    mem.own = own
     mem.tokenised = tokenised
     return mem
 
@@ -467,18 +480,32 @@ class _Builds:
         self.failed: dict[str, tuple[tuple[Any, ...], float]] = {}
         self.too_large: dict[str, tuple[Any, ...]] = {}
         self.pool: ThreadPoolExecutor | None = None
+        # Stores closed (cancel): no build starts or is kept until enabled again.
         self.cancelled: set[str] = set()
+        # The last state a search saw per store, and since when (``start``'s settled).
+        self.seen: dict[str, tuple[tuple[Any, ...], float]] = {}
         # Stores whose searches start a build when the copy is missing or behind (a
         # serving process's); others are built only when asked (``warm``).
         self.enabled: set[str] = set()
 
-    def start(self, filename: str, key: tuple[Any, ...]) -> Any:
+    def start(self, filename: str, key: tuple[Any, ...], settled: bool = True) -> Any:
+        """A build of ``filename``'s copy, unless one runs, the store was closed (cancel),
+        the last build for ``key`` failed less than RETRY_S ago, or ``key`` is too large.
+        Without ``settled``, only a key seen SETTLE_S ago starts one: an index run
+        commits batch after batch, and each commit is a new state a copy would lag."""
+        now = time.monotonic()
         with self.lock:
-            if filename in self.building:
+            if filename in self.building or filename in self.cancelled:
                 return None
-            self.cancelled.discard(filename)
+            if not settled:
+                seen = self.seen.get(filename)
+                if seen is None or seen[0] != key:
+                    self.seen[filename] = (key, now)
+                    return None
+                if now - seen[1] < SETTLE_S:
+                    return None
             failed = self.failed.get(filename)
-            if failed is not None and failed[0] == key and time.monotonic() - failed[1] < RETRY_S:
+            if failed is not None and failed[0] == key and now - failed[1] < RETRY_S:
                 return None
             if self.too_large.get(filename) == key:
                 return None
@@ -489,6 +516,7 @@ class _Builds:
 
     def _run(self, filename: str, key: tuple[Any, ...]) -> None:
         t0 = time.perf_counter()
+        mem = None
         try:
             conn = apsw.Connection(filename, flags=apsw.SQLITE_OPEN_READONLY)
             try:
@@ -500,13 +528,15 @@ class _Builds:
             _log.warning("code.memory.build_failed", exc_info=True)
             with self.lock:
                 self.failed[filename] = (key, time.monotonic())
-                self.building.discard(filename)
             return
+        finally:
+            with self.lock:
+                self.building.discard(filename)
         with self.lock:
-            self.building.discard(filename)
+            if filename in self.cancelled:
+                return  # the store was closed meanwhile: nothing is kept for it
             if mem is None:
-                if filename not in self.cancelled:
-                    self.too_large[filename] = key
+                self.too_large[filename] = key
                 return
             self.held[filename] = mem
         _log.info(
@@ -531,7 +561,7 @@ def ready(conn: apsw.Connection, key: tuple[Any, ...]) -> StoreMemory | None:
     if mem is not None and mem.key == key:
         return mem
     if conn.filename in _builds.enabled:
-        _builds.start(conn.filename, key)
+        _builds.start(conn.filename, key, settled=False)
     return None
 
 
@@ -540,6 +570,7 @@ def enable(filename: str) -> None:
     a one-off search would build a copy it never uses)."""
     with _builds.lock:
         _builds.enabled.add(filename)
+        _builds.cancelled.discard(filename)
 
 
 def warm(conn: apsw.Connection, wait: bool = False) -> StoreMemory | None:
@@ -579,3 +610,4 @@ def forget(filename: str) -> None:
         _builds.held.pop(filename, None)
         _builds.failed.pop(filename, None)
         _builds.too_large.pop(filename, None)
+        _builds.seen.pop(filename, None)

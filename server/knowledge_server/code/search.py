@@ -266,6 +266,27 @@ def _lexical(
     return _lexical_in(conn, terms, rare, scope, n, None)
 
 
+# The inner query's row count and worst score, read with each row of the outer one.
+_CUT = "(SELECT count(*) FROM lex), (SELECT max(rank) FROM lex)"
+
+
+def _cut(rows: list[tuple[Any, ...]], n: int, score: int, fetch: int) -> tuple[list[Any], bool]:
+    """(``rows`` without the two ``_CUT`` columns, whether they are the best ``n`` in
+    scope). The inner query keeps the best ``fetch`` matches of the whole table by (score,
+    rowid) and the scope is applied after it: the answer is whole when it saw every match,
+    or when the ``n``-th row in scope scores strictly better than the worst match kept
+    (every match left out scores no better than that one, so none of them, however its
+    path sorts, can take a place). Otherwise (other workspaces or old revisions took the
+    places, or equal scores straddle the cut) the caller asks for more. Lower scores are
+    better (FTS5's sign)."""
+    if not rows:
+        return rows, False
+    seen, worst = rows[0][-2], rows[0][-1]
+    kept = [r[:-2] for r in rows]
+    whole = seen < fetch or (len(kept) >= n and worst > kept[n - 1][score])
+    return kept, whole
+
+
 def _lexical_in(
     conn: apsw.Connection,
     terms: list[str],
@@ -294,22 +315,22 @@ def _lexical_in(
         )
         params: list[Any] = [match, *extra, fetch]
         rows = conn.execute(
-            f"{lex} SELECT {_COLS}, lex.rank FROM lex CROSS JOIN chunks c ON c.id = lex.rowid{scope[0]}"  # noqa: S608 - constants and _scope_sql's placeholders
-            " ORDER BY lex.rank, c.path, c.start_line LIMIT ?",
+            f"{lex} SELECT {_COLS}, lex.rank, {_CUT} FROM lex CROSS JOIN chunks c ON c.id = lex.rowid{scope[0]}"  # noqa: S608 - constants and _scope_sql's placeholders
+            " ORDER BY lex.rank, c.path, c.start_line, c.id LIMIT ?",
             [*params, *scope[1], n],
         ).fetchall()
-        # Few survivors of a saturated candidate list: other workspaces/old revisions
-        # crowded it out, so ask FTS for more rather than return a short list.
-        if len(rows) >= n or fetch >= 50_000:
+        rows, whole = _cut(rows, n, 11, fetch)
+        if whole or fetch >= 50_000:
             return rows
-        got = scalar(
-            conn,
-            f"SELECT count(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?{only}"  # noqa: S608 - constant SQL fragments only, values bound
-            " LIMIT ?)",
-            (pick, *extra, fetch),
-        )
-        if got < fetch:
-            return rows
+        if not rows:
+            got = scalar(
+                conn,
+                f"SELECT count(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?{only}"  # noqa: S608 - constant SQL fragments only, values bound
+                " LIMIT ?)",
+                (match, *extra, fetch),
+            )
+            if got < fetch:
+                return rows
         fetch *= 8
 
 
@@ -502,16 +523,31 @@ def _file_query(
     fetch = max(n * 4, 200)
     only = "" if token is None else " AND knowledge_in_set(rowid, ?)"
     extra: list[Any] = [] if token is None else [token]
-    rows = conn.execute(
-        f"WITH m AS MATERIALIZED (SELECT rowid, {FILE_SCORE} AS s FROM files_fts"  # noqa: S608 - constants and placeholders; the MATCH expression is bound
-        f" WHERE files_fts MATCH ?{only} ORDER BY s LIMIT ?)"
-        " SELECT fv.id, fv.path, fv.language, m.s FROM m"
-        " CROSS JOIN file_versions fv ON fv.id = m.rowid"
-        " CROSS JOIN rev_file rf ON rf.file_id = fv.id"
-        f" CROSS JOIN workspaces w ON w.current_rev_id = rf.rev_id{cond}"
-        " ORDER BY m.s, fv.path LIMIT ?",
-        [_file_match(terms, weights, n_files), *extra, fetch, *params, n],
-    ).fetchall()
+    match = _file_match(terms, weights, n_files)
+    while True:
+        rows = conn.execute(
+            f"WITH lex AS MATERIALIZED (SELECT rowid, {FILE_SCORE} AS rank FROM files_fts"  # noqa: S608 - constants and placeholders; the MATCH expression is bound
+            f" WHERE files_fts MATCH ?{only} ORDER BY rank, rowid LIMIT ?)"
+            f" SELECT fv.id, fv.path, fv.language, lex.rank, {_CUT} FROM lex"
+            " CROSS JOIN file_versions fv ON fv.id = lex.rowid"
+            " CROSS JOIN rev_file rf ON rf.file_id = fv.id"
+            f" CROSS JOIN workspaces w ON w.current_rev_id = rf.rev_id{cond}"
+            " ORDER BY lex.rank, fv.path, fv.id LIMIT ?",
+            [match, *extra, fetch, *params, n],
+        ).fetchall()
+        rows, whole = _cut(rows, n, 3, fetch)
+        if whole or fetch >= 50_000:
+            break
+        if not rows:
+            got = scalar(
+                conn,
+                f"SELECT count(*) FROM (SELECT rowid FROM files_fts WHERE files_fts MATCH ?{only}"  # noqa: S608 - constant SQL fragments only, values bound
+                " LIMIT ?)",
+                (match, *extra, fetch),
+            )
+            if got < fetch:
+                break
+        fetch *= 8
     return [(r[0], r[1], r[2], -float(r[3])) for r in rows]
 
 
@@ -808,13 +844,12 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     intent: str,
     vec: tuple[Embedder, str, np.ndarray] | None,
     cues: list[str],
-    mem: memory.StoreMemory | None = None,
+    held: _Held | None = None,
 ) -> tuple[list[CodeHit], float]:
     """(hits, evidence): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
     share of the question (rank.evidence_share) for the relevance floor. ``cues``: the
     words that may name a kind of file (rank.priors_for)."""
-    held = _Held.of(mem, terms, kept) if mem is not None else None
     if held is not None:
         weights, n_files = held.file_weights(terms)
         files = held.file_candidates(terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
@@ -982,11 +1017,13 @@ def search(
     # The store's copy in memory (code.memory), when this process holds it for this state.
     mem = memory.ready(conn, memory.state_key(conn)) if mode != "vector" else None
     kept, rare = _split_terms(conn, stemmed, mem)
+    # The copy answers when every term is one token to it (a phrase is left to SQL).
+    held = _Held.of(mem, terms, kept) if mem is not None else None
     if among is not None:
         # Frequent across the index says nothing about the chunks under the prefixes: all
         # terms pick candidates, and only those chunks are scored (knowledge_in_set).
         rare = kept
-    elif workspaces is not None and mem is None:
+    elif workspaces is not None and held is None:
         # A few workspaces of a larger store: only their chunks are ranked (the copy in
         # memory ranks only the scope's rows anyway).
         among = _narrow_scope(conn, workspaces)
@@ -1029,7 +1066,7 @@ def search(
             intent,
             vec,
             [*terms, change] if change else terms,
-            mem,
+            held,
         )
         if hits and evidence < EVIDENCE_FLOOR:
             hits = []
