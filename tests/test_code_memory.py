@@ -15,6 +15,8 @@ from knowledge_server.code import CodeIndex, memory
 from knowledge_server.code import search as search_mod
 from knowledge_server.lanes.code import CodeLane
 
+from tests.code_memory_paths import both_ways
+
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = [
     "where is the config loaded",
@@ -34,18 +36,6 @@ QUESTIONS = [
 ]
 
 
-def _answers(idx: CodeIndex, q: str, **kw: Any) -> list[tuple[Any, ...]]:
-    res = idx.search(q, check_fresh=False, describe_hits=True, **kw)
-    return [(h.chunk_id, h.path, h.start_line, h.score, tuple(h.why), h.snippet) for h in res.hits]
-
-
-def _by_sql(idx: CodeIndex, q: str, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> list[Any]:
-    with monkeypatch.context() as m:
-        m.setattr(memory, "ready", lambda conn, key: None)
-        m.setattr(memory, "held", lambda filename: None)
-        return _answers(idx, q, **kw)
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CodeIndex, list[str]]]:
     """This repository's server package and its docs, two workspaces of one store."""
@@ -60,9 +50,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CodeIndex,
         idx.close()
 
 
-def test_the_copy_answers_every_question_as_sql_does(
-    store: tuple[CodeIndex, list[str]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_copy_answers_every_question_as_sql_does(store: tuple[CodeIndex, list[str]]) -> None:
     """Hits, scores, "lex:" explanations and snippets from the copy equal SQL's, for
     every scope: the whole store, each workspace, both, a path filter; hybrid and
     lexical; with the find_code and find_knowledge priors."""
@@ -77,25 +65,14 @@ def test_the_copy_answers_every_question_as_sql_does(
         {"workspaces": roots[:1], "path_prefixes": ["code/", "lanes/"]},
         {"path_prefixes": ["kb"]},
     ]
-    used = 0
-    real = search_mod._Held.of.__func__  # type: ignore[attr-defined]
-
-    def counted(cls: type, *a: Any) -> Any:
-        nonlocal used
-        held = real(cls, *a)
-        used += held is not None
-        return held
-
-    compared = 0
+    used = compared = 0
     for q in QUESTIONS:
         for scope in scopes:
             for mode, intent in (("hybrid", "find_code"), ("lexical", "find_knowledge")):
                 kw = {**scope, "mode": mode, "intent": intent, "limit": 30}
-                expected = _by_sql(idx, q, monkeypatch, **kw)
-                with monkeypatch.context() as m:
-                    m.setattr(search_mod._Held, "of", classmethod(counted))
-                    got = _answers(idx, q, **kw)
+                expected, got, from_copy = both_ways(idx, q, **kw)
                 assert got == expected, (q, scope, mode)
+                used += from_copy
                 compared += bool(expected)
     assert used == len(QUESTIONS) * len(scopes) * 2  # every search was answered from memory
     assert compared > 100
@@ -225,15 +202,6 @@ def test_past_the_sql_cuts_ties_and_scopes_answer_alike(
         monkeypatch.setattr(search_mod, "_FILE_PRUNE_FROM", 50)
         mem = memory.warm(idx.conn, wait=True)
         assert mem is not None
-        used = 0
-        real = search_mod._Held.of.__func__  # type: ignore[attr-defined]
-
-        def counted(cls: type, *a: Any) -> Any:
-            nonlocal used
-            held = real(cls, *a)
-            used += held is not None
-            return held
-
         scopes: list[dict[str, Any]] = [
             {},
             {"path_prefixes": ["app/"]},
@@ -241,16 +209,14 @@ def test_past_the_sql_cuts_ties_and_scopes_answer_alike(
             {"path_prefixes": ["gen/"]},
             {"workspaces": [str(tmp_path / "ws")]},
         ]
-        n = 0
+        used = n = 0
         for q in ["handler", "handler return", "render the request handler", "test handler"]:
             for scope in scopes:
                 for mode in ("lexical", "hybrid"):
                     kw = {**scope, "mode": mode, "intent": "find_code", "limit": 10}
-                    expected = _by_sql(idx, q, monkeypatch, **kw)
-                    with monkeypatch.context() as m:
-                        m.setattr(search_mod._Held, "of", classmethod(counted))
-                        got = _answers(idx, q, **kw)
+                    expected, got, from_copy = both_ways(idx, q, **kw)
                     assert got == expected, (q, scope, mode)
+                    used += from_copy
                     n += 1
         assert used == n
     finally:

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 from knowledge_server.code import memory
-from knowledge_server.code import search as search_mod
 from knowledge_server.code.index import CodeIndex
+
+from tests.code_memory_paths import both_ways
 
 SUBSET = 30
 # Per set: (MRR@10 threshold, the whole-file BM25 floor's R@10 from the sets' README).
@@ -83,7 +84,6 @@ def test_the_copy_in_memory_ranks_the_subset_as_sql_does(
     name: str,
     indexed: tuple[CodeIndex, dict[str, Path]],
     shared_data: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """code.memory on real repositories: every question of the subset, asked of its set's
     workspace and of the whole four-set store as the code lane asks it, gets the same hits,
@@ -91,26 +91,12 @@ def test_the_copy_in_memory_ranks_the_subset_as_sql_does(
     idx, roots = indexed
     assert memory.warm(idx.conn, wait=True) is not None
     used = 0
-    real = search_mod._Held.of.__func__  # type: ignore[attr-defined]
-
-    def counted(cls: type, *a: Any) -> Any:
-        nonlocal used
-        held = real(cls, *a)
-        used += held is not None
-        return held
-
     scopes: list[dict[str, Any]] = [{"workspaces": [str(roots[name])]}, {}]
     for q in _subset(shared_data, name):
         for scope in scopes:
-            kw: dict[str, Any] = {**scope, "limit": 30, "intent": "find_code", "check_fresh": False}
-            with monkeypatch.context() as m:
-                m.setattr(memory, "ready", lambda conn, key: None)
-                m.setattr(memory, "held", lambda filename: None)
-                by_sql = idx.search(str(q["query"]), **kw).hits
-            with monkeypatch.context() as m:
-                m.setattr(search_mod._Held, "of", classmethod(counted))
-                held = idx.search(str(q["query"]), **kw).hits
-            assert [(h.chunk_id, h.score, h.why, h.snippet) for h in held] == [
-                (h.chunk_id, h.score, h.why, h.snippet) for h in by_sql
-            ], (q["query"], scope)
+            by_sql, held, from_copy = both_ways(
+                idx, str(q["query"]), limit=30, intent="find_code", **scope
+            )
+            assert held == by_sql, (q["query"], scope)
+            used += from_copy
     assert used == SUBSET * len(scopes)  # every search was answered from the copy
