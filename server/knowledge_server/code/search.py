@@ -174,7 +174,7 @@ def _json_list(items: Sequence[object]) -> str:
 
 # Document frequencies per database: fts5vocab counts a term's documents by walking its
 # posting list, long for a common word, and queries repeat words.
-# Keyed by the current revisions and the newest chunk, which every index run changes.
+# Keyed by the store's state (``_store_state``), which every write changes.
 _df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
 
 
@@ -190,17 +190,14 @@ _search_state: ContextVar[tuple[apsw.Connection, tuple[Any, ...]] | None] = Cont
 
 
 def _store_state(conn: apsw.Connection) -> tuple[Any, ...]:
-    """(highest chunk rowid, the workspaces' current revisions): what the memos of
-    document frequencies and scopes are valid for."""
+    """The store's state as ``memory.state_key`` reads it (highest chunk rowid, highest
+    file version id, the workspaces' current revisions, both full-text tables' totals):
+    what the memos of document frequencies and scopes, and the copy in memory, are
+    valid for."""
     held = _search_state.get()
     if held is not None and held[0] is conn:
         return held[1]
-    return tuple(
-        conn.execute(
-            "SELECT (SELECT max(rowid) FROM chunks),"
-            " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces)"
-        ).fetchone()
-    )
+    return memory.state_key(conn)
 
 
 def _doc_freqs(
@@ -270,21 +267,44 @@ def _lexical(
 _CUT = "(SELECT count(*) FROM lex), (SELECT max(rank) FROM lex)"
 
 
-def _cut(rows: list[tuple[Any, ...]], n: int, score: int, fetch: int) -> tuple[list[Any], bool]:
-    """(``rows`` without the two ``_CUT`` columns, whether they are the best ``n`` in
-    scope). The inner query keeps the best ``fetch`` matches of the whole table by (score,
-    rowid) and the scope is applied after it: the answer is whole when it saw every match,
-    or when the ``n``-th row in scope scores strictly better than the worst match kept
-    (every match left out scores no better than that one, so none of them, however its
-    path sorts, can take a place). Otherwise (other workspaces or old revisions took the
-    places, or equal scores straddle the cut) the caller asks for more. Lower scores are
-    better (FTS5's sign)."""
-    if not rows:
-        return rows, False
-    seen, worst = rows[0][-2], rows[0][-1]
-    kept = [r[:-2] for r in rows]
-    whole = seen < fetch or (len(kept) >= n and worst > kept[n - 1][score])
-    return kept, whole
+def _best_in_scope(
+    conn: apsw.Connection,
+    table: str,
+    match: str,
+    only: str,
+    extra: list[Any],
+    fetch: int,
+    n: int,
+    score: int,
+    query: Callable[[int], list[tuple[Any, ...]]],
+) -> list[tuple[Any, ...]]:
+    """The best ``n`` rows in scope, from ``query(fetch)``: its inner query keeps the best
+    ``fetch`` matches of the whole ``table`` by (score, rowid), the scope is applied after
+    it, and each row ends with the two ``_CUT`` columns (dropped here). The answer is whole
+    when the inner query saw every match, or when the ``n``-th row in scope (its score at
+    index ``score``) scores strictly better than the worst match kept (every match left
+    out scores no better than that one, so none of them, however its path sorts, can take
+    a place). Otherwise (other workspaces or old revisions took the places, or equal
+    scores straddle the cut) more are asked for. Lower scores are better (FTS5's sign)."""
+    while True:
+        rows = query(fetch)
+        kept = [r[:-2] for r in rows]
+        if rows:
+            seen, worst = rows[0][-2], rows[0][-1]
+            if seen < fetch or (len(kept) >= n and worst > kept[n - 1][score]):
+                return kept
+        if fetch >= 50_000:
+            return kept
+        if not rows:
+            got = scalar(
+                conn,
+                f"SELECT count(*) FROM (SELECT rowid FROM {table} WHERE {table} MATCH ?{only}"  # noqa: S608 - table and only are constants here, values bound
+                " LIMIT ?)",
+                (match, *extra, fetch),
+            )
+            if got < fetch:
+                return kept
+        fetch *= 8
 
 
 def _lexical_in(
@@ -300,38 +320,24 @@ def _lexical_in(
     extra: list[Any] = [] if token is None else [token]
     expr = " OR ".join(fts_quote(t) for t in terms)
     pick = " OR ".join(fts_quote(t) for t in rare)
-    fetch = max(n * 3, 100)
-    while True:
-        if rare == terms:
-            match = expr
-        else:
-            # Logically just `pick`, but the frequent terms join the expression so they
-            # still count in BM25; FTS5 evaluates the AND by seeking their posting lists
-            # to the candidates instead of scanning them.
-            match = f"({pick}) AND ({expr})"
-        lex = (
-            f"WITH lex AS MATERIALIZED (SELECT rowid, {FTS_SCORE} AS rank FROM chunks_fts"  # noqa: S608 - constants; the MATCH expression is bound
+    if rare == terms:
+        match = expr
+    else:
+        # Logically just `pick`, but the frequent terms join the expression so they
+        # still count in BM25; FTS5 evaluates the AND by seeking their posting lists
+        # to the candidates instead of scanning them.
+        match = f"({pick}) AND ({expr})"
+
+    def query(fetch: int) -> list[tuple[Any, ...]]:
+        return conn.execute(
+            f"WITH lex AS MATERIALIZED (SELECT rowid, {FTS_SCORE} AS rank FROM chunks_fts"  # noqa: S608 - constants and _scope_sql's placeholders; the MATCH expression is bound
             f" WHERE chunks_fts MATCH ?{only} ORDER BY rank, rowid LIMIT ?)"
-        )
-        params: list[Any] = [match, *extra, fetch]
-        rows = conn.execute(
-            f"{lex} SELECT {_COLS}, lex.rank, {_CUT} FROM lex CROSS JOIN chunks c ON c.id = lex.rowid{scope[0]}"  # noqa: S608 - constants and _scope_sql's placeholders
+            f" SELECT {_COLS}, lex.rank, {_CUT} FROM lex CROSS JOIN chunks c ON c.id = lex.rowid{scope[0]}"
             " ORDER BY lex.rank, c.path, c.start_line, c.id LIMIT ?",
-            [*params, *scope[1], n],
+            [match, *extra, fetch, *scope[1], n],
         ).fetchall()
-        rows, whole = _cut(rows, n, 11, fetch)
-        if whole or fetch >= 50_000:
-            return rows
-        if not rows:
-            got = scalar(
-                conn,
-                f"SELECT count(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?{only}"  # noqa: S608 - constant SQL fragments only, values bound
-                " LIMIT ?)",
-                (match, *extra, fetch),
-            )
-            if got < fetch:
-                return rows
-        fetch *= 8
+
+    return _best_in_scope(conn, "chunks_fts", match, only, extra, max(n * 3, 100), n, 11, query)
 
 
 def _vector(
@@ -437,12 +443,7 @@ _file_df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
 def _file_weights(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, float], int]:
     """({term: idf} over file versions (FTS5's BM25 idf), how many there are); a term in
     no file gets the highest idf there is."""
-    state = tuple(
-        conn.execute(
-            "SELECT (SELECT max(id) FROM file_versions),"
-            " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces)"
-        ).fetchone()
-    )
+    state = _store_state(conn)
     known = _file_df_memos[conn.filename].at(state) if conn.filename else {}
     for t in terms:
         if t not in known:
@@ -453,7 +454,7 @@ def _file_weights(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, fl
                     (fts_quote(t),),
                 )
             )
-    n = int(state[0] or 0) + 1
+    n = int(state[1] or 0) + 1  # the highest file version id
     return {t: rank.idf(known[t], n) for t in terms}, n
 
 
@@ -524,8 +525,9 @@ def _file_query(
     only = "" if token is None else " AND knowledge_in_set(rowid, ?)"
     extra: list[Any] = [] if token is None else [token]
     match = _file_match(terms, weights, n_files)
-    while True:
-        rows = conn.execute(
+
+    def query(fetch: int) -> list[tuple[Any, ...]]:
+        return conn.execute(
             f"WITH lex AS MATERIALIZED (SELECT rowid, {FILE_SCORE} AS rank FROM files_fts"  # noqa: S608 - constants and placeholders; the MATCH expression is bound
             f" WHERE files_fts MATCH ?{only} ORDER BY rank, rowid LIMIT ?)"
             f" SELECT fv.id, fv.path, fv.language, lex.rank, {_CUT} FROM lex"
@@ -535,19 +537,8 @@ def _file_query(
             " ORDER BY lex.rank, fv.path, fv.id LIMIT ?",
             [match, *extra, fetch, *params, n],
         ).fetchall()
-        rows, whole = _cut(rows, n, 3, fetch)
-        if whole or fetch >= 50_000:
-            break
-        if not rows:
-            got = scalar(
-                conn,
-                f"SELECT count(*) FROM (SELECT rowid FROM files_fts WHERE files_fts MATCH ?{only}"  # noqa: S608 - constant SQL fragments only, values bound
-                " LIMIT ?)",
-                (match, *extra, fetch),
-            )
-            if got < fetch:
-                break
-        fetch *= 8
+
+    rows = _best_in_scope(conn, "files_fts", match, only, extra, fetch, n, 3, query)
     return [(r[0], r[1], r[2], -float(r[3])) for r in rows]
 
 
@@ -1015,7 +1006,7 @@ def search(
     # finds load_config); the file-level index stems by itself (porter).
     stemmed = rank.with_stems(terms) if mode != "vector" else terms
     # The store's copy in memory (code.memory), when this process holds it for this state.
-    mem = memory.ready(conn, memory.state_key(conn)) if mode != "vector" else None
+    mem = memory.ready(conn, _store_state(conn)) if mode != "vector" else None
     kept, rare = _split_terms(conn, stemmed, mem)
     # The copy answers when every term is one token to it (a phrase is left to SQL).
     held = _Held.of(mem, terms, kept) if mem is not None else None
