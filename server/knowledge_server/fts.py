@@ -13,11 +13,34 @@ The order of results does not change: BM25 sees the same rows and terms either w
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 
 import apsw
+import numpy as np
 
-__all__ = ["MAX_SEGMENTS", "compact", "segment_count"]
+__all__ = [
+    "BM25_B",
+    "BM25_IDF_FLOOR",
+    "BM25_K1",
+    "MAX_SEGMENTS",
+    "Tokens",
+    "bm25_add",
+    "bm25_idf",
+    "bm25_norm",
+    "compact",
+    "segment_count",
+    "tokenizer",
+]
+
+# FTS5 bm25()'s constants (fts5_aux.c), for the copies of full-text tables held in
+# memory (kb.index.memtext, code.memory) that score as FTS5 does.
+BM25_K1 = 1.2
+BM25_B = 0.75
+BM25_IDF_FLOOR = 1e-6
+
+Tokens = Callable[[str, bool], list[str]]
 
 # Merge when a run changed at least 1/CHANGED_SHARE of the rows ...
 CHANGED_SHARE = 20
@@ -74,3 +97,37 @@ def compact(conn: apsw.Connection, table: str, *, changed_rows: int, total_rows:
     with conn:
         conn.execute(f"INSERT INTO {table}({table}) VALUES('optimize')")
     return True
+
+
+def tokenizer(conn: apsw.Connection, name: str, args: list[str]) -> Tokens:
+    """The FTS5 tokenizer ``name`` with ``args`` (a table's ``tokenize=`` option) as
+    ``tokens(text, query)``: the tokens FTS5 makes of a document, or of a query."""
+    tok = conn.fts5_tokenizer(name, args)
+
+    def tokens(text: str, query: bool) -> list[str]:
+        flags = apsw.FTS5_TOKENIZE_QUERY if query else apsw.FTS5_TOKENIZE_DOCUMENT
+        out = tok(text.encode("utf-8"), flags, None, include_offsets=False, include_colocated=False)
+        return [str(t) for t in out]
+
+    return tokens
+
+
+def bm25_idf(rows: int, hits: int) -> float:
+    """FTS5's idf of a phrase that ``hits`` of ``rows`` rows hold, with its floor; the C
+    library's log, as FTS5 calls it (numpy may use its own)."""
+    idf = math.log((rows - hits + 0.5) / (hits + 0.5))
+    return idf if idf > 0 else BM25_IDF_FLOOR
+
+
+def bm25_norm(length: np.ndarray, avg: float) -> np.ndarray:
+    """FTS5's row-length term ``k1 * (1 - b + b * D / avgdl)`` of rows ``length`` tokens long."""
+    return BM25_K1 * (1 - BM25_B + BM25_B * length / avg)
+
+
+def bm25_add(
+    score: np.ndarray, rows: np.ndarray, freq: np.ndarray, idf: float, norm: np.ndarray
+) -> None:
+    """Add one phrase's part of bm25() to ``score`` at ``rows`` (``freq``: its weighted
+    count in each, ``norm``: theirs from ``bm25_norm``), grouped as fts5_aux.c groups it,
+    so near-ties order as FTS5 orders them."""
+    score[rows] += idf * ((freq * (BM25_K1 + 1)) / (freq + norm))

@@ -24,7 +24,6 @@ does not hold for the same row id and text (SQLite gives a freed id to the next 
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import time
@@ -35,6 +34,7 @@ from typing import Any
 import apsw
 import numpy as np
 
+from knowledge_server import fts
 from knowledge_server.logs import get_logger
 
 from .store import FILE_WEIGHTS, FTS_WEIGHTS
@@ -55,10 +55,6 @@ __all__ = [
 
 _log = get_logger("knowledge.code.memory")
 
-# FTS5 bm25()'s constants (fts5_aux.c).
-K1 = 1.2
-B = 0.75
-IDF_FLOOR = 1e-6
 # Above this many chunks a store is ranked by SQL alone: the copy takes about 3.5 KB a
 # chunk of source code (70 MiB for the standard library's 20,676), twice that while it
 # is built.
@@ -82,28 +78,17 @@ ROW_OVERHEAD_BYTES = 360
 TOKEN_OVERHEAD_BYTES = 120
 CHUNK_META_BYTES = 950
 
-Tokens = Callable[[str, bool], list[str]]
-
-
-def _tokenizer(conn: apsw.Connection, name: str, args: list[str]) -> Tokens:
-    tok = conn.fts5_tokenizer(name, args)
-
-    def tokens(text: str, query: bool) -> list[str]:
-        flags = apsw.FTS5_TOKENIZE_QUERY if query else apsw.FTS5_TOKENIZE_DOCUMENT
-        out = tok(text.encode("utf-8"), flags, None, include_offsets=False, include_colocated=False)
-        return [str(t) for t in out]
-
-    return tokens
+Tokens = fts.Tokens
 
 
 def chunk_tokenizer(conn: apsw.Connection) -> Tokens:
     """``chunks_fts``'s tokenizer (code.store)."""
-    return _tokenizer(conn, "unicode61", ["remove_diacritics", "2"])
+    return fts.tokenizer(conn, "unicode61", ["remove_diacritics", "2"])
 
 
 def file_tokenizer(conn: apsw.Connection) -> Tokens:
     """``files_fts``'s tokenizer (code.store)."""
-    return _tokenizer(conn, "porter", ["unicode61", "remove_diacritics", "2"])
+    return fts.tokenizer(conn, "porter", ["unicode61", "remove_diacritics", "2"])
 
 
 def state_key(conn: apsw.Connection) -> tuple[Any, ...]:
@@ -139,8 +124,7 @@ class Lexicon:
         sizes = [np.asarray([r[c].size for r in rows], dtype=np.int64) for c in (0, 1)]
         self.length = (sizes[0] + sizes[1]).astype(np.float64)
         avg = float(self.length.sum()) / n if n else 1.0
-        # FTS5's row-length term, grouped as fts5_aux.c groups it.
-        self.norm = K1 * (1 - B + B * self.length / avg)
+        self.norm = fts.bm25_norm(self.length, avg)
         # One sort over (token, row, column) of every token occurrence: the count per
         # column times its weight, summed over the columns of a (token, row) pair.
         width = max(n, 1)
@@ -208,11 +192,9 @@ class Lexicon:
             rows, wf = self.posting(tid)
             if rows.size == 0:
                 continue
-            # math.log: the C library's log, as FTS5 calls it (numpy may use its own).
-            idf = math.log((self.n - rows.size + 0.5) / (rows.size + 0.5))
-            idf = idf if idf > 0 else IDF_FLOOR
-            f = wf.astype(np.float64)
-            score[rows] += idf * ((f * (K1 + 1)) / (f + self.norm[rows]))
+            fts.bm25_add(
+                score, rows, wf.astype(np.float64), fts.bm25_idf(self.n, rows.size), self.norm[rows]
+            )
         return score
 
     def holding(self, tids: Sequence[int]) -> np.ndarray:

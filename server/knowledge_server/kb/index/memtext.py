@@ -27,14 +27,11 @@ from collections.abc import Callable, Mapping, Sequence
 import apsw
 import numpy as np
 
+from knowledge_server import fts
 from knowledge_server.episodes.text import QueryTerm
 
 __all__ = ["COLUMNS", "OrgText", "Stopped", "Tokens", "build", "tokenizer"]
 
-# FTS5 bm25()'s constants (fts5_aux.c).
-K1 = 1.2
-B = 0.75
-IDF_FLOOR = 1e-6
 # Tokens of rows no longer held are forgotten once the vocabulary is more than twice
 # the tokens in use plus this many.
 VOCAB_SLACK = 4096
@@ -48,7 +45,7 @@ BATCH_ROWS = 512
 # The FTS5 table's columns, in order.
 COLUMNS = ("text", "aux")
 
-Tokens = Callable[[str, bool], list[str]]
+Tokens = fts.Tokens
 RowKey = tuple[int, int]  # (row id, hash of the row's text)
 
 
@@ -58,14 +55,7 @@ class Stopped(Exception):
 
 def tokenizer(conn: apsw.Connection) -> Tokens:
     """The chunks_fts table's tokenizer, as ``tokens(text, query)``."""
-    tok = conn.fts5_tokenizer("porter", ["unicode61", "remove_diacritics", "2"])
-
-    def tokens(text: str, query: bool) -> list[str]:
-        flags = apsw.FTS5_TOKENIZE_QUERY if query else apsw.FTS5_TOKENIZE_DOCUMENT
-        out = tok(text.encode("utf-8"), flags, None, include_offsets=False, include_colocated=False)
-        return [str(t) for t in out]
-
-    return tokens
+    return fts.tokenizer(conn, "porter", ["unicode61", "remove_diacritics", "2"])
 
 
 class _Column:
@@ -208,11 +198,8 @@ class OrgText:
             rows, tf = rows[seen], tf[seen]
             if rows.size == 0:
                 continue
-            idf = float(np.log((n - rows.size + 0.5) / (rows.size + 0.5)))
-            idf = idf if idf > 0 else IDF_FLOOR
-            norm = K1 * (1 - B + B * self.length[rows] / avg)
-            # Grouped as fts5_aux.c groups it, so near-ties order as FTS5 orders them.
-            score[rows] += idf * ((tf * (K1 + 1)) / (tf + norm))
+            norm = fts.bm25_norm(self.length[rows], avg)
+            fts.bm25_add(score, rows, tf, fts.bm25_idf(n, rows.size), norm)
         return score
 
     def best(self, score: np.ndarray, ids: np.ndarray, n: int) -> list[int]:
