@@ -342,7 +342,8 @@ def build(
     stop: Callable[[], bool] = lambda: False,
 ) -> StoreMemory | None:
     """The copy of the store as it is now (one read transaction); None for a store above
-    MAX_CHUNKS, or when ``stop`` said so between two batches of rows. Rows ``previous``
+    MAX_CHUNKS, for a file whose tokens cannot be mapped as below, or when ``stop`` said
+    so between two batches of rows. Rows ``previous``
     holds with the same id and text keep their tokens.
 
     A file's text column is its chunks' token strings (code.store.file_tokens) under the
@@ -421,15 +422,10 @@ def build(
         if held_f is None:
             parts = [stems[c_tokens[ck][0]] for _, _, ck in sorted(of_file.get(int(r[0]), []))]
             body = np.concatenate(parts) if parts else np.zeros(0, np.int32)
-            if (body < 0).any():  # a token the porter tokenizer splits: tokenise the text
-                words = dict(zip(c_vocab.values(), c_vocab.keys(), strict=True))
-                joined = " ".join(
-                    " ".join(words[int(t)] for t in c_tokens[ck][0])
-                    for _, _, ck in sorted(of_file.get(int(r[0]), []))
-                )
-                body = np.asarray(
-                    [f_vocab.setdefault(t, len(f_vocab)) for t in tok_f(joined, False)], np.int32
-                )
+            if (body < 0).any():
+                # A chunk token the porter tokenizer does not make one token of (no code
+                # point does, checked one by one): this state is ranked by SQL.
+                return None
             path = [f_vocab.setdefault(t, len(f_vocab)) for t in tok_f(index_tokens(r[2]), False)]
             held_f = (body, np.asarray(path, dtype=np.int32))
         f_tokens[k] = held_f
@@ -460,7 +456,9 @@ class _Builds:
         self.held: dict[str, StoreMemory] = {}
         self.building: set[str] = set()
         self.failed: dict[str, tuple[tuple[Any, ...], float]] = {}
-        self.too_large: dict[str, tuple[Any, ...]] = {}
+        # Per store, a state no copy can be made of (too large; a token that cannot be
+        # mapped): SQL answers it, and no build is tried again for it.
+        self.unheld: dict[str, tuple[Any, ...]] = {}
         self.pool: ThreadPoolExecutor | None = None
         # Stores closed (cancel): no build starts or is kept until enabled again.
         self.cancelled: set[str] = set()
@@ -489,7 +487,7 @@ class _Builds:
             failed = self.failed.get(filename)
             if failed is not None and failed[0] == key and now - failed[1] < RETRY_S:
                 return None
-            if self.too_large.get(filename) == key:
+            if self.unheld.get(filename) == key:
                 return None
             self.building.add(filename)
             if self.pool is None:
@@ -518,7 +516,7 @@ class _Builds:
             if filename in self.cancelled:
                 return  # the store was closed meanwhile: nothing is kept for it
             if mem is None:
-                self.too_large[filename] = key
+                self.unheld[filename] = key
                 return
             self.held[filename] = mem
         _log.info(
@@ -591,5 +589,5 @@ def forget(filename: str) -> None:
     with _builds.lock:
         _builds.held.pop(filename, None)
         _builds.failed.pop(filename, None)
-        _builds.too_large.pop(filename, None)
+        _builds.unheld.pop(filename, None)
         _builds.seen.pop(filename, None)
