@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 from knowledge_sdk import (
     AsyncKnowledgeClient,
@@ -66,8 +67,10 @@ from knowledge_sdk import (
 from knowledge_sdk._gen.knowledge import v1
 from knowledge_server import _gen
 from knowledge_server.auth import TokenStore
+from knowledge_server.code import memory
 from knowledge_server.search.validate import LANES, MODES
 
+from tests.code_memory_paths import copy_answers
 from tests.conftest import ServerThread, dev_keys, make_vendor, start_server, write_session_log
 from tests.kb_world import publish
 
@@ -841,6 +844,20 @@ def test_rpc_keeps_the_other_tenant_out(world: World, rpc: str) -> None:
     case = CASES.get(rpc)
     assert case is not None, f"{rpc} has no isolation case"
     case(world)
+
+
+def test_iso1_holds_when_code_search_ranks_from_memory(world: World) -> None:
+    """ISO-1 again with the code lane ranking from its copy of the store's full-text tables
+    in memory (code.memory: one copy holds every workspace of the store, and each search
+    keeps its caller's): nothing of B in any mode, lane or filter, and the copy answered."""
+    conn = apsw.Connection(str(world.data_dir / "code.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        assert memory.warm(conn, wait=True) is not None
+    finally:
+        conn.close()
+    with copy_answers() as used:
+        _search(world)
+    assert any(used), "no code search was answered from the copy: the case cannot fail"
 
 
 # -- known holes, each on its own server --------------------------------------------------------
