@@ -4,8 +4,8 @@ A code search asked SQLite a dozen statements: the chunks and the files by FTS5'
 ``bm25()``, each joined to the current revisions of the chosen workspaces, which chunk
 belongs to which file, how many chunks a file has, which question words the best files
 hold. Each statement costs its own set-up, and a workspace filter calls back into Python
-for every match; the file-level ranking made a search about 40 % slower over gRPC than
-before it (bench/RESULTS.md). Here every row of ``chunks_fts`` and ``files_fts`` is
+for every match; the file-level ranking made a search much slower over gRPC than before
+it (figures in bench/RESULTS.md). Here every row of ``chunks_fts`` and ``files_fts`` is
 tokenised once, by the table's own tokenizer (through the connection, so the tokens are
 exactly the index's), into one posting list per token, and the rows' metadata is held
 next to it: a question is a few array operations per word.
@@ -55,16 +55,15 @@ __all__ = [
 
 _log = get_logger("knowledge.code.memory")
 
-# Above this many chunks a store is ranked by SQL alone: the copy takes about 3.5 KB a
-# chunk of source code (70 MiB for the standard library's 20,676), twice that while it
-# is built.
+# Above this many chunks a store is ranked by SQL alone: the copy's memory grows with the
+# chunks, about twice as much while it is built (figures in bench/RESULTS.md).
 MAX_CHUNKS = 120_000
 # A build that failed is tried again for the same state after this long.
 RETRY_S = 30.0
 # A search starts a build only for a state it saw this long before (not during an index
 # run, whose every commit is a new state); the serving lane's warm-up does not wait.
 SETTLE_S = 1.0
-# Rows tokenised between two checks of ``stop``.
+# Rows read (chunks, files) between two checks of ``stop``.
 BATCH_ROWS = 1024
 # The vocabulary is renewed (every row tokenised again) once it holds more than twice
 # the tokens in use plus this many.
@@ -72,8 +71,8 @@ VOCAB_SLACK = 8192
 # What Python's objects take around a row's two token arrays (the arrays' headers, a
 # tuple, a dict entry and its key), around a token of a vocabulary (a string and a dict
 # entry), and a chunk's metadata (a tuple, its strings and numbers, its key and array
-# slots), about: with the arrays, the estimate logged is within a tenth of tracemalloc's
-# count on the standard library (20,676 chunks: about 70 MiB).
+# slots), about, as measured with tracemalloc on the standard library (the estimate
+# logged against that count: bench/RESULTS.md).
 ROW_OVERHEAD_BYTES = 360
 TOKEN_OVERHEAD_BYTES = 120
 CHUNK_META_BYTES = 950
