@@ -153,6 +153,7 @@ class World:
     a_status: dict[str, dict[str, int]] = field(default_factory=dict)
     kb_b: dict[str, str] = field(default_factory=dict)
     kb_published: dict[str, str] = field(default_factory=dict)
+    coordinator: Any = None  # the server's search coordinator (its answer cache)
 
     def client(self, who: str) -> KnowledgeClient:
         return KnowledgeClient(self.address, token=self.tokens[who], timeout=30)
@@ -228,6 +229,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         **dev_keys(data),
     )
     w = World(root, a, b, server.address, data, tokens)
+    assert server.rs is not None
+    w.coordinator = server.rs.app.coordinator
     try:
         for who, ws in (("ops-b", b), ("ops-a", a)):
             with w.client(who) as kc:
@@ -846,10 +849,14 @@ def test_rpc_keeps_the_other_tenant_out(world: World, rpc: str) -> None:
     case(world)
 
 
-def test_iso1_holds_when_code_search_ranks_from_memory(world: World) -> None:
+def test_iso1_holds_when_code_search_ranks_from_memory(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ISO-1 again with the code lane ranking from its copy of the store's full-text tables
     in memory (code.memory: one copy holds every workspace of the store, and each search
-    keeps its caller's): nothing of B in any mode, lane or filter, and the copy answered."""
+    keeps its caller's): nothing of B in any mode, lane or filter, and the copy answered.
+    The answer cache is off meanwhile: the Search case asked the same questions before."""
+    monkeypatch.setattr(world.coordinator, "cache_size", 0)
     conn = apsw.Connection(str(world.data_dir / "code.sqlite"), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         assert memory.warm(conn, wait=True) is not None
