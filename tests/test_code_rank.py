@@ -7,8 +7,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from knowledge_server.code import rank
+from knowledge_server.code import memory, rank
 from knowledge_server.code.index import CodeIndex
+
+from tests.code_memory_paths import both_ways
 
 
 @pytest.mark.parametrize(
@@ -59,6 +61,17 @@ def test_evidence_share_ignores_short_and_numeric_parts() -> None:
     assert rank.evidence_share(weights, ["zstd"]) == pytest.approx(4 / 6)
     assert rank.evidence_share(weights, ["05", "c"]) == 0.0  # a UUID's parts show nothing
     assert rank.evidence_share({"05": 1.0}, []) == 1.0  # nothing telling: not judged
+
+
+def test_a_uuids_groups_are_evidence_only_together() -> None:
+    (group,) = rank.uuid_groups("session 7F3C9A2E-1b4d-4e5f-9a8b-123456789abc failed")
+    assert group == {"7f3c9a2e", "1b4d", "4e5f", "9a8b", "123456789abc", "abc"}
+    assert rank.uuid_groups("1b4d-4e5f and a sha 0123456789abcdef") == []
+    weights = {"session": 1.0, **dict.fromkeys(group, 2.0)}
+    total = 1.0 + 2.0 * len(group)
+    assert rank.evidence_share(weights, ["session", "1b4d", "4e5f"], [group]) == 1.0 / total
+    assert rank.evidence_share(weights, ["session", *group], [group]) == 1.0
+    assert rank.evidence_share(weights, ["1b4d"]) == 2.0 / total  # without the grouping
 
 
 def test_score_files_divides_each_signal_by_its_best_and_applies_the_prior() -> None:
@@ -263,6 +276,26 @@ def test_a_question_with_no_answer_in_the_code_gets_no_items(
             assert idx.search(query, mode=mode).hits == [], (query, mode)
     # A real question just above the floor still answers.
     assert idx.search("zstd decoder").hits
+
+
+def test_a_made_up_uuid_gets_no_items_though_its_groups_are_in_files(
+    project: tuple[CodeIndex, Path],
+) -> None:
+    """The relevance floor with UUIDs: a made-up UUID whose four-digit groups each occur in
+    some file (in a repository of IDs and hashes they often do) returns nothing; a UUID a
+    file holds whole finds that file. The same through SQL and from the copy in memory."""
+    idx, root = project
+    _write(root, "httpkit/ids.py", 'KNOWN = ["1b4d", "4e5f", "9a8b"]  # parts of other ids\n')
+    _write(root, "httpkit/fixture.py", 'SESSION_ID = "5d0c2a1e-77aa-4b3c-8e21-0f9e8d7c6b5a"\n')
+    idx.index_workspace(str(root))
+    memory.warm(idx.conn, wait=True)
+    try:
+        by_sql, from_copy, used = both_ways(idx, "7f3c9a2e-1b4d-4e5f-9a8b-123456789abc")
+        assert used and by_sql == from_copy == []
+        by_sql, from_copy, used = both_ways(idx, "where is 5d0c2a1e-77aa-4b3c-8e21-0f9e8d7c6b5a")
+        assert used and by_sql == from_copy and by_sql[0][1] == "httpkit/fixture.py"
+    finally:
+        memory.forget(idx.conn.filename)
 
 
 def test_hits_are_lines_that_exist_in_the_indexed_file(project: tuple[CodeIndex, Path]) -> None:

@@ -28,7 +28,7 @@ from functools import lru_cache
 
 import snowballstemmer
 
-from .tokenize import index_tokens
+from .tokenize import index_tokens, split_uncached
 
 __all__ = [
     "FileEvidence",
@@ -39,6 +39,7 @@ __all__ = [
     "score_files",
     "split_change_type",
     "telling",
+    "uuid_groups",
     "with_stems",
 ]
 
@@ -258,15 +259,42 @@ def telling(term: str) -> bool:
     return len(term) > 2 and not term.isdigit()
 
 
-def evidence_share(weights: Mapping[str, float], present: Iterable[str]) -> float:
+_UUID = re.compile(
+    r"(?<![0-9a-f])[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![0-9a-f])",
+    re.IGNORECASE,
+)
+
+
+def uuid_groups(text: str) -> list[frozenset[str]]:
+    """Per UUID in ``text``, the telling terms its five groups make. The groups are one
+    identifier: a file shows the UUID only when it holds all of them (in a repository
+    with many UUIDs or hashes, a four-digit group of a made-up one is often in some file)."""
+    out = []
+    for m in _UUID.finditer(text):
+        terms = {t for g in m.group(0).split("-") for t in split_uncached(g) if telling(t)}
+        if terms:
+            out.append(frozenset(terms))
+    return out
+
+
+def evidence_share(
+    weights: Mapping[str, float],
+    present: Iterable[str],
+    together: Iterable[frozenset[str]] = (),
+) -> float:
     """The share (0..1) of the question's telling terms' weight that a file contains
     (``present``): how much of the question the file answers. Terms absent from the
     index count with the highest idf (a made-up word is most of a question). A question
-    without a telling term is not judged (1.0)."""
+    without a telling term is not judged (1.0). Each set of ``together`` (a UUID's
+    groups, ``uuid_groups``) counts only when the file holds all of it."""
     total = sum(w for t, w in weights.items() if telling(t))
     if total <= 0:
         return 1.0
-    return sum(weights[t] for t in set(present) if t in weights and telling(t)) / total
+    held = set(present)
+    for group in together:
+        if not group <= held:
+            held -= group
+    return sum(weights[t] for t in held if t in weights and telling(t)) / total
 
 
 @dataclass(slots=True)

@@ -542,7 +542,12 @@ def _file_query(
     return [(r[0], r[1], r[2], -float(r[3])) for r in rows]
 
 
-def _evidence(conn: apsw.Connection, weights: dict[str, float], file_ids: Sequence[int]) -> float:
+def _evidence(
+    conn: apsw.Connection,
+    weights: dict[str, float],
+    file_ids: Sequence[int],
+    together: Sequence[frozenset[str]] = (),
+) -> float:
     """The best share of the question that one of ``file_ids`` answers (rank.evidence_share),
     from one full-text lookup of the telling terms."""
     telling = [t for t in weights if rank.telling(t)]
@@ -562,7 +567,7 @@ def _evidence(conn: apsw.Connection, weights: dict[str, float], file_ids: Sequen
             (" OR ".join(fts_quote(t) for t in group), ids),
         ):
             present[fid].extend(t for i, t in enumerate(group) if int(mask) >> i & 1)
-    return max(rank.evidence_share(weights, present.get(f, ())) for f in file_ids)
+    return max(rank.evidence_share(weights, present.get(f, ()), together) for f in file_ids)
 
 
 def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
@@ -807,7 +812,12 @@ class _Held:
                 out[f] = mem.chunk_row(int(mem.first_chunk[p]), 0.0)
         return out
 
-    def evidence(self, weights: dict[str, float], file_ids: Sequence[int]) -> float:
+    def evidence(
+        self,
+        weights: dict[str, float],
+        file_ids: Sequence[int],
+        together: Sequence[frozenset[str]] = (),
+    ) -> float:
         telling = [t for t in weights if rank.telling(t)]
         if not telling:
             return 1.0
@@ -816,7 +826,9 @@ class _Held:
         files, pos = self.mem.files, self.mem.file_pos
         return max(
             rank.evidence_share(
-                weights, [t for t in telling if f in pos and files.holds(self.ftid[t], pos[f])]
+                weights,
+                [t for t in telling if f in pos and files.holds(self.ftid[t], pos[f])],
+                together,
             )
             for f in file_ids
         )
@@ -836,11 +848,13 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     vec: tuple[Embedder, str, np.ndarray] | None,
     cues: list[str],
     held: _Held | None = None,
+    together: Sequence[frozenset[str]] = (),
 ) -> tuple[list[CodeHit], float]:
     """(hits, evidence): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
     share of the question (rank.evidence_share) for the relevance floor. ``cues``: the
-    words that may name a kind of file (rank.priors_for)."""
+    words that may name a kind of file (rank.priors_for); ``together``: the question's
+    UUIDs, each evidence only as a whole (rank.uuid_groups)."""
     if held is not None:
         weights, n_files = held.file_weights(terms)
         files = held.file_candidates(terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
@@ -902,7 +916,11 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     scores = rank.score_files(ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0)
     order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))
     best3 = order[:_EVIDENCE_FILES]
-    evidence = held.evidence(weights, best3) if held else _evidence(conn, weights, best3)
+    evidence = (
+        held.evidence(weights, best3, together)
+        if held
+        else _evidence(conn, weights, best3, together)
+    )
     # Files found by their path alone answer with their first chunk.
     missing = [f for f in order[:limit] if f not in per_file]
     firsts = (
@@ -1058,6 +1076,7 @@ def search(
             vec,
             [*terms, change] if change else terms,
             held,
+            rank.uuid_groups(body),
         )
         if hits and evidence < EVIDENCE_FLOOR:
             hits = []
