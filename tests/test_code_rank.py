@@ -63,10 +63,14 @@ def test_evidence_share_ignores_short_and_numeric_parts() -> None:
     assert rank.evidence_share({"05": 1.0}, []) == 1.0  # nothing telling: not judged
 
 
-def test_a_uuids_groups_are_evidence_only_together() -> None:
-    (group,) = rank.uuid_groups("session 7F3C9A2E-1b4d-4e5f-9a8b-123456789abc failed")
+def test_a_uuids_or_hashs_parts_are_evidence_only_together() -> None:
+    (group,) = rank.opaque_ids("session 7F3C9A2E-1b4d-4e5f-9a8b-123456789abc failed")
     assert group == {"7f3c9a2e", "1b4d", "4e5f", "9a8b", "123456789abc", "abc"}
-    assert rank.uuid_groups("1b4d-4e5f and a sha 0123456789abcdef") == []
+    (sha,) = rank.opaque_ids("revert 9add3def7bad1fed (and 1b4d-4e5f, abcdefabcdefab, 0x5f3759df)")
+    assert sha == {"9add3def7bad1fed", "add", "def", "bad", "fed"}
+    (short,) = rank.opaque_ids("fixed in afb4669")  # git's abbreviation
+    assert short == {"afb4669", "afb"}
+    assert rank.opaque_ids("getUserName 0123456789 deadbeef sha256 abc123") == []
     weights = {"session": 1.0, **dict.fromkeys(group, 2.0)}
     total = 1.0 + 2.0 * len(group)
     assert rank.evidence_share(weights, ["session", "1b4d", "4e5f"], [group]) == 1.0 / total
@@ -281,19 +285,28 @@ def test_a_question_with_no_answer_in_the_code_gets_no_items(
 def test_a_made_up_uuid_gets_no_items_though_its_groups_are_in_files(
     project: tuple[CodeIndex, Path],
 ) -> None:
-    """The relevance floor with UUIDs: a made-up UUID whose four-digit groups each occur in
-    some file (in a repository of IDs and hashes they often do) returns nothing; a UUID a
-    file holds whole finds that file. The same through SQL and from the copy in memory."""
+    """The relevance floor with UUIDs and hashes: a made-up UUID whose four-digit groups each
+    occur in some file (in a repository of IDs and hashes they often do), or a made-up hash
+    whose letter runs are words of the code, returns nothing; an ID a file holds whole finds
+    that file. The same through SQL and from the copy in memory."""
     idx, root = project
     _write(root, "httpkit/ids.py", 'KNOWN = ["1b4d", "4e5f", "9a8b"]  # parts of other ids\n')
-    _write(root, "httpkit/fixture.py", 'SESSION_ID = "5d0c2a1e-77aa-4b3c-8e21-0f9e8d7c6b5a"\n')
+    _write(root, "httpkit/cafe.py", "def add(bad, fed):\n    return bad + fed  # cafe\n")
+    _write(
+        root,
+        "httpkit/fixture.py",
+        'SESSION_ID = "5d0c2a1e-77aa-4b3c-8e21-0f9e8d7c6b5a"\nBASE = "4679e48e9ebd443d3d9a"\n',
+    )
     idx.index_workspace(str(root))
     memory.warm(idx.conn, wait=True)
     try:
         by_sql, from_copy, used = both_ways(idx, "7f3c9a2e-1b4d-4e5f-9a8b-123456789abc")
         assert used and by_sql == from_copy == []
-        by_sql, from_copy, used = both_ways(idx, "where is 5d0c2a1e-77aa-4b3c-8e21-0f9e8d7c6b5a")
-        assert used and by_sql == from_copy and by_sql[0][1] == "httpkit/fixture.py"
+        by_sql, from_copy, used = both_ways(idx, "revert 9add3def7bad1fed00cafe")
+        assert used and by_sql == from_copy == []
+        for q in ("where is 5d0c2a1e-77aa-4b3c-8e21-0f9e8d7c6b5a", "4679e48e9ebd443d3d9a"):
+            by_sql, from_copy, used = both_ways(idx, q)
+            assert used and by_sql == from_copy and by_sql[0][1] == "httpkit/fixture.py", q
     finally:
         memory.forget(idx.conn.filename)
 

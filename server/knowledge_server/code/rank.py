@@ -34,12 +34,12 @@ __all__ = [
     "FileEvidence",
     "evidence_share",
     "file_kind",
+    "opaque_ids",
     "path_share",
     "priors_for",
     "score_files",
     "split_change_type",
     "telling",
-    "uuid_groups",
     "with_stems",
 ]
 
@@ -263,17 +263,29 @@ _UUID = re.compile(
     r"(?<![0-9a-f])[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![0-9a-f])",
     re.IGNORECASE,
 )
+# A hash written out (a commit, abbreviated as git does, or a digest): 7 or more hex
+# digits, letters and digits mixed.
+_HASH = re.compile(r"(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,}", re.IGNORECASE)
+_WORDS = re.compile(r"\w+")
 
 
-def uuid_groups(text: str) -> list[frozenset[str]]:
-    """Per UUID in ``text``, the telling terms its five groups make. The groups are one
-    identifier: a file shows the UUID only when it holds all of them (in a repository
-    with many UUIDs or hashes, a four-digit group of a made-up one is often in some file)."""
+def opaque_ids(text: str) -> list[frozenset[str]]:
+    """Per UUID or written-out hash in ``text``, the telling terms it splits into. Such an
+    ID is one token of meaning: a file shows it only when it holds all of its terms. (Its
+    parts are noise: a UUID's four-digit groups, or a hash's letter runs such as ``add``,
+    ``bad`` or ``cafe``, are often in some file of a repository.)"""
     out = []
+    spans = []
     for m in _UUID.finditer(text):
+        spans.append(m.span())
         terms = {t for g in m.group(0).split("-") for t in split_uncached(g) if telling(t)}
         if terms:
             out.append(frozenset(terms))
+    for m in _WORDS.finditer(text):
+        if _HASH.fullmatch(m.group(0)) and not any(a <= m.start() < b for a, b in spans):
+            terms = {t for t in split_uncached(m.group(0)) if telling(t)}
+            if terms:
+                out.append(frozenset(terms))
     return out
 
 
@@ -285,8 +297,8 @@ def evidence_share(
     """The share (0..1) of the question's telling terms' weight that a file contains
     (``present``): how much of the question the file answers. Terms absent from the
     index count with the highest idf (a made-up word is most of a question). A question
-    without a telling term is not judged (1.0). Each set of ``together`` (a UUID's
-    groups, ``uuid_groups``) counts only when the file holds all of it."""
+    without a telling term is not judged (1.0). Each set of ``together`` (an ID's
+    terms, ``opaque_ids``) counts only when the file holds all of it."""
     total = sum(w for t, w in weights.items() if telling(t))
     if total <= 0:
         return 1.0

@@ -854,7 +854,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
     share of the question (rank.evidence_share) for the relevance floor. ``cues``: the
     words that may name a kind of file (rank.priors_for); ``together``: the question's
-    UUIDs, each evidence only as a whole (rank.uuid_groups)."""
+    UUIDs and hashes, each evidence only as a whole (rank.opaque_ids)."""
     if held is not None:
         weights, n_files = held.file_weights(terms)
         files = held.file_candidates(terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
@@ -1076,7 +1076,7 @@ def search(
             vec,
             [*terms, change] if change else terms,
             held,
-            rank.uuid_groups(body),
+            rank.opaque_ids(body),
         )
         if hits and evidence < EVIDENCE_FLOOR:
             hits = []
