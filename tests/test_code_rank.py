@@ -64,18 +64,45 @@ def test_evidence_share_ignores_short_and_numeric_parts() -> None:
 
 
 def test_a_uuids_or_hashs_parts_are_evidence_only_together() -> None:
-    (group,) = rank.opaque_ids("session 7F3C9A2E-1b4d-4e5f-9a8b-123456789abc failed")
-    assert group == {"7f3c9a2e", "1b4d", "4e5f", "9a8b", "123456789abc", "abc"}
-    (sha,) = rank.opaque_ids("revert 9add3def7bad1fed (and 1b4d-4e5f, abcdefabcdefab, 0x5f3759df)")
-    assert sha == {"9add3def7bad1fed", "add", "def", "bad", "fed"}
-    (short,) = rank.opaque_ids("fixed in afb4669")  # git's abbreviation
-    assert short == {"afb4669", "afb"}
-    assert rank.opaque_ids("getUserName 0123456789 deadbeef sha256 abc123") == []
-    weights = {"session": 1.0, **dict.fromkeys(group, 2.0)}
-    total = 1.0 + 2.0 * len(group)
-    assert rank.evidence_share(weights, ["session", "1b4d", "4e5f"], [group]) == 1.0 / total
-    assert rank.evidence_share(weights, ["session", *group], [group]) == 1.0
+    q = rank.opaque_ids("session 7F3C9A2E-1b4d-4e5f-9a8b-123456789abc failed")
+    ((segments, slack),) = q.ids
+    assert segments == ({"7f3c9a2e"}, {"1b4d"}, {"4e5f"}, {"9a8b"}, {"123456789abc", "abc"})
+    assert slack == 1 and {"session", "failed"} <= q.free
+    q = rank.opaque_ids("revert 9add3def7bad1fed, fixed in afb4669 (not 0x5f3759df)")
+    assert [s for s, _ in q.ids] == [
+        ({"9add3def7bad1fed", "add", "def", "bad", "fed"},),
+        ({"afb4669", "afb"},),  # git's abbreviation
+    ]
+    # Names and short hex words are words; a UUID glued to a word is not a UUID (its last
+    # group, a hash-like word of its own, is judged as one).
+    assert rank.opaque_ids("getUserName dec2bcd sha256 abc123 deadbeef 0123456789").ids == ()
+    glued = rank.opaque_ids("user_9b1e4c2d-3a5f-4e6b-8c7d-1f2e3d4c5b6a")
+    assert glued.ids == (((frozenset({"1f2e3d4c5b6a"}),), 0),) and "3a5f" in glued.free
+    uuid_terms = {"7f3c9a2e", "1b4d", "4e5f", "9a8b", "123456789abc", "abc"}
+    weights = {"session": 1.0, **dict.fromkeys(uuid_terms, 2.0)}
+    total = 1.0 + 2.0 * len(uuid_terms)
+    ids = rank.opaque_ids("session 7f3c9a2e-1b4d-4e5f-9a8b-123456789abc")
+    assert rank.evidence_share(weights, ["session", "1b4d", "4e5f"], ids) == 1.0 / total
+    assert rank.evidence_share(weights, ["session", *uuid_terms], ids) == 1.0
+    # A file with the UUID glued to a word ("session_7f3c9a2e-...") lacks its first group.
+    assert (
+        rank.evidence_share(weights, ["session", *uuid_terms - {"7f3c9a2e"}], ids)
+        == (1.0 + 2.0 * 5) / total
+    )
     assert rank.evidence_share(weights, ["1b4d"]) == 2.0 / total  # without the grouping
+
+
+def test_a_term_an_id_shares_with_the_question_or_a_shown_id_keeps_its_credit() -> None:
+    """A hash not shown takes away only its own terms: not a term another hash the file
+    shows has too, in either order, nor a word the question also asks."""
+    weights = {"good": 1.0, "bad": 1.0, "abc": 2.0, "abc1234": 3.0, "abc5678": 3.0}
+    for text in ("good abc1234 bad abc5678", "bad abc5678 good abc1234"):
+        ids = rank.opaque_ids(text)
+        share = rank.evidence_share(weights, ["good", "bad", "abc", "abc1234"], ids)
+        assert share == (1 + 1 + 2 + 3) / 10, text
+    weights = {"revert": 1.0, "3fade12": 4.0, "fade": 2.0, "broke": 1.0}
+    ids = rank.opaque_ids("revert 3fade12 which broke fade")
+    assert rank.evidence_share(weights, ["fade"], ids) == 2.0 / 8
 
 
 def test_score_files_divides_each_signal_by_its_best_and_applies_the_prior() -> None:
@@ -292,6 +319,8 @@ def test_a_made_up_uuid_gets_no_items_though_its_groups_are_in_files(
     idx, root = project
     _write(root, "httpkit/ids.py", 'KNOWN = ["1b4d", "4e5f", "9a8b"]  # parts of other ids\n')
     _write(root, "httpkit/cafe.py", "def add(bad, fed):\n    return bad + fed  # cafe\n")
+    _write(root, "httpkit/anim.py", "def fade(frames):\n    return frames[::-1]\n")
+    _write(root, "httpkit/store.py", 'KEY = "session_0a9b8c7d-1111-4e2f-9abc-00ff00ff00ff"\n')
     _write(
         root,
         "httpkit/fixture.py",
@@ -304,9 +333,14 @@ def test_a_made_up_uuid_gets_no_items_though_its_groups_are_in_files(
         assert used and by_sql == from_copy == []
         by_sql, from_copy, used = both_ways(idx, "revert 9add3def7bad1fed00cafe")
         assert used and by_sql == from_copy == []
-        for q in ("where is 5d0c2a1e-77aa-4b3c-8e21-0f9e8d7c6b5a", "4679e48e9ebd443d3d9a"):
+        for q, where in (
+            ("where is 5d0c2a1e-77aa-4b3c-8e21-0f9e8d7c6b5a", "httpkit/fixture.py"),
+            ("4679e48e9ebd443d3d9a", "httpkit/fixture.py"),
+            ("0a9b8c7d-1111-4e2f-9abc-00ff00ff00ff", "httpkit/store.py"),  # glued in the file
+            ("revert 3fade12 which broke fade", "httpkit/anim.py"),  # "fade" is asked too
+        ):
             by_sql, from_copy, used = both_ways(idx, q)
-            assert used and by_sql == from_copy and by_sql[0][1] == "httpkit/fixture.py", q
+            assert used and by_sql == from_copy and by_sql[0][1] == where, q
     finally:
         memory.forget(idx.conn.filename)
 

@@ -32,6 +32,7 @@ from .tokenize import index_tokens, split_uncached
 
 __all__ = [
     "FileEvidence",
+    "OpaqueIds",
     "evidence_share",
     "file_kind",
     "opaque_ids",
@@ -259,53 +260,85 @@ def telling(term: str) -> bool:
     return len(term) > 2 and not term.isdigit()
 
 
+# A UUID as a word of its own (one glued to a word by "_" or a letter is that word's part).
 _UUID = re.compile(
-    r"(?<![0-9a-f])[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![0-9a-f])",
-    re.IGNORECASE,
+    r"(?<!\w)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?!\w)", re.IGNORECASE
 )
-# A hash written out (a commit, abbreviated as git does, or a digest): 7 or more hex
-# digits, letters and digits mixed.
-_HASH = re.compile(r"(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,}", re.IGNORECASE)
+_HEX = re.compile(r"[0-9a-f]{7,}", re.IGNORECASE)
 _WORDS = re.compile(r"\w+")
 
 
-def opaque_ids(text: str) -> list[frozenset[str]]:
-    """Per UUID or written-out hash in ``text``, the telling terms it splits into. Such an
-    ID is one token of meaning: a file shows it only when it holds all of its terms. (Its
-    parts are noise: a UUID's four-digit groups, or a hash's letter runs such as ``add``,
-    ``bad`` or ``cafe``, are often in some file of a repository.)"""
-    out = []
+def _is_hash(word: str) -> bool:
+    """A hash written out (a commit, abbreviated as git does, or a digest): 7 or more hex
+    digits, at least three of them digits and one a letter (``dec2bcd`` is a name)."""
+    if not _HEX.fullmatch(word):
+        return False
+    digits = sum(c.isdigit() for c in word)
+    return digits >= 3 and digits < len(word)
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueIds:
+    """The UUIDs and hashes of a question (``opaque_ids``)."""
+
+    # Per ID: the telling terms of each of its segments, and how many segments a file may
+    # lack (a UUID glued to a word in the file loses its first or last segment's tokens).
+    ids: tuple[tuple[tuple[frozenset[str], ...], int], ...] = ()
+    # The terms of the question's other words.
+    free: frozenset[str] = frozenset()
+
+
+def opaque_ids(text: str) -> OpaqueIds:
+    """The UUIDs and written-out hashes in ``text``. Such an ID is one token of meaning,
+    and its parts are noise: a UUID's four-digit groups, or a hash's letter runs such as
+    ``add``, ``bad`` or ``cafe``, are often in some file of a repository. So a file shows
+    the ID only when it holds all its segments (a UUID with four or five telling groups:
+    all but one)."""
+    ids = []
     spans = []
     for m in _UUID.finditer(text):
-        spans.append(m.span())
-        terms = {t for g in m.group(0).split("-") for t in split_uncached(g) if telling(t)}
-        if terms:
-            out.append(frozenset(terms))
+        segs = tuple(
+            seg
+            for g in m.group(0).split("-")
+            if (seg := frozenset(t for t in split_uncached(g) if telling(t)))
+        )
+        if segs:
+            ids.append((segs, 1 if len(segs) >= 4 else 0))
+            spans.append(m.span())
+    free: set[str] = set()
     for m in _WORDS.finditer(text):
-        if _HASH.fullmatch(m.group(0)) and not any(a <= m.start() < b for a, b in spans):
-            terms = {t for t in split_uncached(m.group(0)) if telling(t)}
-            if terms:
-                out.append(frozenset(terms))
-    return out
+        if any(a <= m.start() < b for a, b in spans):
+            continue
+        seg = frozenset(t for t in split_uncached(m.group(0)) if telling(t))
+        if _is_hash(m.group(0)) and seg:
+            ids.append(((seg,), 0))
+        else:
+            free.update(split_uncached(m.group(0)))
+    return OpaqueIds(tuple(ids), frozenset(free))
 
 
 def evidence_share(
-    weights: Mapping[str, float],
-    present: Iterable[str],
-    together: Iterable[frozenset[str]] = (),
+    weights: Mapping[str, float], present: Iterable[str], ids: OpaqueIds | None = None
 ) -> float:
     """The share (0..1) of the question's telling terms' weight that a file contains
     (``present``): how much of the question the file answers. Terms absent from the
     index count with the highest idf (a made-up word is most of a question). A question
-    without a telling term is not judged (1.0). Each set of ``together`` (an ID's
-    terms, ``opaque_ids``) counts only when the file holds all of it."""
+    without a telling term is not judged (1.0). The terms of an ID of ``ids`` count only
+    when the file shows the ID, unless another ID it shows or another word of the question
+    has them too."""
     total = sum(w for t, w in weights.items() if telling(t))
     if total <= 0:
         return 1.0
     held = set(present)
-    for group in together:
-        if not group <= held:
-            held -= group
+    if ids is not None and ids.ids:
+        shown: set[str] = set()
+        unshown: set[str] = set()
+        for segments, slack in ids.ids:
+            segs = [g for seg in segments if (g := seg & weights.keys())]
+            if segs:
+                whole = sum(g <= held for g in segs) >= len(segs) - slack
+                (shown if whole else unshown).update(*segs)
+        held -= unshown - shown - ids.free
     return sum(weights[t] for t in held if t in weights and telling(t)) / total
 
 

@@ -546,7 +546,7 @@ def _evidence(
     conn: apsw.Connection,
     weights: dict[str, float],
     file_ids: Sequence[int],
-    together: Sequence[frozenset[str]] = (),
+    ids: rank.OpaqueIds | None = None,
 ) -> float:
     """The best share of the question that one of ``file_ids`` answers (rank.evidence_share),
     from one full-text lookup of the telling terms."""
@@ -556,7 +556,7 @@ def _evidence(
     if not file_ids:
         return 0.0
     present: dict[int, list[str]] = defaultdict(list)
-    ids = int_array(file_ids)
+    rows = int_array(file_ids)
     # One query for up to 62 terms (a 64-bit mask): knowledge_phrases says which of them
     # each file holds.
     for start in range(0, len(telling), 62):
@@ -564,10 +564,10 @@ def _evidence(
         for fid, mask in conn.execute(
             "SELECT rowid, knowledge_phrases(files_fts) FROM files_fts WHERE files_fts MATCH ?"
             " AND rowid IN (SELECT value FROM carray(?))",
-            (" OR ".join(fts_quote(t) for t in group), ids),
+            (" OR ".join(fts_quote(t) for t in group), rows),
         ):
             present[fid].extend(t for i, t in enumerate(group) if int(mask) >> i & 1)
-    return max(rank.evidence_share(weights, present.get(f, ()), together) for f in file_ids)
+    return max(rank.evidence_share(weights, present.get(f, ()), ids) for f in file_ids)
 
 
 def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
@@ -816,7 +816,7 @@ class _Held:
         self,
         weights: dict[str, float],
         file_ids: Sequence[int],
-        together: Sequence[frozenset[str]] = (),
+        ids: rank.OpaqueIds | None = None,
     ) -> float:
         telling = [t for t in weights if rank.telling(t)]
         if not telling:
@@ -828,7 +828,7 @@ class _Held:
             rank.evidence_share(
                 weights,
                 [t for t in telling if f in pos and files.holds(self.ftid[t], pos[f])],
-                together,
+                ids,
             )
             for f in file_ids
         )
@@ -848,12 +848,12 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     vec: tuple[Embedder, str, np.ndarray] | None,
     cues: list[str],
     held: _Held | None = None,
-    together: Sequence[frozenset[str]] = (),
+    ids: rank.OpaqueIds | None = None,
 ) -> tuple[list[CodeHit], float]:
     """(hits, evidence): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
     share of the question (rank.evidence_share) for the relevance floor. ``cues``: the
-    words that may name a kind of file (rank.priors_for); ``together``: the question's
+    words that may name a kind of file (rank.priors_for); ``ids``: the question's
     UUIDs and hashes, each evidence only as a whole (rank.opaque_ids)."""
     if held is not None:
         weights, n_files = held.file_weights(terms)
@@ -916,11 +916,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     scores = rank.score_files(ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0)
     order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))
     best3 = order[:_EVIDENCE_FILES]
-    evidence = (
-        held.evidence(weights, best3, together)
-        if held
-        else _evidence(conn, weights, best3, together)
-    )
+    evidence = held.evidence(weights, best3, ids) if held else _evidence(conn, weights, best3, ids)
     # Files found by their path alone answer with their first chunk.
     missing = [f for f in order[:limit] if f not in per_file]
     firsts = (
