@@ -153,7 +153,8 @@ def computed_floor(
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
         lang = language_for(rel)
-        if not p.is_file() or lang not in langs or ".git" in rel.split("/"):
+        # Regular files only: the indexer does not follow symlinks.
+        if p.is_symlink() or not p.is_file() or lang not in langs or ".git" in rel.split("/"):
             continue
         if source_only and file_kind(rel, lang) != "source":
             continue
@@ -333,6 +334,8 @@ def main() -> None:
             floors[name] = FLOOR[name]
         else:
             qs = questions(args.shared, name)
+            if args.limit_questions:
+                qs = qs[: args.limit_questions]  # the questions asked
             floors[name] = computed_floor(roots[name], qs)
             strict = computed_floor(roots[name], qs, source_only=True)
             print(

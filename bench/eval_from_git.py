@@ -8,7 +8,8 @@ any repository, so the ranking can be checked on code it was never tuned on:
   generated files are not source) that still exist at HEAD number 1 to ``--max-files``;
 * its subject line, minus a trailing ``(#123)``, is the question; those files are the
   answer; subjects that only name a version, a release or a merge are dropped;
-* the snapshot is HEAD (``git archive``; only committed files).
+* the snapshot is HEAD (``git archive``: only committed files; the answers are regular
+  files of HEAD, not symlinks or submodules).
 
 It writes ``OUT/NAME-eval.jsonl`` and ``OUT/NAME-SHORTSHA.tar.gz`` in the layout of
 ``shared/data/code-eval``, so ``python bench/bench_relevance.py --shared OUT --sets NAME``
@@ -31,6 +32,8 @@ from pathlib import Path
 from knowledge_server.code.chunking import language_for
 from knowledge_server.code.rank import file_kind
 
+# The sets of shared/data/code-eval, whose floors bench_relevance has from their README.
+PUBLISHED = frozenset({"click", "starlette", "cobra", "fd"})
 _PR_SUFFIX = re.compile(r"\s*\(#\d+\)\s*$")
 _VERSION = r"v?\d+(\.\d+)+\S*"
 # Subjects that only name a version, a release or a merge: they say nothing about the code.
@@ -63,18 +66,41 @@ def question(subject: str) -> str | None:
     return q
 
 
+def _head_files(repo: Path) -> set[str]:
+    """The regular files of HEAD (what ``git archive HEAD`` writes; no symlinks, which the
+    indexer does not follow, and no submodules)."""
+    out = set()
+    for entry in _git(repo, "ls-tree", "-r", "-z", "--full-tree", "HEAD").split("\0"):
+        meta, _, path = entry.partition("\t")
+        if path and meta.split(" ")[0] in ("100644", "100755"):
+            out.add(path)
+    return out
+
+
 def make_set(repo: Path, max_files: int = 3, limit: int = 0) -> tuple[str, list[dict[str, object]]]:
     """(HEAD's commit, the questions: {"query", "files"} newest first)."""
     head = _git(repo, "rev-parse", "HEAD").strip()
-    present = set(_git(repo, "ls-files", "-z").split("\0"))
-    log = _git(repo, "log", "--no-merges", "--no-renames", "--format=%x00%s", "--name-only")
+    present = _head_files(repo)
+    # NUL-separated and unquoted, so any path (spaces, non-ASCII) comes through as it is.
+    log = _git(
+        repo,
+        "-c",
+        "core.quotePath=false",
+        "log",
+        "-z",
+        "--no-merges",
+        "--no-renames",
+        "--format=%x01%s",
+        "--name-only",
+    )
     out: list[dict[str, object]] = []
-    for entry in log.split("\0")[1:]:
-        subject, _, names = entry.partition("\n")
+    for entry in log.split("\x01")[1:]:
+        subject, _, names = entry.partition("\0")
         q = question(subject)
         if q is None:
             continue
-        files = sorted({f for f in names.splitlines() if f and f in present and is_source(f)})
+        changed = {f for f in names.lstrip("\n").split("\0") if f}
+        files = sorted(f for f in changed if f in present and is_source(f))
         if 1 <= len(files) <= max_files:
             out.append({"query": q, "files": files})
             if limit and len(out) >= limit:
@@ -92,8 +118,18 @@ def main() -> None:
     args = ap.parse_args()
     if not re.fullmatch(r"[A-Za-z0-9_.]+", args.name):
         sys.exit("--name: letters, digits, '_' and '.' only (it becomes a file name)")
-    if args.max_files < 1:
-        sys.exit("--max-files must be at least 1")
+    if args.name in PUBLISHED:
+        sys.exit(
+            f"--name {args.name}: a published set's name (bench_relevance would use its floor)"
+        )
+    if args.max_files < 1 or args.limit < 0:
+        sys.exit("--max-files must be at least 1 and --limit at least 0")
+    try:
+        top = Path(_git(args.repo, "rev-parse", "--show-toplevel").strip())
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"git failed on {args.repo}: {e.stderr.strip() or e}")
+    if top.resolve() != args.repo.resolve():
+        sys.exit(f"{args.repo} is inside the repository {top}: give its top directory")
     try:
         head, qs = make_set(args.repo, args.max_files, args.limit)
     except subprocess.CalledProcessError as e:

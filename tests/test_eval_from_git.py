@@ -28,6 +28,8 @@ def _git(repo: Path, *args: str) -> None:
 
 
 def _commit(repo: Path, subject: str, files: dict[str, str | None]) -> None:
+    if not files:
+        _git(repo, "add", "-A")
     for rel, text in files.items():
         p = repo / rel
         if text is None:
@@ -66,6 +68,7 @@ def repo(tmp_path: Path) -> Path:
             "src/demo/cache.py": "def evict_oldest(cache):\n    cache.pop(next(iter(cache)))\n",
             "src/demo/old.py": "def legacy():\n    return 1\n",
             "src/demo/net.py": "def fetch_url(url):\n    return url\n",
+            "src/demo/naïve.py": "def naive_sum(xs):\n    return sum(xs)\n",
         },
     )
     _commit(
@@ -86,6 +89,13 @@ def repo(tmp_path: Path) -> Path:
     _commit(r, "Tweak the legacy helper", {"src/demo/old.py": "def legacy():\n    return 2\n"})
     _commit(r, "Drop the legacy module", {"src/demo/old.py": None})
     _commit(r, "Fix a typo in the readme", {"README.md": "# demo project\n"})
+    (r / "src" / "demo" / "alias.py").symlink_to("parser.py")
+    _commit(r, "Alias the parser", {})
+    _commit(
+        r,
+        "Naïve sum für Übergröße",
+        {"src/demo/naïve.py": "def naive_sum(xs):\n    return sum(xs, 0)\n"},
+    )
     _commit(
         r,
         "Fetch URLs with a timeout",
@@ -106,17 +116,20 @@ def test_a_set_is_made_from_commits_that_changed_one_to_three_existing_source_fi
     repo: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "sets"
-    assert "3 questions" in _make_set(repo, out)
+    _git(repo, "rm", "-q", "--cached", "src/demo/parser.py")  # staged, not committed: HEAD counts
+    assert "4 questions" in _make_set(repo, out)
     got = [json.loads(line) for line in (out / "demo-eval.jsonl").read_text().splitlines()]
-    # Newest first. Not questions: the readme-only commit, the deleted module's two, the
-    # commit of four new modules, the release, and the initial commit (four source files left).
-    # The test file beside parser.py is not an answer, and "(#12)" is not a word.
+    # Newest first. Not questions: the readme-only commit, the symlink, the deleted module's
+    # two, the commit of four new modules, the release, and the initial commit (five source
+    # files left). The test file beside parser.py is not an answer; "(#12)" is not a word;
+    # a path outside ASCII comes through as it is.
     assert got == [
         {
             "query": "Render table rows with an evict of the oldest cache entry",
             "files": ["src/demo/cache.py", "src/demo/render.py"],
         },
         {"query": "Fetch URLs with a timeout", "files": ["src/demo/net.py"]},
+        {"query": "Naïve sum für Übergröße", "files": ["src/demo/naïve.py"]},
         {"query": "Parse folded header lines", "files": ["src/demo/parser.py"]},
     ]
     (tar,) = out.glob("demo-*.tar.gz")
@@ -125,26 +138,46 @@ def test_a_set_is_made_from_commits_that_changed_one_to_three_existing_source_fi
     assert "demo/src/demo/parser.py" in names and "demo/src/demo/old.py" not in names
 
 
-def test_bench_relevance_asks_a_made_set_with_a_computed_floor(repo: Path, tmp_path: Path) -> None:
-    out = tmp_path / "sets"
-    _make_set(repo, out)
+def test_a_subdirectory_or_a_published_name_is_refused(repo: Path, tmp_path: Path) -> None:
+    script = str(ROOT / "bench" / "eval_from_git.py")
+    for args, why in (
+        ([str(repo / "src"), "--name", "demo"], "give its top directory"),
+        ([str(repo), "--name", "fd"], "a published set's name"),
+        ([str(repo), "--name", "demo", "--limit", "-1"], "--limit at least 0"),
+    ):
+        run = subprocess.run(
+            [sys.executable, script, *args, "--out", str(tmp_path / "o")],
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode != 0 and why in run.stderr, (args, run.stderr)
+    assert not (tmp_path / "o").exists()
+
+
+def _relevance(out: Path, work: Path, *extra: str) -> list[str]:
+    """``bench_relevance.py --in-process`` on the made set: its floor line and table row."""
+    script = str(ROOT / "bench" / "bench_relevance.py")
+    args = ["--shared", str(out), "--sets", "demo", "--work", str(work), "--in-process"]
     run = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "bench_relevance.py"),
-            "--shared",
-            str(out),
-            "--sets",
-            "demo",
-            "--work",
-            str(tmp_path / "work"),
-            "--in-process",
-        ],
+        [sys.executable, script, *args, *extra],
         capture_output=True,
         text=True,
         check=True,
     )
-    assert "demo: no published floor" in run.stdout
+    floor = next(line for line in run.stdout.splitlines() if line.startswith("demo: "))
     row = next(line for line in run.stdout.splitlines() if line.startswith("demo "))
-    n, r1, r10 = row.split()[1:4]
-    assert n == "3" and float(r10) == 1.0 and float(r1) >= 2 / 3
+    return [floor, row]
+
+
+def test_bench_relevance_asks_a_made_set_with_a_computed_floor(repo: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sets"
+    _make_set(repo, out)
+    floor, row = _relevance(out, tmp_path / "work")
+    assert "no published floor" in floor
+    n, r1, r10, _mrr, f1, f10, fmrr = row.split()[1:8]
+    assert n == "4" and float(r10) >= 0.75 and float(r1) >= 0.5, row
+    assert 0 < float(fmrr) <= 1 and float(f1) <= float(f10), row
+    # The floor is computed over the questions asked (one: every figure 0 or 1).
+    floor, row = _relevance(out, tmp_path / "work", "--limit-questions", "1")
+    n, *figures = row.split()[1:8]
+    assert n == "1" and all(float(x) in (0.0, 1.0) for x in figures), row
