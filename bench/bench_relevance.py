@@ -298,12 +298,13 @@ def main() -> None:
     if args.auto_only and not args.in_process:
         modes = ["auto"]
     results: dict[tuple[str, str], dict[str, Score]] = {}
+    # The questions asked of each set (the first --limit-questions of them).
+    asked = {n: questions(args.shared, n)[: args.limit_questions or None] for n in names}
     if args.in_process:
         for name, root in roots.items():
-            qs = questions(args.shared, name)
-            if args.limit_questions:
-                qs = qs[: args.limit_questions]
-            results[(name, "find_code")] = {"": ask_in_process(data / "code.sqlite", root, qs, emb)}
+            results[(name, "find_code")] = {
+                "": ask_in_process(data / "code.sqlite", root, asked[name], emb)
+            }
     else:
         servers = {"": (data, {})}
         if args.before is not None:
@@ -327,17 +328,14 @@ def main() -> None:
                     check=True,
                 )
             servers = {"after": (data, {}), "before": (before_data, code)}
-        serve_and_ask(servers, roots, args, modes, results)
+        serve_and_ask(servers, roots, asked, modes, results)
     floors = {}
     for name in names:
         if name in FLOOR:
             floors[name] = FLOOR[name]
         else:
-            qs = questions(args.shared, name)
-            if args.limit_questions:
-                qs = qs[: args.limit_questions]  # the questions asked
-            floors[name] = computed_floor(roots[name], qs)
-            strict = computed_floor(roots[name], qs, source_only=True)
+            floors[name] = computed_floor(roots[name], asked[name])
+            strict = computed_floor(roots[name], asked[name], source_only=True)
             print(
                 f"{name}: no published floor; whole-file BM25 computed as the README's:"
                 " R@1 / R@10 / MRR {:.3f} / {:.3f} / {:.3f};".format(*floors[name])
@@ -358,11 +356,12 @@ def _code_env(checkout: Path) -> dict[str, str]:
 def serve_and_ask(
     servers: dict[str, tuple[Path, dict[str, str]]],
     roots: dict[str, Path],
-    args: argparse.Namespace,
+    asked: dict[str, list[tuple[str, set[str]]]],
     modes: list[str],
     results: dict[tuple[str, str], dict[str, Score]],
 ) -> None:
-    """One server per label (its data directory and environment), asked side by side."""
+    """One server per label (its data directory and environment), asked side by side
+    the questions ``asked`` of each set."""
     workspaces = [a for r in roots.values() for a in ("--workspace", str(r))]
     with ExitStack() as stack:
         addresses = {
@@ -370,11 +369,8 @@ def serve_and_ask(
             for label, (data, env) in servers.items()
         }
         for name, root in roots.items():
-            qs = questions(args.shared, name)
-            if args.limit_questions:
-                qs = qs[: args.limit_questions]
             for mode in modes:
-                results[(name, mode)] = ask(addresses, root, qs, mode)
+                results[(name, mode)] = ask(addresses, root, asked[name], mode)
 
 
 def report(

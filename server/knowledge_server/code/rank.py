@@ -309,11 +309,12 @@ def opaque_ids(text: str) -> OpaqueIds:
     for m in _WORDS.finditer(text):
         if any(a <= m.start() < b for a, b in spans):
             continue
-        seg = frozenset(t for t in split_uncached(m.group(0)) if telling(t))
-        if _is_hash(m.group(0)) and seg:
+        parts = split_uncached(m.group(0))
+        seg = frozenset(t for t in parts if telling(t)) if _is_hash(m.group(0)) else None
+        if seg:
             ids.append(((seg,), 0))
         else:
-            free.update(split_uncached(m.group(0)))
+            free.update(parts)
     return OpaqueIds(tuple(ids), frozenset(free))
 
 
