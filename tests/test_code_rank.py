@@ -204,6 +204,97 @@ def test_a_file_found_by_its_name_alone_with_no_chunk_is_no_error(tmp_path: Path
             assert all(h.path != "src/zebra.py" for h in hits)
 
 
+@pytest.mark.parametrize(
+    ("question", "named", "not_named"),
+    [
+        (
+            "Use full names in command.rs",
+            ["src/exec/command.rs", "command.rs"],
+            ["src/mycommand.rs"],
+        ),
+        (
+            "Correct a typo in doc/util.go",
+            ["doc/util.go", "x/doc/util.go"],
+            ["util.go", "src/util.go"],
+        ),
+        (
+            "Add `pragma: no branch` in `middleware/exceptions.py`",
+            ["starlette/middleware/exceptions.py"],
+            ["starlette/exceptions.py"],
+        ),
+        (
+            "annotations in `click.core`",
+            ["src/click/core.py", "click/core/__init__.py"],
+            ["src/core.py", "click/core_x.py"],
+        ),
+        (
+            "rename exec::command",
+            ["src/exec/command.rs", "src/exec/command/mod.rs"],
+            ["src/command.rs"],
+        ),
+        # Not file names: a version, an abbreviation, a URL's path.
+        ("bump to v1.2.3, e.g. for https://example.org/a/b.py", [], ["v1.2.3", "a/b.py", "b.py"]),
+    ],
+)
+def test_named_files_are_whole_names_from_a_directory_boundary(
+    question: str, named: list[str], not_named: list[str]
+) -> None:
+    found = rank.named_files(question)
+    for path in named:
+        assert found.names(path), (question, path)
+    for path in not_named:
+        assert not found.names(path), (question, path)
+
+
+def test_a_named_file_gains_the_bonus_in_full_only_in_a_short_question() -> None:
+    """rank.NAMED_WEIGHT: a short question naming a file is about it; in a question of more
+    than NAMED_WORDS telling words the bonus is that share of it."""
+    files = [
+        rank.FileEvidence(1, "src/main.rs", "rust", file_bm25=10.0, chunk_bm25=5.0),
+        rank.FileEvidence(2, "src/exec/command.rs", "rust", file_bm25=5.0, chunk_bm25=2.0),
+    ]
+    priors = rank.priors_for("find_code", [])
+    short = {"full": 1.0, "names": 1.0, "command": 1.0}
+    named = rank.named_files("full names in command.rs")
+    plain = rank.score_files(files, short, priors)
+    s = rank.score_files(files, short, priors, named=named)
+    assert plain[1] > plain[2] and s[2] > s[1]
+    assert s[2] - plain[2] == pytest.approx(rank.NAMED_WEIGHT * (1 + rank.SIZE_WEIGHT))
+    assert s[1] == plain[1]
+    long = {f"word{i}": 1.0 for i in range(int(rank.NAMED_WORDS) * 2)}
+    bonus = (
+        rank.score_files(files, long, priors, named=named)[2]
+        - rank.score_files(files, long, priors)[2]
+    )
+    assert bonus == pytest.approx(rank.NAMED_WEIGHT * (1 + rank.SIZE_WEIGHT) / 2)
+
+
+def test_a_question_naming_a_file_finds_it_though_its_words_are_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fd's "Use full names in command.rs": "command" is in most files, so the path signal
+    is small; the file the question names still comes first (and did not without it)."""
+    root = tmp_path / "proj"
+    _write(
+        root,
+        "src/exec/command.rs",
+        "use std::process::Command;\n\n/// Runs the command with its full argument list.\n"
+        "pub fn execute(cmd: &mut Command) -> Output {\n    cmd.output()\n}\n",
+    )
+    for name in ("main", "cli", "walk", "config", "output"):
+        _write(
+            root,
+            f"src/{name}.rs",
+            f"// use full command names for {name}\npub fn {name}_command(names: &[String]) -> Command {{\n"
+            f'    let command = Command::new(names.join(" "));\n    command // full names\n}}\n',
+        )
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        assert _paths(idx, "Use full names in command.rs")[0] == "src/exec/command.rs"
+        monkeypatch.setattr(rank, "NAMED_WEIGHT", 0.0)
+        assert _paths(idx, "Use full names in command.rs")[0] != "src/exec/command.rs"
+
+
 def test_with_stems_adds_the_stems_that_differ() -> None:
     assert rank.with_stems(["loaded", "config"]) == ["loaded", "config", "load"]
     assert rank.with_stems(["timestamps"]) == ["timestamps", "timestamp"]

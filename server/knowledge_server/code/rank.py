@@ -8,7 +8,8 @@ signals here look at the file:
   words is strong evidence);
 * its best chunk (BM25 over chunk text, with symbol name and path weighted up);
 * its path: the share of the question's weight found in the path's words
-  (``_urls.py`` for "URL");
+  (``_urls.py`` for "URL"), and whether the question names the file outright
+  (``command.rs``, ``doc/util.go``, the module ``click.core``);
 * what kind of file it is, by the question's intent: for finding code, source files
   come ahead of tests, documents, changelogs, lock files and generated or vendored
   files (demoted, never dropped; a question that names the kind lifts its demotion).
@@ -32,9 +33,11 @@ from .tokenize import index_tokens, split_uncached
 
 __all__ = [
     "FileEvidence",
+    "NamedFiles",
     "OpaqueIds",
     "evidence_share",
     "file_kind",
+    "named_files",
     "opaque_ids",
     "path_share",
     "priors_for",
@@ -48,6 +51,14 @@ __all__ = [
 FILE_WEIGHT = 1.0
 CHUNK_WEIGHT = 0.5
 PATH_WEIGHT = 0.3
+# A file the question names (``named_files``) gains NAMED_WEIGHT, about what the best
+# BM25 file gets, in a question of up to NAMED_WORDS telling words ("Use full names in
+# command.rs", where "command" is in most of fd's files and the path signal alone left
+# the file 11th); in a longer one, that share of it: a long commit-style question that
+# names a document among many places is not about that document alone. Measured on the
+# labelled sets and this repository's own (bench/RESULTS.md).
+NAMED_WEIGHT = 1.0
+NAMED_WORDS = 6.0
 # Larger files are more often the ones a change touches (bug-localisation work weighs
 # file length the same way, e.g. BugLocator's rVSM): a file's score is raised by up to
 # this share, by its chunk count on a log scale relative to the largest candidate.
@@ -248,6 +259,56 @@ def path_share(path: str, weights: Mapping[str, float]) -> float:
     return sum(w for t, w in weights.items() if _stem(t) in words) / total
 
 
+# A file name written out, with or without its directories: "command.rs", "doc/util.go",
+# "`middleware/exceptions.py`". Not a part of a longer name, path or URL.
+_FILE_NAME = re.compile(
+    r"(?<![\w/.:-])((?:[\w.-]+/)*[\w-]+(?:\.[\w-]+)*\.[A-Za-z][A-Za-z0-9]{0,7})(?![\w/])"
+)
+# A qualified name: a module (`click.core`, `exec::command`, `net/http`) is its file's path
+# without the extension.
+_QUALIFIED = re.compile(r"(?<![\w/.:-])(\w+(?:(?:\.|::|/)\w+)+)(?![\w/:-]|\.\w)")
+# The file that stands for a directory's module.
+_MODULE_FILES = ("__init__", "mod", "index")
+
+
+@dataclass(frozen=True, slots=True)
+class NamedFiles:
+    """The files a question names (``named_files``): path suffixes, lower case."""
+
+    files: tuple[str, ...] = ()  # "/doc/util.go": a path that ends so
+    modules: tuple[str, ...] = ()  # "/click/core": a path whose stem ends so
+
+    def __bool__(self) -> bool:
+        return bool(self.files or self.modules)
+
+    def names(self, path: str) -> bool:
+        """Whether ``path`` (relative to its workspace, or absolute) is one of them."""
+        p = "/" + path.lower()
+        if p.endswith(self.files):
+            return True
+        if not self.modules:
+            return False
+        head, _, name = p.rpartition("/")
+        stem = name.rpartition(".")[0] or name
+        if (head + "/" + stem).endswith(self.modules):
+            return True
+        return stem in _MODULE_FILES and head.endswith(self.modules)
+
+
+def named_files(text: str) -> NamedFiles:
+    """The files ``text`` names: written-out file names ("fix a typo in doc/util.go") and
+    qualified module names ("annotations in `click.core`"). A name that no file has names
+    nothing; a name is matched whole, from a directory boundary ("util.go" is not
+    "myutil.go")."""
+    files = tuple(dict.fromkeys("/" + m.group(1).lower() for m in _FILE_NAME.finditer(text)))
+    modules = tuple(
+        dict.fromkeys(
+            "/" + re.sub(r"\.|::", "/", m.group(1)).lower() for m in _QUALIFIED.finditer(text)
+        )
+    )
+    return NamedFiles(files, modules)
+
+
 def idf(df: int, n: int) -> float:
     """FTS5's BM25 idf, with its floor for terms in more than half the rows."""
     return max(math.log((n - df + 0.5) / (df + 0.5)), 1e-6)
@@ -361,9 +422,11 @@ def score_files(
     weights: Mapping[str, float],
     priors: Mapping[str, float],
     vector_weight: float = 0.0,
+    named: NamedFiles | None = None,
 ) -> dict[int, float]:
     """file_id -> score: the signals, each divided by its best value among ``files``,
-    weighted, summed, times the kind's prior."""
+    weighted, summed, times the kind's prior. A file of ``named`` gains NAMED_WEIGHT
+    (a share of it in a question of more than NAMED_WORDS telling words)."""
     files = list(files)
     best_file = max((f.file_bm25 for f in files), default=0.0) or 1.0
     best_chunk = max((f.chunk_bm25 for f in files), default=0.0) or 1.0
@@ -382,6 +445,8 @@ def score_files(
     }
     best_path = max(paths.values(), default=0.0) or 1.0
     log_largest = math.log1p(max((f.n_chunks for f in files), default=1)) or 1.0
+    n_telling = sum(1 for t in weights if telling(t)) or 1
+    named_bonus = NAMED_WEIGHT * min(1.0, NAMED_WORDS / n_telling)
     out = {}
     for f in files:
         s = (
@@ -391,6 +456,8 @@ def score_files(
         )
         if vector_weight and f.vector > 0:
             s += vector_weight * f.vector / best_vec
+        if named and named.names(f.path):
+            s += named_bonus
         size = 1.0 + SIZE_WEIGHT * math.log1p(max(f.n_chunks, 0)) / log_largest
         out[f.file_id] = s * size * priors[file_kind(f.path, f.language)]
     return out

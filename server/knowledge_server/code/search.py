@@ -849,12 +849,14 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     cues: list[str],
     held: _Held | None = None,
     ids: rank.OpaqueIds | None = None,
+    named: rank.NamedFiles | None = None,
 ) -> tuple[list[CodeHit], float]:
     """(hits, evidence): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
     share of the question (rank.evidence_share) for the relevance floor. ``cues``: the
     words that may name a kind of file (rank.priors_for); ``ids``: the question's
-    UUIDs and hashes, each evidence only as a whole (rank.opaque_ids)."""
+    UUIDs and hashes, each evidence only as a whole (rank.opaque_ids); ``named``: the
+    files it names (rank.named_files)."""
     if held is not None:
         weights, n_files = held.file_weights(terms)
         files = held.file_candidates(terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
@@ -913,7 +915,9 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     for fid, n in counts.items():
         ev[fid].n_chunks = n
     priors = rank.priors_for(intent, cues)
-    scores = rank.score_files(ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0)
+    scores = rank.score_files(
+        ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0, named
+    )
     order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))
     best3 = order[:_EVIDENCE_FILES]
     evidence = held.evidence(weights, best3, ids) if held else _evidence(conn, weights, best3, ids)
@@ -1073,6 +1077,7 @@ def search(
             [*terms, change] if change else terms,
             held,
             rank.opaque_ids(body),
+            rank.named_files(body),
         )
         if hits and evidence < EVIDENCE_FLOOR:
             hits = []
