@@ -232,8 +232,23 @@ def test_a_file_found_by_its_name_alone_with_no_chunk_is_no_error(tmp_path: Path
             ["src/exec/command.rs", "src/exec/command/mod.rs"],
             ["src/command.rs"],
         ),
-        # Not file names: a version, an abbreviation, a URL's path.
-        ("bump to v1.2.3, e.g. for https://example.org/a/b.py", [], ["v1.2.3", "a/b.py", "b.py"]),
+        # As a commit subject writes them: a module before ":", a path from "./" or the
+        # root, with a line, or in Windows style; a module with a name after it.
+        ("click.core: fix typo", ["src/click/core.py"], ["docs/click/core.md"]),
+        ("exec::command: use full names", ["src/exec/command.rs"], ["src/command.rs"]),
+        ("crate::exec::command::run", ["src/exec/command.rs"], ["src/run.rs"]),
+        ("`click.core.Context`", ["src/click/core.py"], ["src/click/context.py"]),
+        ("edit ./src/main.rs:12 and ../lib/util.go", ["src/main.rs", "lib/util.go"], ["main.py"]),
+        ("see /src/main.rs.", ["src/main.rs"], ["src/main.py"]),
+        ("src\\exec\\command.rs", ["src/exec/command.rs"], ["tests/command.rs"]),
+        (".gitignore, config/.env.example", [".gitignore", "config/.env.example"], [".env"]),
+        ("archive.tar.gz", ["dist/archive.tar.gz"], ["archive/tar.py"]),
+        # Not file names: a version, an abbreviation, a URL's path, an address, two words.
+        (
+            "bump to v1.2.3, e.g. for https://example.org/a/b.py, me@mail.org, client/server",
+            [],
+            ["v1.2.3", "v1/2/3.py", "a/b.py", "b.py", "mail.org", "client/server.py"],
+        ),
     ],
 )
 def test_named_files_are_whole_names_from_a_directory_boundary(
@@ -261,7 +276,13 @@ def test_a_named_file_gains_the_bonus_in_full_only_in_a_short_question() -> None
     assert plain[1] > plain[2] and s[2] > s[1]
     assert s[2] - plain[2] == pytest.approx(rank.NAMED_WEIGHT * (1 + rank.SIZE_WEIGHT))
     assert s[1] == plain[1]
-    long = {f"word{i}": 1.0 for i in range(int(rank.NAMED_WORDS) * 2)}
+    # The name counts as one word: the parts of a long path do not make the question long.
+    path = rank.named_files("fix the typo in the error message of src/exec/command.rs")
+    parts = {t: 1.0 for t in ("fix", "typo", "error", "message", "src", "exec", "command", "rs")}
+    assert rank.score_files(files, parts, priors, named=path)[2] - rank.score_files(
+        files, parts, priors
+    )[2] == pytest.approx(rank.NAMED_WEIGHT * (1 + rank.SIZE_WEIGHT))
+    long = {f"word{i}": 1.0 for i in range(int(rank.NAMED_WORDS) * 2 - 1)}
     bonus = (
         rank.score_files(files, long, priors, named=named)[2]
         - rank.score_files(files, long, priors)[2]

@@ -52,11 +52,12 @@ FILE_WEIGHT = 1.0
 CHUNK_WEIGHT = 0.5
 PATH_WEIGHT = 0.3
 # A file the question names (``named_files``) gains NAMED_WEIGHT, about what the best
-# BM25 file gets, in a question of up to NAMED_WORDS telling words ("Use full names in
-# command.rs", where "command" is in most of fd's files and the path signal alone left
-# the file 11th); in a longer one, that share of it: a long commit-style question that
-# names a document among many places is not about that document alone. Measured on the
-# labelled sets and this repository's own (bench/RESULTS.md).
+# BM25 file gets, in a question of up to NAMED_WORDS telling words, the name counting as
+# one ("Use full names in command.rs", where "command" is in most of fd's files and the
+# path signal alone left the file 11th); in a longer one, that share of it: a long
+# commit-style question that names a document among many places is not about that
+# document alone. Measured on the labelled sets and this repository's own
+# (bench/RESULTS.md).
 NAMED_WEIGHT = 1.0
 NAMED_WORDS = 6.0
 # Larger files are more often the ones a change touches (bug-localisation work weighs
@@ -259,16 +260,31 @@ def path_share(path: str, weights: Mapping[str, float]) -> float:
     return sum(w for t, w in weights.items() if _stem(t) in words) / total
 
 
-# A file name written out, with or without its directories: "command.rs", "doc/util.go",
-# "`middleware/exceptions.py`". Not a part of a longer name, path or URL.
-_FILE_NAME = re.compile(
-    r"(?<![\w/.:-])((?:[\w.-]+/)*[\w-]+(?:\.[\w-]+)*\.[A-Za-z][A-Za-z0-9]{0,7})(?![\w/])"
+# The question's words as written: what lies between spaces, quotes, brackets, commas and
+# "=" ("file=src/main.rs").
+_WRITTEN = re.compile(r"[^\s`'\"()\[\]{}<>,;|=]+")
+# Before a path: "./", "../", "~/", "$HOME/", "/" (the rest is a path in the workspace).
+_PATH_START = re.compile(r"^(?:\.\.?/|~/|\$\w+/|/)+")
+# After one: a line or range ("main.rs:12", "lib.rs#L10-L20") and punctuation.
+_PATH_END = re.compile(r"(?::\d+(?:[:-]\d+)?|#L\d+(?:-L?\d+)?)?[.,:;!?]*$")
+# A file name with or without its directories: "command.rs", "doc/util.go",
+# "archive.tar.gz", ".gitignore", ".github/workflows/ci.yml" (an extension: a letter and up
+# to seven more).
+_FILE_PATH = re.compile(
+    r"(?:[\w.-]+/)*(?:\.?[\w-]+(?:\.[\w-]+)*\.[A-Za-z][A-Za-z0-9]{0,7}|\.[A-Za-z][\w-]*)"
 )
-# A qualified name: a module (`click.core`, `exec::command`, `net/http`) is its file's path
-# without the extension.
-_QUALIFIED = re.compile(r"(?<![\w/.:-])(\w+(?:(?:\.|::|/)\w+)+)(?![\w/:-]|\.\w)")
+# A qualified name: `click.core`, `exec::command`, `crate::exec::command::run`.
+_QUALIFIED = re.compile(r"[A-Za-z_]\w+(?:(?:\.|::)[A-Za-z_]\w+)+")
+_QUALIFIER_ROOTS = frozenset({"crate", "self", "super"})
 # The file that stands for a directory's module.
 _MODULE_FILES = ("__init__", "mod", "index")
+# Documents are not modules ("click.core" is not docs/click/core.md).
+_DOCUMENT_EXTENSIONS = frozenset({"md", "markdown", "rst", "txt", "html", "htm", "adoc"})
+# A qualified name ending in one of these is a file name only ("main.rs" is no module).
+_FILE_EXTENSIONS = _DOCUMENT_EXTENSIONS | frozenset(
+    "py pyi js mjs cjs jsx ts mts tsx go rs java kt kts scala swift c h cc cpp hpp cs rb php"
+    " sh bash zsh ps1 sql proto css scss json toml yaml yml xml ini cfg lock gz tar zip".split()
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +292,9 @@ class NamedFiles:
     """The files a question names (``named_files``): path suffixes, lower case."""
 
     files: tuple[str, ...] = ()  # "/doc/util.go": a path that ends so
-    modules: tuple[str, ...] = ()  # "/click/core": a path whose stem ends so
+    modules: tuple[str, ...] = ()  # "/click/core": a code file whose path without its
+    # extension ends so, or the module file of a directory that does
+    terms: frozenset[str] = frozenset()  # the question's terms that are parts of the names
 
     def __bool__(self) -> bool:
         return bool(self.files or self.modules)
@@ -289,24 +307,48 @@ class NamedFiles:
         if not self.modules:
             return False
         head, _, name = p.rpartition("/")
-        stem = name.rpartition(".")[0] or name
+        stem, dot, ext = name.rpartition(".")
+        if not dot:
+            stem, ext = name, ""
+        if ext in _DOCUMENT_EXTENSIONS:
+            return False
         if (head + "/" + stem).endswith(self.modules):
             return True
         return stem in _MODULE_FILES and head.endswith(self.modules)
 
 
 def named_files(text: str) -> NamedFiles:
-    """The files ``text`` names: written-out file names ("fix a typo in doc/util.go") and
-    qualified module names ("annotations in `click.core`"). A name that no file has names
-    nothing; a name is matched whole, from a directory boundary ("util.go" is not
-    "myutil.go")."""
-    files = tuple(dict.fromkeys("/" + m.group(1).lower() for m in _FILE_NAME.finditer(text)))
-    modules = tuple(
-        dict.fromkeys(
-            "/" + re.sub(r"\.|::", "/", m.group(1)).lower() for m in _QUALIFIED.finditer(text)
-        )
-    )
-    return NamedFiles(files, modules)
+    """The files ``text`` names: written-out file names ("fix a typo in doc/util.go",
+    "./src/main.rs:12") and qualified module names ("`click.core`: annotations",
+    "crate::exec::command"; with a name after the module, "click.core.Context", the module
+    too). A name that no file has names nothing; a name is matched whole, from a directory
+    boundary ("util.go" is not "myutil.go"). URLs and e-mail addresses name no file."""
+    files: dict[str, None] = {}
+    modules: dict[str, None] = {}
+    terms: set[str] = set()
+    for m in _WRITTEN.finditer(text):
+        word = m.group(0)
+        if "://" in word or "@" in word:
+            continue
+        word = _PATH_START.sub("", _PATH_END.sub("", word.replace("\\", "/")))
+        found = False
+        if _FILE_PATH.fullmatch(word):
+            files["/" + word.lower()] = None
+            found = True
+        if _QUALIFIED.fullmatch(word) and not (
+            "::" not in word and word.rpartition(".")[2].lower() in _FILE_EXTENSIONS
+        ):
+            parts = re.split(r"\.|::", word.lower())
+            while parts and parts[0] in _QUALIFIER_ROOTS:
+                parts.pop(0)
+            for n in (len(parts), len(parts) - 1) if len(parts) > 2 else (len(parts),):
+                if n >= 2:
+                    modules["/" + "/".join(parts[:n])] = None
+                    found = True
+        if found:
+            for part in re.findall(r"\w+", word):
+                terms.update(split_uncached(part))
+    return NamedFiles(tuple(files), tuple(modules), frozenset(terms))
 
 
 def idf(df: int, n: int) -> float:
@@ -445,8 +487,11 @@ def score_files(
     }
     best_path = max(paths.values(), default=0.0) or 1.0
     log_largest = math.log1p(max((f.n_chunks for f in files), default=1)) or 1.0
-    n_telling = sum(1 for t in weights if telling(t)) or 1
-    named_bonus = NAMED_WEIGHT * min(1.0, NAMED_WORDS / n_telling)
+    named_bonus = 0.0
+    if named:
+        # The name counts as one word, however many parts it has.
+        n_telling = 1 + sum(1 for t in weights if telling(t) and t not in named.terms)
+        named_bonus = NAMED_WEIGHT * min(1.0, NAMED_WORDS / n_telling)
     out = {}
     for f in files:
         s = (
