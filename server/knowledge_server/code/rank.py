@@ -260,6 +260,7 @@ def path_share(path: str, weights: Mapping[str, float]) -> float:
     return sum(w for t, w in weights.items() if _stem(t) in words) / total
 
 
+_WORDS = re.compile(r"\w+")
 # The question's words as written: what lies between spaces, quotes, brackets, commas and
 # "=" ("file=src/main.rs").
 _WRITTEN = re.compile(r"[^\s`'\"()\[\]{}<>,;|=]+")
@@ -346,14 +347,9 @@ def named_files(text: str) -> NamedFiles:
                     modules["/" + "/".join(parts[:n])] = None
                     found = True
         if found:
-            for part in re.findall(r"\w+", word):
+            for part in _WORDS.findall(word):
                 terms.update(split_uncached(part))
     return NamedFiles(tuple(files), tuple(modules), frozenset(terms))
-
-
-def idf(df: int, n: int) -> float:
-    """FTS5's BM25 idf, with its floor for terms in more than half the rows."""
-    return max(math.log((n - df + 0.5) / (df + 0.5)), 1e-6)
 
 
 def telling(term: str) -> bool:
@@ -368,7 +364,6 @@ _UUID = re.compile(
     r"(?<!\w)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?!\w)", re.IGNORECASE
 )
 _HEX = re.compile(r"[0-9a-f]{7,}", re.IGNORECASE)
-_WORDS = re.compile(r"\w+")
 
 
 def _is_hash(word: str) -> bool:

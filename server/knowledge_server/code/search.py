@@ -16,6 +16,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import apsw
 import numpy as np
 
+from knowledge_server import fts
 from knowledge_server.memo import RevisionMemo
 from knowledge_server.schema import int_array, prefix_upper
 
@@ -455,7 +456,7 @@ def _file_weights(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, fl
                 )
             )
     n = int(state[1] or 0) + 1  # the highest file version id
-    return {t: rank.idf(known[t], n) for t in terms}, n
+    return {t: fts.bm25_idf(n, known[t]) for t in terms}, n
 
 
 def _file_pick(terms: list[str], weights: dict[str, float], n_files: int) -> list[str] | None:
@@ -720,7 +721,7 @@ class _Held:
 
     def file_weights(self, terms: list[str]) -> tuple[dict[str, float], int]:
         n = self.mem.max_file_id() + 1
-        return {t: rank.idf(self.mem.files.df(self.ftid[t]), n) for t in terms}, n
+        return {t: fts.bm25_idf(n, self.mem.files.df(self.ftid[t])) for t in terms}, n
 
     def file_candidates(
         self,
