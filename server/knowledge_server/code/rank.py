@@ -53,8 +53,8 @@ CHUNK_WEIGHT = 0.5
 PATH_WEIGHT = 0.3
 # A file the question names (``named_files``) gains NAMED_WEIGHT, about what the best
 # BM25 file gets, in a question of up to NAMED_WORDS telling words, the name counting as
-# one ("Use full names in command.rs", where "command" is in most of fd's files and the
-# path signal alone left the file 11th); in a longer one, that share of it: a long
+# one ("Use full names in command.rs", where "command" is in most of fd's files, so the
+# path signal alone gives the file little); in a longer one, that share of it: a long
 # commit-style question that names a document among many places is not about that
 # document alone. Measured on the labelled sets and this repository's own
 # (bench/RESULTS.md).
