@@ -140,6 +140,49 @@ def test_text_windows_with_overlap() -> None:
     assert [(c.start_line, c.end_line) for c in chunks] == [(1, 60), (51, 110), (101, 130)]
 
 
+@pytest.mark.parametrize(
+    ("path", "head", "language"),
+    [
+        ("src/m.py", "", "python"),  # the grammars' own names first
+        ("src/view.jsx", "", "javascript"),
+        ("include/m.h", "", "c"),
+        ("app/src/main/kotlin/Parser.kt", "", "kotlin"),  # identify's tables
+        ("build.gradle.kts", "", "kotlin"),
+        ("lib/app/router.ex", "", "elixir"),
+        ("Sources/App/View.swift", "", "swift"),
+        ("src/Lib.fs", "", "fsharp"),
+        ("Classes/Thing.mm", "", "objcpp"),
+        ("src/App.vue", "", "vue"),
+        ("scripts/release.sh", "", "sh"),
+        ("Makefile", "", "makefile"),  # well-known names
+        ("CMakeLists.txt", "", "cmake"),
+        ("docker/Dockerfile.dev", "", "dockerfile"),
+        ("README", "", "text"),
+        ("notes.txt", "", "text"),
+        ("bin/deploy", "#!/usr/bin/env bash\nset -e\n", "bash"),  # the #! line
+        ("scripts/sync", "#!/bin/sh -e\n", "sh"),
+        ("tools/report", "#! /usr/bin/env python3\nprint(1)\n", "python"),
+        ("bin/serve", "#!/usr/bin/env -S node --no-warnings\n", "javascript"),
+        ("contrib/_fd", "#compdef fd\n", "text"),  # not a #! line
+        ("README", "#!/bin/sh\n", "sh"),  # a name that says nothing gives way to #!
+        ("setup.cfg", "", "ini"),
+        ("data.weird", "", "weird"),  # unknown: the extension itself
+        ("LICENSE", "", "text"),
+    ],
+)
+def test_language_by_extension_name_or_interpreter(path: str, head: str, language: str) -> None:
+    assert chunking.language_for(path, head) == language
+
+
+def test_an_extensionless_python_script_is_cut_by_its_symbols() -> None:
+    src = "#!/usr/bin/env python3\nimport sys\n\n\ndef main():\n    return 0\n"
+    chunks, language, method = chunk_file(WS, "bin/tool", src)
+    assert (language, method) == ("python", "symbols")
+    assert "main" in {c.symbol for c in chunks}
+    _, language, method = chunk_file(WS, "bin/tool", "import sys\n\ndef main():\n    pass\n")
+    assert (language, method) == ("text", "windows")  # without the #! line: plain text
+
+
 def test_missing_grammar_falls_back_to_windows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chunking, "_parser", lambda language: None)
     chunks, _, method = chunk_file(WS, "m.go", SOURCES["m.go"][0])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from knowledge_server.code import memory, rank
+from knowledge_server.code.chunking import language_for
 from knowledge_server.code.index import CodeIndex
 
 from tests.code_memory_paths import both_ways
@@ -31,10 +32,57 @@ from tests.code_memory_paths import both_ways
         ("README.md", "markdown", "docs"),
         ("doc/md_docs.go", "go", "source"),  # code under docs/ is code
         ("pyproject.toml", "toml", "config"),
+        # Conventions of ecosystems the labelled sets do not have.
+        ("app/src/main/kotlin/Parser.kt", "kotlin", "source"),
+        ("app/src/test/kotlin/ParserTest.kt", "kotlin", "test"),
+        ("src/main/java/org/x/Latest.java", "java", "source"),  # not a test class
+        ("src/main/java/org/x/ParserTests.java", "java", "test"),
+        ("src/it/java/org/x/ParserIT.java", "java", "test"),
+        ("Tests/AppTests/ViewTests.swift", "swift", "test"),
+        ("src/MyLib.Tests/ParserFacts.cs", "csharp", "test"),  # .NET test project
+        ("integration-tests/run.py", "python", "test"),
+        ("web/e2e/login.py", "python", "test"),
+        ("src/app.e2e-spec.ts", "typescript", "test"),
+        ("polls/tests.py", "python", "test"),  # Django
+        ("src/walk/tests.rs", "rust", "test"),
+        ("tests/test_generated.py", "python", "test"),  # a test, whatever it tests
+        ("src/_pytest/python.py", "python", "source"),
+        ("api/v1/service.pb.go", "go", "generated"),
+        ("src/gen/knowledge/v1/search_pb.ts", "typescript", "generated"),
+        ("lib/models/user.g.dart", "dart", "generated"),
+        ("Forms/Main.Designer.cs", "csharp", "generated"),
+        ("pkg/apis/v1/zz_generated.deepcopy.go", "go", "generated"),
+        ("web/__generated__/schema.ts", "typescript", "generated"),
+        ("buf.gen.yaml", "yaml", "config"),
+        ("Package.resolved", "json", "lock"),
+        ("gradle.lockfile", "lockfile", "lock"),
+        ("npm-shrinkwrap.json", "json", "lock"),
+        ("scripts/test", "sh", "script"),  # shell scripts: tooling
+        ("bin/deploy", "bash", "script"),
+        ("bin/tool", "python", "source"),
+        ("lib/app/router.ex", "elixir", "source"),
+        ("Makefile", "makefile", "config"),
+        ("CMakeLists.txt", "cmake", "config"),
+        ("README", "text", "docs"),
+        ("guide/intro.adoc", "asciidoc", "docs"),
     ],
 )
 def test_file_kind(path: str, language: str, kind: str) -> None:
     assert rank.file_kind(path, language) == kind
+
+
+@pytest.mark.parametrize(
+    ("path", "head"),
+    [
+        ("app/src/main/kotlin/Parser.kt", ""),
+        ("lib/parser.ex", ""),
+        ("Sources/Parser/Parser.swift", ""),
+        ("bin/parse", "#!/usr/bin/env python3\n"),
+    ],
+)
+def test_every_language_the_chunker_names_for_code_is_source(path: str, head: str) -> None:
+    """The kinds read the chunker's language names: the two lists must agree."""
+    assert rank.file_kind(path, language_for(path, head)) == "source"
 
 
 def test_find_code_demotes_but_a_question_naming_the_kind_lifts_it() -> None:
@@ -46,6 +94,9 @@ def test_find_code_demotes_but_a_question_naming_the_kind_lifts_it() -> None:
     assert tests["changelog"] == code["changelog"]
     knowledge = rank.priors_for("find_knowledge", ["parse"])
     assert knowledge["docs"] == 1.0 and knowledge["test"] == code["test"]
+    assert code["script"] < 1.0  # shell scripts build, test and release the code
+    scripts = rank.priors_for("find_code", ["release", "script"])
+    assert code["script"] < scripts["script"] < scripts["source"]
 
 
 def test_path_share_counts_the_question_weight_in_the_path_words() -> None:
@@ -314,6 +365,49 @@ def test_a_question_naming_a_file_finds_it_though_its_words_are_everywhere(
         assert _paths(idx, "Use full names in command.rs")[0] == "src/exec/command.rs"
         monkeypatch.setattr(rank, "NAMED_WEIGHT", 0.0)
         assert _paths(idx, "Use full names in command.rs")[0] != "src/exec/command.rs"
+
+
+def test_kotlin_source_comes_ahead_of_its_test_docs_and_scripts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A language the labelled sets do not have: the Kotlin class comes first, ahead of its
+    test (which repeats the words more), the document and the shell script; it did not
+    while the chunker's language for .kt was no source language."""
+    root = tmp_path / "proj"
+    _write(
+        root,
+        "src/main/kotlin/org/acme/RetryPolicy.kt",
+        "package org.acme\n\n/** Exponential backoff between retries. */\n"
+        "class RetryPolicy(private val base: Long) {\n"
+        "    fun delay(attempt: Int): Long = base shl attempt\n}\n",
+    )
+    _write(
+        root,
+        "src/test/kotlin/org/acme/RetryPolicyTest.kt",
+        "package org.acme\n\n/** The retry policy's exponential backoff delay. */\n"
+        "class RetryPolicyTest {\n"
+        "    // exponential backoff: the delay doubles with each retry\n"
+        "    fun exponentialBackoffDelayDoubles() = check(RetryPolicy(1).delay(1) == 2L)\n"
+        "    // the first retry's backoff delay is the base delay of the policy\n"
+        "    fun retryPolicyFirstDelay() = check(RetryPolicy(1).delay(0) == 1L)\n}\n",
+    )
+    _write(root, "docs/retries.md", "# Retries\n\nThe retry policy's backoff delay doubles.\n")
+    _write(
+        root,
+        "scripts/retry-tests.sh",
+        "#!/bin/sh\n# retry flaky tests with a backoff delay\nsleep 1 && ./gradlew test\n",
+    )
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        question = "exponential backoff delay of the retry policy"
+        assert _paths(idx, question)[0] == "src/main/kotlin/org/acme/RetryPolicy.kt"
+        monkeypatch.setattr(rank, "SOURCE_LANGUAGES", rank.SOURCE_LANGUAGES - {"kotlin"})
+        rank.file_kind.cache_clear()  # kinds are remembered per path
+        try:
+            assert _paths(idx, question)[0] != "src/main/kotlin/org/acme/RetryPolicy.kt"
+        finally:
+            monkeypatch.undo()
+            rank.file_kind.cache_clear()
 
 
 def test_with_stems_adds_the_stems_that_differ() -> None:

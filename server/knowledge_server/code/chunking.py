@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
+
+from identify import identify
 
 from ._redact_gate import redact_lines, redact_text
 from .model import Chunk, IndexOptions, SourceKind
 
 __all__ = ["CHUNKER_VERSION", "chunk_file", "chunk_id_for", "grammar_available", "language_for"]
 
-# Bump when chunk boundaries change: it is part of every revision fingerprint.
-CHUNKER_VERSION = "code-chunker-3"
+# Bump when chunk boundaries or the languages given change: it is part of every revision
+# fingerprint, so the next index run cuts every file again.
+CHUNKER_VERSION = "code-chunker-4"
 
 _EXT_LANG = {
     ".py": "python",
@@ -191,9 +196,56 @@ _parsers: dict[str, Any] = {}
 _missing: set[str] = set()
 
 
-def language_for(path: str) -> str:
-    ext = os.path.splitext(path)[1].lower()
-    return _EXT_LANG.get(ext, ext[1:] if ext else "text")
+# identify's tags that say what form a file has rather than its language, and those that
+# name a family when a more precise tag comes with them (.bash: bash and shell; .mm:
+# objective-c++ and c++; Jenkinsfile: groovy and jenkins).
+_FORM_TAGS = frozenset({"text", "binary", "header", "image", "executable", "non-executable"})
+_FAMILY_TAGS = frozenset({"shell", "c", "c++", "xml", "json", "jenkins", "plain-text"})
+# identify's names that differ from the ones this package gives (the grammars' names).
+_TAG_NAMES = {
+    "c#": "csharp",
+    "c++": "cpp",
+    "f#": "fsharp",
+    "objective-c": "objc",
+    "objective-c++": "objcpp",
+    "plain-text": "text",
+    "pyi": "python",
+    "shell": "sh",
+    "ts": "typescript",
+}
+
+
+def _language_of(tags: set[str]) -> str:
+    """One language name from identify's tags ("" when they name none)."""
+    named = tags - _FORM_TAGS
+    precise = (named - _FAMILY_TAGS) or named
+    if not precise:
+        return ""
+    tag = min(precise)  # one name, the same every time, when several fit
+    return _TAG_NAMES.get(tag, tag)
+
+
+@lru_cache(maxsize=4_096)
+def _language_by_name(name: str) -> str:
+    return _language_of(identify.tags_from_filename(name))
+
+
+def language_for(path: str, text: str = "") -> str:
+    """The file's language: by extension for the languages with grammars, else by
+    identify's tables of extensions and well-known names (``build.gradle.kts``: kotlin,
+    ``Makefile``: makefile, ``CMakeLists.txt``: cmake), else, for a file its name says
+    nothing about, by the interpreter of its ``#!`` line (``bin/deploy``: bash), else the
+    extension itself, or "text" without one."""
+    name = os.path.basename(path)
+    ext = os.path.splitext(name)[1].lower()
+    if ext in _EXT_LANG:
+        return _EXT_LANG[ext]
+    language = _language_by_name(name)
+    if language in ("", "text") and text.startswith("#!"):
+        shebang = identify.parse_shebang(io.BytesIO(text[:512].encode("utf-8", "replace")))
+        if shebang:
+            language = _language_of(identify.tags_from_interpreter(shebang[0])) or language
+    return language or (ext[1:] if ext else "text")
 
 
 def _parser(language: str) -> Any | None:
@@ -515,7 +567,7 @@ def chunk_file(
     """Chunks of one file, the language, and how it was cut ("symbols", "sections",
     "windows", or "fallback:<why>" when a grammar was missing or parsing failed)."""
     opts = opts or IndexOptions()
-    language = language_for(path)
+    language = language_for(path, text)
     lines = split_lines(text)
     if not lines:
         return [], language, "empty"

@@ -11,8 +11,9 @@ signals here look at the file:
   (``_urls.py`` for "URL"), and whether the question names the file outright
   (``command.rs``, ``doc/util.go``, the module ``click.core``);
 * what kind of file it is, by the question's intent: for finding code, source files
-  come ahead of tests, documents, changelogs, lock files and generated or vendored
-  files (demoted, never dropped; a question that names the kind lifts its demotion).
+  come ahead of shell scripts, tests, documents, changelogs, lock files and generated or
+  vendored files (demoted, never dropped; a question that names the kind lifts its
+  demotion).
 
 Each signal is divided by its best value in the question's candidates, so score gaps
 carry over (a clear winner stays clear). Weights and priors were chosen on the
@@ -73,36 +74,68 @@ BM25_EXPONENT = 0.75
 # How much a file's second, third ... chunk weighs against its best one.
 NEXT_CHUNK_DECAY = 0.5
 
+# The languages of code, by the names code.chunking gives them (identify's names for those
+# without a grammar here). Build files (makefile, cmake, dockerfile, bazel) and data
+# formats are configuration.
 SOURCE_LANGUAGES = frozenset(
     {
         "python",
+        "cython",
         "go",
         "rust",
         "javascript",
         "typescript",
         "tsx",
         "jsx",
+        "coffee",
+        "vue",
+        "svelte",
+        "astro",
+        "elm",
+        "purescript",
         "java",
         "kotlin",
         "scala",
+        "groovy",
+        "clojure",
         "c",
         "cpp",
+        "cuda",
+        "objc",
+        "objcpp",
         "csharp",
+        "fsharp",
+        "swift",
+        "dart",
         "ruby",
         "php",
-        "swift",
-        "sql",
-        "proto",
-        "bash",
-        "sh",
+        "perl",
         "lua",
+        "r",
+        "julia",
+        "fortran",
+        "pascal",
         "elixir",
+        "erlang",
         "haskell",
         "ocaml",
+        "nim",
+        "crystal",
         "zig",
-        "dart",
+        "solidity",
+        "verilog",
+        "system-verilog",
+        "vhdl",
+        "sql",
+        "proto",
+        "thrift",
+        "graphql",
+        "prisma",
     }
 )
+# Shell scripts: in most repositories they build, test, release or install the code rather
+# than being it (starlette's scripts/test, fd's scripts/create-deb.sh).
+SCRIPT_LANGUAGES = frozenset({"sh", "bash", "zsh", "fish", "powershell", "batch"})
 
 _CHANGELOG = re.compile(
     r"(^|/)(changelog|changes|history|news|release[-_ ]?notes?|releases?)([.-][^/]*)?$"
@@ -120,15 +153,59 @@ _LOCK_NAMES = frozenset(
         "composer.lock",
         "gemfile.lock",
         "requirements.lock",
+        "npm-shrinkwrap.json",
+        "packages.lock.json",
+        "package.resolved",
+        "go.work.sum",
+        "cabal.project.freeze",
     }
 )
 _GENERATED_DIRS = frozenset(
-    {"vendor", "node_modules", "third_party", "thirdparty", "dist", "_gen", "generated"}
+    {
+        "vendor",
+        "node_modules",
+        "third_party",
+        "thirdparty",
+        "dist",
+        "_gen",
+        "generated",
+        "__generated__",
+    }
 )
-_TEST_DIRS = frozenset({"test", "tests", "testing", "__tests__", "spec", "specs", "testdata"})
-_TEST_NAME = re.compile(r"(^test_.*|.*_test\.\w+|.*\.(test|spec)\.\w+|.*_spec\.\w+|conftest\.py)$")
+# Generated code by the names its generators give: protobuf and gRPC (foo.pb.go, foo_pb.js,
+# foo_grpc_pb.d.ts; foo_pb2.py is caught earlier, with the vendored folders), Dart's
+# build_runner (foo.g.dart, foo.freezed.dart), .NET designers (Form1.Designer.cs),
+# Kubernetes' zz_generated.deepcopy.go, and names that say so (api_generated.go,
+# schema.generated.ts). Read after the test names: test_generated.py is a test.
+_GENERATED_NAME = re.compile(
+    r"(\.pb\.|_pb\.|\.g\.|\.freezed\.|\.designer\.|[._]generated\.|^zz_generated)"
+)
+_TEST_DIRS = frozenset(
+    {
+        "test",
+        "tests",
+        "testing",
+        "__tests__",
+        "spec",
+        "specs",
+        "testdata",
+        "e2e",
+        "fixtures",
+        "__mocks__",
+        "__snapshots__",
+        "androidtest",
+    }
+)
+# Test folders named for what they test: MyLib.Tests (.NET), integration-tests, unit_test.
+_TEST_DIR_NAME = re.compile(r".+[._-](tests?|unittests?)$")
+_TEST_NAME = re.compile(
+    r"(^test_.*|.*_test\.\w+|.*\.(test|spec|e2e-spec)\.\w+|.*_spec\.\w+|conftest\.py|tests\.(py|rs))$"
+)
+# JUnit, NUnit, XCTest, PHPUnit and ScalaTest name test classes FooTest, FooTests, FooSpec,
+# FooIT (integration); read with the name's own capitals, so Latest.java is not one.
+_TEST_CLASS = re.compile(r"(^|[a-z0-9])(Tests?|Spec|IT)\.\w+$")
 _DOC_DIRS = frozenset({"doc", "docs", "documentation", "site", "man"})
-_DOC_LANGUAGES = frozenset({"markdown", "text", "rst", "txt", "asciidoc", "html"})
+_DOC_LANGUAGES = frozenset({"markdown", "text", "rst", "txt", "asciidoc", "html", "tex", "org"})
 
 
 # Bounded caches per serving process: one entry per path (kinds, path words) or per
@@ -136,21 +213,29 @@ _DOC_LANGUAGES = frozenset({"markdown", "text", "rst", "txt", "asciidoc", "html"
 # (the soak's memory figures are in bench/RESULTS.md).
 @lru_cache(maxsize=16_384)
 def file_kind(path: str, language: str) -> str:
-    """source | test | docs | changelog | lock | generated | config, from the path and
-    the language the chunker gave the file."""
+    """source | script | test | docs | changelog | lock | generated | config, from the
+    path and the language the chunker gave the file."""
     low = path.lower()
     parts = low.split("/")
     name, dirs = parts[-1], parts[:-1]
     if _CHANGELOG.search(low):
         return "changelog"
-    if name in _LOCK_NAMES or name.endswith(".lock"):
+    if name in _LOCK_NAMES or name.endswith((".lock", ".lockfile")):
         return "lock"
     if any(d in _GENERATED_DIRS for d in dirs) or ".min." in name or "_pb2" in name:
         return "generated"
-    if any(d in _TEST_DIRS for d in dirs) or _TEST_NAME.match(name):
+    if (
+        any(d in _TEST_DIRS or _TEST_DIR_NAME.match(d) for d in dirs)
+        or _TEST_NAME.match(name)
+        or _TEST_CLASS.search(path.rsplit("/", 1)[-1])
+    ):
         return "test"
+    if _GENERATED_NAME.search(name):
+        return "generated"
     if language in SOURCE_LANGUAGES:
         return "source"  # code under docs/ is code (cobra's doc/ generates documentation)
+    if language in SCRIPT_LANGUAGES:
+        return "script"
     if language in _DOC_LANGUAGES or any(d in _DOC_DIRS for d in dirs):
         return "docs"
     return "config"
@@ -160,6 +245,7 @@ def file_kind(path: str, language: str) -> str:
 # without a stated intent) and when it asks for knowledge (documents weigh as much as code).
 _CODE_PRIORS = {
     "source": 1.0,
+    "script": 0.5,
     "config": 0.5,
     "test": 0.5,
     "docs": 0.4,
@@ -173,6 +259,7 @@ _KNOWLEDGE_PRIORS = {**_CODE_PRIORS, "docs": 1.0, "changelog": 0.5, "config": 0.
 LIFTED = 0.7
 _KIND_WORDS = {
     "test": ("test", "tests", "testing", "fixture", "fixtures", "pytest", "spec"),
+    "script": ("script", "scripts", "shell", "bash", "sh", "zsh", "powershell"),
     "docs": ("doc", "docs", "documentation", "readme", "guide", "tutorial", "manual"),
     "changelog": ("changelog", "changes", "release", "releases", "news", "history"),
     "lock": ("lock", "lockfile", "pinned", "pin"),
