@@ -147,14 +147,20 @@ def computed_floor(
     from knowledge_server.code.chunking import language_for
     from knowledge_server.code.rank import file_kind
 
-    langs = {language_for(f) for _, answers in qs for f in answers}
+    def language(p: Path) -> str:  # as the index gives it, from the name or the #! line
+        with open(p, "rb") as f:
+            return language_for(p.name, f.read(512).decode("utf-8", "replace"))
+
+    langs = {language(root / f) for _, answers in qs for f in answers if (root / f).is_file()}
     db = sqlite3.connect(":memory:")
     db.execute("CREATE VIRTUAL TABLE f USING fts5(path UNINDEXED, body)")
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
-        lang = language_for(rel)
         # Regular files only: the indexer does not follow symlinks.
-        if p.is_symlink() or not p.is_file() or lang not in langs or ".git" in rel.split("/"):
+        if p.is_symlink() or not p.is_file() or ".git" in rel.split("/"):
+            continue
+        lang = language(p)
+        if lang not in langs:
             continue
         if source_only and file_kind(rel, lang) != "source":
             continue

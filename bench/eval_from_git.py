@@ -54,8 +54,14 @@ def _git(repo: Path, *args: str) -> str:
     ).stdout
 
 
-def is_source(path: str) -> bool:
-    return file_kind(path, language_for(path)) == "source"
+def is_source(repo: Path, path: str) -> bool:
+    """Whether the code lane calls ``path`` source, reading its ``#!`` line as the index does."""
+    try:
+        with open(repo / path, "rb") as f:
+            head = f.read(512).decode("utf-8", "replace")
+    except OSError:
+        head = ""
+    return file_kind(path, language_for(path, head)) == "source"
 
 
 def question(subject: str) -> str | None:
@@ -100,7 +106,7 @@ def make_set(repo: Path, max_files: int = 3, limit: int = 0) -> tuple[str, list[
         if q is None:
             continue
         changed = {f for f in names.lstrip("\n").split("\0") if f}
-        files = sorted(f for f in changed if f in present and is_source(f))
+        files = sorted(f for f in changed if f in present and is_source(repo, f))
         if 1 <= len(files) <= max_files:
             out.append({"query": q, "files": files})
             if limit and len(out) >= limit:

@@ -164,7 +164,12 @@ def test_text_windows_with_overlap() -> None:
         ("tools/report", "#! /usr/bin/env python3\nprint(1)\n", "python"),
         ("bin/serve", "#!/usr/bin/env -S node --no-warnings\n", "javascript"),
         ("contrib/_fd", "#compdef fd\n", "text"),  # not a #! line
-        ("README", "#!/bin/sh\n", "sh"),  # a name that says nothing gives way to #!
+        ("README", "#!/bin/sh\n", "text"),  # the name says what it is
+        ("bin/sync", "#!/usr/bin/env -S uv run --script\n", "python"),  # the first word naming one
+        ("bin/gen", "#!/usr/bin/env -S npx tsx\n", "typescript"),
+        ("bin/plot", "#!/usr/bin/env Rscript\n", "r"),
+        ("bin/x", "#!/usr/bin/env\n", "text"),  # no interpreter
+        ("lib/parse.rkt", "", "racket"),  # extensions identify lacks
         ("setup.cfg", "", "ini"),
         ("data.weird", "", "weird"),  # unknown: the extension itself
         ("LICENSE", "", "text"),

@@ -65,6 +65,37 @@ from tests.code_memory_paths import both_ways
         ("CMakeLists.txt", "cmake", "config"),
         ("README", "text", "docs"),
         ("guide/intro.adoc", "asciidoc", "docs"),
+        # Names that look like a convention but are code.
+        ("src/main/java/com/squareup/javapoet/TypeSpec.java", "java", "source"),
+        ("app/services/ab_test/assign.rb", "ruby", "source"),
+        ("spring-test/src/main/java/org/x/MockMvc.java", "java", "source"),
+        ("tokio-test/src/io.rs", "rust", "source"),
+        ("IPython/core/history.py", "python", "source"),  # not a changelog
+        ("pkg/release/release.go", "go", "source"),
+        ("HISTORY.md", "markdown", "changelog"),
+        ("packages/core/src/is_generated.ts", "typescript", "source"),
+        # More test conventions.
+        ("src/MyLib.IntegrationTests/ApiFactory.cs", "csharp", "test"),
+        ("MyAppUITests/LaunchTests.swift", "swift", "test"),
+        ("src/main/java/org/x/HTTPTest.java", "java", "test"),
+        ("lib/src/testFixtures/java/org/x/Fakes.java", "java", "test"),
+        ("base/strings/string_util_unittest.cc", "cpp", "test"),
+        ("t/basic.t", "t", "test"),
+        # Generated, lock, build and settings files.
+        ("staging/src/k8s.io/api/core/v1/generated.proto", "proto", "generated"),
+        ("bun.lockb", "lockb", "lock"),
+        (".terraform.lock.hcl", "hcl", "lock"),
+        ("Package.swift", "swift", "config"),
+        ("build.gradle.kts", "kotlin", "config"),
+        ("mix.exs", "elixir", "config"),
+        ("Gemfile", "ruby", "config"),
+        ("knowledge.gemspec", "ruby", "config"),
+        ("web/jest.config.js", "javascript", "config"),
+        ("web/.eslintrc.cjs", "javascript", "config"),
+        ("setup.py", "python", "config"),
+        (".npmrc", "text", "config"),
+        ("requirements-dev.txt", "text", "config"),
+        ("Procfile", "text", "config"),
     ],
 )
 def test_file_kind(path: str, language: str, kind: str) -> None:
@@ -76,13 +107,68 @@ def test_file_kind(path: str, language: str, kind: str) -> None:
     [
         ("app/src/main/kotlin/Parser.kt", ""),
         ("lib/parser.ex", ""),
+        ("src/parser.erl", ""),
         ("Sources/Parser/Parser.swift", ""),
+        ("src/Parser.hs", ""),
+        ("src/parser.ml", ""),
+        ("src/Parser.fs", ""),
+        ("src/parser.clj", ""),
+        ("src/Parser.scala", ""),
+        ("src/Parser.vb", ""),
+        ("src/parser.scm", ""),
+        ("src/parser.rkt", ""),
+        ("lisp/parser.el", ""),
+        ("src/parser.gleam", ""),
+        ("src/parser.jl", ""),
+        ("R/parser.R", ""),
+        ("lib/Parser.pm", ""),
+        ("src/parser.lua", ""),
+        ("src/parser.zig", ""),
+        ("src/parser.nim", ""),
+        ("src/parser.tcl", ""),
+        ("src/parser.dart", ""),
+        ("src/Parser.vue", ""),
+        ("src/Parser.svelte", ""),
+        ("Classes/Parser.m", ""),
+        ("Classes/Parser.mm", ""),
+        ("kernels/parse.cu", ""),
+        ("shaders/light.glsl", ""),
+        ("boot/start.s", ""),
+        ("contracts/Token.sol", ""),
+        ("db/parse.sql", ""),
         ("bin/parse", "#!/usr/bin/env python3\n"),
+        ("bin/plot", "#!/usr/bin/env Rscript\n"),
     ],
 )
 def test_every_language_the_chunker_names_for_code_is_source(path: str, head: str) -> None:
     """The kinds read the chunker's language names: the two lists must agree."""
     assert rank.file_kind(path, language_for(path, head)) == "source"
+
+
+@pytest.mark.parametrize(
+    ("path", "head"),
+    [
+        ("scripts/release.sh", ""),
+        ("scripts/setup.zsh", ""),
+        ("scripts/env.fish", ""),
+        ("scripts/build.ps1", ""),
+        ("scripts/build.bat", ""),
+        ("scripts/old.ksh", ""),
+        ("bin/deploy", "#!/bin/bash\n"),
+        ("bin/sync", "#!/bin/dash\n"),
+        ("bin/win", "#!/usr/bin/env pwsh\n"),
+    ],
+)
+def test_every_shell_the_chunker_names_is_a_script(path: str, head: str) -> None:
+    assert rank.file_kind(path, language_for(path, head)) == "script"
+
+
+def test_shell_scripts_weigh_as_source_where_they_outnumber_it() -> None:
+    """A repository of shell tools (nvm, pyenv): its scripts are the code."""
+    mixed = rank.priors_for("find_code", ["list"], {"source": 30, "script": 4, "test": 6})
+    assert mixed["script"] < mixed["source"]
+    shell = rank.priors_for("find_code", ["list"], {"script": 12, "test": 9, "docs": 2})
+    assert shell["script"] == shell["source"] > shell["test"]
 
 
 def test_find_code_demotes_but_a_question_naming_the_kind_lifts_it() -> None:
@@ -408,6 +494,31 @@ def test_kotlin_source_comes_ahead_of_its_test_docs_and_scripts(
         finally:
             monkeypatch.undo()
             rank.file_kind.cache_clear()
+
+
+def test_in_a_repository_of_shell_tools_the_script_comes_ahead_of_its_test(
+    tmp_path: Path,
+) -> None:
+    """nvm: the code is nvm.sh; its tests are shell scripts too, and say the words more."""
+    root = tmp_path / "nvm"
+    _write(
+        root,
+        "nvm.sh",
+        "#!/usr/bin/env bash\n# Node Version Manager\n\n"
+        "nvm_ls_remote() {\n  # list the remote versions from the mirror's index\n"
+        '  nvm_download -L -s "$(nvm_get_mirror)/index.tab" -o -\n}\n',
+    )
+    _write(
+        root,
+        "test/fast/nvm_ls_remote.sh",
+        "#!/bin/sh\n# nvm_ls_remote lists the remote versions from the mirror index\n"
+        ". ../../nvm.sh\n# remote versions: the mirror index lists them\n"
+        'nvm_ls_remote | grep -q "v0.1" || die "remote versions missing from the mirror index"\n',
+    )
+    _write(root, "README.md", "# nvm\n\nList the remote versions with `nvm ls-remote`.\n")
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        assert _paths(idx, "list remote versions from the mirror index")[0] == "nvm.sh"
 
 
 def test_with_stems_adds_the_stems_that_differ() -> None:

@@ -213,6 +213,52 @@ _TAG_NAMES = {
     "shell": "sh",
     "ts": "typescript",
 }
+# Extensions of code that identify's tables lack.
+_MORE_EXT_LANG = {
+    ".rkt": "racket",
+    ".el": "elisp",
+    ".lisp": "lisp",
+    ".tcl": "tcl",
+    ".hx": "haxe",
+    ".adb": "ada",
+    ".ads": "ada",
+    ".res": "rescript",
+    ".resi": "rescript",
+    ".re": "reason",
+    ".sml": "sml",
+    ".glsl": "glsl",
+    ".mll": "ocaml",
+    ".mly": "ocaml",
+    ".ksh": "ksh",
+    ".tcsh": "tcsh",
+}
+# Interpreters of #! lines that identify's table lacks (lower case).
+_MORE_INTERPRETERS = {
+    "pwsh": "powershell",
+    "deno": "typescript",
+    "bun": "typescript",
+    "ts-node": "typescript",
+    "tsx": "typescript",
+    "zx": "javascript",
+    "rscript": "r",
+    "lua": "lua",
+    "luajit": "lua",
+    "tclsh": "tcl",
+    "wish": "tcl",
+    "elixir": "elixir",
+    "swift": "swift",
+    "kotlin": "kotlin",
+    "runhaskell": "haskell",
+    "runghc": "haskell",
+    "uv": "python",  # uv run --script (inline script metadata)
+    "julia": "julia",
+    "crystal": "crystal",
+    "groovy": "groovy",
+    "scala": "scala",
+    "fish": "fish",
+    "mksh": "ksh",
+    "gawk": "awk",
+}
 
 
 def _language_of(tags: set[str]) -> str:
@@ -227,24 +273,40 @@ def _language_of(tags: set[str]) -> str:
 
 @lru_cache(maxsize=4_096)
 def _language_by_name(name: str) -> str:
-    return _language_of(identify.tags_from_filename(name))
+    language = _language_of(identify.tags_from_filename(name))
+    return language or _MORE_EXT_LANG.get(os.path.splitext(name)[1].lower(), "")
+
+
+def _language_by_interpreter(text: str) -> str:
+    """The language of a ``#!`` line's interpreter: the first of its words that names one,
+    so ``env -S uv run --script`` is python and ``npx tsx`` typescript ("" for none)."""
+    words = identify.parse_shebang(io.BytesIO(text[:512].encode("utf-8", "replace")))
+    for word in words[:4]:
+        if word.startswith("-"):
+            continue
+        command = word.rpartition("/")[2]
+        language = _language_of(identify.tags_from_interpreter(command)) or _MORE_INTERPRETERS.get(
+            command.lower(), ""
+        )
+        if language:
+            return language
+    return ""
 
 
 def language_for(path: str, text: str = "") -> str:
     """The file's language: by extension for the languages with grammars, else by
     identify's tables of extensions and well-known names (``build.gradle.kts``: kotlin,
-    ``Makefile``: makefile, ``CMakeLists.txt``: cmake), else, for a file its name says
-    nothing about, by the interpreter of its ``#!`` line (``bin/deploy``: bash), else the
-    extension itself, or "text" without one."""
+    ``Makefile``: makefile, ``CMakeLists.txt``: cmake) and a few more extensions of code,
+    else, for a file its name says nothing about (``README`` says text), by the interpreter
+    of its ``#!`` line (``bin/deploy``: bash), else the extension itself, or "text" without one. Callers that
+    classify files as the index does pass the file's first bytes as ``text``."""
     name = os.path.basename(path)
     ext = os.path.splitext(name)[1].lower()
     if ext in _EXT_LANG:
         return _EXT_LANG[ext]
     language = _language_by_name(name)
-    if language in ("", "text") and text.startswith("#!"):
-        shebang = identify.parse_shebang(io.BytesIO(text[:512].encode("utf-8", "replace")))
-        if shebang:
-            language = _language_of(identify.tags_from_interpreter(shebang[0])) or language
+    if not language and text.startswith("#!"):
+        language = _language_by_interpreter(text) or language
     return language or (ext[1:] if ext else "text")
 
 

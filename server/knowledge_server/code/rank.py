@@ -131,17 +131,60 @@ SOURCE_LANGUAGES = frozenset(
         "thrift",
         "graphql",
         "prisma",
+        "vb",
+        "vala",
+        "gleam",
+        "scheme",
+        "racket",
+        "lisp",
+        "elisp",
+        "literate-haskell",
+        "idris",
+        "lean",
+        "sml",
+        "reason",
+        "rescript",
+        "haxe",
+        "ada",
+        "tcl",
+        "raku",
+        "gdscript",
+        "asm",
+        "ino",
+        "inl",
+        "hlsl",
+        "glsl",
     }
 )
-# Shell scripts: in most repositories they build, test, release or install the code rather
-# than being it (starlette's scripts/test, fd's scripts/create-deb.sh).
-SCRIPT_LANGUAGES = frozenset({"sh", "bash", "zsh", "fish", "powershell", "batch"})
+# Shell (and awk) scripts: in most repositories they build, test, release or install the
+# code rather than being it (starlette's scripts/test, fd's scripts/create-deb.sh); where
+# they are the code (a repository of shell tools), priors_for weighs them as source.
+SCRIPT_LANGUAGES = frozenset(
+    {
+        "sh",
+        "bash",
+        "zsh",
+        "fish",
+        "ksh",
+        "csh",
+        "tcsh",
+        "dash",
+        "ash",
+        "nushell",
+        "powershell",
+        "batch",
+        "awk",  # text-processing helpers, like fd's scripts/update-help.awk
+    }
+)
 
 _CHANGELOG = re.compile(
     r"(^|/)(changelog|changes|history|news|release[-_ ]?notes?|releases?)([.-][^/]*)?$"
 )
 _LOCK_NAMES = frozenset(
     {
+        "cartfile.resolved",
+        ".terraform.lock.hcl",
+        "manifest.toml",  # Julia's
         "go.sum",
         "package-lock.json",
         "yarn.lock",
@@ -174,16 +217,17 @@ _GENERATED_DIRS = frozenset(
 )
 # Generated code by the names its generators give: protobuf and gRPC (foo.pb.go, foo_pb.js,
 # foo_grpc_pb.d.ts; foo_pb2.py is caught earlier, with the vendored folders), Dart's
-# build_runner (foo.g.dart, foo.freezed.dart), .NET designers (Form1.Designer.cs),
-# Kubernetes' zz_generated.deepcopy.go, and names that say so (api_generated.go,
-# schema.generated.ts). Read after the test names: test_generated.py is a test.
+# build_runner (foo.g.dart, foo.freezed.dart), .NET (Form1.Designer.cs, Foo.g.cs),
+# Kubernetes' zz_generated.deepcopy.go and generated.proto, and names that say so
+# (schema.generated.ts). Read after the test names: test_generated.py is a test.
 _GENERATED_NAME = re.compile(
-    r"(\.pb\.|_pb\.|\.g\.|\.freezed\.|\.designer\.|[._]generated\.|^zz_generated)"
+    r"(\.pb\.|_pb\.|\.g\.(dart|cs)$|\.freezed\.|\.designer\.|(^|\.)generated\.|^zz_generated)"
 )
 _TEST_DIRS = frozenset(
     {
         "test",
         "tests",
+        "t",  # Perl, git
         "testing",
         "__tests__",
         "spec",
@@ -193,17 +237,62 @@ _TEST_DIRS = frozenset(
         "fixtures",
         "__mocks__",
         "__snapshots__",
+        "unittest",
+        "unittests",
+        # Gradle and Android source sets
         "androidtest",
+        "testfixtures",
+        "integrationtest",
+        "functionaltest",
+        "sharedtest",
+        "testdebug",
+        "testrelease",
     }
 )
-# Test folders named for what they test: MyLib.Tests (.NET), integration-tests, unit_test.
-_TEST_DIR_NAME = re.compile(r".+[._-](tests?|unittests?)$")
+# Test folders named for what they test: integration-tests, e2e_tests, MyLib.Tests (.NET),
+# MyAppUITests (Xcode); plural only, since ab_test/ and tokio-test/ hold code.
+_TEST_DIR_NAME = re.compile(r"(.+[._-](?i:tests|specs|unittests)|.*[A-Za-z0-9](Tests|Specs))$")
 _TEST_NAME = re.compile(
-    r"(^test_.*|.*_test\.\w+|.*\.(test|spec|e2e-spec)\.\w+|.*_spec\.\w+|conftest\.py|tests\.(py|rs))$"
+    r"(^test_.*|.*_test\.\w+|.*_(unit|browser|perf|integration|fuzz)test\.\w+"
+    r"|.*\.(test|spec|e2e-spec)\.\w+|.*_spec\.\w+|conftest\.py|tests\.(py|rs))$"
 )
-# JUnit, NUnit, XCTest, PHPUnit and ScalaTest name test classes FooTest, FooTests, FooSpec,
-# FooIT (integration); read with the name's own capitals, so Latest.java is not one.
-_TEST_CLASS = re.compile(r"(^|[a-z0-9])(Tests?|Spec|IT)\.\w+$")
+# JUnit, NUnit, XCTest and PHPUnit name test classes FooTest, FooTests, HTTPTest and FooIT
+# (integration); read with the name's own capitals, so Latest.java is not one. (FooSpec is
+# as often a model, javapoet's TypeSpec; ScalaTest's specs sit in test folders.)
+_TEST_CLASS = re.compile(r"((^|[A-Za-z0-9])Tests?|[a-z0-9]IT)\.\w+$")
+# Build files and tool settings written in a language of code: configuration.
+_BUILD_NAMES = frozenset(
+    {
+        "build.gradle",
+        "build.gradle.kts",
+        "settings.gradle",
+        "settings.gradle.kts",
+        "package.swift",
+        "mix.exs",
+        ".formatter.exs",
+        "gemfile",
+        "rakefile",
+        "config.ru",
+        "podfile",
+        "brewfile",
+        "vagrantfile",
+        "jenkinsfile",
+        "rebar.config",
+        "setup.py",
+        "conanfile.py",
+        "gulpfile.js",
+        "gruntfile.js",
+    }
+)
+_BUILD_NAME = re.compile(
+    r"(\.(gemspec|podspec)|\.config\.(js|cjs|mjs|ts|cts|mts)|^\.\w+rc\.(js|cjs|mjs|ts))$"
+)
+# Text files that are settings, not documents: extensionless dotfiles (.npmrc, .nvmrc,
+# .ruby-version), pip's requirements files, and these names.
+_CONFIG_TEXT_NAMES = frozenset(
+    {"procfile", "cartfile", "owners", "codeowners", "dune", "dune-project", "rust-toolchain"}
+)
+_REQUIREMENTS = re.compile(r"^(requirements|constraints)([-_.]\w+)*\.(txt|in)$")
 _DOC_DIRS = frozenset({"doc", "docs", "documentation", "site", "man"})
 _DOC_LANGUAGES = frozenset({"markdown", "text", "rst", "txt", "asciidoc", "html", "tex", "org"})
 
@@ -218,24 +307,33 @@ def file_kind(path: str, language: str) -> str:
     low = path.lower()
     parts = low.split("/")
     name, dirs = parts[-1], parts[:-1]
-    if _CHANGELOG.search(low):
+    code = language in SOURCE_LANGUAGES or language in SCRIPT_LANGUAGES
+    if _CHANGELOG.search(low) and not code:  # history.py, release.go are code
         return "changelog"
-    if name in _LOCK_NAMES or name.endswith((".lock", ".lockfile")):
+    if name in _LOCK_NAMES or name.endswith((".lock", ".lockb", ".lockfile")):
         return "lock"
     if any(d in _GENERATED_DIRS for d in dirs) or ".min." in name or "_pb2" in name:
         return "generated"
+    given = path.split("/")  # the names with their capitals
     if (
-        any(d in _TEST_DIRS or _TEST_DIR_NAME.match(d) for d in dirs)
+        any(d in _TEST_DIRS for d in dirs)
+        or any(_TEST_DIR_NAME.match(d) for d in given[:-1])
         or _TEST_NAME.match(name)
-        or _TEST_CLASS.search(path.rsplit("/", 1)[-1])
+        or _TEST_CLASS.search(given[-1])
     ):
         return "test"
     if _GENERATED_NAME.search(name):
         return "generated"
+    if name in _BUILD_NAMES or _BUILD_NAME.search(name):
+        return "config"
     if language in SOURCE_LANGUAGES:
         return "source"  # code under docs/ is code (cobra's doc/ generates documentation)
     if language in SCRIPT_LANGUAGES:
         return "script"
+    if language in ("text", "txt", "in") and (
+        name.startswith(".") or name in _CONFIG_TEXT_NAMES or _REQUIREMENTS.match(name)
+    ):
+        return "config"
     if language in _DOC_LANGUAGES or any(d in _DOC_DIRS for d in dirs):
         return "docs"
     return "config"
@@ -268,14 +366,20 @@ _KIND_WORDS = {
 }
 
 
-def priors_for(intent: str, terms: Iterable[str]) -> Mapping[str, float]:
-    """The kind multipliers for a question with ``terms`` routed to ``intent``."""
+def priors_for(
+    intent: str, terms: Iterable[str], kinds: Mapping[str, int] | None = None
+) -> Mapping[str, float]:
+    """The kind multipliers for a question with ``terms`` routed to ``intent``, whose
+    candidate files are of ``kinds`` (kind -> how many). Where shell scripts outnumber
+    the source files among them (a repository of shell tools such as nvm or pyenv),
+    scripts are the code and weigh as source: ahead of their tests."""
     base = _KNOWLEDGE_PRIORS if intent == "find_knowledge" else _CODE_PRIORS
     words = set(terms)
     lifted = {kind for kind, cues in _KIND_WORDS.items() if words.intersection(cues)}
-    if not lifted:
-        return base
-    return {kind: (LIFTED if kind in lifted else prior) for kind, prior in base.items()}
+    priors = {kind: (LIFTED if kind in lifted else prior) for kind, prior in base.items()}
+    if kinds and kinds.get("script", 0) > kinds.get("source", 0):
+        priors["script"] = priors["source"]
+    return priors
 
 
 # The change types of the Conventional Commits convention ("fix: ...", "feat(cli)!: ..."),

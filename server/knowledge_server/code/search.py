@@ -7,7 +7,7 @@ import heapq
 import json
 import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
@@ -915,7 +915,9 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     counts = held.chunk_counts(list(ev)) if held else _chunk_counts(conn, list(ev))
     for fid, n in counts.items():
         ev[fid].n_chunks = n
-    priors = rank.priors_for(intent, cues)
+    priors = rank.priors_for(
+        intent, cues, Counter(rank.file_kind(e.path, e.language) for e in ev.values())
+    )
     scores = rank.score_files(
         ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0, named
     )
