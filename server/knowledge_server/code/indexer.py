@@ -18,7 +18,7 @@ from knowledge_server import fts
 from knowledge_server.logs import get_logger
 
 from . import bitknn
-from .chunking import CHUNKER_VERSION, chunk_file
+from .chunking import CHUNKER_VERSION, chunk_file, generated_header
 from .embed import Embedder, EmbeddingError
 from .model import IndexInterrupted, IndexOptions, IndexReport, ProgressCallback, StopCheck
 from .store import file_tokens, is_binary, scalar, vec_table_for, vec_tables
@@ -78,6 +78,7 @@ def _prepare(job: tuple[str, str, str, tuple[str, ...], IndexOptions]) -> dict[s
         "known": False,
         "language": language,
         "method": method,
+        "generated": generated_header(text),
         "chunks": [_chunk_row(c) for c in chunks],
         "tokens": tokens,
     }
@@ -110,7 +111,7 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
         for f in batch:
             conn.execute(
                 "INSERT INTO file_versions(workspace, path, file_hash, chunker, language, method,"
-                " size, mtime_ns, n_chunks) VALUES(?,?,?,?,?,?,?,?,?)",
+                " size, mtime_ns, n_chunks, generated) VALUES(?,?,?,?,?,?,?,?,?,?)",
                 (
                     workspace,
                     f["path"],
@@ -121,6 +122,7 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
                     f["size"],
                     f["mtime_ns"],
                     len(f["chunks"]),
+                    int(f["generated"]),
                 ),
             )
             file_id = conn.last_insert_rowid()
@@ -276,6 +278,7 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
                 "hash": fhash,
                 "language": res["language"],
                 "method": res["method"],
+                "generated": res["generated"],
                 "size": wf.size,
                 "mtime_ns": wf.mtime_ns,
                 "chunks": res["chunks"],

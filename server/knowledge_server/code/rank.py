@@ -301,9 +301,10 @@ _DOC_LANGUAGES = frozenset({"markdown", "text", "rst", "txt", "asciidoc", "html"
 # question word (stems); every question brings new words, so the stem cache stays small
 # (the soak's memory figures are in bench/RESULTS.md).
 @lru_cache(maxsize=16_384)
-def file_kind(path: str, language: str) -> str:
+def file_kind(path: str, language: str, generated: bool = False) -> str:
     """source | script | test | docs | changelog | lock | generated | config, from the
-    path and the language the chunker gave the file."""
+    path, the language the chunker gave the file and whether its first lines say a tool
+    generated it (code.chunking.generated_header)."""
     low = path.lower()
     parts = low.split("/")
     name, dirs = parts[-1], parts[:-1]
@@ -322,7 +323,7 @@ def file_kind(path: str, language: str) -> str:
         or _TEST_CLASS.search(given[-1])
     ):
         return "test"
-    if _GENERATED_NAME.search(name):
+    if generated or _GENERATED_NAME.search(name):
         return "generated"
     if name in _BUILD_NAMES or _BUILD_NAME.search(name):
         return "config"
@@ -643,6 +644,7 @@ class FileEvidence:
     chunk_bm25: float = 0.0  # its best chunk's
     vector: float = 0.0  # its best chunk's cosine similarity (semantic embedders only)
     n_chunks: int = 1  # the file version's chunk count (its size)
+    generated: bool = False  # its first lines say a tool generated it
 
 
 def score_files(
@@ -690,5 +692,5 @@ def score_files(
         if named and named.names(f.path):
             s += named_bonus
         size = 1.0 + SIZE_WEIGHT * math.log1p(max(f.n_chunks, 0)) / log_largest
-        out[f.file_id] = s * size * priors[file_kind(f.path, f.language)]
+        out[f.file_id] = s * size * priors[file_kind(f.path, f.language, f.generated)]
     return out

@@ -582,14 +582,16 @@ def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
     )
 
 
-def _chunk_counts(conn: apsw.Connection, file_ids: Sequence[int]) -> dict[int, int]:
-    """file_id -> the file version's number of chunks."""
-    return dict(
-        conn.execute(
-            "SELECT id, n_chunks FROM file_versions WHERE id IN (SELECT value FROM carray(?))",
+def _file_facts(conn: apsw.Connection, file_ids: Sequence[int]) -> dict[int, tuple[int, bool]]:
+    """file_id -> (the file version's number of chunks, whether it says it was generated)."""
+    return {
+        int(fid): (int(n), bool(gen))
+        for fid, n, gen in conn.execute(
+            "SELECT id, n_chunks, generated FROM file_versions"
+            " WHERE id IN (SELECT value FROM carray(?))",
             (int_array(file_ids),),
-        ).fetchall()
-    )
+        )
+    }
 
 
 def _first_chunks(
@@ -794,9 +796,9 @@ class _Held:
         ok = (mem.chunk_ids[pos] == ids) & scope[mem.chunk_file[pos]]
         return [mem.chunk_row(int(p), 0.0)[:11] for p in pos[ok]]
 
-    def chunk_counts(self, file_ids: Sequence[int]) -> dict[int, int]:
+    def file_facts(self, file_ids: Sequence[int]) -> dict[int, tuple[int, bool]]:
         meta, pos = self.mem.file_meta, self.mem.file_pos
-        return {f: int(meta[pos[f]][4]) for f in file_ids if f in pos}
+        return {f: (int(meta[pos[f]][4]), bool(meta[pos[f]][5])) for f in file_ids if f in pos}
 
     def first_chunks(
         self,
@@ -912,11 +914,14 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         per_file[fid].append(r)
     if not ev:
         return [], 0.0
-    counts = held.chunk_counts(list(ev)) if held else _chunk_counts(conn, list(ev))
-    for fid, n in counts.items():
+    facts = held.file_facts(list(ev)) if held else _file_facts(conn, list(ev))
+    for fid, (n, generated) in facts.items():
         ev[fid].n_chunks = n
+        ev[fid].generated = generated
     priors = rank.priors_for(
-        intent, cues, Counter(rank.file_kind(e.path, e.language) for e in ev.values())
+        intent,
+        cues,
+        Counter(rank.file_kind(e.path, e.language, e.generated) for e in ev.values()),
     )
     scores = rank.score_files(
         ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0, named
@@ -963,7 +968,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     for score, _, _, r, fid in ranked[:limit]:
         e = ev[fid]
         why = [f"file: {scores[fid]:.2f}"]
-        kind = rank.file_kind(e.path, e.language)
+        kind = rank.file_kind(e.path, e.language, e.generated)
         if priors[kind] < 1.0:
             why.append(f"{kind} file: weighs {priors[kind]:g}")
         if r[0] in sims:
