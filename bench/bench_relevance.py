@@ -144,7 +144,7 @@ def computed_floor(
     files the code lane calls source (no tests), a stricter floor."""
     import sqlite3
 
-    from knowledge_server.code.chunking import language_for
+    from knowledge_server.code.chunking import generated_header, language_for
     from knowledge_server.code.rank import file_kind
 
     def language(p: Path) -> str:  # as the index gives it, from the name or the #! line
@@ -162,9 +162,10 @@ def computed_floor(
         lang = language(p)
         if lang not in langs:
             continue
-        if source_only and file_kind(rel, lang) != "source":
+        body = p.read_text(errors="replace")
+        if source_only and file_kind(rel, lang, generated_header(body)) != "source":
             continue
-        db.execute("INSERT INTO f VALUES (?, ?)", (rel, p.read_text(errors="replace")))
+        db.execute("INSERT INTO f VALUES (?, ?)", (rel, body))
     score = Score()
     for query, answers in qs:
         words = re.findall(r"\w+", query)

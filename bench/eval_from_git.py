@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from knowledge_server.code.chunking import language_for
+from knowledge_server.code.chunking import generated_header, language_for
 from knowledge_server.code.rank import file_kind
 
 # The sets of shared/data/code-eval, whose floors bench_relevance has from their README.
@@ -55,13 +55,14 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def is_source(repo: Path, path: str) -> bool:
-    """Whether the code lane calls ``path`` source, reading its ``#!`` line as the index does."""
+    """Whether the code lane calls ``path`` source, reading its ``#!`` line and the
+    comments at its top (a generated file is not source) as the index does."""
     try:
         with open(repo / path, "rb") as f:
-            head = f.read(512).decode("utf-8", "replace")
+            head = f.read(8_000).decode("utf-8", "replace")
     except OSError:
         head = ""
-    return file_kind(path, language_for(path, head)) == "source"
+    return file_kind(path, language_for(path, head), generated_header(head)) == "source"
 
 
 def question(subject: str) -> str | None:

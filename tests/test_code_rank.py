@@ -106,8 +106,10 @@ def test_a_file_that_says_a_tool_generated_it_is_generated_code() -> None:
     assert rank.file_kind("pkg/mocks/mock_store.go", "go", generated=True) == "generated"
     assert rank.file_kind("pkg/kind/kind_string.go", "go", generated=True) == "generated"
     assert rank.file_kind("pkg/kind/kind_string.go", "go") == "source"
-    # Tests, lock files and changelogs keep their kinds.
+    assert rank.file_kind("config/app.yaml", "yaml", generated=True) == "generated"
+    # Tests, documents, lock files and changelogs keep their kinds.
     assert rank.file_kind("pkg/store/store_test.go", "go", generated=True) == "test"
+    assert rank.file_kind("proto/README.md", "markdown", generated=True) == "docs"
     assert rank.file_kind("Cargo.lock", "cargo-lock", generated=True) == "lock"
 
 
@@ -497,12 +499,12 @@ def test_kotlin_source_comes_ahead_of_its_test_docs_and_scripts(
         question = "exponential backoff delay of the retry policy"
         assert _paths(idx, question)[0] == "src/main/kotlin/org/acme/RetryPolicy.kt"
         monkeypatch.setattr(rank, "SOURCE_LANGUAGES", rank.SOURCE_LANGUAGES - {"kotlin"})
-        rank.file_kind.cache_clear()  # kinds are remembered per path
+        rank._path_kind.cache_clear()  # kinds are remembered per path
         try:
             assert _paths(idx, question)[0] != "src/main/kotlin/org/acme/RetryPolicy.kt"
         finally:
             monkeypatch.undo()
-            rank.file_kind.cache_clear()
+            rank._path_kind.cache_clear()
 
 
 def test_in_a_repository_of_shell_tools_the_script_comes_ahead_of_its_test(

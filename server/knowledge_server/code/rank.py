@@ -300,11 +300,17 @@ _DOC_LANGUAGES = frozenset({"markdown", "text", "rst", "txt", "asciidoc", "html"
 # Bounded caches per serving process: one entry per path (kinds, path words) or per
 # question word (stems); every question brings new words, so the stem cache stays small
 # (the soak's memory figures are in bench/RESULTS.md).
-@lru_cache(maxsize=16_384)
 def file_kind(path: str, language: str, generated: bool = False) -> str:
     """source | script | test | docs | changelog | lock | generated | config, from the
-    path, the language the chunker gave the file and whether its first lines say a tool
-    generated it (code.chunking.generated_header)."""
+    path, the language the chunker gave the file and whether the comments at its top say
+    a tool generated it (code.chunking.generated_header): code, scripts and settings that
+    say so are generated; tests, documents, changelogs and lock files keep their kinds."""
+    kind = _path_kind(path, language)
+    return "generated" if generated and kind in ("source", "script", "config") else kind
+
+
+@lru_cache(maxsize=16_384)
+def _path_kind(path: str, language: str) -> str:
     low = path.lower()
     parts = low.split("/")
     name, dirs = parts[-1], parts[:-1]
@@ -323,7 +329,7 @@ def file_kind(path: str, language: str, generated: bool = False) -> str:
         or _TEST_CLASS.search(given[-1])
     ):
         return "test"
-    if generated or _GENERATED_NAME.search(name):
+    if _GENERATED_NAME.search(name):
         return "generated"
     if name in _BUILD_NAMES or _BUILD_NAME.search(name):
         return "config"

@@ -197,7 +197,8 @@ MIGRATIONS = Migrations(
         Step("002_fts_rank_and_automerge", _fts_settings),
         Step("003_files_fts", _fill_files_fts),
         # Whether the file says it was generated (chunking.generated_header); versions
-        # stored before say 0 until the next index run cuts them again.
+        # stored before say 0 until the next index run cuts them again (the chunker's
+        # version changed with it, so that run reads every file).
         Step(
             "004_generated_files",
             "ALTER TABLE file_versions ADD COLUMN generated INTEGER NOT NULL DEFAULT 0;",
