@@ -391,6 +391,10 @@ def test_a_file_found_by_its_name_alone_with_no_chunk_is_no_error(tmp_path: Path
         ("src\\exec\\command.rs", ["src/exec/command.rs"], ["tests/command.rs"]),
         (".gitignore, config/.env.example", [".gitignore", "config/.env.example"], [".env"]),
         ("archive.tar.gz", ["dist/archive.tar.gz"], ["archive/tar.py"]),
+        # Well-known names without an extension, as written.
+        ("Fix the Makefile's test target", ["Makefile", "docs/Makefile"], ["Makefile.am"]),
+        ("base image in docker/Dockerfile", ["docker/Dockerfile"], ["Dockerfile", "x.docker"]),
+        ("make the build faster", [], ["make", "build", "Makefile"]),
         # Not file names: a version, an abbreviation, a URL's path, an address, two words.
         (
             "bump to v1.2.3, e.g. for https://example.org/a/b.py, me@mail.org, client/server",

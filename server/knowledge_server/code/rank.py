@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import snowballstemmer
+from identify import extensions as identify_extensions
 
 from .tokenize import index_tokens, split_uncached
 
@@ -472,6 +473,10 @@ _PATH_END = re.compile(r"(?::\d+(?:[:-]\d+)?|#L\d+(?:-L?\d+)?)?[.,:;!?]*$")
 _FILE_PATH = re.compile(
     r"(?:[\w.-]+/)*(?:\.?[\w-]+(?:\.[\w-]+)*\.[A-Za-z][A-Za-z0-9]{0,7}|\.[A-Za-z][\w-]*)"
 )
+# Well-known names of files without an extension, matched as written (Makefile,
+# Dockerfile, Jenkinsfile, Gemfile): from identify's table of names.
+_EXTENSIONLESS_NAMES = frozenset(name for name in identify_extensions.NAMES if "." not in name)
+_EXTENSIONLESS_PATH = re.compile(r"(?:[\w.-]+/)*[\w-]+")
 # A qualified name: `click.core`, `exec::command`, `crate::exec::command::run`.
 _QUALIFIED = re.compile(r"[A-Za-z_]\w+(?:(?:\.|::)[A-Za-z_]\w+)+")
 _QUALIFIER_ROOTS = frozenset({"crate", "self", "super"})
@@ -518,7 +523,7 @@ class NamedFiles:
 
 def named_files(text: str) -> NamedFiles:
     """The files ``text`` names: written-out file names ("fix a typo in doc/util.go",
-    "./src/main.rs:12") and qualified module names ("`click.core`: annotations",
+    "./src/main.rs:12", "docker/Dockerfile") and qualified module names ("`click.core`: annotations",
     "crate::exec::command"; with a name after the module, "click.core.Context", the module
     too). A name that no file has names nothing; a name is matched whole, from a directory
     boundary ("util.go" is not "myutil.go"). URLs and e-mail addresses name no file."""
@@ -531,7 +536,9 @@ def named_files(text: str) -> NamedFiles:
             continue
         word = _PATH_START.sub("", _PATH_END.sub("", word.replace("\\", "/")))
         found = False
-        if _FILE_PATH.fullmatch(word):
+        if _FILE_PATH.fullmatch(word) or (
+            word.rpartition("/")[2] in _EXTENSIONLESS_NAMES and _EXTENSIONLESS_PATH.fullmatch(word)
+        ):
             files["/" + word.lower()] = None
             found = True
         if _QUALIFIED.fullmatch(word) and not (
