@@ -65,6 +65,9 @@ from tests.code_memory_paths import both_ways
         ("CMakeLists.txt", "cmake", "config"),
         ("README", "text", "docs"),
         ("guide/intro.adoc", "asciidoc", "docs"),
+        ("website/pages/intro.mdx", "mdx", "docs"),  # a documentation site's page
+        ("vignettes/intro.Rmd", "rmd", "docs"),
+        ("lib/Parser.pod", "pod", "docs"),
         # Names that look like a convention but are code.
         ("src/main/java/com/squareup/javapoet/TypeSpec.java", "java", "source"),
         ("app/services/ab_test/assign.rb", "ruby", "source"),

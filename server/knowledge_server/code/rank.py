@@ -295,7 +295,36 @@ _CONFIG_TEXT_NAMES = frozenset(
 )
 _REQUIREMENTS = re.compile(r"^(requirements|constraints)([-_.]\w+)*\.(txt|in)$")
 _DOC_DIRS = frozenset({"doc", "docs", "documentation", "site", "man"})
-_DOC_LANGUAGES = frozenset({"markdown", "text", "rst", "txt", "asciidoc", "html", "tex", "org"})
+# Languages of documents, by the chunker's names (identify's, or the bare extension):
+# Markdown and its variants (MDX pages of documentation sites, R Markdown, Quarto), markup
+# of wikis and other languages' documentation (RDoc, Perl's POD, Textile), TeX and
+# BibTeX, Org, HTML, RTF and plain text.
+_DOC_LANGUAGES = frozenset(
+    {
+        "markdown",
+        "mkd",
+        "mkdn",
+        "mdx",
+        "rmd",
+        "quarto",
+        "text",
+        "txt",
+        "rst",
+        "rest",
+        "asciidoc",
+        "org",
+        "textile",
+        "rdoc",
+        "pod",
+        "wiki",
+        "mediawiki",
+        "creole",
+        "tex",
+        "bib",
+        "html",
+        "rtf",
+    }
+)
 
 
 # Bounded caches per serving process: one entry per path (kinds, path words) or per
