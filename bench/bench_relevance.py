@@ -147,11 +147,13 @@ def computed_floor(
     from knowledge_server.code.chunking import generated_header, language_for
     from knowledge_server.code.rank import file_kind
 
-    def language(p: Path) -> str:  # as the index gives it, from the name or the #! line
-        with open(p, "rb") as f:
-            return language_for(p.name, f.read(512).decode("utf-8", "replace"))
-
-    langs = {language(root / f) for _, answers in qs for f in answers if (root / f).is_file()}
+    # Languages as the index gives them, from the name or the #! line.
+    langs = {
+        language_for(f, (root / f).read_text(errors="replace"))
+        for _, answers in qs
+        for f in answers
+        if (root / f).is_file()
+    }
     db = sqlite3.connect(":memory:")
     db.execute("CREATE VIRTUAL TABLE f USING fts5(path UNINDEXED, body)")
     for p in sorted(root.rglob("*")):
@@ -159,10 +161,10 @@ def computed_floor(
         # Regular files only: the indexer does not follow symlinks.
         if p.is_symlink() or not p.is_file() or ".git" in rel.split("/"):
             continue
-        lang = language(p)
+        body = p.read_text(errors="replace")
+        lang = language_for(rel, body)
         if lang not in langs:
             continue
-        body = p.read_text(errors="replace")
         if source_only and file_kind(rel, lang, generated_header(body)) != "source":
             continue
         db.execute("INSERT INTO f VALUES (?, ?)", (rel, body))

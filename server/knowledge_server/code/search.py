@@ -918,11 +918,8 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     for fid, (n, generated) in facts.items():
         ev[fid].n_chunks = n
         ev[fid].generated = generated
-    priors = rank.priors_for(
-        intent,
-        cues,
-        Counter(rank.file_kind(e.path, e.language, e.generated) for e in ev.values()),
-    )
+    kinds = {fid: rank.file_kind(e.path, e.language, e.generated) for fid, e in ev.items()}
+    priors = rank.priors_for(intent, cues, Counter(kinds.values()))
     scores = rank.score_files(
         ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0, named
     )
@@ -968,7 +965,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     for score, _, _, r, fid in ranked[:limit]:
         e = ev[fid]
         why = [f"file: {scores[fid]:.2f}"]
-        kind = rank.file_kind(e.path, e.language, e.generated)
+        kind = kinds[fid]
         if priors[kind] < 1.0:
             why.append(f"{kind} file: weighs {priors[kind]:g}")
         if r[0] in sims:
