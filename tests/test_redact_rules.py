@@ -13,6 +13,17 @@ from knowledge_server.redact import redact
 
 # (text, secret value, ordinary text around it that must stay). Values are made up.
 GAPS = {
+    # Code-shaped values are not secrets only when unquoted (redact._CODE_VALUE).
+    "quoted-call-shape": (
+        'api_token = "Zq9vLm(X2pR7tK4wB"  # ci',
+        "Zq9vLm(X2pR7tK4wB",
+        "# ci",
+    ),
+    "dotted-password": (
+        "PASSWORD=correct.horse.battery\nHOST=db",
+        "correct.horse.battery",
+        "HOST=db",
+    ),
     "db-pass": ("export DB_PASS=Zq9vLmX2pR7tK4wB # shop db", "Zq9vLmX2pR7tK4wB", "# shop db"),
     "pass": ("PASS=Zq9vLmX2pR7tK4wB\nHOST=db.local", "Zq9vLmX2pR7tK4wB", "HOST=db.local"),
     "passphrase": (
@@ -109,6 +120,16 @@ def test_secret_never_reaches_a_code_chunk(text: str, value: str, kept: str) -> 
         "git+ssh://git@github.com:org/repo.git",
         "https://hooks.slack.com/ is the host",
         "AccountKey=<your key>",
+        # Code, not secrets: calls, indexing and paths assigned to names with "token" or
+        # "secret" in them (fd, click, starlette), and a value on the next line.
+        "let mut tokens = Vec::new();",
+        "tokens.push(Token::Text(std::mem::take(&mut buf)));",
+        "let arg = FormatTemplate::Tokens(vec![Token::Placeholder]);",
+        "env_tokens = shlex.split(less_env)",
+        "SECRET_KEY = config('SECRET_KEY', cast=Secret)",
+        'auth = request.headers["Authorization"]',
+        "token = next(counter)",
+        'if subprotocols[1] != "token":\n        return False',
     ],
 )
 def test_ordinary_text_stays(text: str) -> None:

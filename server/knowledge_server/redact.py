@@ -45,6 +45,8 @@ class Rule:
     group: int = 0
     # A match may span lines, so its replacement may change the line count.
     multiline: bool = False
+    # The value is what a name is assigned: unquoted, it may be code (_CODE_VALUE).
+    assigns: bool = False
 
     def __post_init__(self) -> None:
         if not self.literals and not self.assigned:
@@ -173,10 +175,11 @@ RULES: tuple[Rule, ...] = (
         re.compile(
             r"(?i)(\b[A-Z0-9_.\-]*(?:api[_\-]?key|apikey|secret|passwd|password|pwd|token|"
             r"access[_\-]?key|private[_\-]?key|client[_\-]?secret|auth(?!or))[A-Z0-9_\-]*[\"']?"
-            r"\s*(?::=|=|:)\s*[\"']?)([^\s\"',;}{)]{6,})"
+            r"\s*(?::=|=|:)[ \t]*[\"']?)([^\s\"',;}{)]{6,})"
         ),
         assigned=_ASSIGNED_WORDS,
         group=2,
+        assigns=True,
     ),
     # DB_PASS=value, PASS=value, passphrase: value. The name must end in a whole "pass" part
     # (bypass=, compass:, pass_rate= are not passwords), and the value needs six characters.
@@ -184,10 +187,11 @@ RULES: tuple[Rule, ...] = (
         "pass-assignment",
         re.compile(
             r"(?i)(\b(?:[A-Z0-9]+[_.\-])*pass(?:phrase|wd|word)?[\"']?"
-            r"\s*(?::=|=|:)\s*[\"']?)([^\s\"',;}{)]{6,})"
+            r"\s*(?::=|=|:)[ \t]*[\"']?)([^\s\"',;}{)]{6,})"
         ),
         assigned=("pass",),
         group=2,
+        assigns=True,
     ),
 )
 
@@ -197,6 +201,14 @@ _PLACEHOLDER = re.compile(
     r"\[REDACTED:[a-z\-]+\]|none|null|true|false|redacted|placeholder|dummy|test|"
     r"os\.environ.*|env\(.*|process\.env.*|getenv.*|self\..*|config\..*|settings\..*)$"
 )
+
+# An unquoted assigned value that is code, not a literal: a call or an index
+# (``Vec::new()``, ``config("SECRET_KEY", cast=Secret)``, ``next(counter)``) or a path
+# (``Token::Placeholder``; ``Token::Text(buf)`` reads as ``Token`` assigned ``:Text(buf``).
+# A quoted value is a literal and is still judged; so is a plain or dotted name, which an
+# env file may hold as a password.
+_CODE_VALUE = re.compile(r"[A-Za-z_][\w.]*[(\[].*|:.*|.*::.*")
+_QUOTES = ("'", '"')
 
 # File names that are never read at all (code lane walker): dotenv files, key
 # material, credential stores.
@@ -253,6 +265,8 @@ def redact_counted(text: str) -> tuple[str, int]:
             nonlocal count
             value = m.group(rule.group)
             if rule.group and _PLACEHOLDER.match(value):
+                return m.group(0)
+            if rule.assigns and not m.group(1).endswith(_QUOTES) and _CODE_VALUE.fullmatch(value):
                 return m.group(0)
             count += 1
             marker = f"[REDACTED:{rule.kind}]"

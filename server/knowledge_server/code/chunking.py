@@ -30,10 +30,10 @@ __all__ = [
     "language_for",
 ]
 
-# Bump when chunk boundaries, the languages given or what is read from a file's text
-# (generated_header) change: it is part of every revision fingerprint, so the next index
-# run reads and cuts every file again.
-CHUNKER_VERSION = "code-chunker-5"
+# Bump when chunk boundaries, the languages given, what is read from a file's text
+# (generated_header) or what redaction keeps of it change: it is part of every revision
+# fingerprint, so the next index run reads and cuts every file again.
+CHUNKER_VERSION = "code-chunker-6"
 
 _EXT_LANG = {
     ".py": "python",
