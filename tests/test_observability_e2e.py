@@ -128,9 +128,10 @@ async def test_metrics_move_with_real_calls(tmp_path: Path) -> None:
     # the cache); the first one, before the index and the ingest, found both empty.
     assert _value(m, "knowledge_lane_answers_total", lane="code") == 4
     assert _value(m, "knowledge_lane_duration_seconds_count", lane="code") == 4
-    assert (
-        _value(m, "knowledge_lane_zero_results_total", lane="code") == 2
-    )  # before the index, and no match
+    # Two without items, each with its reason: before the index, and no match.
+    zero = "knowledge_lane_zero_results_total"
+    assert _value(m, zero, lane="code", reason="index_empty") == 1
+    assert _value(m, zero, lane="code", reason="no_match") == 1
     assert (
         _value(
             m,

@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from knowledge_server.config import ConfigError, parse_listen
+from knowledge_server.search.lanes import EMPTY_REASONS, why_empty
 
 # Search calls take milliseconds; operator streams take seconds to minutes.
 _RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60)
@@ -132,8 +133,8 @@ class Metrics:
         )
         self.lane_zero = Counter(
             "knowledge_lane_zero_results",
-            "Searches in which a lane had no item (zero-result rate: this / answers).",
-            ["lane"],
+            "Searches in which a lane had no item, by why (zero-result rate: this / answers).",
+            ["lane", "reason"],
             registry=r,
         )
         self.lane_timeouts = Counter(
@@ -207,7 +208,7 @@ class Metrics:
         # once per lane: a ``labels()`` lookup takes a lock and validates its values.
         self._rpc_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self._http_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
-        self._lane_children: dict[str, tuple[Counter, Histogram, Counter, Counter]] = {}
+        self._lane_children: dict[str, tuple[Counter, Histogram, Counter]] = {}
 
     def watch_licence(self, status: Callable[[], Any]) -> None:
         """Export the licence read through ``status()`` (an ``EditionStatus``)."""
@@ -255,15 +256,16 @@ class Metrics:
             children = (
                 self.lane_answers.labels(name),
                 self.lane_seconds.labels(name),
-                self.lane_zero.labels(name),
                 self.lane_cache_hits.labels(name),
             )
             self._lane_children[name] = children
-        answers, latency, zero, cache_hits = children
+        answers, latency, cache_hits = children
         answers.inc()
         latency.observe(ms / 1000)
         if not lane.items:
-            zero.inc()
+            # The reasons are the lanes' own constants (EMPTY_REASONS): a bounded label set.
+            reason = why_empty(lane)
+            self.lane_zero.labels(name, reason if reason in EMPTY_REASONS else "other").inc()
         if result.cache_hit:
             cache_hits.inc()
         if lane.degraded:

@@ -30,7 +30,6 @@ from knowledge_server.search.jsonlen import json_size, json_size_of_string
 from knowledge_server.search.lanes import (
     BUDGET,
     LANE_DEADLINE,
-    NO_MATCH,
     UNAVAILABLE,
     Lane,
     LaneMessage,
@@ -39,7 +38,9 @@ from knowledge_server.search.lanes import (
     LaneUnavailable,
     degraded,
     failed,
+    lane_answered,
     not_requested,
+    why_empty,
 )
 from knowledge_server.search.routing import route
 from knowledge_server.search.validate import SCHEMA, ValidSearch
@@ -384,10 +385,7 @@ class Coordinator:
                     )
             # An empty lane always says why (seed 000 §9): the lane itself when it knows
             # (index empty, nothing indexed in scope), else from how it answered.
-            if lane_msg.items:
-                lane_msg.empty_reason = ""
-            elif not lane_msg.empty_reason:
-                lane_msg.empty_reason = NO_MATCH if _answered(lane_msg) else UNAVAILABLE
+            lane_msg.empty_reason = "" if lane_msg.items else why_empty(lane_msg)
             if isinstance(lane_msg, search_pb2.EpisodesLane):
                 resp.lanes.episodes.CopyFrom(lane_msg)
                 resp.lanes.episodes.observed_at.GetCurrentTime()
@@ -397,7 +395,7 @@ class Coordinator:
                 resp.lanes.skills.CopyFrom(lane_msg)
             resp.warnings.extend(result.warnings)
             resp.errors.extend(result.errors)
-            if name in by_name and _answered(lane_msg):
+            if name in by_name and lane_answered(lane_msg):
                 answered.add(name)
             if (
                 name in by_name
@@ -582,19 +580,6 @@ def _item_id(item: Item) -> str:
 def _order_key(name: str, item: Item) -> tuple[float, int, float, str]:
     """(score desc, lane_priority, time desc, id asc) - seed 000 §4.1.10."""
     return (-float(item.score), LANE_PRIORITY[name], _time_key(item), _item_id(item))
-
-
-_UNAVAILABLE = (
-    "KNOWLEDGE_SOURCE_UNAVAILABLE",
-    "KNOWLEDGE_INDEX_NOT_READY",
-    "KNOWLEDGE_LANE_TIMEOUT",
-    "SESSION_QUERY_",
-)
-
-
-def _answered(lane: search_pb2.EpisodesLane | search_pb2.CodeLane | search_pb2.SkillsLane) -> bool:
-    """The lane's source answered (possibly degraded in capability, e.g. lexical only)."""
-    return not lane.degraded or not lane.degradation_reason.startswith(_UNAVAILABLE)
 
 
 def _has_items(resp: search_pb2.SearchResponse) -> bool:

@@ -108,6 +108,28 @@ BUDGET = "budget"  # its items were removed to fit the token budget (limits.drop
 EMPTY_REASONS = (NO_MATCH, INDEX_EMPTY, NOT_INDEXED, NOT_REQUESTED, UNAVAILABLE, BUDGET)
 
 
+# Degradations whose source did not answer at all.
+_UNAVAILABLE = (
+    "KNOWLEDGE_SOURCE_UNAVAILABLE",
+    "KNOWLEDGE_INDEX_NOT_READY",
+    "KNOWLEDGE_LANE_TIMEOUT",
+    "SESSION_QUERY_",
+)
+
+
+def lane_answered(lane: LaneMessage) -> bool:
+    """The lane's source answered (possibly degraded in capability, e.g. lexical only)."""
+    return not lane.degraded or not lane.degradation_reason.startswith(_UNAVAILABLE)
+
+
+def why_empty(lane: LaneMessage) -> str:
+    """Why a lane without items has none: the reason the lane gave, else ``no_match`` when
+    its source answered and ``unavailable`` when it did not."""
+    if lane.empty_reason:
+        return lane.empty_reason
+    return NO_MATCH if lane_answered(lane) else UNAVAILABLE
+
+
 def empty_lane(name: str) -> LaneMessage:
     if name == "episodes":
         return search_pb2.EpisodesLane(
