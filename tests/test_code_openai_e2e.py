@@ -29,9 +29,26 @@ def _vector(text: str) -> list[float]:
     return [float(x) for x in v / np.linalg.norm(v)]
 
 
+MEANING_DIM = 256
+
+
+def _meaning(text: str) -> list[float]:
+    """A model that knows one meaning: texts about settings or configuration lie along one
+    axis, plus a random direction a quarter as strong drawn from the text's hash; any other
+    text is its random direction alone."""
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+    v = np.random.default_rng(seed).standard_normal(MEANING_DIM)
+    v /= np.linalg.norm(v)
+    if any(w in text.lower() for w in ("settings", "configuration", "toml")):
+        v = v * 0.25
+        v[0] += 1.0
+    return [float(x) for x in v / np.linalg.norm(v)]
+
+
 class _Embeddings(BaseHTTPRequestHandler):
     calls: ClassVar[list[tuple[str, str | None, int]]] = []
     down = False
+    model = staticmethod(_vector)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -40,7 +57,7 @@ class _Embeddings(BaseHTTPRequestHandler):
             out, status = b'{"error": {"message": "model not loaded"}}', 500
         else:
             data = [
-                {"object": "embedding", "index": i, "embedding": _vector(t)}
+                {"object": "embedding", "index": i, "embedding": type(self).model(t)}
                 for i, t in enumerate(body["input"])
             ]
             out, status = json.dumps({"object": "list", "data": data}).encode(), 200
@@ -54,10 +71,23 @@ class _Embeddings(BaseHTTPRequestHandler):
         pass
 
 
+class _Meanings(_Embeddings):
+    model = staticmethod(_meaning)
+
+
 @pytest.fixture()
 def embeddings_url() -> Iterator[str]:
+    yield from _serve(_Embeddings)
+
+
+@pytest.fixture()
+def meanings_url() -> Iterator[str]:
+    yield from _serve(_Meanings)
+
+
+def _serve(handler: type[_Embeddings]) -> Iterator[str]:
     _Embeddings.calls, _Embeddings.down = [], False
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Embeddings)
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
@@ -148,6 +178,50 @@ async def test_openai_embedder_over_grpc(
                 assert lexical.lanes.code.capability == "degraded"
         assert any(ev["event"] == "code.embed.failed" for ev in logs)
         assert KEY not in repr(logs)
+    finally:
+        await rs.server.stop(0)
+        rs.app.close()
+
+
+async def test_meaning_without_the_words_passes_the_relevance_floor(
+    tmp_path: Path, meanings_url: str
+) -> None:
+    """With a semantic embedder, a question none of whose words is in the code is answered
+    by the file whose meaning stands out from the question's baseline (search.QUESTION_VEC_Z),
+    over gRPC; a question that means nothing there still gets no items, and says no_match.
+    Each item holds a word of the question or such a similarity (search.HIT_VEC_Z)."""
+    ws = _workspace(tmp_path / "ws")
+    for i in range(12, 40):  # more chunks unrelated to it, for the question's baseline
+        (ws / f"util_{i}.py").write_text(f"def helper_{i}(value):\n    return value * {i}\n")
+    rs = await start_server(
+        tmp_path,
+        workspaces=[str(ws)],
+        embedder="openai",
+        embedder_url=meanings_url,
+        embedder_model="test-meaning",
+        embedder_dim=MEANING_DIM,
+        lane_timeout_ms=2000,
+    )
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            events = [ev async for ev in kc.index_workspace(str(ws))]
+            summary = events[-1].summary
+            assert summary is not None and summary.counters["vectors_missing"] == 0
+            # "configuration" is in no file (load_config is "load" and "config").
+            resp = await kc.search("configuration", include=["code"], limit=30)
+            code = resp.lanes.code
+            assert code.capability == "full" and code.items
+            assert code.items[0].path == "settings.py"
+            assert any(w.startswith("vec:") for w in code.items[0].why)
+            # The other files hold no word of it; only those whose similarity stands above
+            # the question's baseline come back (without HIT_VEC_Z: 22 of the 41).
+            others = {item.path for item in code.items} - {"settings.py"}
+            assert len(others) <= 12, sorted(others)
+            nothing = await kc.search("zebra harbor tulip", include=["code"])
+            assert not nothing.lanes.code.items
+            assert nothing.lanes.code.empty_reason == "no_match"
+            words = await kc.search("basket total of the prices", include=["code"])
+            assert words.lanes.code.items[0].path == "shop.py"
     finally:
         await rs.server.stop(0)
         rs.app.close()

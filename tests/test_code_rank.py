@@ -203,7 +203,11 @@ def test_evidence_share_ignores_short_and_numeric_parts() -> None:
     weights = {"zstd": 4.0, "empty": 2.0, "05": 5.0, "c": 5.0}
     assert rank.evidence_share(weights, ["zstd"]) == pytest.approx(4 / 6)
     assert rank.evidence_share(weights, ["05", "c"]) == 0.0  # a UUID's parts show nothing
-    assert rank.evidence_share({"05": 1.0}, []) == 1.0  # nothing telling: not judged
+    # Nothing telling ("io", "x y z"): every term is judged, so a file holding none of them
+    # shows nothing and one holding some answers their share of it.
+    assert rank.evidence_share({"05": 1.0, "io": 2.0}, []) == 0.0
+    assert rank.evidence_share({"05": 1.0, "io": 2.0}, ["io"]) == pytest.approx(2 / 3)
+    assert rank.evidence_share({}, []) == 1.0  # no term at all: not judged
 
 
 def test_a_uuids_or_hashs_parts_are_evidence_only_together() -> None:
@@ -620,21 +624,22 @@ def project(tmp_path: Path) -> tuple[CodeIndex, Path]:
     _write(root, "docs/urls.md", "# URLs\n\nHow a URL is joined: join_url joins base and path.\n")
     # The rest of the project: BM25 weighs a word by how few files have it, and in a
     # project of six files every word is in half of them.
-    for i, (noun, verb) in enumerate(
-        zip(
-            ("cookie", "session", "header", "timeout", "proxy", "retry", "socket", "stream"),
-            ("store", "expire", "merge", "raise", "route", "count", "close", "read"),
-            strict=True,
-        )
-    ):
+    _fillers(root, 8)
+    idx = CodeIndex(str(tmp_path / "data" / "code.sqlite"))
+    idx.index_workspace(str(root))
+    return idx, root
+
+
+def _fillers(root: Path, n: int) -> None:
+    """``n`` small modules of other words (up to 8)."""
+    nouns = ("cookie", "session", "header", "timeout", "proxy", "retry", "socket", "stream")
+    verbs = ("store", "expire", "merge", "raise", "route", "count", "close", "read")
+    for i, (noun, verb) in enumerate(zip(nouns[:n], verbs[:n], strict=True)):
         _write(
             root,
             f"httpkit/_{noun}s.py",
             f"def {verb}_{noun}(value):\n    return {verb}({noun}, value)  # {i}\n",
         )
-    idx = CodeIndex(str(tmp_path / "data" / "code.sqlite"))
-    idx.index_workspace(str(root))
-    return idx, root
 
 
 def _paths(idx: CodeIndex, query: str, **kw: object) -> list[str]:
@@ -675,6 +680,29 @@ def test_a_question_with_no_answer_in_the_code_gets_no_items(
             assert idx.search(query, mode=mode).hits == [], (query, mode)
     # A real question just above the floor still answers.
     assert idx.search("zstd decoder").hits
+
+
+def test_each_returned_file_holds_a_telling_word_or_stands_out_by_its_vectors(
+    tmp_path: Path,
+) -> None:
+    """The floor per hit (search.HIT_FLOOR, HIT_VEC_Z): a file that only a two-letter word
+    of the question brought is not returned once the question has a telling word, nor is one
+    whose similarity is about that of any chunk; a question of short words only ("io") is
+    judged by them and finds the file that holds them."""
+    root = tmp_path / "p"
+    _write(
+        root,
+        "httpkit/decoders.py",
+        "class ZstdDecoder:\n    def decode(self, data):\n        return self._zstd.decompress(data)\n",
+    )
+    _write(root, "httpkit/_io.py", "import io\n\ndef wrap(fp):\n    return io.BufferedReader(fp)\n")
+    _fillers(root, 6)
+    idx = CodeIndex(str(tmp_path / "data" / "code.sqlite"))
+    idx.index_workspace(str(root))
+    assert _paths(idx, "decompress zstd io", mode="lexical") == ["httpkit/decoders.py"]
+    hybrid = _paths(idx, "decompress zstd io", mode="hybrid")
+    assert hybrid[0] == "httpkit/decoders.py" and "httpkit/_sessions.py" not in hybrid
+    assert _paths(idx, "io", mode="lexical") == ["httpkit/_io.py"]
 
 
 def test_a_made_up_uuid_gets_no_items_though_its_groups_are_in_files(

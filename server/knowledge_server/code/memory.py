@@ -208,6 +208,14 @@ class Lexicon:
         at = int(np.searchsorted(rows, row))
         return at < rows.size and int(rows[at]) == row
 
+    def holds_rows(self, tid: int, rows: np.ndarray) -> np.ndarray:
+        """``holds`` for each of ``rows`` at once (a row of -1 holds nothing)."""
+        posting = self.posting(tid)[0]
+        if posting.size == 0:
+            return np.zeros(len(rows), dtype=bool)
+        at = np.minimum(np.searchsorted(posting, rows), posting.size - 1)
+        return np.asarray(posting[at] == rows)
+
 
 class StoreMemory:
     """A store's rows for one state (``state_key``): the chunks' and files' lexicons,

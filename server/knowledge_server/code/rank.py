@@ -39,6 +39,7 @@ __all__ = [
     "OpaqueIds",
     "evidence_share",
     "file_kind",
+    "judged_terms",
     "named_files",
     "opaque_ids",
     "path_share",
@@ -656,10 +657,11 @@ def evidence_share(
     """The share (0..1) of the question's telling terms' weight that a file contains
     (``present``): how much of the question the file answers. Terms absent from the
     index count with the highest idf (a made-up word is most of a question). A question
-    without a telling term is not judged (1.0). The terms of an ID of ``ids`` count only
+    without a telling term is judged by all its terms (judged_terms). The terms of an ID of ``ids`` count only
     when the file shows the ID, unless another ID it shows or another word of the question
     has them too."""
-    total = sum(w for t, w in weights.items() if telling(t))
+    judged = judged_terms(weights)
+    total = sum(weights[t] for t in judged)
     if total <= 0:
         return 1.0
     held = set(present)
@@ -672,7 +674,13 @@ def evidence_share(
                 whole = sum(g <= held for g in segs) >= len(segs) - slack
                 (shown if whole else unshown).update(*segs)
         held -= unshown - shown - ids.free
-    return sum(weights[t] for t in held if t in weights and telling(t)) / total
+    return sum(weights[t] for t in judged if t in held) / total
+
+
+def judged_terms(weights: Mapping[str, float]) -> list[str]:
+    """The terms whose presence evidence_share weighs: the telling ones, or every term of a
+    question that has none ("io", "x y z": short words are names in code too)."""
+    return [t for t in weights if telling(t)] or list(weights)
 
 
 @dataclass(slots=True)

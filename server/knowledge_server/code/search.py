@@ -1,4 +1,5 @@
-"""Lexical (FTS5 BM25), vector (sqlite-vec KNN) and hybrid (RRF) retrieval."""
+"""Lexical (FTS5 BM25), vector (sqlite-vec KNN) and hybrid retrieval (files ranked by
+code.rank, the vectors one of its signals), and the relevance floor."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from knowledge_server.memo import RevisionMemo
 from knowledge_server.schema import int_array, prefix_upper
 
 from . import bitknn, memory, rank
-from .embed import Embedder
+from .embed import Embedder, HashingEmbedder
 from .model import ChunkRecord, CodeHit, CodeSearchResult, Freshness, IndexOptions
 from .store import FILE_SCORE, FTS_SCORE, ID_SETS, is_binary, scalar, vec_table_for
 from .tokenize import fts_quote, matched_terms, query_terms
@@ -31,7 +32,8 @@ __all__ = ["EVIDENCE_FLOOR", "check_freshness", "describe", "get_chunk", "search
 
 # The vectors' vote in hybrid ranking: a file's best chunk similarity, scaled like the
 # other signals of code.rank. The offline hashing embedder's vote raises MRR on three of
-# the four labelled sets and leaves the fourth level (bench/RESULTS.md).
+# the four labelled sets and R@10 on all four; starlette's MRR falls a little
+# (bench/RESULTS.md).
 VEC_WEIGHT = 0.5
 NEXT_CHUNK_DECAY = rank.NEXT_CHUNK_DECAY
 # A term found in more than this share of chunks does not select candidates (it
@@ -420,6 +422,54 @@ def _vector(
     return [(*r[:11], 1.0 - sims[r[0]]) for r in rows[:n]], sims
 
 
+# How many stored vectors the vectors' baseline is computed over (``_vec_baseline``).
+_BASELINE_VECTORS = 512
+_baselines: dict[tuple[str, str], tuple[object, np.ndarray]] = {}
+
+
+def _vec_baseline(conn: apsw.Connection, vtbl: str, qvec: np.ndarray) -> tuple[float, float]:
+    """(centre, spread) of the question's similarity to an even sample of the store's
+    vectors, as robust estimates of the mean and standard deviation: how much it resembles
+    any chunk. A similarity is evidence of meaning when it stands out from that (HIT_VEC_Z,
+    QUESTION_VEC_Z), whatever the model's scale: e5 puts unrelated texts near 0.7, the
+    hashing embedder near 0. The sample (every k-th stored vector) is kept until the store
+    or the vector table changes."""
+    key = (conn.filename, vtbl)
+    top = scalar(conn, f"SELECT max(id) FROM {vtbl}_f")  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
+    state = (_store_state(conn), top)
+    held = _baselines.get(key)
+    if held is None or held[0] != state:
+        n = int(scalar(conn, f"SELECT count(*) FROM {vtbl}_f"))  # noqa: S608 - as above
+        step = max(1, n // _BASELINE_VECTORS)
+        found = conn.execute(
+            f"SELECT v FROM {vtbl}_f WHERE id % ? = 0 ORDER BY id LIMIT ?",  # noqa: S608 - as above
+            (step, _BASELINE_VECTORS),
+        ).fetchall()
+        m = (
+            np.frombuffer(b"".join(v for (v,) in found), dtype=np.float32).reshape(len(found), -1)
+            if found
+            else np.zeros((0, qvec.shape[-1]), dtype=np.float32)
+        )
+        held = _baselines[key] = (state, m)
+    m = held[1]
+    if len(m) < 2:
+        return 0.0, 1.0
+    sims = m @ np.ascontiguousarray(qvec, dtype=np.float32)
+    # Median and scaled median absolute deviation: the few chunks that do match (in a small
+    # workspace, a large part of the sample) do not move the baseline they are judged by.
+    centre = _median(sims)
+    spread = 1.4826 * _median(np.abs(sims - centre))
+    return centre, spread or 1.0
+
+
+def _median(a: np.ndarray) -> float:
+    """``np.median`` of a short vector, without its generic machinery (called twice per
+    question)."""
+    s = np.sort(a)
+    n = len(s)
+    return float(s[(n - 1) // 2] + s[n // 2]) / 2
+
+
 # Files per question ranked at file level.
 _FILE_POOL = 40
 # From this many file versions on, terms in more than a tenth of them (idf below log 9) do
@@ -437,6 +487,16 @@ _VEC_POOL = 30
 EVIDENCE_FLOOR = 0.12
 # How many of the best files are checked for it.
 _EVIDENCE_FILES = 3
+# A file is returned when it holds a share of the question itself (rank.evidence_share),
+# is named by it, or its best similarity stands HIT_VEC_Z standard deviations above the
+# question's baseline (``_vec_baseline``): a file that only a two-letter word brought, or
+# the vectors at about the similarity of any chunk, is no evidence.
+HIT_FLOOR = 1e-9
+HIT_VEC_Z = 1.0
+# With a semantic embedder, a question whose best files hold too little of its words is
+# still answered when one of them stands this far above its baseline: meaning found
+# without the words ("configuration" finding read_settings).
+QUESTION_VEC_Z = 5.0
 
 _file_df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
 
@@ -543,32 +603,30 @@ def _file_query(
     return [(r[0], r[1], r[2], -float(r[3])) for r in rows]
 
 
-def _evidence(
+def _shares(
     conn: apsw.Connection,
     weights: dict[str, float],
     file_ids: Sequence[int],
     ids: rank.OpaqueIds | None = None,
-) -> float:
-    """The best share of the question that one of ``file_ids`` answers (rank.evidence_share),
-    from one full-text lookup of the telling terms."""
-    telling = [t for t in weights if rank.telling(t)]
-    if not telling:
-        return 1.0
+) -> dict[int, float]:
+    """file_id -> the share of the question it answers (rank.evidence_share), from one
+    full-text lookup of the judged terms (rank.judged_terms)."""
+    judged = rank.judged_terms(weights)
     if not file_ids:
-        return 0.0
+        return {}
     present: dict[int, list[str]] = defaultdict(list)
     rows = int_array(file_ids)
     # One query for up to 62 terms (a 64-bit mask): knowledge_phrases says which of them
     # each file holds.
-    for start in range(0, len(telling), 62):
-        group = telling[start : start + 62]
+    for start in range(0, len(judged), 62):
+        group = judged[start : start + 62]
         for fid, mask in conn.execute(
             "SELECT rowid, knowledge_phrases(files_fts) FROM files_fts WHERE files_fts MATCH ?"
             " AND rowid IN (SELECT value FROM carray(?))",
             (" OR ".join(fts_quote(t) for t in group), rows),
         ):
             present[fid].extend(t for i, t in enumerate(group) if int(mask) >> i & 1)
-    return max(rank.evidence_share(weights, present.get(f, ()), ids) for f in file_ids)
+    return {f: rank.evidence_share(weights, present.get(f, ()), ids) for f in file_ids}
 
 
 def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
@@ -815,26 +873,29 @@ class _Held:
                 out[f] = mem.chunk_row(int(mem.first_chunk[p]), 0.0)
         return out
 
-    def evidence(
+    def shares(
         self,
         weights: dict[str, float],
         file_ids: Sequence[int],
         ids: rank.OpaqueIds | None = None,
-    ) -> float:
-        telling = [t for t in weights if rank.telling(t)]
-        if not telling:
-            return 1.0
-        if not file_ids:
-            return 0.0
+    ) -> dict[int, float]:
+        judged = rank.judged_terms(weights)
         files, pos = self.mem.files, self.mem.file_pos
-        return max(
-            rank.evidence_share(
-                weights,
-                [t for t in telling if f in pos and files.holds(self.ftid[t], pos[f])],
-                ids,
+        at = np.asarray([pos.get(f, -1) for f in file_ids], dtype=np.int64)
+        held = [files.holds_rows(self.ftid[t], at) for t in judged]
+        total = sum(weights[t] for t in judged)
+        if total > 0 and (ids is None or not ids.ids):
+            # rank.evidence_share for every file at once: the same sum in the same order.
+            share = np.zeros(len(file_ids), dtype=np.float64)
+            for t, h in zip(judged, held, strict=True):
+                share += weights[t] * h
+            return dict(zip(file_ids, (share / total).tolist(), strict=True))
+        return {
+            f: rank.evidence_share(
+                weights, [t for t, h in zip(judged, held, strict=True) if h[i]], ids
             )
-            for f in file_ids
-        )
+            for i, f in enumerate(file_ids)
+        }
 
 
 def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chunks, vectors, order
@@ -853,8 +914,8 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     held: _Held | None = None,
     ids: rank.OpaqueIds | None = None,
     named: rank.NamedFiles | None = None,
-) -> tuple[list[CodeHit], float]:
-    """(hits, evidence): files ranked by code.rank, each answering with its best chunks
+) -> tuple[list[CodeHit], float, float]:
+    """(hits, evidence, vec_z): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
     share of the question (rank.evidence_share) for the relevance floor. ``cues``: the
     words that may name a kind of file (rank.priors_for); ``ids``: the question's
@@ -873,6 +934,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     for r in rows:
         by_id.setdefault(r[0], r)
     sims: dict[int, float] = {}
+    base = (0.0, 1.0)
     file_of = held.file_of(list(by_id)) if held else _file_of(conn, list(by_id))
     if vec is not None:
         embedder, vtbl, qv = vec
@@ -896,6 +958,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             among if prefixes else None,
             (lambda ids: held.rows(ids, workspaces, prefixes)) if held else None,
         )
+        base = _vec_baseline(conn, vtbl, qv)
         new = [r for r in vec_rows if r[0] not in by_id]
         for r in new:
             by_id[r[0]] = (*r[:11], 0.0)
@@ -913,7 +976,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         e.vector = max(e.vector, sims.get(cid, 0.0))
         per_file[fid].append(r)
     if not ev:
-        return [], 0.0
+        return [], 0.0, 0.0
     facts = held.file_facts(list(ev)) if held else _file_facts(conn, list(ev))
     for fid, (n, generated) in facts.items():
         ev[fid].n_chunks = n
@@ -924,8 +987,36 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0, named
     )
     order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))
-    best3 = order[:_EVIDENCE_FILES]
-    evidence = held.evidence(weights, best3, ids) if held else _evidence(conn, weights, best3, ids)
+    # How far each file's best similarity stands out from the question's baseline.
+    standout = (
+        {f: (e.vector - base[0]) / base[1] for f, e in ev.items() if e.vector > 0}
+        if vec is not None
+        else {}
+    )
+    # The question's evidence is the best share among its best files; each file returned
+    # must hold a share of its own (HIT_FLOOR), stand out by its vectors (HIT_VEC_Z) or be
+    # named by the question. Shares are looked up a block of files at a time, until
+    # ``limit`` files pass.
+    shares: dict[int, float] = {}
+    passed: list[int] = []
+    block = max(limit, _EVIDENCE_FILES)
+    for start in range(0, len(order), block):
+        part = order[start : start + block]
+        shares.update(
+            held.shares(weights, part, ids) if held else _shares(conn, weights, part, ids)
+        )
+        passed += [
+            f
+            for f in part
+            if shares[f] >= HIT_FLOOR
+            or standout.get(f, 0.0) >= HIT_VEC_Z
+            or (named is not None and named.names(ev[f].path))
+        ]
+        if len(passed) >= limit:
+            break
+    evidence = max((shares[f] for f in order[:_EVIDENCE_FILES]), default=0.0)
+    vec_z = max((standout[f] for f in order[:_EVIDENCE_FILES] if f in standout), default=0.0)
+    order = passed
     # Files found by their path alone answer with their first chunk.
     missing = [f for f in order[:limit] if f not in per_file]
     firsts = (
@@ -971,7 +1062,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         if r[0] in sims:
             why.append(f"vec: {sims[r[0]]:.2f}")
         hits.append(_hit(r, score, why, float(r[11]) < 0))
-    return hits, evidence
+    return hits, evidence, vec_z
 
 
 def _one_state(
@@ -1067,7 +1158,7 @@ def search(
         ]
     else:
         vec = (embedder, vtbl, qv) if qv is not None and vtbl is not None else None
-        hits, evidence = _file_ranked(
+        hits, evidence, vec_z = _file_ranked(
             conn,
             terms,
             kept,
@@ -1084,7 +1175,8 @@ def search(
             rank.opaque_ids(body),
             rank.named_files(body),
         )
-        if hits and evidence < EVIDENCE_FLOOR:
+        semantic = embedder is not None and not isinstance(embedder, HashingEmbedder)
+        if hits and evidence < EVIDENCE_FLOOR and not (semantic and vec_z >= QUESTION_VEC_Z):
             hits = []
     snippet_terms = kept or terms
     # "lex:" names the words a hit contains, stems included (what ranked it).
