@@ -237,6 +237,42 @@ def test_a_files_first_lines_say_whether_a_tool_generated_it(head: str, generate
     assert chunking.generated_header(head) is generated
 
 
+@pytest.mark.parametrize(
+    ("text", "options"),
+    [
+        # clap: derive attributes (fd's src/cli.rs) and the builder.
+        ("#[arg(long, short = 'H')]\npub hidden: bool,\n#[clap(long)]\npub follow: bool,\n", 2),
+        ('Command::new("x").arg(Arg::new("depth").long("max-depth"))\n', 1),
+        # argparse, click, typer.
+        ('p.add_argument("--verbose", action="store_true")\np.add_argument("path")\n', 2),
+        ('@click.option("--name")\n@click.argument("src")\n@option("-v", count=True)\n', 3),
+        ('def main(name: str = typer.Option("x"), n: int = typer.Argument(1)): ...\n', 2),
+        # cobra / pflag and Go's flag package.
+        (
+            'cmd.Flags().BoolVarP(&v, "verbose", "v", false, "")\n'
+            'root.PersistentFlags().String("config", "", "")\nport := flag.Int("port", 80, "")\n',
+            3,
+        ),
+        # commander / yargs, picocli.
+        (
+            'program.option("-d, --debug", "output extra debugging").requiredOption("-c <path>")\n',
+            2,
+        ),
+        (
+            '@Option(names = {"-v"}) boolean verbose;\n@CommandLine.Parameters(index = "0") String file;\n',
+            2,
+        ),
+        # Words about options are no definitions; nor is a method named option.
+        ("# Options: --verbose prints more. See the help for every flag.\n", 0),
+        ("settings.option(name)\nparser.parse_args()\n", 0),
+    ],
+)
+def test_cli_options_counts_the_command_line_options_a_file_defines(
+    text: str, options: int
+) -> None:
+    assert chunking.cli_options(text) == options
+
+
 def test_missing_grammar_falls_back_to_windows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chunking, "_parser", lambda language: None)
     chunks, _, method = chunk_file(WS, "m.go", SOURCES["m.go"][0])

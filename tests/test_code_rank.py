@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from knowledge_server.code import indexer, memory, rank
+from knowledge_server.code import chunking, indexer, memory, rank
 from knowledge_server.code.chunking import language_for
 from knowledge_server.code.index import CodeIndex
 
@@ -574,6 +574,69 @@ def test_a_mock_that_says_it_was_generated_comes_after_the_code_it_mocks(
     with CodeIndex(str(tmp_path / "data2" / "code.sqlite")) as idx:
         idx.index_workspace(str(root))
         assert _paths(idx, question)[0] == "pkg/mocks/mock_store.go"
+
+
+# A command line defined with clap's derive attributes, as fd's src/cli.rs does.
+_CLAP = "".join(
+    f"    /// {doc}\n    #[arg(long = \"{name}\", short = '{name[0]}')]\n    pub {name.replace('-', '_')}: bool,\n\n"
+    for name, doc in (
+        ("hidden", "Include hidden directories and files in the search results."),
+        ("no-ignore", "Show search results from files and directories that would be ignored."),
+        ("follow", "Follow symbolic links."),
+        ("full-path", "Match the pattern against the full path instead of the file name."),
+        ("absolute-path", "Show the absolute instead of the relative path."),
+        ("list-details", "Use a long listing format with file metadata."),
+        ("null", "Separate search results by the null character."),
+        ("max-depth", "Set the maximum search depth."),
+        ("exclude", "Exclude entries that match the given glob pattern."),
+        ("color", "Declare when to use color for the pattern match output."),
+    )
+)
+
+
+def test_a_question_about_options_lifts_the_file_that_defines_the_command_line(
+    tmp_path: Path,
+) -> None:
+    """CLI_WEIGHT: the source file that declares a program's options (chunking.cli_options)
+    comes first for a question about an option's help, ahead of the code that reads the
+    option more often; a question without a word of the command line keeps the order of
+    its words (SQL and the copy in memory alike)."""
+    root = tmp_path / "finder"
+    _write(
+        root,
+        "src/cli.rs",
+        "use clap::Parser;\n\n#[derive(Parser)]\npub struct Opts {\n" + _CLAP + "}\n",
+    )
+    steps = "".join(
+        f"fn step_{i}(queue: &mut Vec<DirEntry>, depth: usize) -> usize {{\n"
+        f"    queue.truncate(depth + {i});\n    queue.len()\n}}\n\n"
+        for i in range(12)
+    )
+    _write(
+        root,
+        "src/walk.rs",
+        "pub fn walk(opts: &Opts, queue: &mut Vec<DirEntry>) {\n"
+        "    for entry in queue.drain(..) {\n        // skip dot entries unless asked for\n"
+        "        if !opts.hidden && entry.is_dot() {\n            continue;\n        }\n"
+        "        send(entry);\n    }\n}\n\n" + steps,
+    )
+    _fillers(root, 8)
+    assert chunking.cli_options((root / "src/cli.rs").read_text()) == 10
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        memory.warm(idx.conn, wait=True)
+        try:
+            for question, first in (
+                ("clarify the help of --hidden", "src/cli.rs"),
+                ("skip hidden entries", "src/walk.rs"),
+            ):
+                by_sql, from_copy, used = both_ways(idx, question, intent="find_code")
+                assert used and by_sql == from_copy, question
+                assert by_sql[0][1] == first, (question, by_sql[:3])
+            hits = idx.search("clarify the help of --hidden", intent="find_code").hits
+            assert "defines 10 command-line options" in hits[0].why
+        finally:
+            memory.forget(idx.conn.filename)
 
 
 def test_with_stems_adds_the_stems_that_differ() -> None:

@@ -239,15 +239,18 @@ def test_code_store_of_the_previous_version_gets_its_later_step(tmp_path: Path) 
     idx = CodeIndex(str(path))
     try:
         # The baseline was there; the full-text settings step ran (automerge was missing),
-        # then the file-level index was added and filled, and the generated-file column
-        # added (0 for the versions stored before: they had no such check).
+        # then the file-level index was added and filled, and the generated-file and
+        # command-line columns added (0 for the versions stored before: they had no such
+        # checks).
         assert _recorded(path) == [
             "001_initial",
             "002_fts_rank_and_automerge",
             "003_files_fts",
             "004_generated_files",
+            "005_cli_options",
         ]
         assert {r[0] for r in idx.conn.execute("SELECT generated FROM file_versions")} <= {0}
+        assert {r[0] for r in idx.conn.execute("SELECT cli_options FROM file_versions")} <= {0}
         settings = dict(idx.conn.execute("SELECT k, v FROM chunks_fts_config").fetchall())
         # Every stored file version has its row in the file-level index, from its chunks.
         versions = idx.conn.execute("SELECT id FROM file_versions ORDER BY id").fetchall()

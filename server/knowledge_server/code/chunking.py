@@ -31,9 +31,9 @@ __all__ = [
 ]
 
 # Bump when chunk boundaries, the languages given, what is read from a file's text
-# (generated_header) or what redaction keeps of it change: it is part of every revision
+# (generated_header, cli_options) or what redaction keeps of it change: it is part of every revision
 # fingerprint, so the next index run reads and cuts every file again.
-CHUNKER_VERSION = "code-chunker-6"
+CHUNKER_VERSION = "code-chunker-7"
 
 _EXT_LANG = {
     ".py": "python",
@@ -364,6 +364,25 @@ def generated_header(text: str) -> bool:
     return any(_SAYS_GENERATED.search(c) for c in comments) and any(
         _SAYS_DO_NOT_EDIT.search(c) for c in comments
     )
+
+
+# One command-line option (or positional argument) defined, in the libraries that define
+# them most: clap (derive attributes and the builder), argparse, click and typer, cobra /
+# pflag and Go's flag package, commander and yargs, picocli.
+_CLI_OPTION = re.compile(
+    r"#\[(?:arg|clap)\(|\bArg::(?:new|with_name)\("
+    r"|\.add_argument\(|@(?:click\.)?(?:option|argument)\(|\btyper\.(?:Option|Argument)\("
+    r"|\.(?:Persistent)?Flags\(\)\.\w+\(|\bflag\.(?:String|Bool|Int|Uint|Float64|Duration|Var)\w*\("
+    r"|\.(?:required)?[oO]ption\(\s*['\"`]-"
+    r"|@(?:CommandLine\.)?(?:Option|Parameters)\("
+)
+
+
+def cli_options(text: str) -> int:
+    """How many command-line options the file defines (``_CLI_OPTION``): the file that
+    declares a program's options holds its help texts, and questions about options, flags
+    and help are about it (code.rank.CLI_WEIGHT)."""
+    return len(_CLI_OPTION.findall(text))
 
 
 def _parser(language: str) -> Any | None:

@@ -18,7 +18,7 @@ from knowledge_server import fts
 from knowledge_server.logs import get_logger
 
 from . import bitknn
-from .chunking import CHUNKER_VERSION, chunk_file, generated_header
+from .chunking import CHUNKER_VERSION, chunk_file, cli_options, generated_header
 from .embed import Embedder, EmbeddingError
 from .model import IndexInterrupted, IndexOptions, IndexReport, ProgressCallback, StopCheck
 from .store import file_tokens, is_binary, scalar, vec_table_for, vec_tables
@@ -79,6 +79,7 @@ def _prepare(job: tuple[str, str, str, tuple[str, ...], IndexOptions]) -> dict[s
         "language": language,
         "method": method,
         "generated": generated_header(text),
+        "cli_options": cli_options(text),
         "chunks": [_chunk_row(c) for c in chunks],
         "tokens": tokens,
     }
@@ -111,7 +112,7 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
         for f in batch:
             conn.execute(
                 "INSERT INTO file_versions(workspace, path, file_hash, chunker, language, method,"
-                " size, mtime_ns, n_chunks, generated) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                " size, mtime_ns, n_chunks, generated, cli_options) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     workspace,
                     f["path"],
@@ -123,6 +124,7 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
                     f["mtime_ns"],
                     len(f["chunks"]),
                     int(f["generated"]),
+                    int(f["cli_options"]),
                 ),
             )
             file_id = conn.last_insert_rowid()
@@ -279,6 +281,7 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
                 "language": res["language"],
                 "method": res["method"],
                 "generated": res["generated"],
+                "cli_options": res["cli_options"],
                 "size": wf.size,
                 "mtime_ns": wf.mtime_ns,
                 "chunks": res["chunks"],

@@ -249,7 +249,7 @@ class StoreMemory:
         # language, file_id), ascending id.
         self.chunk_ids = np.asarray([r[0] for r in chunk_rows], dtype=np.int64)
         self.chunk_meta = [r[:9] for r in chunk_rows]
-        # Files: (id, workspace, path, language, n_chunks, generated), ascending id.
+        # Files: (id, workspace, path, language, n_chunks, generated, cli_options), by id.
         self.file_ids = np.asarray([r[0] for r in file_rows], dtype=np.int64)
         self.file_meta = file_rows
         self.file_pos = file_pos = {int(f): i for i, f in enumerate(self.file_ids)}
@@ -386,8 +386,8 @@ def build(
         files = [
             tuple(map(_intern, r))
             for r in conn.execute(
-                "SELECT id, workspace, path, language, n_chunks, file_hash, chunker, generated"
-                " FROM file_versions ORDER BY id"
+                "SELECT id, workspace, path, language, n_chunks, file_hash, chunker, generated,"
+                " cli_options FROM file_versions ORDER BY id"
             )
         ]
         current = {
@@ -442,7 +442,7 @@ def build(
         c_tokens,
         c_keys,
         c_vocab,
-        [(*r[:5], bool(r[7])) for r in files],
+        [(*r[:5], bool(r[7]), int(r[8])) for r in files],
         f_tokens,
         f_keys,
         f_vocab,

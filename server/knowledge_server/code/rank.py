@@ -37,6 +37,8 @@ __all__ = [
     "FileEvidence",
     "NamedFiles",
     "OpaqueIds",
+    "about_command_line",
+    "defines_cli",
     "evidence_share",
     "file_kind",
     "judged_terms",
@@ -75,6 +77,17 @@ SIZE_WEIGHT = 0.2
 BM25_EXPONENT = 0.75
 # How much a file's second, third ... chunk weighs against its best one.
 NEXT_CHUNK_DECAY = 0.5
+# A question about the command line (``about_command_line``: options, flags, help, usage,
+# a written ``--flag``) raises the score of a source file that defines at least
+# CLI_MIN_OPTIONS command-line options (chunking.cli_options) by CLI_WEIGHT: that file
+# holds the options' names and help texts, which such a question is usually about.
+# Measured on the labelled sets and this repository's own (bench/RESULTS.md).
+CLI_WEIGHT = 0.2
+CLI_MIN_OPTIONS = 10
+_COMMAND_LINE = re.compile(
+    r"(?i)\b(?:help|options?|flags?|arguments?|usage|cli|command[- ]line)\b"
+    r"|(?<![\w-])--?[A-Za-z]"
+)
 
 # The languages of code, by the names code.chunking gives them (identify's names for those
 # without a grammar here). Build files (makefile, cmake, dockerfile, bazel) and data
@@ -695,6 +708,17 @@ class FileEvidence:
     vector: float = 0.0  # its best chunk's cosine similarity (semantic embedders only)
     n_chunks: int = 1  # the file version's chunk count (its size)
     generated: bool = False  # its first lines say a tool generated it
+    cli_options: int = 0  # the command-line options it defines (chunking.cli_options)
+
+
+def about_command_line(question: str) -> bool:
+    """Whether a question is about a program's command line (CLI_WEIGHT)."""
+    return _COMMAND_LINE.search(question) is not None
+
+
+def defines_cli(f: FileEvidence, kind: str) -> bool:
+    """Whether ``f`` is a source file that defines a command line (CLI_MIN_OPTIONS)."""
+    return kind == "source" and f.cli_options >= CLI_MIN_OPTIONS
 
 
 def score_files(
@@ -703,10 +727,13 @@ def score_files(
     priors: Mapping[str, float],
     vector_weight: float = 0.0,
     named: NamedFiles | None = None,
+    command_line: bool = False,
 ) -> dict[int, float]:
     """file_id -> score: the signals, each divided by its best value among ``files``,
     weighted, summed, times the kind's prior. A file of ``named`` gains NAMED_WEIGHT
-    (a share of it in a question of more than NAMED_WORDS telling words)."""
+    (a share of it in a question of more than NAMED_WORDS telling words); with
+    ``command_line`` (about_command_line), a file that defines a command line is raised
+    by CLI_WEIGHT."""
     files = list(files)
     best_file = max((f.file_bm25 for f in files), default=0.0) or 1.0
     best_chunk = max((f.chunk_bm25 for f in files), default=0.0) or 1.0
@@ -742,5 +769,8 @@ def score_files(
         if named and named.names(f.path):
             s += named_bonus
         size = 1.0 + SIZE_WEIGHT * math.log1p(max(f.n_chunks, 0)) / log_largest
-        out[f.file_id] = s * size * priors[file_kind(f.path, f.language, f.generated)]
+        kind = file_kind(f.path, f.language, f.generated)
+        if command_line and defines_cli(f, kind):
+            size *= 1.0 + CLI_WEIGHT
+        out[f.file_id] = s * size * priors[kind]
     return out

@@ -640,12 +640,13 @@ def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
     )
 
 
-def _file_facts(conn: apsw.Connection, file_ids: Sequence[int]) -> dict[int, tuple[int, bool]]:
-    """file_id -> (the file version's number of chunks, whether it says it was generated)."""
+def _file_facts(conn: apsw.Connection, file_ids: Sequence[int]) -> dict[int, tuple[int, bool, int]]:
+    """file_id -> (the file version's number of chunks, whether it says it was generated,
+    how many command-line options it defines)."""
     return {
-        int(fid): (int(n), bool(gen))
-        for fid, n, gen in conn.execute(
-            "SELECT id, n_chunks, generated FROM file_versions"
+        int(fid): (int(n), bool(gen), int(cli))
+        for fid, n, gen, cli in conn.execute(
+            "SELECT id, n_chunks, generated, cli_options FROM file_versions"
             " WHERE id IN (SELECT value FROM carray(?))",
             (int_array(file_ids),),
         )
@@ -854,9 +855,13 @@ class _Held:
         ok = (mem.chunk_ids[pos] == ids) & scope[mem.chunk_file[pos]]
         return [mem.chunk_row(int(p), 0.0)[:11] for p in pos[ok]]
 
-    def file_facts(self, file_ids: Sequence[int]) -> dict[int, tuple[int, bool]]:
+    def file_facts(self, file_ids: Sequence[int]) -> dict[int, tuple[int, bool, int]]:
         meta, pos = self.mem.file_meta, self.mem.file_pos
-        return {f: (int(meta[pos[f]][4]), bool(meta[pos[f]][5])) for f in file_ids if f in pos}
+        return {
+            f: (int(meta[pos[f]][4]), bool(meta[pos[f]][5]), int(meta[pos[f]][6]))
+            for f in file_ids
+            if f in pos
+        }
 
     def first_chunks(
         self,
@@ -914,6 +919,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     held: _Held | None = None,
     ids: rank.OpaqueIds | None = None,
     named: rank.NamedFiles | None = None,
+    command_line: bool = False,
 ) -> tuple[list[CodeHit], float, float]:
     """(hits, evidence, vec_z): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
@@ -978,13 +984,19 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     if not ev:
         return [], 0.0, 0.0
     facts = held.file_facts(list(ev)) if held else _file_facts(conn, list(ev))
-    for fid, (n, generated) in facts.items():
+    for fid, (n, generated, cli) in facts.items():
         ev[fid].n_chunks = n
         ev[fid].generated = generated
+        ev[fid].cli_options = cli
     kinds = {fid: rank.file_kind(e.path, e.language, e.generated) for fid, e in ev.items()}
     priors = rank.priors_for(intent, cues, Counter(kinds.values()))
     scores = rank.score_files(
-        ev.values(), weights, priors, VEC_WEIGHT if vec is not None else 0.0, named
+        ev.values(),
+        weights,
+        priors,
+        VEC_WEIGHT if vec is not None else 0.0,
+        named,
+        command_line,
     )
     order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))
     # How far each file's best similarity stands out from the question's baseline.
@@ -1059,6 +1071,8 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         kind = kinds[fid]
         if priors[kind] < 1.0:
             why.append(f"{kind} file: weighs {priors[kind]:g}")
+        if command_line and rank.defines_cli(e, kind):
+            why.append(f"defines {e.cli_options} command-line options")
         if r[0] in sims:
             why.append(f"vec: {sims[r[0]]:.2f}")
         hits.append(_hit(r, score, why, float(r[11]) < 0))
@@ -1174,6 +1188,7 @@ def search(
             held,
             rank.opaque_ids(body),
             rank.named_files(body),
+            rank.about_command_line(body),
         )
         semantic = embedder is not None and not isinstance(embedder, HashingEmbedder)
         if hits and evidence < EVIDENCE_FLOOR and not (semantic and vec_z >= QUESTION_VEC_Z):

@@ -203,6 +203,12 @@ MIGRATIONS = Migrations(
             "004_generated_files",
             "ALTER TABLE file_versions ADD COLUMN generated INTEGER NOT NULL DEFAULT 0;",
         ),
+        # How many command-line options the file defines (chunking.cli_options); 0 for
+        # versions stored before, until the next index run (chunker version 7) reads them.
+        Step(
+            "005_cli_options",
+            "ALTER TABLE file_versions ADD COLUMN cli_options INTEGER NOT NULL DEFAULT 0;",
+        ),
     ),
     legacy=_legacy,
 )
