@@ -203,13 +203,8 @@ class Lexicon:
             out[self.posting(tid)[0]] = True
         return out
 
-    def holds(self, tid: int, row: int) -> bool:
-        rows = self.posting(tid)[0]
-        at = int(np.searchsorted(rows, row))
-        return at < rows.size and int(rows[at]) == row
-
     def holds_rows(self, tid: int, rows: np.ndarray) -> np.ndarray:
-        """``holds`` for each of ``rows`` at once (a row of -1 holds nothing)."""
+        """Whether each of ``rows`` holds token ``tid`` (a row of -1 holds nothing)."""
         posting = self.posting(tid)[0]
         if posting.size == 0:
             return np.zeros(len(rows), dtype=bool)
