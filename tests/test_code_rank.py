@@ -385,6 +385,14 @@ def test_a_file_found_by_its_name_alone_with_no_chunk_is_no_error(tmp_path: Path
         ("exec::command: use full names", ["src/exec/command.rs"], ["src/command.rs"]),
         ("crate::exec::command::run", ["src/exec/command.rs"], ["src/run.rs"]),
         ("`click.core.Context`", ["src/click/core.py"], ["src/click/context.py"]),
+        # A lower-case name alone in backticks is a module; a class or a path is not.
+        (
+            "Add type annotations for instance attributes in `formatting`",
+            ["src/click/formatting.py", "pkg/formatting/__init__.py"],
+            ["docs/formatting.md", "tests/test_formatting.py", "src/click/formatting_x.py"],
+        ),
+        ("Replace `dict` in `HTTPException`", [], ["starlette/httpexception.py", "dict.md"]),
+        ("fix: formatting in `src/` and `tests/`", [], ["src/lib.rs", "tests/tests.rs"]),
         ("edit ./src/main.rs:12 and ../lib/util.go", ["src/main.rs", "lib/util.go"], ["main.py"]),
         ("see /src/main.rs.", ["src/main.rs"], ["src/main.py"]),
         ("src\\exec\\command.rs", ["src/exec/command.rs"], ["tests/command.rs"]),

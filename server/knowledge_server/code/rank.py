@@ -522,6 +522,10 @@ _EXTENSIONLESS_NAMES = frozenset(name for name in identify_extensions.NAMES if "
 _EXTENSIONLESS_PATH = re.compile(r"(?:[\w.-]+/)*[\w-]+")
 # A qualified name: `click.core`, `exec::command`, `crate::exec::command::run`.
 _QUALIFIED = re.compile(r"[A-Za-z_]\w+(?:(?:\.|::)[A-Za-z_]\w+)+")
+# A lower-case name alone in backticks, as commit subjects quote a module
+# ("Add type annotations for instance attributes in `formatting`"): the module of that
+# name, when a code file has it (a class, `HTTPException`, is no module).
+_QUOTED_MODULE = re.compile(r"`([a-z_][a-z0-9_]{2,})`")
 _QUALIFIER_ROOTS = frozenset({"crate", "self", "super"})
 # The file that stands for a directory's module.
 _MODULE_FILES = ("__init__", "mod", "index")
@@ -566,9 +570,9 @@ class NamedFiles:
 
 def named_files(text: str) -> NamedFiles:
     """The files ``text`` names: written-out file names ("fix a typo in doc/util.go",
-    "./src/main.rs:12", "docker/Dockerfile") and qualified module names ("`click.core`: annotations",
+    "./src/main.rs:12", "docker/Dockerfile"), qualified module names ("`click.core`: annotations",
     "crate::exec::command"; with a name after the module, "click.core.Context", the module
-    too). A name that no file has names nothing; a name is matched whole, from a directory
+    too) and a lower-case name alone in backticks ("in `formatting`": a module of that name). A name that no file has names nothing; a name is matched whole, from a directory
     boundary ("util.go" is not "myutil.go"). URLs and e-mail addresses name no file."""
     files: dict[str, None] = {}
     modules: dict[str, None] = {}
@@ -597,6 +601,9 @@ def named_files(text: str) -> NamedFiles:
         if found:
             for part in _WORDS.findall(word):
                 terms.update(split_uncached(part))
+    for m in _QUOTED_MODULE.finditer(text):
+        modules["/" + m.group(1)] = None
+        terms.update(split_uncached(m.group(1)))
     return NamedFiles(tuple(files), tuple(modules), frozenset(terms))
 
 
