@@ -647,6 +647,67 @@ def test_a_question_about_options_lifts_the_file_that_defines_the_command_line(
             memory.forget(idx.conn.filename)
 
 
+@pytest.mark.parametrize(
+    ("question", "names"),
+    [
+        ("Add generic type parameters to FormData", {"FormData"}),
+        (
+            "Fix `HelpFormatter.write_usage` producing spurious characters",
+            {"HelpFormatter.write_usage", "HelpFormatter", "write_usage"},
+        ),
+        ("Use `ParamSpec` for `run_in_threadpool`", {"ParamSpec", "run_in_threadpool"}),
+        (
+            "Replace `dict` by `Mapping` on `HTTPException.headers`",
+            {"dict", "Mapping", "HTTPException.headers", "HTTPException", "headers"},
+        ),
+        ("handle empty bytes in echo", set()),  # prose
+        ("Fix `a b` and `x`", set()),  # not names, too short
+    ],
+)
+def test_written_identifiers_are_the_names_a_question_writes_as_code(
+    question: str, names: set[str]
+) -> None:
+    assert rank.written_identifiers(question) == names
+
+
+def test_the_one_file_that_defines_a_written_name_is_raised(tmp_path: Path) -> None:
+    """DEFINED_WEIGHT: "Touch up types in MutableHeaders" is about the file that defines
+    MutableHeaders, not the one that uses it as much (SQL and the copy in memory alike;
+    without the weight, web/responses.py came first); a name two files define raises
+    neither."""
+    root = tmp_path / "web"
+    _write(
+        root,
+        "web/datastructures.py",
+        "class Headers:\n    def get(self, key):\n        return self._list.get(key)\n\n\n"
+        "class MutableHeaders(Headers):\n    def __setitem__(self, key, value: str) -> None:\n"
+        "        self._list[key] = value\n",
+    )
+    _write(
+        root,
+        "web/responses.py",
+        "def init_headers(self, headers):\n    self.headers = MutableHeaders(raw=headers)\n"
+        "    return self.headers\n",
+    )
+    _fillers(root, 8)
+    question = "Touch up types in MutableHeaders"
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        memory.warm(idx.conn, wait=True)
+        try:
+            by_sql, from_copy, used = both_ways(idx, question, intent="find_code")
+            assert used and by_sql == from_copy
+            assert by_sql[0][1] == "web/datastructures.py", by_sql[:2]
+            assert "defines a name the question writes" in by_sql[0][4]
+        finally:
+            memory.forget(idx.conn.filename)
+        # A second file defining the name: neither is raised.
+        _write(root, "web/compat.py", "class MutableHeaders(dict):\n    pass\n")
+        idx.index_workspace(str(root))
+        hits = idx.search(question, intent="find_code").hits
+        assert hits and not any("defines a name the question writes" in h.why for h in hits)
+
+
 def test_with_stems_adds_the_stems_that_differ() -> None:
     assert rank.with_stems(["loaded", "config"]) == ["loaded", "config", "load"]
     assert rank.with_stems(["timestamps"]) == ["timestamps", "timestamp"]

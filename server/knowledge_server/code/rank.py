@@ -50,6 +50,7 @@ __all__ = [
     "split_change_type",
     "telling",
     "with_stems",
+    "written_identifiers",
 ]
 
 # Weights of the three signals (each scaled to 0..1 within the question).
@@ -84,6 +85,18 @@ NEXT_CHUNK_DECAY = 0.5
 # Measured on the labelled sets and this repository's own (bench/RESULTS.md).
 CLI_WEIGHT = 0.2
 CLI_MIN_OPTIONS = 10
+# A question that writes an identifier as code (``written_identifiers``: `quoted`,
+# CamelCase, snake_case, Dotted.name) raises by DEFINED_WEIGHT the one candidate file that
+# defines a symbol of that name (a chunk's symbol, or its first or last part): "Add generic
+# type parameters to FormData" is about the file that defines FormData. Only when a single
+# candidate defines one: a name several files define tells none of them apart. Measured on
+# the labelled sets and this repository's own (bench/RESULTS.md).
+DEFINED_WEIGHT = 0.1
+_IDENTIFIER = re.compile(
+    r"`([^`]+)`|\b([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|[a-z]+[A-Z]\w*|[A-Z][a-z0-9]+[A-Z]\w*"
+    r"|[A-Z]{2,}[a-z]\w*|[a-z0-9]+_\w+)\b"
+)
+_DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _COMMAND_LINE = re.compile(
     r"(?i)\b(?:help|options?|flags?|arguments?|usage|cli|command[- ]line)\b"
     r"|(?<![\w-])--?[A-Za-z]"
@@ -718,6 +731,18 @@ class FileEvidence:
     cli_options: int = 0  # the command-line options it defines (chunking.cli_options)
 
 
+def written_identifiers(question: str) -> frozenset[str]:
+    """The names a question writes as code (DEFINED_WEIGHT), and the first and last parts
+    of a dotted one (``HelpFormatter.write_usage``: both names, and the whole)."""
+    out: set[str] = set()
+    for m in _IDENTIFIER.finditer(question):
+        word = (m.group(1) or m.group(2)).strip("()")
+        if not _DOTTED_NAME.fullmatch(word):
+            continue
+        out.update((word, word.partition(".")[0], word.rpartition(".")[2]))
+    return frozenset(w for w in out if len(w) > 2)
+
+
 def about_command_line(question: str) -> bool:
     """Whether a question is about a program's command line (CLI_WEIGHT)."""
     return _COMMAND_LINE.search(question) is not None
@@ -735,12 +760,14 @@ def score_files(
     vector_weight: float = 0.0,
     named: NamedFiles | None = None,
     command_line: bool = False,
+    defining: int | None = None,
 ) -> dict[int, float]:
     """file_id -> score: the signals, each divided by its best value among ``files``,
     weighted, summed, times the kind's prior. A file of ``named`` gains NAMED_WEIGHT
     (a share of it in a question of more than NAMED_WORDS telling words); with
     ``command_line`` (about_command_line), a file that defines a command line is raised
-    by CLI_WEIGHT."""
+    by CLI_WEIGHT; the file ``defining`` (the one that defines a name the question writes)
+    by DEFINED_WEIGHT."""
     files = list(files)
     best_file = max((f.file_bm25 for f in files), default=0.0) or 1.0
     best_chunk = max((f.chunk_bm25 for f in files), default=0.0) or 1.0
@@ -779,5 +806,7 @@ def score_files(
         kind = file_kind(f.path, f.language, f.generated)
         if command_line and defines_cli(f, kind):
             size *= 1.0 + CLI_WEIGHT
+        if f.file_id == defining:
+            size *= 1.0 + DEFINED_WEIGHT
         out[f.file_id] = s * size * priors[kind]
     return out

@@ -653,6 +653,32 @@ def _file_facts(conn: apsw.Connection, file_ids: Sequence[int]) -> dict[int, tup
     }
 
 
+# file_id -> the names its chunks define (each symbol, its first and last dotted part),
+# per store state.
+_symbol_memos: dict[str, RevisionMemo[int, frozenset[str]]] = defaultdict(RevisionMemo)
+
+
+def _defining(conn: apsw.Connection, file_ids: Sequence[int], names: frozenset[str]) -> int | None:
+    """The one of ``file_ids`` that defines a symbol named one of ``names`` (the whole
+    symbol, or its first or last dotted part; rank.DEFINED_WEIGHT); None when none or
+    several do. Each file's names are read once per store state."""
+    if not names or not file_ids:
+        return None
+    known = _symbol_memos[conn.filename].at(_store_state(conn)) if conn.filename else {}
+    missing = [f for f in file_ids if f not in known]
+    if missing:
+        read: dict[int, set[str]] = {f: set() for f in missing}
+        for fid, symbol in conn.execute(
+            "SELECT file_id, symbol FROM chunks WHERE file_id IN (SELECT value FROM carray(?))"
+            " AND symbol != ''",
+            (int_array(missing),),
+        ):
+            read[int(fid)].update((symbol, symbol.partition(".")[0], symbol.rpartition(".")[2]))
+        known.update((f, frozenset(v)) for f, v in read.items())
+    found = [f for f in file_ids if not known[f].isdisjoint(names)]
+    return found[0] if len(found) == 1 else None
+
+
 def _first_chunks(
     conn: apsw.Connection, file_ids: Sequence[int], scope: tuple[str, list[Any]]
 ) -> dict[int, tuple[Any, ...]]:
@@ -920,6 +946,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     ids: rank.OpaqueIds | None = None,
     named: rank.NamedFiles | None = None,
     command_line: bool = False,
+    written: frozenset[str] = frozenset(),
 ) -> tuple[list[CodeHit], float, float]:
     """(hits, evidence, vec_z): files ranked by code.rank, each answering with its best chunks
     (a file's k-th chunk weighs NEXT_CHUNK_DECAY**k of it); evidence is the best file's
@@ -990,6 +1017,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         ev[fid].cli_options = cli
     kinds = {fid: rank.file_kind(e.path, e.language, e.generated) for fid, e in ev.items()}
     priors = rank.priors_for(intent, cues, Counter(kinds.values()))
+    defining = _defining(conn, list(ev), written) if written else None
     scores = rank.score_files(
         ev.values(),
         weights,
@@ -997,6 +1025,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         VEC_WEIGHT if vec is not None else 0.0,
         named,
         command_line,
+        defining,
     )
     order = sorted(ev, key=lambda f: (-round(scores[f] * 1e12), ev[f].path))
     # How far each file's best similarity stands out from the question's baseline.
@@ -1073,6 +1102,8 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             why.append(f"{kind} file: weighs {priors[kind]:g}")
         if command_line and rank.defines_cli(e, kind):
             why.append(f"defines {e.cli_options} command-line options")
+        if fid == defining:
+            why.append("defines a name the question writes")
         if r[0] in sims:
             why.append(f"vec: {sims[r[0]]:.2f}")
         hits.append(_hit(r, score, why, float(r[11]) < 0))
@@ -1189,6 +1220,7 @@ def search(
             rank.opaque_ids(body),
             rank.named_files(body),
             rank.about_command_line(body),
+            rank.written_identifiers(body),
         )
         semantic = embedder is not None and not isinstance(embedder, HashingEmbedder)
         if hits and evidence < EVIDENCE_FLOOR and not (semantic and vec_z >= QUESTION_VEC_Z):
