@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from knowledge_server.code import chunking, indexer, memory, rank
@@ -543,6 +544,21 @@ def test_in_a_repository_of_shell_tools_the_script_comes_ahead_of_its_test(
         assert _paths(idx, "list remote versions from the mirror index")[0] == "nvm.sh"
 
 
+def _find_code_both_ways(idx: CodeIndex, *questions: str) -> list[list[Any]]:
+    """Each question asked as find_code through SQL and from the copy in memory (built
+    here): both give the same hits. SQL's hits, a list per question."""
+    memory.warm(idx.conn, wait=True)
+    out = []
+    try:
+        for question in questions:
+            by_sql, from_copy, used = both_ways(idx, question, intent="find_code")
+            assert used and by_sql == from_copy, question
+            out.append(by_sql)
+    finally:
+        memory.forget(idx.conn.filename)
+    return out
+
+
 def test_a_mock_that_says_it_was_generated_comes_after_the_code_it_mocks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -570,14 +586,9 @@ def test_a_mock_that_says_it_was_generated_comes_after_the_code_it_mocks(
     question = "where is the order saved (SaveOrder)"
     with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
         idx.index_workspace(str(root))
-        memory.warm(idx.conn, wait=True)
-        try:
-            by_sql, from_copy, used = both_ways(idx, question, intent="find_code")
-            assert used and by_sql == from_copy
-            assert by_sql[0][1] == "pkg/store/store.go"
-            assert any("generated file: weighs" in w for h in by_sql for w in h[4])
-        finally:
-            memory.forget(idx.conn.filename)
+        (by_sql,) = _find_code_both_ways(idx, question)
+        assert by_sql[0][1] == "pkg/store/store.go"
+        assert any("generated file: weighs" in w for h in by_sql for w in h[4])
     monkeypatch.setattr(indexer, "generated_header", lambda text: False)
     with CodeIndex(str(tmp_path / "data2" / "code.sqlite")) as idx:
         idx.index_workspace(str(root))
@@ -632,19 +643,12 @@ def test_a_question_about_options_lifts_the_file_that_defines_the_command_line(
     assert chunking.cli_options((root / "src/cli.rs").read_text()) == 10
     with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
         idx.index_workspace(str(root))
-        memory.warm(idx.conn, wait=True)
-        try:
-            for question, first in (
-                ("clarify the help of --hidden", "src/cli.rs"),
-                ("skip hidden entries", "src/walk.rs"),
-            ):
-                by_sql, from_copy, used = both_ways(idx, question, intent="find_code")
-                assert used and by_sql == from_copy, question
-                assert by_sql[0][1] == first, (question, by_sql[:3])
-            hits = idx.search("clarify the help of --hidden", intent="find_code").hits
-            assert "defines 10 command-line options" in hits[0].why
-        finally:
-            memory.forget(idx.conn.filename)
+        about, other = _find_code_both_ways(
+            idx, "clarify the help of --hidden", "skip hidden entries"
+        )
+        assert about[0][1] == "src/cli.rs", about[:3]
+        assert "defines 10 command-line options" in about[0][4]
+        assert other[0][1] == "src/walk.rs", other[:3]
 
 
 @pytest.mark.parametrize(
@@ -693,14 +697,9 @@ def test_the_one_file_that_defines_a_written_name_is_raised(tmp_path: Path) -> N
     question = "Touch up types in MutableHeaders"
     with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
         idx.index_workspace(str(root))
-        memory.warm(idx.conn, wait=True)
-        try:
-            by_sql, from_copy, used = both_ways(idx, question, intent="find_code")
-            assert used and by_sql == from_copy
-            assert by_sql[0][1] == "web/datastructures.py", by_sql[:2]
-            assert "defines a name the question writes" in by_sql[0][4]
-        finally:
-            memory.forget(idx.conn.filename)
+        (by_sql,) = _find_code_both_ways(idx, question)
+        assert by_sql[0][1] == "web/datastructures.py", by_sql[:2]
+        assert "defines a name the question writes" in by_sql[0][4]
         # A second file defining the name: neither is raised.
         _write(root, "web/compat.py", "class MutableHeaders(dict):\n    pass\n")
         idx.index_workspace(str(root))
