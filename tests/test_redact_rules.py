@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from knowledge_server.code import _redact_gate as gate
 from knowledge_server.code.chunking import chunk_file
+from knowledge_server.code.model import IndexOptions
 from knowledge_server.episodes.importers import generic
 from knowledge_server.redact import redact
 
@@ -120,21 +121,57 @@ def test_secret_never_reaches_a_code_chunk(text: str, value: str, kept: str) -> 
         "git+ssh://git@github.com:org/repo.git",
         "https://hooks.slack.com/ is the host",
         "AccountKey=<your key>",
-        # Code, not secrets: calls, indexing and paths assigned to names with "token" or
-        # "secret" in them (fd, click, starlette), and a value on the next line.
-        "let mut tokens = Vec::new();",
-        "tokens.push(Token::Text(std::mem::take(&mut buf)));",
-        "let arg = FormatTemplate::Tokens(vec![Token::Placeholder]);",
-        "env_tokens = shlex.split(less_env)",
-        "SECRET_KEY = config('SECRET_KEY', cast=Secret)",
-        'auth = request.headers["Authorization"]',
-        "token = next(counter)",
-        'if subprotocols[1] != "token":\n        return False',
     ],
 )
 def test_ordinary_text_stays(text: str) -> None:
     assert redact(text) == text
     assert gate.redact_lines(text.split("\n")) == text.split("\n")
+
+
+@pytest.mark.parametrize(
+    ("path", "text"),
+    [
+        # Code, not secrets, in a programming language's source: calls, indexing and paths
+        # assigned to names with "token", "secret" or "auth" in them (fd, click, starlette),
+        # and a statement on the line after a name and ":".
+        ("src/fmt/mod.rs", "let mut tokens = Vec::new();"),
+        ("src/fmt/mod.rs", "tokens.push(Token::Text(std::mem::take(&mut buf)));"),
+        ("src/exec/mod.rs", "let arg = FormatTemplate::Tokens(vec![Token::Placeholder]);"),
+        ("click/_termui_impl.py", "env_tokens = shlex.split(less_env)"),
+        ("app/settings.py", "SECRET_KEY = config('SECRET_KEY', cast=Secret)"),
+        ("app/auth.py", 'auth = request.headers["Authorization"]'),
+        ("app/ids.py", "token = next(counter)"),
+        ("app/ws.py", 'if subprotocols[1] != "token":\n        return False'),
+    ],
+)
+def test_code_in_source_is_not_a_secret(path: str, text: str) -> None:
+    """In a grammar language's source (``redact(text, code=True)``, as the chunker calls it)
+    an unquoted call, index or path is code; the same text elsewhere is judged as before."""
+    assert redact(text, code=True) == text
+    (chunk,) = chunk_file("/ws", path, text, IndexOptions())[0]
+    assert chunk.text == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Generated passwords with the characters of code, in configuration and in source.
+        "db.password=Summer(2023)!",
+        "POSTGRES_PASSWORD: a8Fj2(kLq9#x",
+        "  - DB_PASSWORD=p4ss[word]99",
+        "API_KEY=abc123[xyz]789",
+        "secret_key = kT9x[mQ2!pLz",
+        "client_secret: Zx81.k(2mv",
+        "password=Pa55::w0rdXYZ",
+        "AUTH_TOKEN=abc::def123456",
+        "token: ::8fA9zQ1xB",
+        "password:\n  s3cr3tHunter2",
+        "PASSWORD=correct.horse.battery",
+    ],
+)
+def test_a_password_that_looks_like_code_is_still_redacted(text: str) -> None:
+    for code in (False, True):
+        assert "[REDACTED:" in redact(text, code=code), (text, code)
 
 
 def test_episode_text_is_redacted_with_the_same_rules(tmp_path: Path) -> None:

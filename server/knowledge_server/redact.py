@@ -45,7 +45,7 @@ class Rule:
     group: int = 0
     # A match may span lines, so its replacement may change the line count.
     multiline: bool = False
-    # The value is what a name is assigned: unquoted, it may be code (_CODE_VALUE).
+    # The value is what a name is assigned: unquoted, it may be code (_is_code).
     assigns: bool = False
 
     def __post_init__(self) -> None:
@@ -175,7 +175,7 @@ RULES: tuple[Rule, ...] = (
         re.compile(
             r"(?i)(\b[A-Z0-9_.\-]*(?:api[_\-]?key|apikey|secret|passwd|password|pwd|token|"
             r"access[_\-]?key|private[_\-]?key|client[_\-]?secret|auth(?!or))[A-Z0-9_\-]*[\"']?"
-            r"\s*(?::=|=|:)[ \t]*[\"']?)([^\s\"',;}{)]{6,})"
+            r"\s*(?::=|=|:)\s*[\"']?)([^\s\"',;}{)]{6,})"
         ),
         assigned=_ASSIGNED_WORDS,
         group=2,
@@ -187,7 +187,7 @@ RULES: tuple[Rule, ...] = (
         "pass-assignment",
         re.compile(
             r"(?i)(\b(?:[A-Z0-9]+[_.\-])*pass(?:phrase|wd|word)?[\"']?"
-            r"\s*(?::=|=|:)[ \t]*[\"']?)([^\s\"',;}{)]{6,})"
+            r"\s*(?::=|=|:)\s*[\"']?)([^\s\"',;}{)]{6,})"
         ),
         assigned=("pass",),
         group=2,
@@ -202,12 +202,28 @@ _PLACEHOLDER = re.compile(
     r"os\.environ.*|env\(.*|process\.env.*|getenv.*|self\..*|config\..*|settings\..*)$"
 )
 
-# An unquoted assigned value that is code, not a literal: a call or an index
-# (``Vec::new()``, ``config("SECRET_KEY", cast=Secret)``, ``next(counter)``) or a path
-# (``Token::Placeholder``; ``Token::Text(buf)`` reads as ``Token`` assigned ``:Text(buf``).
-# A quoted value is a literal and is still judged; so is a plain or dotted name, which an
-# env file may hold as a password.
-_CODE_VALUE = re.compile(r"[A-Za-z_][\w.]*[(\[].*|:.*|.*::.*")
+# In the source of a programming language (``redact(text, code=True)``: the chunker's
+# grammar languages), an unquoted assigned value that is code, not a literal: a call or
+# an index on a lower-case name (``config("SECRET_KEY", cast=Secret)``, ``next(counter)``,
+# ``shlex.split(env)``) or a path (``Token::Placeholder``; ``Token::Text(buf)`` reads as ``Token`` assigned
+# ``:Text(buf``), and an unquoted lower-case word on the line after a name and ":"
+# (``if ws.token:`` then ``return False``). A quoted value is a literal and is still judged; so
+# is a plain or dotted name on the name's line. Elsewhere (env files, YAML, properties,
+# shell) an unquoted value is a literal, whatever characters it holds
+# (``PASSWORD=Summer(2023)!``), and may stand on the next line.
+_CODE_CALL = re.compile(r"[a-z_][a-z_]*(?:\.[a-z_][A-Za-z_]*)*[(\[].*")
+_CODE_PATH = re.compile(r":?(?:[A-Za-z_]+::)*[A-Za-z_]+(?:[(\[].*|\]*)")
+
+
+def _is_code(value: str) -> bool:
+    """Whether an unquoted value in source is code (_CODE_CALL: a call or an index on a
+    lower-case dotted name without digits; _CODE_PATH: a ``::`` path of names without
+    digits). A generated password holds digits or capitals where these have none."""
+    if _CODE_CALL.fullmatch(value):
+        return True
+    return (value.startswith(":") or "::" in value) and _CODE_PATH.fullmatch(value) is not None
+
+
 _QUOTES = ("'", '"')
 
 # File names that are never read at all (code lane walker): dotenv files, key
@@ -254,8 +270,9 @@ SOURCE_FILE_EXCEPTIONS: tuple[str, ...] = tuple(
 )
 
 
-def redact_counted(text: str) -> tuple[str, int]:
-    """Return ``text`` with every recognised secret replaced, and how many were."""
+def redact_counted(text: str, code: bool = False) -> tuple[str, int]:
+    """Return ``text`` with every recognised secret replaced, and how many were. ``code``:
+    the text is a programming language's source (_is_code)."""
     if not text:
         return text, 0
     count = 0
@@ -266,7 +283,14 @@ def redact_counted(text: str) -> tuple[str, int]:
             value = m.group(rule.group)
             if rule.group and _PLACEHOLDER.match(value):
                 return m.group(0)
-            if rule.assigns and not m.group(1).endswith(_QUOTES) and _CODE_VALUE.fullmatch(value):
+            if (
+                code
+                and rule.assigns
+                and not m.group(1).endswith(_QUOTES)
+                and (
+                    ("\n" in m.group(1) and value.isalpha() and value.islower()) or _is_code(value)
+                )
+            ):
                 return m.group(0)
             count += 1
             marker = f"[REDACTED:{rule.kind}]"
@@ -281,9 +305,10 @@ def redact_counted(text: str) -> tuple[str, int]:
     return text, count
 
 
-def redact(text: str) -> str:
-    """Return ``text`` with every recognised secret replaced by ``[REDACTED:<kind>]``."""
-    return redact_counted(text)[0]
+def redact(text: str, code: bool = False) -> str:
+    """Return ``text`` with every recognised secret replaced by ``[REDACTED:<kind>]``;
+    ``code``: the text is a programming language's source (_is_code)."""
+    return redact_counted(text, code)[0]
 
 
 def looks_like_secret(value: str) -> bool:

@@ -47,10 +47,10 @@ def _may_hold_secret(text: str) -> bool:
     return any(w in folded for w in _WORDS) and _ASSIGN_ANY_CASE.search(text) is not None
 
 
-def redact_text(text: str) -> str:
+def redact_text(text: str, code: bool = False) -> str:
     if not _may_hold_secret(text):
         return text
-    return redact(text)
+    return redact(text, code)
 
 
 def _by_first_char(literals: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
@@ -69,7 +69,7 @@ _HOT = _by_first_char(_LITERALS + _WORDS)
 _NO_VALUE = re.compile(r"[\s\"':=]*\Z")
 
 
-def redact_lines(lines: list[str]) -> list[str] | None:
+def redact_lines(lines: list[str], code: bool = False) -> list[str] | None:
     """Redact a file given as lines, keeping the line count.
 
     Only lines holding one of the gate literals (plus the lines up to the next one
@@ -111,7 +111,7 @@ def redact_lines(lines: list[str]) -> list[str] | None:
         seg = "\n".join(lines[a : b + 1])
         if not _may_hold_secret(seg):  # e.g. a key word that is not assigned: "for key in d"
             continue
-        red = redact(seg)
+        red = redact(seg, code)
         if red == seg:
             continue
         parts = red.split("\n")

@@ -33,7 +33,7 @@ __all__ = [
 # Bump when chunk boundaries, the languages given, what is read from a file's text
 # (generated_header, cli_options) or what redaction keeps of it change: it is part of every revision
 # fingerprint, so the next index run reads and cuts every file again.
-CHUNKER_VERSION = "code-chunker-7"
+CHUNKER_VERSION = "code-chunker-8"
 
 _EXT_LANG = {
     ".py": "python",
@@ -728,12 +728,14 @@ def chunk_file(
     chunks: list[Chunk] = []
     seen: set[str] = set()
     # Redact once per file (line count kept) rather than once per overlapping chunk.
-    red_lines = redact_lines(lines)
+    # In a grammar language's source an unquoted value is code, not a secret (redact).
+    code = language in _GRAMMARS
+    red_lines = redact_lines(lines, code)
     for sp in spans:
         if red_lines is not None:
             body = "\n".join(red_lines[sp.start : sp.end + 1])
         else:
-            body = redact_text("\n".join(lines[sp.start : sp.end + 1]))
+            body = redact_text("\n".join(lines[sp.start : sp.end + 1]), code)
         content_hash = hashlib.sha1(
             body.encode("utf-8", "surrogatepass"), usedforsecurity=False
         ).hexdigest()
