@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from knowledge_server.code import chunking, indexer, memory, rank
+from knowledge_server.code import chunking, indexer, memory, rank, search
 from knowledge_server.code.chunking import language_for
+from knowledge_server.code.embed import HashingEmbedder
 from knowledge_server.code.index import CodeIndex
+from knowledge_server.code.model import IndexOptions
+from knowledge_server.code.store import vec_table_for
 
 from tests.code_memory_paths import both_ways
 
@@ -394,6 +397,8 @@ def test_a_file_found_by_its_name_alone_with_no_chunk_is_no_error(tmp_path: Path
         ),
         ("Replace `dict` in `HTTPException`", [], ["starlette/httpexception.py", "dict.md"]),
         ("fix: formatting in `src/` and `tests/`", [], ["src/lib.rs", "tests/tests.rs"]),
+        ("Avoid heavy imports in `__init__`", [], ["pkg/__init__.py", "pkg/a/__init__.py"]),
+        ("the `main` loop", [], ["cmd/fd/main.go", "src/main.rs"]),
         ("edit ./src/main.rs:12 and ../lib/util.go", ["src/main.rs", "lib/util.go"], ["main.py"]),
         ("see /src/main.rs.", ["src/main.rs"], ["src/main.py"]),
         ("src\\exec\\command.rs", ["src/exec/command.rs"], ["tests/command.rs"]),
@@ -893,3 +898,25 @@ def test_the_readme_question_finds_load_config(tmp_path: Path) -> None:
         assert "load_config" in [h.symbol for h in hits[:2]], [(h.path, h.symbol) for h in hits[:5]]
     finally:
         idx.close()
+
+
+def test_the_vectors_baseline_follows_vectors_filled_in_later(tmp_path: Path) -> None:
+    """search._vec_baseline's sample is read again when vectors are filled in for chunks
+    indexed before (their ids lie below the table's highest): the revisions' count of
+    chunks without vectors is part of its key."""
+    emb = HashingEmbedder()
+    a, b = tmp_path / "a", tmp_path / "b"
+    _fillers(a, 8)
+    _fillers(b, 4)
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite"), embedder=emb) as idx:
+        idx.index_workspace(str(a), options=IndexOptions(fill_vectors=False))
+        idx.index_workspace(str(b))
+        vtbl = vec_table_for(idx.conn, emb.identity, emb.dim, create=False)
+        assert vtbl is not None
+        qv = emb.embed_query(["store cookie"])[0]
+        search._vec_baseline(idx.conn, vtbl, qv)
+        before = len(search._baselines[(idx.conn.filename, vtbl)][1])
+        assert idx.fill_vectors(str(a)) > 0
+        search._vec_baseline(idx.conn, vtbl, qv)
+        after = len(search._baselines[(idx.conn.filename, vtbl)][1])
+        assert (before, after) == (4, 12)

@@ -615,6 +615,9 @@ def named_files(text: str) -> NamedFiles:
             for part in _WORDS.findall(word):
                 terms.update(split_uncached(part))
     for m in _QUOTED_MODULE.finditer(text):
+        # `__init__`, `mod`, `index`, `main`: a name many directories' files share.
+        if m.group(1) in _MODULE_FILES or m.group(1) == "main":
+            continue
         modules["/" + m.group(1)] = None
         terms.update(split_uncached(m.group(1)))
     return NamedFiles(tuple(files), tuple(modules), frozenset(terms))

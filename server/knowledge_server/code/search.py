@@ -432,24 +432,32 @@ def _vec_baseline(conn: apsw.Connection, vtbl: str, qvec: np.ndarray) -> tuple[f
     vectors, as robust estimates of the mean and standard deviation: how much it resembles
     any chunk. A similarity is evidence of meaning when it stands out from that (HIT_VEC_Z,
     QUESTION_VEC_Z), whatever the model's scale: e5 puts unrelated texts near 0.7, the
-    hashing embedder near 0. The sample (every k-th stored vector) is kept until the store
-    or the vector table changes."""
+    hashing embedder near 0. The sample (up to _BASELINE_VECTORS ids spread evenly between
+    the table's lowest and highest, read by rowid) is kept while the store, the table's id
+    range and the revisions' count of chunks without vectors stay the same (vectors filled
+    in later for older chunks change that count)."""
     key = (conn.filename, vtbl)
-    top = scalar(conn, f"SELECT max(id) FROM {vtbl}_f")  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
-    state = (_store_state(conn), top)
+    lo, hi = conn.execute(f"SELECT min(id), max(id) FROM {vtbl}_f").fetchone()  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
+    missing = scalar(conn, "SELECT coalesce(sum(vec_missing), 0) FROM revisions")
+    state = (_store_state(conn), lo, hi, missing)
     held = _baselines.get(key)
     if held is None or held[0] != state:
-        n = int(scalar(conn, f"SELECT count(*) FROM {vtbl}_f"))  # noqa: S608 - as above
-        step = max(1, n // _BASELINE_VECTORS)
-        found = conn.execute(
-            f"SELECT v FROM {vtbl}_f WHERE id % ? = 0 ORDER BY id LIMIT ?",  # noqa: S608 - as above
-            (step, _BASELINE_VECTORS),
-        ).fetchall()
-        m = (
-            np.frombuffer(b"".join(v for (v,) in found), dtype=np.float32).reshape(len(found), -1)
-            if found
-            else np.zeros((0, qvec.shape[-1]), dtype=np.float32)
-        )
+        if lo is None:
+            m = np.zeros((0, qvec.shape[-1]), dtype=np.float32)
+        else:
+            step = max(1, (int(hi) - int(lo) + 1) // _BASELINE_VECTORS)
+            ids = list(range(int(lo), int(hi) + 1, step))[:_BASELINE_VECTORS]
+            found = conn.execute(
+                f"SELECT v FROM {vtbl}_f WHERE id IN (SELECT value FROM carray(?))",  # noqa: S608 - as above
+                (int_array(ids),),
+            ).fetchall()
+            m = (
+                np.frombuffer(b"".join(v for (v,) in found), dtype=np.float32).reshape(
+                    len(found), -1
+                )
+                if found
+                else np.zeros((0, qvec.shape[-1]), dtype=np.float32)
+            )
         held = _baselines[key] = (state, m)
     m = held[1]
     if len(m) < 2:
