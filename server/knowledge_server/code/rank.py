@@ -42,6 +42,7 @@ __all__ = [
     "evidence_share",
     "file_kind",
     "judged_terms",
+    "name_parts",
     "named_files",
     "opaque_ids",
     "path_share",
@@ -734,6 +735,13 @@ class FileEvidence:
     cli_options: int = 0  # the command-line options it defines (chunking.cli_options)
 
 
+def name_parts(name: str) -> tuple[str, str, str]:
+    """A dotted name, its first part and its last part (``HelpFormatter.write_usage``:
+    itself, ``HelpFormatter``, ``write_usage``): the names a question's identifier and a
+    chunk's symbol are matched by (DEFINED_WEIGHT)."""
+    return name, name.partition(".")[0], name.rpartition(".")[2]
+
+
 def written_identifiers(question: str) -> frozenset[str]:
     """The names a question writes as code (DEFINED_WEIGHT), and the first and last parts
     of a dotted one (``HelpFormatter.write_usage``: both names, and the whole)."""
@@ -742,7 +750,7 @@ def written_identifiers(question: str) -> frozenset[str]:
         word = (m.group(1) or m.group(2)).strip("()")
         if not _DOTTED_NAME.fullmatch(word):
             continue
-        out.update((word, word.partition(".")[0], word.rpartition(".")[2]))
+        out.update(name_parts(word))
     return frozenset(w for w in out if len(w) > 2)
 
 

@@ -681,7 +681,7 @@ def _defining(conn: apsw.Connection, file_ids: Sequence[int], names: frozenset[s
             " AND symbol != ''",
             (int_array(missing),),
         ):
-            read[int(fid)].update((symbol, symbol.partition(".")[0], symbol.rpartition(".")[2]))
+            read[int(fid)].update(rank.name_parts(symbol))
         known.update((f, frozenset(v)) for f, v in read.items())
     found = [f for f in file_ids if not known[f].isdisjoint(names)]
     return found[0] if len(found) == 1 else None
