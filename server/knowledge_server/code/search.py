@@ -442,22 +442,17 @@ def _vec_baseline(conn: apsw.Connection, vtbl: str, qvec: np.ndarray) -> tuple[f
     state = (_store_state(conn), lo, hi, missing)
     held = _baselines.get(key)
     if held is None or held[0] != state:
-        if lo is None:
-            m = np.zeros((0, qvec.shape[-1]), dtype=np.float32)
-        else:
+        found = []
+        if lo is not None:
             step = max(1, (int(hi) - int(lo) + 1) // _BASELINE_VECTORS)
             ids = list(range(int(lo), int(hi) + 1, step))[:_BASELINE_VECTORS]
             found = conn.execute(
                 f"SELECT v FROM {vtbl}_f WHERE id IN (SELECT value FROM carray(?))",  # noqa: S608 - as above
                 (int_array(ids),),
             ).fetchall()
-            m = (
-                np.frombuffer(b"".join(v for (v,) in found), dtype=np.float32).reshape(
-                    len(found), -1
-                )
-                if found
-                else np.zeros((0, qvec.shape[-1]), dtype=np.float32)
-            )
+        m = np.frombuffer(b"".join(v for (v,) in found), dtype=np.float32).reshape(
+            len(found), qvec.shape[-1]
+        )
         held = _baselines[key] = (state, m)
     m = held[1]
     if len(m) < 2:
