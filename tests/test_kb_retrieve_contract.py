@@ -565,7 +565,9 @@ def test_kr3p_sources_are_always_the_active_release(
 def test_kr6w_milvus_stopped_fails_writes_and_reads_within_the_timeout(tmp_path: Path) -> None:
     """KR-6w: with the Milvus server stopped (SIGSTOP), staging, dropping and reading
     chunks each raise within a few times the index's timeout (2 s here), where they
-    waited for the connection's keepalive; after SIGCONT they work again. (Counting
+    waited for the connection's keepalive; after SIGCONT they work again, the revision
+    staged before is whole, and a write the client gave up on that the server applied
+    late is dropped like any unpublished revision. (Counting
     revisions uses pymilvus's query iterator, whose setup retries for about a minute
     whatever the timeout: docs/kb-index.md.)"""
     pytest.importorskip("pymilvus")
@@ -600,13 +602,18 @@ def test_kr6w_milvus_stopped_fails_writes_and_reads_within_the_timeout(tmp_path:
         limit = time.monotonic() + 30
         while True:
             try:
-                assert index.revision_counts("o") == {("o", "r1"): 1}
+                counts = index.revision_counts("o")
                 break
-            except AssertionError:
-                raise
             except Exception:  # noqa: BLE001 - reconnecting
                 assert time.monotonic() < limit, "the index did not recover after SIGCONT"
                 time.sleep(0.5)
+        # r1 is whole. The r2 insert the client gave up on may still have reached the
+        # stopped server's socket and been applied once it resumed (about one run in a few
+        # on a loaded machine): a staged revision never published, which dropping removes.
+        assert counts.get(("o", "r1")) == 1
+        assert set(counts) <= {("o", "r1"), ("o", "r2")}, counts
+        index.drop_revision("o", "r2")
+        assert index.revision_counts("o") == {("o", "r1"): 1}
         assert [c.chunk_id for c in index.get_chunks("o", ["r1:0"])] == ["r1:0"]
         index.close()
     finally:
