@@ -26,6 +26,14 @@ instead of the offline hashing embedder (its own data directory, ``data-e5``; em
 four sets takes a quarter of an hour or more on a 2-core machine): what the semantic option
 does to the ranking, on the same questions.
 
+With ``--in-process --alone`` each set is indexed into a store of its own (``data-alone/NAME``),
+as a user with one repository has it: a word's idf then comes from that repository alone.
+
+With ``--in-process --nonsense N`` each set's workspace is also asked N questions that no
+code answers (half of them one to four made-up words, half UUIDs, from a fixed seed), and
+the table's last column says how many of them got code items (the relevance floor's aim
+is none).
+
 A set made by ``bench/eval_from_git.py`` from another repository's history (``--shared DIR
 --sets NAME``) has no published floor: it is computed the README's way, and printed with a
 stricter one over source files only.
@@ -33,6 +41,7 @@ stricter one over source files only.
 Usage: python bench/bench_relevance.py [--sets click,starlette,cobra,fd] [--work DIR]
                                        [--limit-questions N] [--no-auto | --auto-only] [--in-process]
                                        [--before CHECKOUT] [--embedder hashing|e5]
+                                       [--alone] [--nonsense N]
 """
 
 from __future__ import annotations
@@ -40,12 +49,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
 import sys
 import tarfile
 import time
+import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +85,9 @@ class Score:
     ranks: list[int | None] = field(default_factory=list)  # 1-based rank of the first answer
     latency_ms: list[float] = field(default_factory=list)
     empty: int = 0
+    # Of the questions no code answers (--nonsense), how many were asked and got items.
+    nonsense: int = 0
+    nonsense_answered: int = 0
 
     def add(self, paths: list[str], answers: set[str], ms: float) -> None:
         seen: list[str] = []
@@ -119,6 +133,24 @@ def questions(shared: Path, name: str) -> list[tuple[str, set[str]]]:
         if line.strip():
             q = json.loads(line)
             out.append((q["query"], set(q["files"])))
+    return out
+
+
+def nonsense(n: int, seed: int = 7) -> list[str]:
+    """``n`` questions no code answers: one to four made-up words (letters drawn at random,
+    6-10 of them), and UUIDs, in turn."""
+    rnd = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    out = []
+    for i in range(n):
+        if i % 2:
+            out.append(str(uuid.UUID(int=rnd.getrandbits(128))))
+        else:
+            words = (
+                "".join(rnd.choice(letters) for _ in range(rnd.randint(6, 10)))
+                for _ in range(rnd.randint(1, 4))
+            )
+            out.append(" ".join(words))
     return out
 
 
@@ -223,19 +255,23 @@ def ask(
 
 
 def ask_in_process(
-    index_path: Path, root: Path, qs: list[tuple[str, set[str]]], emb: Embedder | None = None
+    index_path: Path,
+    root: Path,
+    qs: list[tuple[str, set[str]]],
+    emb: Embedder | None = None,
+    unanswerable: list[str] | None = None,
 ) -> Score:
     """The questions through ``CodeIndex.search`` with the code lane's parameters (and
-    the embedder the index was built with)."""
+    the embedder the index was built with); then the ``unanswerable`` ones (--nonsense),
+    counted apart."""
     from knowledge_server.code.index import CodeIndex
     from knowledge_server.search.coordinator import MAX_CODE_PER_PATH, lane_top_k
 
     score = Score()
     prefix = str(root).rstrip("/") + "/"
     with CodeIndex(str(index_path), embedder=emb) as idx:
-        idx.search("warm up", workspaces=[str(root)], check_fresh=False)
-        for query, answers in qs:
-            t0 = time.perf_counter()
+
+        def paths_for(query: str) -> list[str]:
             res = idx.search(
                 query,
                 workspaces=[str(root)],
@@ -245,14 +281,22 @@ def ask_in_process(
                 describe_hits=False,
                 intent="find_code",
             )
-            ms = (time.perf_counter() - t0) * 1000
             per_path: dict[str, int] = {}
             paths = []
             for h in res.hits:
                 per_path[h.path] = per_path.get(h.path, 0) + 1
                 if per_path[h.path] <= MAX_CODE_PER_PATH:
                     paths.append(h.path.removeprefix(prefix))
-            score.add(paths[:10], answers, ms)
+            return paths[:10]
+
+        idx.search("warm up", workspaces=[str(root)], check_fresh=False)
+        for query, answers in qs:
+            t0 = time.perf_counter()
+            paths = paths_for(query)
+            score.add(paths, answers, (time.perf_counter() - t0) * 1000)
+        for query in unanswerable or ():
+            score.nonsense += 1
+            score.nonsense_answered += bool(paths_for(query))
     return score
 
 
@@ -289,6 +333,20 @@ def main() -> None:
         " multilingual-e5-small, the optional extra; slow on a CPU, see docs/code-lane.md),"
         " in its own data directory (data-e5)",
     )
+    ap.add_argument(
+        "--alone",
+        action="store_true",
+        help="with --in-process: each set in a store of its own (data-alone/NAME), as a"
+        " user with one repository has it",
+    )
+    ap.add_argument(
+        "--nonsense",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --in-process: also ask each set N questions no code answers (made-up"
+        " words, UUIDs) and count those that got code items",
+    )
     ap.add_argument("--index-into", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not args.shared.is_dir():
@@ -300,9 +358,20 @@ def main() -> None:
         return
     if args.embedder != "hashing" and not args.in_process:
         sys.exit("--embedder needs --in-process (a server takes its embedder from its config)")
+    if (args.alone or args.nonsense) and not args.in_process:
+        sys.exit("--alone and --nonsense need --in-process")
+    if args.nonsense < 0:
+        sys.exit("--nonsense takes a count of 0 or more")
     emb = embedder(args.embedder)
     data = args.work / ("data" if emb is None else f"data-{args.embedder}")
-    index(data, roots, emb)
+    # Per set, the store it is asked of.
+    stores = {n: data / "code.sqlite" for n in names}
+    if args.alone:
+        for n in names:
+            index(data.with_name(data.name + "-alone") / n, {n: roots[n]}, emb)
+            stores[n] = data.with_name(data.name + "-alone") / n / "code.sqlite"
+    else:
+        index(data, roots, emb)
     modes = ["find_code"] if args.no_auto or args.in_process else ["find_code", "auto"]
     if args.auto_only and not args.in_process:
         modes = ["auto"]
@@ -310,9 +379,10 @@ def main() -> None:
     # The questions asked of each set (the first --limit-questions of them).
     asked = {n: questions(args.shared, n)[: args.limit_questions or None] for n in names}
     if args.in_process:
+        made_up = nonsense(args.nonsense)
         for name, root in roots.items():
             results[(name, "find_code")] = {
-                "": ask_in_process(data / "code.sqlite", root, asked[name], emb)
+                "": ask_in_process(stores[name], root, asked[name], emb, made_up)
             }
     else:
         servers = {"": (data, {})}
@@ -389,6 +459,7 @@ def report(
     floors: dict[str, tuple[float, float, float]],
 ) -> None:
     labels = list(results[(names[0], modes[0])])
+    nonsense = any(s.nonsense for r in results.values() for s in r.values())
     for mode in modes:
         print(
             f"\n== mode={mode}" + (', include=["code"]' if mode == "find_code" else ", all lanes")
@@ -396,6 +467,7 @@ def report(
         print(
             f"{'set':<16} {'n':>4} {'R@1':>6} {'R@10':>6} {'MRR':>6}   {'floor R@1':>9} {'R@10':>6}"
             f" {'MRR':>6}   {'MRR/floor':>9}  {'P50 ms':>7} {'P95 ms':>7} {'empty':>5}"
+            + (f" {'nonsense answered':>17}" if nonsense else "")
         )
         for name in names:
             for label in labels:
@@ -408,6 +480,7 @@ def report(
                     f"   {f1:>9.3f} {f10:>6.3f} {fm:>6.3f}   {mrr / fm:>9.2f}"
                     f"  {statistics.median(s.latency_ms):>7.1f} {pct(s.latency_ms, 95):>7.1f}"
                     f" {s.empty:>5}"
+                    + (f" {s.nonsense_answered:>10} of {s.nonsense}" if nonsense else "")
                 )
         if len(labels) == 2:
             a, b = labels

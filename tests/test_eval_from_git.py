@@ -181,3 +181,26 @@ def test_bench_relevance_asks_a_made_set_with_a_computed_floor(repo: Path, tmp_p
     floor, row = _relevance(out, tmp_path / "work", "--limit-questions", "1")
     n, *figures = row.split()[1:8]
     assert n == "1" and all(float(x) in (0.0, 1.0) for x in figures), row
+
+
+def test_bench_relevance_asks_each_set_alone_and_counts_answered_nonsense(
+    repo: Path, tmp_path: Path
+) -> None:
+    """``--alone`` indexes the set into a store of its own, ``--nonsense N`` asks N made-up
+    questions of it: the row ends with how many got code items (none: the relevance
+    floor), and the questions' figures are the shared store's."""
+    out = tmp_path / "sets"
+    _make_set(repo, out)
+    _, shared_row = _relevance(out, tmp_path / "work")
+    _, row = _relevance(out, tmp_path / "work", "--alone", "--nonsense", "6")
+    assert (tmp_path / "work" / "data-alone" / "demo" / "code.sqlite").is_file()
+    assert row.endswith("0 of 6"), row
+    # One set alone is the same store content: the same figures.
+    assert row.split()[1:8] == shared_row.split()[1:8], (row, shared_row)
+    script = str(ROOT / "bench" / "bench_relevance.py")
+    run = subprocess.run(
+        [sys.executable, script, "--shared", str(out), "--sets", "demo", "--alone"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode != 0 and "need --in-process" in run.stderr
