@@ -214,6 +214,23 @@ def test_evidence_share_ignores_short_and_numeric_parts() -> None:
     assert rank.evidence_share({}, []) == 1.0  # no term at all: not judged
 
 
+def test_evidence_share_weighs_a_held_word_at_least_share_min_weight() -> None:
+    """A word in most files of a small repository (idf near 0) still shows the question is
+    about it: cobra's "add getters for flag completions", where only "getters" is in no
+    file, is not made up of that one word (SHARE_MIN_WEIGHT)."""
+    weights = {"add": 0.18, "getters": 4.89, "flag": 0.12, "completions": 0.3}
+    share = rank.evidence_share(weights, ["add", "flag", "completions"])
+    assert share == pytest.approx(3 * rank.SHARE_MIN_WEIGHT / (3 * rank.SHARE_MIN_WEIGHT + 4.89))
+    assert share > 0.3
+    # Made-up words keep their highest idf: a file holding only a common word of a question
+    # of three made-up ones answers little of it, and one holding none of them nothing.
+    made_up = {"quux": 4.89, "zorp": 4.89, "blorf": 4.89, "flag": 0.12}
+    assert rank.evidence_share(made_up, ["flag"]) < 0.1
+    assert rank.evidence_share(made_up, []) == 0.0
+    # An idf above it counts as it is.
+    assert rank.judged_weights({"zstd": 4.0, "io": 0.2, "c": 0.1}) == {"zstd": 4.0}
+
+
 def test_a_uuids_or_hashs_parts_are_evidence_only_together() -> None:
     q = rank.opaque_ids("session 7F3C9A2E-1b4d-4e5f-9a8b-123456789abc failed")
     ((segments, slack),) = q.ids

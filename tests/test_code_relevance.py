@@ -128,3 +128,29 @@ def test_every_returned_line_range_is_the_indexed_files_text(
                 assert g == w or "[REDACTED:" in g, (h.path, g, w)
             checked += 1
     assert checked >= SUBSET * 10
+
+
+def test_a_small_repository_alone_answers_questions_about_its_own_subject(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """The relevance floor with a repository alone in its store (idf from its 65 files):
+    "add getters for flag completions" is about cobra, whose words "flag" and "completion"
+    are in most of its files and "getters" in none; it is answered, completions.go first
+    (rank.SHARE_MIN_WEIGHT). Made-up words and a UUID still get no items."""
+    sets = shared_data / "code-eval"
+    if not sets.is_dir():
+        pytest.skip(f"no code-eval sets in {shared_data}")
+    with tarfile.open(next(sets.glob("cobra-*.tar.gz"))) as t:
+        t.extractall(tmp_path / "cobra", filter="data")
+    (root,) = [p for p in (tmp_path / "cobra").iterdir() if p.is_dir()]
+    with CodeIndex(str(tmp_path / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        res = idx.search(
+            "feat: add getters for flag completions",
+            workspaces=[str(root)],
+            limit=10,
+            intent="find_code",
+        )
+        assert [h.path for h in res.hits][:1] == ["completions.go"]
+        for q in ("quorvint blaxemor", "7f3c9a2e-1b4d-4e5f-9a8b-123456789abc"):
+            assert idx.search(q, workspaces=[str(root)], intent="find_code").hits == [], q

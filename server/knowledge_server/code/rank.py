@@ -42,6 +42,7 @@ __all__ = [
     "evidence_share",
     "file_kind",
     "judged_terms",
+    "judged_weights",
     "name_parts",
     "named_files",
     "opaque_ids",
@@ -93,6 +94,14 @@ CLI_MIN_OPTIONS = 10
 # candidate defines one: a name several files define tells none of them apart. Measured on
 # the labelled sets and this repository's own (bench/RESULTS.md).
 DEFINED_WEIGHT = 0.1
+# In the relevance floor (``evidence_share``), a word of the question that the index holds
+# weighs at least SHARE_MIN_WEIGHT, the idf of a word in about a third of the files: in a
+# repository of a few dozen files, the words it is about ("flag", "completion" in a
+# command-line library) are in most of them and their idf is near 0, so one word of the
+# question that no file holds ("getters") made up all of the question, and a question
+# about the repository's own subject got no answer. Measured with each labelled set alone
+# in a store, and on made-up and random questions (bench/RESULTS.md).
+SHARE_MIN_WEIGHT = 1.0
 _IDENTIFIER = re.compile(
     r"`([^`]+)`|\b([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|[a-z]+[A-Z]\w*|[A-Z][a-z0-9]+[A-Z]\w*"
     r"|[A-Z]{2,}[a-z]\w*|[a-z0-9]+_\w+)\b"
@@ -693,12 +702,13 @@ def evidence_share(
 ) -> float:
     """The share (0..1) of the question's telling terms' weight that a file contains
     (``present``): how much of the question the file answers. Terms absent from the
-    index count with the highest idf (a made-up word is most of a question). A question
+    index count with the highest idf (a made-up word is most of a question), the others
+    at least SHARE_MIN_WEIGHT (judged_weights). A question
     without a telling term is judged by all its terms (judged_terms). The terms of an ID of ``ids`` count only
     when the file shows the ID, unless another ID it shows or another word of the question
     has them too."""
-    judged = judged_terms(weights)
-    total = sum(weights[t] for t in judged)
+    judged = judged_weights(weights)
+    total = sum(judged.values())
     if total <= 0:
         return 1.0
     held = set(present)
@@ -711,13 +721,19 @@ def evidence_share(
                 whole = sum(g <= held for g in segs) >= len(segs) - slack
                 (shown if whole else unshown).update(*segs)
         held -= unshown - shown - ids.free
-    return sum(weights[t] for t in judged if t in held) / total
+    return sum(w for t, w in judged.items() if t in held) / total
 
 
 def judged_terms(weights: Mapping[str, float]) -> list[str]:
     """The terms whose presence evidence_share weighs: the telling ones, or every term of a
     question that has none ("io", "x y z": short words are names in code too)."""
     return [t for t in weights if telling(t)] or list(weights)
+
+
+def judged_weights(weights: Mapping[str, float]) -> dict[str, float]:
+    """{judged term: its weight in evidence_share}: its idf, at least SHARE_MIN_WEIGHT
+    (a term no file holds has the highest idf there is, above that)."""
+    return {t: max(weights[t], SHARE_MIN_WEIGHT) for t in judged_terms(weights)}
 
 
 @dataclass(slots=True)

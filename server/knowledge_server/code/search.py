@@ -913,16 +913,16 @@ class _Held:
         file_ids: Sequence[int],
         ids: rank.OpaqueIds | None = None,
     ) -> dict[int, float]:
-        judged = rank.judged_terms(weights)
+        judged = rank.judged_weights(weights)
         files, pos = self.mem.files, self.mem.file_pos
         at = np.asarray([pos.get(f, -1) for f in file_ids], dtype=np.int64)
         held = [files.holds_rows(self.ftid[t], at) for t in judged]
-        total = sum(weights[t] for t in judged)
+        total = sum(judged.values())
         if total > 0 and (ids is None or not ids.ids):
             # rank.evidence_share for every file at once: the same sum in the same order.
             share = np.zeros(len(file_ids), dtype=np.float64)
-            for t, h in zip(judged, held, strict=True):
-                share += weights[t] * h
+            for w, h in zip(judged.values(), held, strict=True):
+                share += w * h
             return dict(zip(file_ids, (share / total).tolist(), strict=True))
         return {
             f: rank.evidence_share(
