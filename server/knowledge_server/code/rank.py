@@ -703,8 +703,8 @@ def evidence_share(
     """The share (0..1) of the question's telling terms' weight that a file contains
     (``present``): how much of the question the file answers. Terms absent from the
     index count with the highest idf (a made-up word is most of a question), the others
-    at least SHARE_MIN_WEIGHT (judged_weights). A question
-    without a telling term is judged by all its terms (judged_terms). The terms of an ID of ``ids`` count only
+    with at least SHARE_MIN_WEIGHT (judged_weights). A question without a telling term
+    is judged by all its terms (judged_terms). The terms of an ID of ``ids`` count only
     when the file shows the ID, unless another ID it shows or another word of the question
     has them too."""
     judged = judged_weights(weights)
