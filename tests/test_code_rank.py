@@ -937,3 +937,44 @@ def test_the_vectors_baseline_follows_vectors_filled_in_later(tmp_path: Path) ->
         search._vec_baseline(idx.conn, vtbl, qv)
         after = len(search._baselines[(idx.conn.filename, vtbl)][1])
         assert (before, after) == (4, 12)
+
+
+@pytest.mark.parametrize(
+    ("question", "code"),
+    [
+        ("Fix Windows hyperlinks for paths with spaces", True),  # a verb that opens a change
+        ("Don't color each path component separately", True),
+        ("fix: handle invalid working directories", True),  # a change type of code
+        ("refactor(exec): Get io error from method", True),
+        ("How is `load_config` called", True),  # a name written as code
+        ("what does HelpFormatter print", True),
+        ("what is in src/cli.rs", True),  # a file it names
+        ("how is the config loaded", False),
+        ("docs: mention the new option", False),  # a change type that may be to anything
+        ("deployment process for the staging cluster", False),
+        ("", False),
+    ],
+)
+def test_about_code(question: str, code: bool) -> None:
+    change, body = rank.split_change_type(question)
+    written = rank.written_identifiers(body)
+    assert rank.about_code(change, body, written, rank.named_files(body)) is code
+
+
+def test_a_find_knowledge_question_about_code_weighs_files_as_find_code(
+    project: tuple[CodeIndex, Path],
+) -> None:
+    """find_knowledge weighs documents like code, so a question in words finds the page that
+    explains them first; one that reads as a change ("Fix ..."), writes a name as code or
+    has a change type of code has its files weighed as find_code weighs them (the router
+    sends most commit-style questions to find_knowledge: no cue words)."""
+    idx, _ = project
+
+    def paths(query: str, intent: str) -> list[str]:
+        return list(dict.fromkeys(h.path for h in idx.search(query, intent=intent).hits))
+
+    assert paths("how a URL is joined", "find_knowledge")[0] == "docs/urls.md"
+    assert paths("how a URL is joined", "find_code")[0] == "httpkit/_urls.py"
+    for query in ("Fix how a URL is joined", "how `join_url` joins a URL", "fix: URL joined"):
+        assert paths(query, "find_knowledge") == paths(query, "find_code"), query
+        assert paths(query, "find_knowledge")[0] == "httpkit/_urls.py", query

@@ -37,6 +37,7 @@ __all__ = [
     "FileEvidence",
     "NamedFiles",
     "OpaqueIds",
+    "about_code",
     "about_command_line",
     "defines_cli",
     "evidence_share",
@@ -480,6 +481,59 @@ CHANGE_TYPES = frozenset(
         "deps",
     }
 )
+# Change types that say the change was to code (a "docs:", "test:", "ci:" or "chore:"
+# change may be to anything).
+CODE_CHANGE_TYPES = frozenset(
+    {"fix", "feat", "feature", "refactor", "perf", "style", "revert", "maint"}
+)
+# Verbs that open a change written as a task or a commit subject ("Add ...", "Fix ...",
+# "Don't ..."): such a question asks where the code to change is (``about_code``).
+CHANGE_VERBS = frozenset(
+    {
+        "add",
+        "fix",
+        "use",
+        "remove",
+        "allow",
+        "make",
+        "support",
+        "replace",
+        "update",
+        "change",
+        "revert",
+        "deprecate",
+        "raise",
+        "improve",
+        "avoid",
+        "implement",
+        "refactor",
+        "rename",
+        "move",
+        "handle",
+        "prevent",
+        "ensure",
+        "simplify",
+        "drop",
+        "correct",
+        "clean",
+        "convert",
+        "extract",
+        "expose",
+        "optimize",
+        "reduce",
+        "skip",
+        "split",
+        "stop",
+        "enable",
+        "disable",
+        "introduce",
+        "migrate",
+        "rewrite",
+        "restore",
+        "do",
+        "don",
+    }
+)
 _CHANGE_PREFIX = re.compile(r"^\s*([A-Za-z]+)(?:\(([^()]*)\))?!?:\s+(?=\S)")
 
 
@@ -768,6 +822,21 @@ def written_identifiers(question: str) -> frozenset[str]:
             continue
         out.update(name_parts(word))
     return frozenset(w for w in out if len(w) > 2)
+
+
+_FIRST_WORD = re.compile(r"[A-Za-z]+")
+
+
+def about_code(change: str, body: str, written: frozenset[str], named: NamedFiles | None) -> bool:
+    """Whether a question reads as being about code, whatever the router made of it: a
+    change type of code (CODE_CHANGE_TYPES), a name written as code (``written``:
+    written_identifiers), a file it names (``named``: named_files), or a first word that
+    opens a change (CHANGE_VERBS: "Fix ...", "Add ..."). The code lane then weighs the
+    kinds of file as for find_code in a find_knowledge question."""
+    if change in CODE_CHANGE_TYPES or written or named:
+        return True
+    first = _FIRST_WORD.search(body)
+    return first is not None and first.group(0).lower() in CHANGE_VERBS
 
 
 def about_command_line(question: str) -> bool:

@@ -1206,6 +1206,12 @@ def search(
         ]
     else:
         vec = (embedder, vtbl, qv) if qv is not None and vtbl is not None else None
+        named = rank.named_files(body)
+        written = rank.written_identifiers(body)
+        # A question the router sent to find_knowledge (no cue words) that reads as being
+        # about code ("Fix ...", a `name`, a file) has its files weighed as for find_code.
+        if intent == "find_knowledge" and rank.about_code(change, body, written, named):
+            intent = "find_code"
         hits, evidence, vec_z = _file_ranked(
             conn,
             terms,
@@ -1221,9 +1227,9 @@ def search(
             [*terms, change] if change else terms,
             held,
             rank.opaque_ids(body),
-            rank.named_files(body),
+            named,
             rank.about_command_line(body),
-            rank.written_identifiers(body),
+            written,
         )
         semantic = embedder is not None and not isinstance(embedder, HashingEmbedder)
         if hits and evidence < EVIDENCE_FLOOR and not (semantic and vec_z >= QUESTION_VEC_Z):
