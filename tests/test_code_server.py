@@ -100,3 +100,33 @@ async def test_index_stream_search_chunk_and_stale_warning(tmp_path: Path) -> No
     finally:
         await rs.server.stop(0)
         rs.app.close()
+
+
+def test_mode_docs_weighs_documents_like_code_however_the_question_reads(tmp_path: Path) -> None:
+    """mode=docs asks the code lane for documents with the intent "docs": they weigh as in a
+    knowledge question even when the question reads as being about code (code.rank.about_code
+    weighs a find_knowledge question like that as find_code). Catches: source files taking the
+    places the lane looks through (top_k x 4) and leaving no document to return."""
+    import asyncio
+
+    from knowledge_server.lanes.code import CodeLane
+    from knowledge_server.search.lanes import LaneQuery
+
+    ws = tmp_path / "ws"
+    (ws / "docs").mkdir(parents=True)
+    (ws / "docs" / "urls.md").write_text(
+        "# URLs\n\nHow a URL is joined: join_url joins a base URL.\n"
+    )
+    for i in range(6):
+        (ws / f"url_join_{i}.py").write_text(
+            f"def join_url_{i}(base, path):\n    return base + path\n"
+        )
+    code = CodeLane(tmp_path / "data")
+    try:
+        code.index_sync(str(ws), False, lambda *a: None)
+        for query in ("how a URL is joined", "Fix how a URL is joined"):
+            q = LaneQuery(query=query, workspaces=None, docs_only=True, docs_mode="docs", top_k=1)
+            items = asyncio.run(code.search(q)).lane.items
+            assert [i.path for i in items] == ["docs/urls.md"], query
+    finally:
+        code.close()

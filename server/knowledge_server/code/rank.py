@@ -427,6 +427,9 @@ _CODE_PRIORS = {
     "lock": 0.1,
 }
 _KNOWLEDGE_PRIORS = {**_CODE_PRIORS, "docs": 1.0, "changelog": 0.5, "config": 0.7}
+# The intents weighed with _KNOWLEDGE_PRIORS: find_knowledge, and "docs", the code lane's
+# search for documents only (mode=docs, mode=themes).
+_KNOWLEDGE_INTENTS = frozenset({"find_knowledge", "docs"})
 # A question with one of these words asks for that kind: its demotion is lifted, to just
 # below source files ("add tests for X" is mostly answered by X).
 LIFTED = 0.7
@@ -448,7 +451,7 @@ def priors_for(
     candidate files are of ``kinds`` (kind -> how many). Where shell scripts outnumber
     the source files among them (a repository of shell tools such as nvm or pyenv),
     scripts are the code and weigh as source: ahead of their tests."""
-    base = _KNOWLEDGE_PRIORS if intent == "find_knowledge" else _CODE_PRIORS
+    base = _KNOWLEDGE_PRIORS if intent in _KNOWLEDGE_INTENTS else _CODE_PRIORS
     words = set(terms)
     lifted = {kind for kind, cues in _KIND_WORDS.items() if words.intersection(cues)}
     priors = {kind: (LIFTED if kind in lifted else prior) for kind, prior in base.items()}

@@ -234,8 +234,9 @@ class CodeLane:
                         snippet_chars=q.snippet_chars,
                         check_fresh=False,
                         describe_hits=False,  # only for the items the coordinator keeps: _finisher
-                        # mode=docs asks for documents: they weigh as in a knowledge question.
-                        intent="find_knowledge" if q.docs_only else q.intent,
+                        # mode=docs asks for documents: they weigh as in a knowledge question,
+                        # however the question reads (code.rank.about_code).
+                        intent="docs" if q.docs_only else q.intent,
                     )
                     break
                 except EmbeddingError as exc:
