@@ -953,6 +953,12 @@ def test_the_vectors_baseline_follows_vectors_filled_in_later(tmp_path: Path) ->
         ("docs: mention the new option", False),  # a change type that may be to anything
         ("deployment process for the staging cluster", False),
         ("", False),
+        # Not a task: a question, a verb that is not first, a noun use, an abbreviation.
+        ("Do we have a deployment guide?", False),
+        ("Use cases for the staging cluster?", False),
+        ("как работает use flag", False),
+        ("如何 use 缓存", False),
+        ("how does the floor work, e.g. for made-up words", False),
     ],
 )
 def test_about_code(question: str, code: bool) -> None:
@@ -978,3 +984,13 @@ def test_a_find_knowledge_question_about_code_weighs_files_as_find_code(
     for query in ("Fix how a URL is joined", "how `join_url` joins a URL", "fix: URL joined"):
         assert paths(query, "find_knowledge") == paths(query, "find_code"), query
         assert paths(query, "find_knowledge")[0] == "httpkit/_urls.py", query
+
+
+def test_an_abbreviation_is_neither_a_name_nor_a_file() -> None:
+    """ "e.g.", "i.e.", "U.S.", "a.k.a." are letters with dots, not dotted names written as
+    code nor file names; a name with a one-letter part still is one (`a.py`, `os.path`)."""
+    for text in ("how it works, e.g. for made-up words", "i.e. this", "the U.S. office", "a.k.a."):
+        assert rank.written_identifiers(text) == frozenset(), text
+        assert not rank.named_files(text), text
+    assert "a.py" in rank.written_identifiers("fix a.py") and rank.named_files("fix a.py")
+    assert "os.path" in rank.written_identifiers("use os.path here")

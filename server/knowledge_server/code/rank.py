@@ -108,6 +108,8 @@ _IDENTIFIER = re.compile(
     r"|[A-Z]{2,}[a-z]\w*|[a-z0-9]+_\w+)\b"
 )
 _DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+# Letters with dots, "e.g.", "i.e.", "U.S.": an abbreviation, neither a name nor a file.
+_ABBREVIATION = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]\.?")
 _COMMAND_LINE = re.compile(
     r"(?i)\b(?:help|options?|flags?|arguments?|usage|cli|command[- ]line)\b"
     r"|(?<![\w-])--?[A-Za-z]"
@@ -533,7 +535,6 @@ CHANGE_VERBS = frozenset(
         "migrate",
         "rewrite",
         "restore",
-        "do",
         "don",
     }
 )
@@ -662,6 +663,8 @@ def named_files(text: str) -> NamedFiles:
         if "://" in word or "@" in word:
             continue
         word = _PATH_START.sub("", _PATH_END.sub("", word.replace("\\", "/")))
+        if _ABBREVIATION.fullmatch(word):
+            continue
         found = False
         if _FILE_PATH.fullmatch(word) or (
             word.rpartition("/")[2] in _EXTENSIONLESS_NAMES and _EXTENSIONLESS_PATH.fullmatch(word)
@@ -821,25 +824,31 @@ def written_identifiers(question: str) -> frozenset[str]:
     out: set[str] = set()
     for m in _IDENTIFIER.finditer(question):
         word = (m.group(1) or m.group(2)).strip("()")
-        if not _DOTTED_NAME.fullmatch(word):
+        if not _DOTTED_NAME.fullmatch(word) or _ABBREVIATION.fullmatch(word):
             continue
         out.update(name_parts(word))
     return frozenset(w for w in out if len(w) > 2)
 
 
-_FIRST_WORD = re.compile(r"[A-Za-z]+")
+# The question's first word, when it is one of Latin letters.
+_FIRST_WORD = re.compile(r"\W*([A-Za-z]+)\b")
 
 
 def about_code(change: str, body: str, written: frozenset[str], named: NamedFiles | None) -> bool:
     """Whether a question reads as being about code, whatever the router made of it: a
     change type of code (CODE_CHANGE_TYPES), a name written as code (``written``:
     written_identifiers), a file it names (``named``: named_files), or a first word that
-    opens a change (CHANGE_VERBS: "Fix ...", "Add ..."). The code lane then weighs the
-    kinds of file as for find_code in a find_knowledge question."""
+    opens a change (CHANGE_VERBS: "Fix ...", "Add ...") in a question that does not end
+    with a question mark ("Use cases?" asks; "Use a guard" is a task). The code lane then
+    weighs the kinds of file as for find_code in a find_knowledge question."""
     if change in CODE_CHANGE_TYPES or written or named:
         return True
-    first = _FIRST_WORD.search(body)
-    return first is not None and first.group(0).lower() in CHANGE_VERBS
+    first = _FIRST_WORD.match(body)
+    return (
+        first is not None
+        and first.group(1).lower() in CHANGE_VERBS
+        and not body.rstrip().endswith("?")
+    )
 
 
 def about_command_line(question: str) -> bool:
