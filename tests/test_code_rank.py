@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from knowledge_server import fts
 from knowledge_server.code import chunking, indexer, memory, rank, search
 from knowledge_server.code.chunking import language_for
 from knowledge_server.code.embed import HashingEmbedder
@@ -214,21 +215,31 @@ def test_evidence_share_ignores_short_and_numeric_parts() -> None:
     assert rank.evidence_share({}, []) == 1.0  # no term at all: not judged
 
 
-def test_evidence_share_weighs_a_held_word_at_least_share_min_weight() -> None:
+def test_evidence_share_weighs_a_held_word_at_least_its_least_weight() -> None:
     """A word in most files of a small repository (idf near 0) still shows the question is
     about it: cobra's "add getters for flag completions", where only "getters" is in no
-    file, is not made up of that one word (SHARE_MIN_WEIGHT)."""
-    weights = {"add": 0.18, "getters": 4.89, "flag": 0.12, "completions": 0.3}
-    share = rank.evidence_share(weights, ["add", "flag", "completions"])
-    assert share == pytest.approx(3 * rank.SHARE_MIN_WEIGHT / (3 * rank.SHARE_MIN_WEIGHT + 4.89))
+    file, is not made up of that one word (SHARE_MIN_WEIGHT, SHARE_MIN_FRACTION)."""
+    made_up = fts.bm25_idf(66, 0)  # cobra's 65 files: 4.89
+    weights = {"add": 0.18, "getters": made_up, "flag": 0.12, "completions": 0.3}
+    least = rank.least_weight(66)
+    assert least == pytest.approx(rank.SHARE_MIN_FRACTION * made_up)
+    assert rank.evidence_share(weights, ["add", "flag", "completions"]) < 0.12  # none
+    share = rank.evidence_share(weights, ["add", "flag", "completions"], least=least)
+    assert share == pytest.approx(3 * least / (3 * least + made_up))
     assert share > 0.3
-    # Made-up words keep their highest idf: a file holding only a common word of a question
-    # of three made-up ones answers little of it, and one holding none of them nothing.
-    made_up = {"quux": 4.89, "zorp": 4.89, "blorf": 4.89, "flag": 0.12}
-    assert rank.evidence_share(made_up, ["flag"]) < 0.1
-    assert rank.evidence_share(made_up, []) == 0.0
-    # An idf above it counts as it is.
-    assert rank.judged_weights({"zstd": 4.0, "io": 0.2, "c": 0.1}) == {"zstd": 4.0}
+    # In a larger store the least weight is SHARE_MIN_WEIGHT; an idf above it counts as it is.
+    assert rank.least_weight(5000) == rank.SHARE_MIN_WEIGHT
+    assert rank.judged_weights({"zstd": 4.0, "flag": 0.2, "io": 0.1}, 1.0) == {
+        "zstd": 4.0,
+        "flag": 1.0,
+    }
+    # Two made-up words outweigh a common one in a store of any size: in one of two files
+    # a made-up word's idf is 1.61 only, and the least weight a fifth of it.
+    for n_files in (2, 66, 5000):
+        least = rank.least_weight(n_files)
+        made_up = fts.bm25_idf(n_files, 0)
+        weights = {"zentrik": made_up, "pexlith": made_up, "flag": 0.01}
+        assert rank.evidence_share(weights, ["flag"], least=least) < 0.12, n_files
 
 
 def test_a_uuids_or_hashs_parts_are_evidence_only_together() -> None:
@@ -994,3 +1005,20 @@ def test_an_abbreviation_is_neither_a_name_nor_a_file() -> None:
         assert not rank.named_files(text), text
     assert "a.py" in rank.written_identifiers("fix a.py") and rank.named_files("fix a.py")
     assert "os.path" in rank.written_identifiers("use os.path here")
+
+
+def test_in_a_store_of_two_files_made_up_words_still_outweigh_a_common_one(
+    tmp_path: Path,
+) -> None:
+    """The relevance floor in the smallest store (a made-up word's idf is 1.61 there): two
+    made-up words and a word of both files get no items, as in a large store; one made-up
+    word among words of the code is a question about it (rank.least_weight)."""
+    root = tmp_path / "tiny"
+    _write(root, "cli.py", "def parse_flag(flag):\n    return flag.strip('-')  # a flag\n")
+    _write(root, "main.py", "from cli import parse_flag\n\ndef main(flag):\n    parse_flag(flag)\n")
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        for query in ("zentrik pexlith flag", "zentrik pexlith graptel flag"):
+            assert idx.search(query, intent="find_code").hits == [], query
+        hits = idx.search("strip the dashes of a flag", intent="find_code").hits
+        assert hits and hits[0].path == "cli.py"

@@ -136,7 +136,7 @@ def test_a_small_repository_alone_answers_questions_about_its_own_subject(
     """The relevance floor with a repository alone in its store (idf from its 65 files):
     "add getters for flag completions" is about cobra, whose words "flag" and "completion"
     are in most of its files and "getters" in none; it is answered, completions.go first
-    (rank.SHARE_MIN_WEIGHT). Made-up words and a UUID still get no items."""
+    (rank.least_weight). Made-up words and a UUID still get no items."""
     sets = shared_data / "code-eval"
     if not sets.is_dir():
         pytest.skip(f"no code-eval sets in {shared_data}")

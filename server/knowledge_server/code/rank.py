@@ -31,6 +31,7 @@ from functools import lru_cache
 import snowballstemmer
 from identify import extensions as identify_extensions
 
+from .. import fts
 from .tokenize import index_tokens, split_uncached
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "file_kind",
     "judged_terms",
     "judged_weights",
+    "least_weight",
     "name_parts",
     "named_files",
     "opaque_ids",
@@ -95,13 +97,16 @@ CLI_MIN_OPTIONS = 10
 # candidate defines one: a name several files define tells none of them apart. Measured on
 # the labelled sets and this repository's own (bench/RESULTS.md).
 DEFINED_WEIGHT = 0.1
-# In the relevance floor (``evidence_share``), a word of the question that the index holds
-# weighs at least SHARE_MIN_WEIGHT, the idf of a word in about a third of the files: in a
-# repository of a few dozen files, the words it is about ("flag", "completion" in a
-# command-line library) are in most of them and their idf is near 0, so one word of the
-# question that no file holds ("getters") made up all of the question, and a question
-# about the repository's own subject got no answer. Measured with each labelled set alone
-# in a store, and on made-up and random questions (bench/RESULTS.md).
+# In the relevance floor (``evidence_share``), a word of the question that the files hold
+# weighs at least SHARE_MIN_FRACTION of a word that none holds (the highest idf there is),
+# and at most SHARE_MIN_WEIGHT (``least_weight``): in a repository of a few dozen files, the
+# words it is about ("flag", "completion" in a command-line library) are in most of them
+# and their idf is near 0, so one word of the question that no file holds ("getters") made
+# up all of the question, and a question about the repository's own subject got no answer.
+# A fraction, so that in a store of a few files, where a made-up word's idf is small too,
+# made-up words still outweigh a common one. Measured with each labelled set alone in a
+# store, and on made-up, mixed and random questions (bench/RESULTS.md).
+SHARE_MIN_FRACTION = 0.2
 SHARE_MIN_WEIGHT = 1.0
 _IDENTIFIER = re.compile(
     r"`([^`]+)`|\b([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+|[a-z]+[A-Z]\w*|[A-Z][a-z0-9]+[A-Z]\w*"
@@ -758,16 +763,19 @@ def opaque_ids(text: str) -> OpaqueIds:
 
 
 def evidence_share(
-    weights: Mapping[str, float], present: Iterable[str], ids: OpaqueIds | None = None
+    weights: Mapping[str, float],
+    present: Iterable[str],
+    ids: OpaqueIds | None = None,
+    least: float = 0.0,
 ) -> float:
     """The share (0..1) of the question's telling terms' weight that a file contains
     (``present``): how much of the question the file answers. Terms absent from the
     index count with the highest idf (a made-up word is most of a question), the others
-    with at least SHARE_MIN_WEIGHT (judged_weights). A question without a telling term
-    is judged by all its terms (judged_terms). The terms of an ID of ``ids`` count only
+    with at least ``least`` (least_weight; judged_weights). A question without a telling
+    term is judged by all its terms (judged_terms). The terms of an ID of ``ids`` count only
     when the file shows the ID, unless another ID it shows or another word of the question
     has them too."""
-    judged = judged_weights(weights)
+    judged = judged_weights(weights, least)
     total = sum(judged.values())
     if total <= 0:
         return 1.0
@@ -790,10 +798,15 @@ def judged_terms(weights: Mapping[str, float]) -> list[str]:
     return [t for t in weights if telling(t)] or list(weights)
 
 
-def judged_weights(weights: Mapping[str, float]) -> dict[str, float]:
-    """{judged term: its weight in evidence_share}: its idf, at least SHARE_MIN_WEIGHT
-    (a term no file holds has the highest idf there is, above that)."""
-    return {t: max(weights[t], SHARE_MIN_WEIGHT) for t in judged_terms(weights)}
+def judged_weights(weights: Mapping[str, float], least: float = 0.0) -> dict[str, float]:
+    """{judged term: its weight in evidence_share}: its idf, at least ``least``."""
+    return {t: max(weights[t], least) for t in judged_terms(weights)}
+
+
+def least_weight(n_files: int) -> float:
+    """The least weight of a word in the relevance floor (SHARE_MIN_FRACTION) in a store of
+    ``n_files`` file versions."""
+    return min(SHARE_MIN_WEIGHT, SHARE_MIN_FRACTION * fts.bm25_idf(n_files, 0))
 
 
 @dataclass(slots=True)

@@ -611,6 +611,7 @@ def _shares(
     weights: dict[str, float],
     file_ids: Sequence[int],
     ids: rank.OpaqueIds | None = None,
+    least: float = 0.0,
 ) -> dict[int, float]:
     """file_id -> the share of the question it answers (rank.evidence_share), from one
     full-text lookup of the judged terms (rank.judged_terms)."""
@@ -629,7 +630,7 @@ def _shares(
             (" OR ".join(fts_quote(t) for t in group), rows),
         ):
             present[fid].extend(t for i, t in enumerate(group) if int(mask) >> i & 1)
-    return {f: rank.evidence_share(weights, present.get(f, ()), ids) for f in file_ids}
+    return {f: rank.evidence_share(weights, present.get(f, ()), ids, least) for f in file_ids}
 
 
 def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
@@ -912,8 +913,9 @@ class _Held:
         weights: dict[str, float],
         file_ids: Sequence[int],
         ids: rank.OpaqueIds | None = None,
+        least: float = 0.0,
     ) -> dict[int, float]:
-        judged = rank.judged_weights(weights)
+        judged = rank.judged_weights(weights, least)
         files, pos = self.mem.files, self.mem.file_pos
         at = np.asarray([pos.get(f, -1) for f in file_ids], dtype=np.int64)
         held = [files.holds_rows(self.ftid[t], at) for t in judged]
@@ -926,7 +928,7 @@ class _Held:
             return dict(zip(file_ids, (share / total).tolist(), strict=True))
         return {
             f: rank.evidence_share(
-                weights, [t for t, h in zip(judged, held, strict=True) if h[i]], ids
+                weights, [t for t, h in zip(judged, held, strict=True) if h[i]], ids, least
             )
             for i, f in enumerate(file_ids)
         }
@@ -1042,12 +1044,15 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     # named by the question. Shares are looked up a block of files at a time, until
     # ``limit`` files pass.
     shares: dict[int, float] = {}
+    least = rank.least_weight(n_files)
     passed: list[int] = []
     block = max(limit, _EVIDENCE_FILES)
     for start in range(0, len(order), block):
         part = order[start : start + block]
         shares.update(
-            held.shares(weights, part, ids) if held else _shares(conn, weights, part, ids)
+            held.shares(weights, part, ids, least)
+            if held
+            else _shares(conn, weights, part, ids, least)
         )
         passed += [
             f
