@@ -964,6 +964,13 @@ def test_the_vectors_baseline_follows_vectors_filled_in_later(tmp_path: Path) ->
         ("docs: mention the new option", False),  # a change type that may be to anything
         ("deployment process for the staging cluster", False),
         ("", False),
+        # Other forms of the verb, and a scope before it.
+        ("Added explicit documentation about dir", True),
+        ("Using faccess lib to detect executable files", True),
+        ("walk: Add a cache for DirEntry metadata", True),
+        ("zsh-completions: implemented argument completion.", True),
+        ("status of the deployment", False),
+        ("Process for onboarding new hires", False),
         # Not a task: a question, a verb that is not first, a noun use, an abbreviation.
         ("Do we have a deployment guide?", False),
         ("Use cases for the staging cluster?", False),

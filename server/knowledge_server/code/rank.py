@@ -499,49 +499,15 @@ CODE_CHANGE_TYPES = frozenset(
 # Verbs that open a change written as a task or a commit subject ("Add ...", "Fix ...",
 # "Don't ..."): such a question asks where the code to change is (``about_code``).
 CHANGE_VERBS = frozenset(
-    {
-        "add",
-        "fix",
-        "use",
-        "remove",
-        "allow",
-        "make",
-        "support",
-        "replace",
-        "update",
-        "change",
-        "revert",
-        "deprecate",
-        "raise",
-        "improve",
-        "avoid",
-        "implement",
-        "refactor",
-        "rename",
-        "move",
-        "handle",
-        "prevent",
-        "ensure",
-        "simplify",
-        "drop",
-        "correct",
-        "clean",
-        "convert",
-        "extract",
-        "expose",
-        "optimize",
-        "reduce",
-        "skip",
-        "split",
-        "stop",
-        "enable",
-        "disable",
-        "introduce",
-        "migrate",
-        "rewrite",
-        "restore",
-        "don",
-    }
+    """
+    accept add adjust allow apply attempt avoid bump call catch change check clean close
+    convert correct create deduplicate deprecate disable don downgrade drop enable
+    ensure expose extract fix handle hide ignore implement improve include introduce
+    keep limit make mark match merge migrate move optimise optimize parse pass pin
+    prevent print provide raise reduce refactor reject remove rename reorder replace
+    resolve restore return reuse revert rework rewrite send set show simplify skip split
+    stop support swap treat tweak unify update upgrade use validate warn wrap
+    """.split()
 )
 _CHANGE_PREFIX = re.compile(r"^\s*([A-Za-z]+)(?:\(([^()]*)\))?!?:\s+(?=\S)")
 
@@ -843,23 +809,35 @@ def written_identifiers(question: str) -> frozenset[str]:
     return frozenset(w for w in out if len(w) > 2)
 
 
-# The question's first word, when it is one of Latin letters.
-_FIRST_WORD = re.compile(r"\W*([A-Za-z]+)\b")
+# The question's first word, when it is one of Latin letters, after a scope such as
+# "walk: " or "zsh-completions: " (a change type is taken off before: split_change_type).
+_FIRST_WORD = re.compile(r"(?:\s*[\w./-]+(?:\([^()]*\))?:\s+)?\W*([A-Za-z]+)\b")
+# Endings of a verb's other forms ("Fixes", "Added", "Uses"), and what may replace them
+# ("Using": "use").
+_VERB_ENDINGS = (("es", ""), ("s", ""), ("ed", ""), ("d", ""), ("ing", ""), ("ing", "e"))
+
+
+def _change_verb(word: str) -> bool:
+    """Whether ``word`` (lower case) is a form of one of CHANGE_VERBS."""
+    return word in CHANGE_VERBS or any(
+        word.endswith(end) and len(word) > len(end) + 1 and word[: -len(end)] + add in CHANGE_VERBS
+        for end, add in _VERB_ENDINGS
+    )
 
 
 def about_code(change: str, body: str, written: frozenset[str], named: NamedFiles | None) -> bool:
     """Whether a question reads as being about code, whatever the router made of it: a
     change type of code (CODE_CHANGE_TYPES), a name written as code (``written``:
     written_identifiers), a file it names (``named``: named_files), or a first word that
-    opens a change (CHANGE_VERBS: "Fix ...", "Add ...") in a question that does not end
-    with a question mark ("Use cases?" asks; "Use a guard" is a task). The code lane then
+    opens a change (a form of one of CHANGE_VERBS: "Fix ...", "Added ...", "walk: Use
+    ...") in a question that does not end with a question mark ("Use cases?" asks; "Use a guard" is a task). The code lane then
     weighs the kinds of file as for find_code in a find_knowledge question."""
     if change in CODE_CHANGE_TYPES or written or named:
         return True
     first = _FIRST_WORD.match(body)
     return (
         first is not None
-        and first.group(1).lower() in CHANGE_VERBS
+        and _change_verb(first.group(1).lower())
         and not body.rstrip().endswith("?")
     )
 
