@@ -1029,3 +1029,10 @@ def test_in_a_store_of_two_files_made_up_words_still_outweigh_a_common_one(
             assert idx.search(query, intent="find_code").hits == [], query
         hits = idx.search("strip the dashes of a flag", intent="find_code").hits
         assert hits and hits[0].path == "cli.py"
+        # Indexed again and again: old file versions go, their ids stay used. The floor
+        # counts the rows held (as bm25() does), not the highest id.
+        for i in range(12):
+            _write(root, "main.py", f"from cli import parse_flag\n\ndef main(flag):  # {i}\n")
+            idx.index_workspace(str(root))
+        for query in ("zentrik pexlith flag", "zentrik pexlith graptel flag"):
+            assert idx.search(query, intent="find_code").hits == [], query

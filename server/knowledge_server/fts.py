@@ -67,6 +67,12 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     raise AssertionError("unreachable")
 
 
+def row_count(averages: bytes | None) -> int:
+    """The rows of an FTS5 table, from its averages record (its %_data row 1: a varint of
+    the row count, then one of each column's token count); 0 without one."""
+    return _varint(averages, 0)[0] if averages else 0
+
+
 def segment_count(conn: apsw.Connection, table: str) -> int:
     """Segments in the FTS5 index of ``table`` (0 for an index never written)."""
     if not _NAME.fullmatch(table):

@@ -287,9 +287,6 @@ class StoreMemory:
             + len(chunk_rows) * CHUNK_META_BYTES
         )
 
-    def max_file_id(self) -> int:
-        return int(self.file_ids[-1]) if self.file_ids.size else 0
-
     def file_scope(
         self, workspaces: Sequence[str] | None, prefixes: Sequence[str] | None
     ) -> np.ndarray:

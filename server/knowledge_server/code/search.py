@@ -518,7 +518,9 @@ def _file_weights(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, fl
                     (fts_quote(t),),
                 )
             )
-    n = int(state[1] or 0) + 1  # the highest file version id
+    # The rows of the file table, as FTS5's bm25() counts them (not the highest id: a
+    # workspace indexed again and again leaves ids far above the rows still held).
+    n = fts.row_count(state[4])
     return {t: fts.bm25_idf(n, known[t]) for t in terms}, n
 
 
@@ -811,7 +813,7 @@ class _Held:
         return cls(mem, *tids)
 
     def file_weights(self, terms: list[str]) -> tuple[dict[str, float], int]:
-        n = self.mem.max_file_id() + 1
+        n = self.mem.files.n
         return {t: fts.bm25_idf(n, self.mem.files.df(self.ftid[t])) for t in terms}, n
 
     def file_candidates(
