@@ -970,6 +970,10 @@ def test_the_vectors_baseline_follows_vectors_filled_in_later(tmp_path: Path) ->
         ("walk: Add a cache for DirEntry metadata", True),
         ("zsh-completions: implemented argument completion.", True),
         ("status of the deployment", False),
+        # A scope is in lower case; a "docs:" change is about documents.
+        ("Note: use the staging cluster", False),
+        ("TODO: fix the release checklist", False),
+        ("docs: update the install guide", False),
         ("Process for onboarding new hires", False),
         # Not a task: a question, a verb that is not first, a noun use, an abbreviation.
         ("Do we have a deployment guide?", False),
@@ -1012,6 +1016,10 @@ def test_an_abbreviation_is_neither_a_name_nor_a_file() -> None:
         assert not rank.named_files(text), text
     assert "a.py" in rank.written_identifiers("fix a.py") and rank.named_files("fix a.py")
     assert "os.path" in rank.written_identifiers("use os.path here")
+    # One letter each, without a dot after the last: a file ("a.h"), named as written.
+    for text in ("see a.h for details", "see `a.h` for details"):
+        assert "a.h" in rank.written_identifiers(text), text
+        assert rank.named_files(text).names("include/a.h"), text
 
 
 def test_in_a_store_of_two_files_made_up_words_still_outweigh_a_common_one(

@@ -113,8 +113,9 @@ _IDENTIFIER = re.compile(
     r"|[A-Z]{2,}[a-z]\w*|[a-z0-9]+_\w+)\b"
 )
 _DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
-# Letters with dots, "e.g.", "i.e.", "U.S.": an abbreviation, neither a name nor a file.
-_ABBREVIATION = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]\.?")
+# Letters each followed by a dot, "e.g.", "i.e.", "U.S.", "a.k.a.": an abbreviation,
+# neither a name nor a file ("a.h", without the last dot, is a file).
+_ABBREVIATION = re.compile(r"(?:[A-Za-z]\.){2,}")
 _COMMAND_LINE = re.compile(
     r"(?i)\b(?:help|options?|flags?|arguments?|usage|cli|command[- ]line)\b"
     r"|(?<![\w-])--?[A-Za-z]"
@@ -560,8 +561,19 @@ _WORDS = re.compile(r"\w+")
 _WRITTEN = re.compile(r"[^\s`'\"()\[\]{}<>,;|=]+")
 # Before a path: "./", "../", "~/", "$HOME/", "/" (the rest is a path in the workspace).
 _PATH_START = re.compile(r"^(?:\.\.?/|~/|\$\w+/|/)+")
-# After one: a line or range ("main.rs:12", "lib.rs#L10-L20") and punctuation.
-_PATH_END = re.compile(r"(?::\d+(?:[:-]\d+)?|#L\d+(?:-L?\d+)?)?[.,:;!?]*$")
+# After one: a line or range ("main.rs:12", "lib.rs#L10-L20"), then punctuation
+# (``_without_path_end``).
+_PATH_LINE = re.compile(r"(?::\d+(?:[:-]\d+)?|#L\d+(?:-L?\d+)?)$")
+_PATH_PUNCTUATION = ".,:;!?"
+
+
+def _without_path_end(word: str) -> str:
+    """``word`` without the punctuation and the line or range after a path. Stripped in two
+    steps: one pattern of both ended in ``[.,:;!?]*$``, which a regular expression engine
+    tries from every position of a long run of them (0.8 s for 20,000 "!" before a letter)."""
+    return _PATH_LINE.sub("", word.rstrip(_PATH_PUNCTUATION))
+
+
 # A file name with or without its directories: "command.rs", "doc/util.go",
 # "archive.tar.gz", ".gitignore", ".github/workflows/ci.yml" (an extension: a letter and up
 # to seven more).
@@ -633,9 +645,9 @@ def named_files(text: str) -> NamedFiles:
         word = m.group(0)
         if "://" in word or "@" in word:
             continue
-        word = _PATH_START.sub("", _PATH_END.sub("", word.replace("\\", "/")))
-        if _ABBREVIATION.fullmatch(word):
+        if _ABBREVIATION.fullmatch(word.rstrip(",:;!?")):
             continue
+        word = _PATH_START.sub("", _without_path_end(word.replace("\\", "/")))
         found = False
         if _FILE_PATH.fullmatch(word) or (
             word.rpartition("/")[2] in _EXTENSIONLESS_NAMES and _EXTENSIONLESS_PATH.fullmatch(word)
@@ -803,15 +815,18 @@ def written_identifiers(question: str) -> frozenset[str]:
     out: set[str] = set()
     for m in _IDENTIFIER.finditer(question):
         word = (m.group(1) or m.group(2)).strip("()")
-        if not _DOTTED_NAME.fullmatch(word) or _ABBREVIATION.fullmatch(word):
+        if not _DOTTED_NAME.fullmatch(word) or _ABBREVIATION.fullmatch(
+            question[m.start() : m.end() + 1]
+        ):
             continue
         out.update(name_parts(word))
     return frozenset(w for w in out if len(w) > 2)
 
 
-# The question's first word, when it is one of Latin letters, after a scope such as
-# "walk: " or "zsh-completions: " (a change type is taken off before: split_change_type).
-_FIRST_WORD = re.compile(r"(?:\s*[\w./-]+(?:\([^()]*\))?:\s+)?\W*([A-Za-z]+)\b")
+# The question's first word, when it is one of Latin letters, after a scope in lower case
+# such as "walk: " or "zsh-completions: " (a change type is taken off before:
+# split_change_type; "Note: ", "TODO: " are no scopes).
+_FIRST_WORD = re.compile(r"(?:\s*[a-z0-9_./-]+(?:\([^()]*\))?:\s+)?\W*([A-Za-z]+)\b")
 # Endings of a verb's other forms ("Fixes", "Added", "Uses"), and what may replace them
 # ("Using": "use").
 _VERB_ENDINGS = (("es", ""), ("s", ""), ("ed", ""), ("d", ""), ("ing", ""), ("ing", "e"))
@@ -826,12 +841,15 @@ def _change_verb(word: str) -> bool:
 
 
 def about_code(change: str, body: str, written: frozenset[str], named: NamedFiles | None) -> bool:
-    """Whether a question reads as being about code, whatever the router made of it: a
-    change type of code (CODE_CHANGE_TYPES), a name written as code (``written``:
-    written_identifiers), a file it names (``named``: named_files), or a first word that
-    opens a change (a form of one of CHANGE_VERBS: "Fix ...", "Added ...", "walk: Use
-    ...") in a question that does not end with a question mark ("Use cases?" asks; "Use a guard" is a task). The code lane then
-    weighs the kinds of file as for find_code in a find_knowledge question."""
+    """Whether a question reads as being about code, whatever the router made of it: its
+    change type of code (CODE_CHANGE_TYPES; a "docs:" change is not), a name written as
+    code (``written``: written_identifiers), a file it names (``named``:
+    named_files), or a first word that opens a change (a form of one of CHANGE_VERBS:
+    "Fix ...", "Added ...", "walk: Use ...") in a question that does not end with a
+    question mark ("Use cases?" asks; "Use a guard" is a task). The code lane then weighs
+    the kinds of file as for find_code in a find_knowledge question."""
+    if change in ("docs", "doc"):
+        return False  # "docs: update the install guide" is about documents
     if change in CODE_CHANGE_TYPES or written or named:
         return True
     first = _FIRST_WORD.match(body)
