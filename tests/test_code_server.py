@@ -55,6 +55,15 @@ async def test_index_stream_search_chunk_and_stale_warning(tmp_path: Path) -> No
             assert any(
                 i.path == "notes.md" and i.source_kind == "section" for i in md.lanes.code.items
             )
+            # A question that reads as a change: in mode=auto (the router's find_knowledge) the
+            # code lane weighs its files as find_code, source first; a caller's stated
+            # mode=find_knowledge keeps documents weighed like code (rank.about_code).
+            change = "Fix how the scanner turns text into tokens"
+            auto = await kc.search(change, include=["code"])
+            stated = await kc.search(change, mode="find_knowledge", include=["code"])
+            assert auto.routing.intent == stated.routing.intent == "find_knowledge"
+            assert auto.lanes.code.items[0].path == "json/scanner.py"
+            assert stated.lanes.code.items[0].path == "notes.md"
             # mode=docs: document chunks only, and the lane says it is plain retrieval (seed 003 §3.4).
             docs = await kc.search("scanner tokens decoder errors", mode="docs", include=["code"])
             assert docs.lanes.code.items and all(
@@ -103,10 +112,11 @@ async def test_index_stream_search_chunk_and_stale_warning(tmp_path: Path) -> No
 
 
 def test_mode_docs_weighs_documents_like_code_however_the_question_reads(tmp_path: Path) -> None:
-    """mode=docs asks the code lane for documents with the intent "docs": they weigh as in a
-    knowledge question even when the question reads as being about code (code.rank.about_code
-    weighs a find_knowledge question like that as find_code). Catches: source files taking the
-    places the lane looks through (top_k x 4) and leaving no document to return."""
+    """mode=docs asks the code lane for documents, and mode=find_knowledge for knowledge, with
+    the intent "knowledge": documents weigh as in a knowledge question even when the question
+    reads as being about code. code.rank.about_code weighs only the router's find_knowledge
+    (mode=auto) as find_code. Catches: source files taking the places the lane looks through
+    (top_k x 4) and leaving no document to return; a caller's stated mode overridden."""
     import asyncio
 
     from knowledge_server.lanes.code import CodeLane
@@ -128,5 +138,15 @@ def test_mode_docs_weighs_documents_like_code_however_the_question_reads(tmp_pat
             q = LaneQuery(query=query, workspaces=None, docs_only=True, docs_mode="docs", top_k=1)
             items = asyncio.run(code.search(q)).lane.items
             assert [i.path for i in items] == ["docs/urls.md"], query
+
+        def first(query: str, stated: bool) -> str:
+            q = LaneQuery(
+                query=query, workspaces=None, intent="find_knowledge", intent_stated=stated
+            )
+            return asyncio.run(code.search(q)).lane.items[0].path
+
+        assert first("how a URL is joined", stated=False) == "docs/urls.md"
+        assert first("Fix how a URL is joined", stated=False).startswith("url_join_")
+        assert first("Fix how a URL is joined", stated=True) == "docs/urls.md"
     finally:
         code.close()

@@ -102,8 +102,8 @@ class CodeIndex:
     ) -> CodeSearchResult:
         """``mode``: "hybrid" (files ranked by code.rank, a semantic embedder's vectors
         voting), "lexical" (the same without vectors) or "vector" (similarity alone).
-        ``intent``: the router's (find_code, find_knowledge ...; "docs" for documents only),
-        for how file kinds weigh.
+        ``intent``: the router's (find_code, find_knowledge ...; "knowledge" for a knowledge
+        question as the caller stated it), for how file kinds weigh.
         ``describe_hits=False``: hits without snippets and "lex:" explanations (``describe``)."""
         if mode not in ("hybrid", "lexical", "vector"):
             raise ValueError(f"unknown search mode {mode!r}")

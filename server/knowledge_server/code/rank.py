@@ -435,9 +435,10 @@ _CODE_PRIORS = {
     "lock": 0.1,
 }
 _KNOWLEDGE_PRIORS = {**_CODE_PRIORS, "docs": 1.0, "changelog": 0.5, "config": 0.7}
-# The intents weighed with _KNOWLEDGE_PRIORS: find_knowledge, and "docs", the code lane's
-# search for documents only (mode=docs, mode=themes).
-_KNOWLEDGE_INTENTS = frozenset({"find_knowledge", "docs"})
+# The intents weighed with _KNOWLEDGE_PRIORS: find_knowledge, the router's, and "knowledge",
+# a knowledge question as the caller stated it (mode=find_knowledge, or documents only:
+# mode=docs, mode=themes), which code.search does not weigh as code (rank.about_code).
+_KNOWLEDGE_INTENTS = frozenset({"find_knowledge", "knowledge"})
 # A question with one of these words asks for that kind: its demotion is lifted, to just
 # below source files ("add tests for X" is mostly answered by X).
 LIFTED = 0.7

@@ -1155,9 +1155,10 @@ def search(
     and "lex:" explanations, for the caller to add to the ones it keeps (``describe``).
 
     ``lexical`` and ``hybrid`` rank files first (code.rank) and return their best chunks;
-    ``intent`` (the router's: find_code, find_knowledge ...; "docs" for a search of
-    documents, weighed as find_knowledge whatever the question) sets how file kinds weigh;
-    a find_knowledge question about code (rank.about_code) is weighed as find_code.
+    ``intent`` (the router's: find_code, find_knowledge ...; "knowledge" for a knowledge
+    question the caller stated, weighed as find_knowledge whatever the question) sets how
+    file kinds weigh; a find_knowledge question about code (rank.about_code) is weighed as
+    find_code.
     ``vector`` ranks chunks by embedding similarity alone."""
     label, capability, reason, _ = _scope_state(conn, workspaces, embedder)
     empty = CodeSearchResult(label, capability, reason or "", freshness or {}, [])

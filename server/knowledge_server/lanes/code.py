@@ -234,9 +234,14 @@ class CodeLane:
                         snippet_chars=q.snippet_chars,
                         check_fresh=False,
                         describe_hits=False,  # only for the items the coordinator keeps: _finisher
-                        # mode=docs asks for documents: they weigh as in a knowledge question,
-                        # however the question reads (code.rank.about_code).
-                        intent="docs" if q.docs_only else q.intent,
+                        # mode=docs asks for documents, mode=find_knowledge for knowledge:
+                        # documents weigh as in a knowledge question, however the question
+                        # reads (code.rank.about_code weighs only the router's guess).
+                        intent=(
+                            "knowledge"
+                            if q.docs_only or (q.intent == "find_knowledge" and q.intent_stated)
+                            else q.intent
+                        ),
                     )
                     break
                 except EmbeddingError as exc:

@@ -328,6 +328,7 @@ class Coordinator:
             docs_only=v.mode in ("docs", "themes"),
             docs_mode=v.mode if v.mode in ("docs", "themes") else "",
             intent=r.intent,
+            intent_stated=v.mode != "auto",
         )
         # episodes and code are always present (invariant 1); skills only when asked.
         lane_names = [

@@ -66,6 +66,9 @@ class LaneQuery:
     docs_mode: str = ""
     # The router's intent (find_code, find_agent ...): the code lane weighs file kinds by it.
     intent: str = ""
+    # The caller's mode set the intent (mode=find_knowledge ...), rather than the router's
+    # cue words (mode=auto).
+    intent_stated: bool = False
 
 
 @dataclass
