@@ -977,6 +977,9 @@ def test_the_vectors_baseline_follows_vectors_filled_in_later(tmp_path: Path) ->
         ("Process for onboarding new hires", False),
         # Not a task: a question, a verb that is not first, a noun use, an abbreviation.
         ("Do we have a deployment guide?", False),
+        ("Do we have a deployment guide", False),
+        ("Do not strip paths for -X/x", True),  # "Do not" as "Don't"
+        ("Note: Do not merge on Fridays", False),
         ("Use cases for the staging cluster?", False),
         ("как работает use flag", False),
         ("如何 use 缓存", False),

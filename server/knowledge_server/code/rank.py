@@ -826,8 +826,10 @@ def written_identifiers(question: str) -> frozenset[str]:
 
 # The question's first word, when it is one of Latin letters, after a scope in lower case
 # such as "walk: " or "zsh-completions: " (a change type is taken off before:
-# split_change_type; "Note: ", "TODO: " are no scopes).
-_FIRST_WORD = re.compile(r"(?:\s*[a-z0-9_./-]+(?:\([^()]*\))?:\s+)?\W*([A-Za-z]+)\b")
+# split_change_type; "Note: ", "TODO: " are no scopes), and a "not" after it.
+_FIRST_WORD = re.compile(
+    r"(?:\s*[a-z0-9_./-]+(?:\([^()]*\))?:\s+)?\W*([A-Za-z]+)\b(?:\s+([Nn][Oo][Tt])\b)?"
+)
 # Endings of a verb's other forms ("Fixes", "Added", "Uses"), and what may replace them
 # ("Using": "use").
 _VERB_ENDINGS = (("es", ""), ("s", ""), ("ed", ""), ("d", ""), ("ing", ""), ("ing", "e"))
@@ -854,11 +856,11 @@ def about_code(change: str, body: str, written: frozenset[str], named: NamedFile
     if change in CODE_CHANGE_TYPES or written or named:
         return True
     first = _FIRST_WORD.match(body)
-    return (
-        first is not None
-        and _change_verb(first.group(1).lower())
-        and not body.rstrip().endswith("?")
-    )
+    if first is None or body.rstrip().endswith("?"):
+        return False
+    word = first.group(1).lower()
+    # "Do not ..." as "Don't ...": "Do we have ..." is no change.
+    return _change_verb(word) or (word == "do" and first.group(2) is not None)
 
 
 def about_command_line(question: str) -> bool:
