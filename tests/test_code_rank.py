@@ -861,12 +861,12 @@ def test_each_returned_file_holds_a_telling_word_or_stands_out_by_its_vectors(
     )
     _write(root, "httpkit/_io.py", "import io\n\ndef wrap(fp):\n    return io.BufferedReader(fp)\n")
     _fillers(root, 6)
-    idx = CodeIndex(str(tmp_path / "data" / "code.sqlite"))
-    idx.index_workspace(str(root))
-    assert _paths(idx, "decompress zstd io", mode="lexical") == ["httpkit/decoders.py"]
-    hybrid = _paths(idx, "decompress zstd io", mode="hybrid")
-    assert hybrid[0] == "httpkit/decoders.py" and "httpkit/_sessions.py" not in hybrid
-    assert _paths(idx, "io", mode="lexical") == ["httpkit/_io.py"]
+    with CodeIndex(str(tmp_path / "data" / "code.sqlite")) as idx:
+        idx.index_workspace(str(root))
+        assert _paths(idx, "decompress zstd io", mode="lexical") == ["httpkit/decoders.py"]
+        hybrid = _paths(idx, "decompress zstd io", mode="hybrid")
+        assert hybrid[0] == "httpkit/decoders.py" and "httpkit/_sessions.py" not in hybrid
+        assert _paths(idx, "io", mode="lexical") == ["httpkit/_io.py"]
 
 
 def test_a_made_up_uuid_gets_no_items_though_its_groups_are_in_files(

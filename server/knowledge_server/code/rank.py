@@ -493,8 +493,8 @@ CHANGE_TYPES = frozenset(
         "deps",
     }
 )
-# Change types that say the change was to code (a "docs:", "test:", "ci:" or "chore:"
-# change may be to anything).
+# Change types that say the change was to code (``about_code``; a "docs:" change is to
+# documents, and a "test:", "ci:" or "chore:" one may be to anything).
 CODE_CHANGE_TYPES = frozenset(
     {"fix", "feat", "feature", "refactor", "perf", "style", "revert", "maint"}
 )
