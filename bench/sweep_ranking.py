@@ -90,27 +90,32 @@ def _modules() -> dict[str, ModuleType]:
     return {"rank": rank, "search": search}
 
 
-def parse_vary(text: str) -> tuple[Knob, list[float]]:
-    """``rank.NAME=V1,V2`` -> (the constant, its values); SystemExit with the reason when
-    the name is not a numeric constant of the module (or not a key of its dictionary) or a
-    value is not a number."""
+def parse_vary(text: str, flag: str = "--vary") -> tuple[Knob, list[float]]:
+    """``rank.NAME=V1,V2`` -> (the constant, its values, whole numbers for a constant that
+    is one: a pool size or a count); SystemExit with the reason when the name is not a
+    numeric constant of the module (or not a key of its dictionary) or a value is not a
+    number of the constant's kind."""
     name, eq, values = text.partition("=")
     m = _NAME.match(name.strip())
     if not eq or not m:
         raise SystemExit(
-            f"--vary {text!r}: write MODULE.NAME=V1,V2 (MODULE rank or search),"
+            f"{flag} {text!r}: write MODULE.NAME=V1,V2 (MODULE rank or search),"
             " or MODULE.NAME[key]=V1,V2 for an entry of a dictionary constant"
         )
     knob = Knob(m.group(1), m.group(2), m.group(3))
     current = _get(knob)
     if isinstance(current, bool) or not isinstance(current, int | float):
-        raise SystemExit(f"--vary {text!r}: {knob} is {current!r}, not a number")
+        raise SystemExit(f"{flag} {text!r}: {knob} is {current!r}, not a number")
     try:
         vals = [float(v) for v in values.split(",") if v.strip()]
     except ValueError:
-        raise SystemExit(f"--vary {text!r}: the values must be numbers") from None
+        raise SystemExit(f"{flag} {text!r}: the values must be numbers") from None
     if not vals:
-        raise SystemExit(f"--vary {text!r}: no values")
+        raise SystemExit(f"{flag} {text!r}: no values")
+    if isinstance(current, int):
+        if any(not v.is_integer() for v in vals):
+            raise SystemExit(f"{flag} {text!r}: {knob} is a whole number ({current})")
+        return knob, [int(v) for v in vals]
     return knob, vals
 
 
@@ -305,7 +310,7 @@ def main() -> None:
     grid = [parse_vary(v) for v in args.vary]
     fixed = {}
     for text in args.fixed:
-        knob, values = parse_vary(text)
+        knob, values = parse_vary(text, "--with")
         if len(values) != 1:
             sys.exit(f"--with {text!r}: one value")
         fixed[knob] = values[0]

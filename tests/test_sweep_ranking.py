@@ -39,6 +39,9 @@ def test_vary_reads_a_constant_and_its_values() -> None:
     assert (knob.module, knob.name, knob.key, values) == ("rank", "_CODE_PRIORS", "test", [0.4])
     knob, _ = sweep_ranking.parse_vary("search.VEC_WEIGHT=1")
     assert str(knob) == "search.VEC_WEIGHT"
+    # A count stays a whole number (it may size a slice or a SQL LIMIT).
+    knob, values = sweep_ranking.parse_vary("rank.CLI_MIN_OPTIONS=5,20")
+    assert values == [5, 20] and all(type(v) is int for v in values)
 
 
 @pytest.mark.parametrize(
@@ -52,6 +55,7 @@ def test_vary_reads_a_constant_and_its_values() -> None:
         ("rank._CODE_PRIORS[nope]=1", "has no entry 'nope'"),
         ("rank.SIZE_WEIGHT=a,b", "the values must be numbers"),
         ("rank.SIZE_WEIGHT=", "no values"),
+        ("rank.CLI_MIN_OPTIONS=2.5", "is a whole number (10)"),
     ],
 )
 def test_vary_says_what_is_wrong_with_a_bad_one(text: str, reason: str) -> None:
@@ -161,6 +165,7 @@ def test_a_swept_constant_changes_the_real_ranking_and_is_put_back(
     [
         ([], "nothing to sweep"),
         (["--with", "rank.SIZE_WEIGHT=0.1,0.2"], "one value"),
+        (["--with", "rank.SIZE_WEIGHT=x"], "--with 'rank.SIZE_WEIGHT=x': the values must be"),
         (["--vary", "rank.SIZE_WEIGHT=0.1", "--objective", "best"], "every, min, mean or one of"),
         (["--vary", "rank.SIZE_WEIGHT=0.1", "--ascent", "-1"], "a count of passes"),
         (["--vary", "rank.NOPE=1"], "rank has no constant NOPE"),
