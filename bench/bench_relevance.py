@@ -225,6 +225,37 @@ def index(data: Path, roots: dict[str, Path], emb: Embedder | None = None) -> No
             )
 
 
+def index_sets(
+    data: Path, roots: dict[str, Path], emb: Embedder | None = None, alone: bool = False
+) -> dict[str, Path]:
+    """The sets indexed into ``data`` (``alone``: each into a store of its own,
+    ``DATA-alone/NAME``, as a user with one repository has it); set -> the store to ask."""
+    if not alone:
+        index(data, roots, emb)
+        return {n: data / "code.sqlite" for n in roots}
+    stores = {}
+    for n, root in roots.items():
+        own = data.with_name(data.name + "-alone") / n
+        index(own, {n: root}, emb)
+        stores[n] = own / "code.sqlite"
+    return stores
+
+
+def floor(name: str, root: Path, qs: list[tuple[str, set[str]]]) -> tuple[float, float, float]:
+    """The set's whole-file BM25 floor (R@1, R@10, MRR): the published one, else computed
+    the README's way (``computed_floor``)."""
+    return FLOOR[name] if name in FLOOR else computed_floor(root, qs)
+
+
+def set_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options that say which sets are asked, and where they are extracted and indexed."""
+    shared = Path(os.environ.get("KNOWLEDGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+    ap.add_argument("--shared", type=Path, default=shared / "code-eval")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/knowledge-relevance"))
+    ap.add_argument("--sets", default=",".join(SETS))
+    ap.add_argument("--limit-questions", type=int, default=0, help="first N questions per set")
+
+
 def ask(
     addresses: dict[str, str], root: Path, qs: list[tuple[str, set[str]]], mode: str
 ) -> dict[str, Score]:
@@ -302,11 +333,7 @@ def ask_in_process(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    shared = Path(os.environ.get("KNOWLEDGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
-    ap.add_argument("--shared", type=Path, default=shared / "code-eval")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/knowledge-relevance"))
-    ap.add_argument("--sets", default=",".join(SETS))
-    ap.add_argument("--limit-questions", type=int, default=0, help="first N questions per set")
+    set_arguments(ap)
     ap.add_argument("--no-auto", action="store_true", help="skip the mode=auto pass")
     ap.add_argument(
         "--auto-only",
@@ -365,13 +392,7 @@ def main() -> None:
     emb = embedder(args.embedder)
     data = args.work / ("data" if emb is None else f"data-{args.embedder}")
     # Per set, the store it is asked of.
-    stores = {n: data / "code.sqlite" for n in names}
-    if args.alone:
-        for n in names:
-            index(data.with_name(data.name + "-alone") / n, {n: roots[n]}, emb)
-            stores[n] = data.with_name(data.name + "-alone") / n / "code.sqlite"
-    else:
-        index(data, roots, emb)
+    stores = index_sets(data, roots, emb, args.alone)
     modes = ["find_code"] if args.no_auto or args.in_process else ["find_code", "auto"]
     if args.auto_only and not args.in_process:
         modes = ["auto"]
@@ -408,12 +429,9 @@ def main() -> None:
                 )
             servers = {"after": (data, {}), "before": (before_data, code)}
         serve_and_ask(servers, roots, asked, modes, results)
-    floors = {}
+    floors = {name: floor(name, roots[name], asked[name]) for name in names}
     for name in names:
-        if name in FLOOR:
-            floors[name] = FLOOR[name]
-        else:
-            floors[name] = computed_floor(roots[name], asked[name])
+        if name not in FLOOR:
             strict = computed_floor(roots[name], asked[name], source_only=True)
             print(
                 f"{name}: no published floor; whole-file BM25 computed as the README's:"

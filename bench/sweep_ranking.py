@@ -43,7 +43,6 @@ Usage: python bench/sweep_ranking.py --vary rank.SIZE_WEIGHT=0,0.1,0.3
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
 import sys
@@ -58,13 +57,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_relevance import (  # noqa: E402 - after the path above
-    FLOOR,
-    SETS,
     ask_in_process,
-    computed_floor,
     extract,
-    index,
+    floor,
+    index_sets,
     questions,
+    set_arguments,
 )
 
 _NAME = re.compile(r"^(rank|search)\.([A-Za-z_]\w*)(?:\[([\w-]+)\])?$")
@@ -261,10 +259,7 @@ def _label(values: Mapping[Knob, float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    shared = Path(os.environ.get("KNOWLEDGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
-    ap.add_argument("--shared", type=Path, default=shared / "code-eval")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/knowledge-relevance"))
-    ap.add_argument("--sets", default=",".join(SETS))
+    set_arguments(ap)
     ap.add_argument(
         "--vary",
         action="append",
@@ -296,7 +291,6 @@ def main() -> None:
     ap.add_argument(
         "--alone", action="store_true", help="each set in a store of its own (data-alone/NAME)"
     )
-    ap.add_argument("--limit-questions", type=int, default=0, help="first N questions per set")
     args = ap.parse_args()
     if not args.shared.is_dir():
         sys.exit(f"no code-eval data at {args.shared}")
@@ -304,7 +298,7 @@ def main() -> None:
     if args.objective not in ("every", "min", "mean", *names):
         sys.exit(f"--objective {args.objective!r}: every, min, mean or one of {names}")
     if args.ascent < 0:
-        sys.exit("--ascent takes a count of passes, 1 or more")
+        sys.exit("--ascent takes a count of passes (0: one at a time)")
     if not args.vary and not args.fixed:
         sys.exit("nothing to sweep: give one --vary or --with or more (see --help)")
     grid = [parse_vary(v) for v in args.vary]
@@ -315,18 +309,9 @@ def main() -> None:
             sys.exit(f"--with {text!r}: one value")
         fixed[knob] = values[0]
     roots = {n: extract(args.shared, n, args.work) for n in names}
-    data = args.work / "data"
-    stores = {n: data / "code.sqlite" for n in names}
-    if args.alone:
-        for n in names:
-            index(data.with_name("data-alone") / n, {n: roots[n]})
-            stores[n] = data.with_name("data-alone") / n / "code.sqlite"
-    else:
-        index(data, roots)
+    stores = index_sets(args.work / "data", roots, alone=args.alone)
     asked = {n: questions(args.shared, n)[: args.limit_questions or None] for n in names}
-    floors = {
-        n: FLOOR[n][2] if n in FLOOR else computed_floor(roots[n], asked[n])[2] for n in names
-    }
+    floors = {n: floor(n, roots[n], asked[n])[2] for n in names}
 
     def ask(name: str) -> tuple[float, float]:
         _, r10, mrr = ask_in_process(stores[name], roots[name], asked[name]).figures()

@@ -145,9 +145,8 @@ def test_a_swept_constant_changes_the_real_ranking_and_is_put_back(
     if not sets.is_dir():
         pytest.skip(f"no code-eval sets in {shared_data}")
     root = sweep_ranking.extract(sets, "fd", tmp_path)
-    sweep_ranking.index(tmp_path / "data", {"fd": root})
+    store = sweep_ranking.index_sets(tmp_path / "data", {"fd": root})["fd"]
     asked = sweep_ranking.questions(sets, "fd")[:40]
-    store = tmp_path / "data" / "code.sqlite"
 
     def ask(name: str) -> tuple[float, float]:
         _, r10, mrr = sweep_ranking.ask_in_process(store, root, asked).figures()
