@@ -16,10 +16,13 @@ when other work shares the cores, CPU time is the steadier of the two.
 
 With ``--also DIR`` (repeatable) more workspaces are indexed into the same store, and
 ``--ask-in DIR`` (one of them) takes the questions from that workspace's docstrings and
-scopes every search to it: a small workspace in a store that holds a larger one.
+scopes every search to it: a small workspace in a store that holds a larger one; the
+standard library's own folder (``WORK/stdlib-no-tests``, with ``--work``) scopes them to
+the large one. With ``--sql`` no worker builds the copy in memory: every search is
+ranked by SQL, as for a store above ``code.memory.MAX_CHUNKS`` or while a copy is built.
 
 Usage: python bench/bench_code_ab.py --checkout /path/to/main --checkout . [--queries 300]
-                                     [--also DIR ... --ask-in DIR]
+                                     [--also DIR ... --ask-in DIR] [--sql]
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ try:  # as a serving process holds it (code.memory), where the checkout has one
 except ImportError:
     memory = None
 built = {}
-if memory is not None:
+if memory is not None and sys.argv[2] != "sql":
     t = time.perf_counter()
     mem = memory.warm(ix.conn, wait=True)
     built = {"build_s": time.perf_counter() - t, "mib": mem.nbytes / 2**20 if mem else 0}
@@ -75,6 +78,12 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="keep the index here")
     ap.add_argument("--also", action="append", default=[], type=Path, help="more workspaces")
     ap.add_argument("--ask-in", type=Path, default=None, help="ask in this workspace only")
+    ap.add_argument(
+        "--sql",
+        action="store_true",
+        help="no copy of the store in memory: every search ranked by SQL (a store above"
+        " code.memory.MAX_CHUNKS, or one whose copy is being built)",
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-code-ab-"))
     work = args.work or tmp
@@ -84,11 +93,12 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _worker(checkout: Path, db: Path) -> subprocess.Popen[str]:
-    """A worker process running ``checkout``'s code on ``db``, once it is ready."""
+def _worker(checkout: Path, db: Path, sql: bool = False) -> subprocess.Popen[str]:
+    """A worker process running ``checkout``'s code on ``db``, once it is ready (``sql``:
+    without the store's copy in memory)."""
     env = dict(os.environ, PYTHONPATH=str(checkout.resolve() / "server"))
     p = subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(db)],
+        [sys.executable, "-c", WORKER, str(db), "sql" if sql else "memory"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -118,7 +128,7 @@ def run(work: Path, args: argparse.Namespace) -> None:
     scope = None if args.ask_in is None else [str(asked)]
     cases = _cases(asked, args.queries, seed=11)
     names = [str(c) for c in args.checkout]
-    workers = [_worker(c, db) for c in args.checkout]
+    workers = [_worker(c, db, args.sql) for c in args.checkout]
     lat: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     ranks: dict[str, list[int]] = {n: [] for n in names}

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from knowledge_server.code import CodeIndex, memory
 from knowledge_server.code import search as search_mod
+from knowledge_server.code.embed import HashingEmbedder
 from knowledge_server.lanes.code import CodeLane
 
-from tests.code_memory_paths import both_ways
+from tests.code_memory_paths import answers, both_ways
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = [
@@ -219,6 +220,114 @@ def test_past_the_sql_cuts_ties_and_scopes_answer_alike(
                     used += from_copy
                     n += 1
         assert used == n
+    finally:
+        memory.forget(idx.conn.filename)
+        idx.close()
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+SCOPED_QUESTIONS = [
+    "zentrik",
+    "zentrik parcel",
+    "load the config",
+    "config parcel handler",
+    "Fix the parcel retry timeout",
+]
+
+
+@pytest.mark.parametrize(("dim", "b_files"), [(256, 60), (256, 12), (250, 60), (250, 12)])
+def test_another_workspace_moves_no_scoped_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dim: int, b_files: int
+) -> None:
+    """ISO-1, statistics: a search scoped to workspace A answers the same (hits, scores,
+    explanations, snippets, and whether the relevance floor lets any through) whether or
+    not workspace B of the same store holds the question's words, through SQL and from
+    the copy in memory, in hybrid, lexical and vector mode; with binary vectors (256
+    dimensions) and float ones (250), B larger than A and smaller (a scope of most of the
+    store is ranked without narrowing to its ids), and the vectors' KNN bound low (as a
+    store of many more vectors than it takes). B's files do move the store-wide
+    statistics (a word's document frequency, an unscoped search's scores), so the case
+    can fail: ranked with those, A's caller could probe B's code for a word."""
+    monkeypatch.setattr(search_mod, "_MAX_K", 80)
+    a, b = tmp_path / "a", tmp_path / "b"
+    _write_tree(
+        a,
+        {
+            f"src/mod{i}.py": f"def handler_{i}(parcel, timeout={i}):\n"
+            f"    return retry(parcel, timeout)\n\n"
+            f"def load_config_{i}(path):\n    return read_settings(path, {i})\n"
+            for i in range(20)
+        }
+        | {
+            "src/ship.py": "def ship(parcel):\n    return handler_0(parcel, 3)\n",
+            "src/__": "{ } ;\n",
+        },
+    )
+    idx = CodeIndex(str(tmp_path / "code.sqlite"), embedder=HashingEmbedder(dim=dim))
+    try:
+        idx.index_workspace(str(a))
+        scope = {"workspaces": [str(a)]}
+
+        def answers_now() -> dict[tuple[str, str], list[Any]]:
+            assert memory.warm(idx.conn, wait=True) is not None
+            out = {}
+            for q in SCOPED_QUESTIONS:
+                for mode in ("hybrid", "lexical", "vector"):
+                    kw = {**scope, "mode": mode, "intent": "find_code", "limit": 10}
+                    by_sql, got, from_copy = both_ways(idx, q, **kw)
+                    assert got == by_sql, (q, mode)
+                    assert from_copy or mode == "vector", (q, mode)
+                    out[(q, mode)] = got
+            return out
+
+        before = answers_now()
+        assert any(before.values()), "A's own questions found nothing: the case cannot fail"
+        unscoped = answers(idx, "config parcel handler", mode="lexical", intent="find_code")
+        assert search_mod._doc_freqs(idx.conn, ["zentrik"])[0]["zentrik"] == 0
+        # B: files of the probed words, among others.
+        _write_tree(
+            b,
+            {
+                f"pkg/zentrik_{i}.py": f"ZENTRIK = {i}\n\ndef zentrik_config(parcel):\n"
+                f"    return zentrik(parcel, config={i})  # load the config parcel handler\n"
+                for i in range(b_files // 2)
+            }
+            | {
+                f"pkg/other_{i}.py": f"def other_{i}():\n    return {i}\n"
+                for i in range(b_files // 2)
+            },
+        )
+        idx.index_workspace(str(b))
+        assert search_mod._doc_freqs(idx.conn, ["zentrik"])[0]["zentrik"] > 0
+        assert answers(idx, "config parcel handler", mode="lexical", intent="find_code") != (
+            unscoped
+        )
+        assert answers_now() == before
+    finally:
+        memory.forget(idx.conn.filename)
+        idx.close()
+
+
+def test_a_scope_without_tokens_answers_nothing(tmp_path: Path) -> None:
+    """A workspace whose files hold no word at all (punctuation under names of
+    underscores) has no token to average over: a search scoped to it answers nothing, by
+    SQL and from the copy alike, while another workspace holds the word asked for."""
+    z, b = tmp_path / "z", tmp_path / "b"
+    _write_tree(z, {"__": "{ } ;\n+ - *\n", "___": "( ) [ ]\n"})
+    _write_tree(b, {"parcel.py": "def parcel():\n    return 1\n"})
+    idx = CodeIndex(str(tmp_path / "code.sqlite"))
+    try:
+        idx.index_workspace(str(z))
+        idx.index_workspace(str(b))
+        assert memory.warm(idx.conn, wait=True) is not None
+        for mode in ("hybrid", "lexical"):
+            by_sql, got, _ = both_ways(idx, "parcel", workspaces=[str(z)], mode=mode)
+            assert by_sql == got == []
     finally:
         memory.forget(idx.conn.filename)
         idx.close()

@@ -943,10 +943,10 @@ def test_the_vectors_baseline_follows_vectors_filled_in_later(tmp_path: Path) ->
         assert vtbl is not None
         qv = emb.embed_query(["store cookie"])[0]
         search._vec_baseline(idx.conn, vtbl, qv)
-        before = len(search._baselines[(idx.conn.filename, vtbl)][1])
+        before = len(search._baselines[(idx.conn.filename, vtbl, None)][1])
         assert idx.fill_vectors(str(a)) > 0
         search._vec_baseline(idx.conn, vtbl, qv)
-        after = len(search._baselines[(idx.conn.filename, vtbl)][1])
+        after = len(search._baselines[(idx.conn.filename, vtbl, None)][1])
         assert (before, after) == (4, 12)
 
 

@@ -13,7 +13,8 @@ RPC without a case here fails :func:`test_every_rpc_has_an_isolation_case`.
 Invariants (ISO-n, named in each case's docstring):
 
 * ISO-1  Search, in every mode and lane, answers only from the caller's workspaces, and its
-  lane counts count only them, whatever filters the request names.
+  lane counts count only them, whatever filters the request names; what another tenant's
+  workspace holds moves none of its code answers (the ranking's statistics are the scope's).
 * ISO-2  GetEpisode / GetChunk with another tenant's id answer exactly as an unknown id.
 * ISO-3  Dispatch (dry run and commit) plans, packs and writes to the outbox only evidence
   and actors of the caller's workspaces.
@@ -963,5 +964,61 @@ async def test_no_paths_means_the_configured_folders_in_the_operators_scope(
         async with AsyncKnowledgeClient(rs.address, token=admin) as kc:
             st = await kc.get_status()
             assert _counts(st)["episodes"]["sessions"] == 1
+    finally:
+        await rs.server.stop(0)
+
+
+async def test_iso1_another_tenants_code_moves_no_answer(tmp_path: Path) -> None:
+    """ISO-1, statistics: tenant A's code search answers the same over gRPC (the code lane's
+    items with their places, scores and explanations, its capability and empty reason) before and
+    after tenant B indexes a workspace full of the words A asks about, a made-up one
+    among them. Ranked with the store-wide statistics (a word's idf, the row-length
+    average, the vectors' baseline), whether A got any item for the made-up word told A
+    whether B's code holds it."""
+    a, b, tokens = _two_tenants(tmp_path)
+    (a / "src").mkdir()
+    own = {
+        "config.py": "def load_config(path):\n    return read_settings(path)\n",
+        "parcel.py": "def ship_parcel(parcel):\n    return retry(parcel)\n",
+        "handler.py": "def handler(request):\n    return respond(request)\n",
+        "both.py": "def config_for(parcel):\n    return parcel.config\n",
+    }
+    for name, text in own.items():
+        (a / "src" / name).write_text(text)
+    for i in range(30):
+        (b / "pkg").mkdir(exist_ok=True)
+        (b / "pkg" / f"zentrik_{i}.py").write_text(
+            f"ZENTRIK = {i}\n\ndef zentrik_config(parcel):\n    return zentrik(parcel, {i})\n"
+        )
+    ops_a = tokens.create("ops-a", "org", [str(a)], "operator")[1]
+    ops_b = tokens.create("ops-b", "org", [str(b)], "operator")[1]
+    agent_a = tokens.create("agent-a", "org", [str(a)], "agent")[1]
+    rs = await start_server(tmp_path, authenticate=tokens.authenticate, auth="on")
+    rs.app.coordinator.cache_size = 0
+    questions = ["zentrik", "zentrik parcel", "load the config", "config parcel handler"]
+
+    async def asked() -> list[Any]:
+        out = []
+        async with AsyncKnowledgeClient(rs.address, token=agent_a) as kc:
+            for q in questions:
+                for mode in ("find_code", "auto"):
+                    resp = await kc.search(q, mode=mode, include=["code"], limit=10)
+                    lane = resp.lanes.code
+                    items = [
+                        (i.path, i.start_line, i.end_line, i.score, tuple(i.why))
+                        for i in lane.items
+                    ]
+                    out.append((q, mode, items, lane.capability, lane.empty_reason))
+        return out
+
+    try:
+        async with AsyncKnowledgeClient(rs.address, token=ops_a) as kc:
+            await _drain(kc.index_workspace(str(a)))
+        before = await asked()
+        assert any(x[2] for x in before), "A found nothing of its own: the case cannot fail"
+        async with AsyncKnowledgeClient(rs.address, token=ops_b) as kc:
+            summary = await _drain(kc.index_workspace(str(b)))
+            assert summary.counters["chunks"] >= 30, dict(summary.counters)
+        assert await asked() == before
     finally:
         await rs.server.stop(0)

@@ -32,6 +32,7 @@ __all__ = [
     "compact",
     "segment_count",
     "tokenizer",
+    "varint",
 ]
 
 # FTS5 bm25()'s constants (fts5_aux.c), for the copies of full-text tables held in
@@ -54,7 +55,7 @@ _STRUCTURE_V2 = b"\xff\x00\x00\x01"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def varint(data: bytes, pos: int) -> tuple[int, int]:
     """SQLite's varint: big-endian groups of 7 bits, the 9th byte holds 8."""
     value = 0
     for k in range(9):
@@ -70,7 +71,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 def row_count(averages: bytes | None) -> int:
     """The rows of an FTS5 table, from its averages record (its %_data row 1: a varint of
     the row count, then one of each column's token count); 0 without one."""
-    return _varint(averages, 0)[0] if averages else 0
+    return varint(averages, 0)[0] if averages else 0
 
 
 def segment_count(conn: apsw.Connection, table: str) -> int:
@@ -85,8 +86,8 @@ def segment_count(conn: apsw.Connection, table: str) -> int:
         return 0
     data = bytes(row[0])
     pos = 8 if data[4:8] == _STRUCTURE_V2 else 4
-    _levels, pos = _varint(data, pos)
-    segments, _ = _varint(data, pos)
+    _levels, pos = varint(data, pos)
+    segments, _ = varint(data, pos)
     return segments
 
 

@@ -17,7 +17,7 @@ are broken by rowid so the order is deterministic.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import apsw
 import numpy as np
@@ -55,6 +55,11 @@ class BitMatrix:
 
     ids: np.ndarray  # int64 rowids, one per vector
     columns: tuple[np.ndarray, ...]  # uint64 arrays, each len(ids) long
+    # The last ``among`` asked and its rows' positions: a scoped search passes the same
+    # (memoised) array question after question.
+    last_among: dict[str, tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def from_rows(cls, rows: list[tuple[int, bytes]], nbytes: int) -> BitMatrix:
@@ -78,7 +83,12 @@ class BitMatrix:
         ids = self.ids
         columns = self.columns
         if among is not None:
-            pos = np.flatnonzero(np.isin(ids, among, assume_unique=True))
+            last = self.last_among.get("among")
+            if last is not None and last[0] is among:
+                pos = last[1]
+            else:
+                pos = np.flatnonzero(np.isin(ids, among, assume_unique=True))
+                self.last_among["among"] = (among, pos)
             ids = ids[pos]
             columns = tuple(c[pos] for c in columns)
         n = len(ids)

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import apsw
 import numpy as np
@@ -42,6 +42,7 @@ from .tokenize import index_tokens
 
 __all__ = [
     "Lexicon",
+    "Scoped",
     "StoreMemory",
     "build",
     "cancel",
@@ -104,6 +105,14 @@ def state_key(conn: apsw.Connection) -> tuple[Any, ...]:
     )
 
 
+class Scoped(NamedTuple):
+    """A Lexicon's statistics over some of its rows (``Lexicon.scoped``)."""
+
+    n: int
+    norm: np.ndarray
+    mask: np.ndarray
+
+
 class Lexicon:
     """One FTS5 table's rows: per token, the rows holding it (positions in ``ids``) and
     its weighted count in each (sum over the columns of weight x occurrences, FTS5's
@@ -157,6 +166,15 @@ class Lexicon:
             + len(vocab) * TOKEN_OVERHEAD_BYTES
         )
 
+    def scoped(self, mask: np.ndarray) -> Scoped:
+        """The statistics of the rows where ``mask``: their count and each row's length
+        term against their average length (``bm25_norm``)."""
+        n = int(np.count_nonzero(mask))
+        total = float(self.length[mask].sum())
+        # No tokens in the rows (punctuation alone): none of them can match; any average.
+        avg = total / n if total else 1.0
+        return Scoped(n, fts.bm25_norm(self.length, avg), mask)
+
     def token(self, term: str) -> int | None:
         """The token id of a question term; -1 for a term no row holds; None when the
         tokenizer makes other than one token of it (a phrase: SQL answers that search)."""
@@ -179,21 +197,28 @@ class Lexicon:
         lo, hi = self.starts[tid], self.starts[tid + 1]
         return self.rows[lo:hi], self.wf[lo:hi]
 
-    def df(self, tid: int) -> int:
-        return 0 if tid < 0 else int(self.starts[tid + 1] - self.starts[tid])
+    def df(self, tid: int, scoped: Scoped | None = None) -> int:
+        """The rows holding token ``tid``; with ``scoped``, those of its rows."""
+        if tid < 0:
+            return 0
+        if scoped is not None:
+            return int(np.count_nonzero(scoped.mask[self.posting(tid)[0]]))
+        return int(self.starts[tid + 1] - self.starts[tid])
 
-    def bm25(self, tids: Sequence[int]) -> np.ndarray:
+    def bm25(self, tids: Sequence[int], scoped: Scoped | None = None) -> np.ndarray:
         """FTS5's bm25() of every row for the phrases ``tids`` (one token each, repeats
         counted as FTS5 counts a phrase that appears twice in the expression), positive:
-        higher is better; 0 for a row that holds none."""
+        higher is better; 0 for a row that holds none. Its idf and average row length are
+        those of every row, or with ``scoped`` of its rows alone (``knowledge_bm25`` in
+        SQL)."""
+        n, norm = (self.n, self.norm) if scoped is None else (scoped.n, scoped.norm)
         score = np.zeros(self.n, dtype=np.float64)
         for tid in tids:
             rows, wf = self.posting(tid)
             if rows.size == 0:
                 continue
-            fts.bm25_add(
-                score, rows, wf.astype(np.float64), fts.bm25_idf(self.n, rows.size), self.norm[rows]
-            )
+            hits = rows.size if scoped is None else int(np.count_nonzero(scoped.mask[rows]))
+            fts.bm25_add(score, rows, wf.astype(np.float64), fts.bm25_idf(n, hits), norm[rows])
         return score
 
     def holding(self, tids: Sequence[int]) -> np.ndarray:
@@ -267,6 +292,10 @@ class StoreMemory:
         # file position -> (workspace root, rev label) for the files of current revisions.
         self.current = {file_pos[f]: v for f, v in current.items() if f in file_pos}
         self._scopes: dict[tuple[Any, ...], np.ndarray] = {}
+        # Each file version's workspace, as a number: a scoped search's statistics (``stats``).
+        self.roots = roots = {r: i for i, r in enumerate(sorted({f[1] for f in file_rows}))}
+        self.file_root = np.asarray([roots[f[1]] for f in file_rows], dtype=np.int32)
+        self._stats: dict[tuple[str, ...], tuple[Scoped, Scoped]] = {}
         self._lock = threading.Lock()
         self.stem: list[int] = []  # chunk token id -> its stem's file token id (-1: none)
         self.own: apsw.Connection | None = None  # the tokenizers' connection (build)
@@ -311,6 +340,26 @@ class StoreMemory:
                     self._scopes.clear()
                 self._scopes[key] = mask
         return mask
+
+    def stats(self, workspaces: Sequence[str] | None) -> tuple[Scoped, Scoped] | None:
+        """The chunks' and the files' statistics over every row of ``workspaces`` (all
+        their file versions, as FTS5 counts every row of its table); None for None (every
+        row of the store)."""
+        if workspaces is None:
+            return None
+        key = tuple(sorted(set(workspaces)))
+        held = self._stats.get(key)
+        if held is None:
+            chosen = np.asarray([self.roots[w] for w in key if w in self.roots], dtype=np.int32)
+            files = np.isin(self.file_root, chosen)
+            # A chunk counts with its file version (a chunk of none, with no workspace).
+            chunks = np.append(files, False)[self.chunk_file]
+            held = (self.chunks.scoped(chunks), self.files.scoped(files))
+            with self._lock:
+                if len(self._stats) > 16:
+                    self._stats.clear()
+                self._stats[key] = held
+        return held
 
     def chunk_row(self, pos: int, rank: float) -> tuple[Any, ...]:
         """code.search's row of the chunk at ``pos``: its columns, NULL text, the current

@@ -9,7 +9,7 @@ import json
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -24,7 +24,16 @@ from knowledge_server.schema import int_array, prefix_upper
 from . import bitknn, memory, rank
 from .embed import Embedder, HashingEmbedder
 from .model import ChunkRecord, CodeHit, CodeSearchResult, Freshness, IndexOptions
-from .store import FILE_SCORE, FTS_SCORE, ID_SETS, is_binary, scalar, vec_table_for
+from .store import (
+    FILE_SCORE,
+    FILE_WEIGHTS,
+    FTS_SCORE,
+    FTS_WEIGHTS,
+    ID_SETS,
+    is_binary,
+    scalar,
+    vec_table_for,
+)
 from .tokenize import fts_quote, matched_terms, query_terms
 from .walker import walk_workspace
 
@@ -204,17 +213,33 @@ def _store_state(conn: apsw.Connection) -> tuple[Any, ...]:
 
 
 def _doc_freqs(
-    conn: apsw.Connection, terms: list[str], mem: memory.StoreMemory | None = None
+    conn: apsw.Connection,
+    terms: list[str],
+    mem: memory.StoreMemory | None = None,
+    workspaces: Sequence[str] | None = None,
 ) -> tuple[dict[str, int], int]:
     """({term: chunks containing it}, highest chunk rowid); from the store's copy in
-    memory when every term is a token as it stands (fts5vocab looks terms up verbatim)."""
+    memory when every term is a token as it stands (fts5vocab looks terms up verbatim).
+    With ``workspaces``: (the chunks of theirs containing it, how many chunks they have),
+    so that what other workspaces hold changes nothing here (``_scoped_stats``)."""
     if mem is not None and mem.chunk_ids.size:
         tids = [mem.chunks.exact(t) for t in terms]
         if None not in tids:
+            stats = mem.stats(workspaces)
+            cs = stats[0] if stats is not None else None
             return (
-                {t: mem.chunks.df(i) for t, i in zip(terms, tids, strict=True) if i is not None},
-                int(mem.chunk_ids[-1]),
+                {
+                    t: mem.chunks.df(i, cs)
+                    for t, i in zip(terms, tids, strict=True)
+                    if i is not None
+                },
+                cs.n if cs is not None else int(mem.chunk_ids[-1]),
             )
+    if workspaces is not None:
+        df, _ = _doc_freqs(conn, terms)
+        present = [t for t in terms if df[t] > 0]
+        found = _scoped_df(conn, "chunks", present, workspaces)
+        return {t: found.get(t, 0) for t in terms}, _scoped_stats(conn, "chunks", workspaces)[0]
     state = _store_state(conn)
     # In-memory databases all have the name "": nothing is remembered for them.
     known = _df_memos[conn.filename].at(state) if conn.filename else {}
@@ -230,13 +255,121 @@ def _doc_freqs(
     return {t: known[t] for t in terms}, int(state[0] or 1)
 
 
+# A search scoped to some workspaces is ranked with their statistics alone: BM25's idf and
+# average row length, the rare terms, the files' idf, the vectors' baseline. Counted over
+# the whole store, they made a scoped search's answer (which files pass the relevance
+# floor, how they order, their scores) depend on what other workspaces hold, words a
+# caller of one workspace could probe another tenant's code for. Every row of the chosen
+# workspaces counts, as FTS5 counts every row of its table: all their file versions.
+_SCOPED_TABLES = {
+    # table -> (its full-text table, from the workspaces' file versions to its rows, a row's
+    # id, from a full-text match to its file version). CROSS JOIN fixes each order: the
+    # other way, SQLite walked the workspace's file versions for every match.
+    "chunks": (
+        "chunks_fts",
+        "file_versions fv CROSS JOIN chunks c ON c.file_id = fv.id",
+        "c.id",
+        "chunks_fts CROSS JOIN chunks c ON c.id = chunks_fts.rowid"
+        " CROSS JOIN file_versions fv ON fv.id = c.file_id",
+    ),
+    "files": (
+        "files_fts",
+        "file_versions fv",
+        "fv.id",
+        "files_fts CROSS JOIN file_versions fv ON fv.id = files_fts.rowid",
+    ),
+}
+_IN_SCOPE = "fv.workspace IN (SELECT value FROM json_each(?))"
+_scoped_memos: dict[str, RevisionMemo[tuple[str, ...], Any]] = defaultdict(
+    lambda: RevisionMemo(cap=20_000)
+)
+
+
+def _scope_key(workspaces: Sequence[str]) -> str:
+    return "\x00".join(sorted(set(workspaces)))
+
+
+def _scoped_stats(conn: apsw.Connection, table: str, workspaces: Sequence[str]) -> tuple[int, int]:
+    """(rows, tokens) of ``table``'s full-text rows ("chunks" or "files") in the
+    workspaces, remembered per state of the store."""
+    fts_table, rows, row_id, _ = _SCOPED_TABLES[table]
+    known = _scoped_memos[conn.filename].at(_store_state(conn)) if conn.filename else {}
+    key = (table, _scope_key(workspaces), "stats")
+    held = known.get(key)
+    if held is None:
+        n, tokens = conn.execute(
+            f"SELECT count(*), coalesce(sum(knowledge_docsize(d.sz)), 0) FROM {rows}"  # noqa: S608 - constants
+            f" CROSS JOIN {fts_table}_docsize d ON d.id = {row_id} WHERE {_IN_SCOPE}",
+            (_json_list(workspaces),),
+        ).fetchone()
+        held = known[key] = (int(n), int(tokens))
+    return held
+
+
+def _scoped_df(
+    conn: apsw.Connection, table: str, terms: Sequence[str], workspaces: Sequence[str]
+) -> dict[str, int]:
+    """{term: rows of ``table`` in the workspaces that hold it}, remembered per state."""
+    fts_table, _, _, matches = _SCOPED_TABLES[table]
+    known = _scoped_memos[conn.filename].at(_store_state(conn)) if conn.filename else {}
+    scope = _scope_key(workspaces)
+    out = {}
+    for t in terms:
+        key = (table, scope, "df", t)
+        if key not in known:
+            # A count per term, in SQLite alone: one query for all of them (which terms
+            # each row holds, from an FTS5 function) cost a Python call per match.
+            known[key] = int(
+                scalar(
+                    conn,
+                    f"SELECT count(*) FROM {matches} WHERE {fts_table} MATCH ? AND {_IN_SCOPE}",  # noqa: S608 - constants; the term is bound
+                    (fts_quote(t), _json_list(workspaces)),
+                )
+            )
+        out[t] = known[key]
+    return out
+
+
+def _scoped_score(
+    conn: apsw.Connection,
+    table: str,
+    phrases: Sequence[str],
+    workspaces: Sequence[str] | None,
+    idf: Mapping[str, float] | None = None,
+) -> tuple[str, list[Any]]:
+    """The score expression of a full-text query over ``table`` whose MATCH expression
+    holds ``phrases`` in that order, and its parameters: FTS5's bm25() for the whole
+    store, ``knowledge_bm25`` with the workspaces' statistics (``idf``: each phrase's,
+    when the caller has them)."""
+    native = (FTS_SCORE if table == "chunks" else FILE_SCORE), []
+    if workspaces is None:
+        return native
+    fts_table = _SCOPED_TABLES[table][0]
+    weights = FTS_WEIGHTS if table == "chunks" else FILE_WEIGHTS
+    n, tokens = _scoped_stats(conn, table, workspaces)
+    if n == fts.row_count(_store_state(conn)[3 if table == "chunks" else 4]):
+        # The scope holds every row (one workspace in the store): its statistics are the
+        # table's, and bm25() gives the very same scores without a call per row.
+        return native
+    if idf is None:
+        df = _scoped_df(conn, table, list(dict.fromkeys(phrases)), workspaces)
+        idf = {t: fts.bm25_idf(n, df[t]) for t in phrases}
+    marks = ", ".join("?" * (3 + len(phrases)))
+    # No tokens in scope (rows of punctuation alone): no row of it can match; any average.
+    avg = tokens / n if tokens else 1.0
+    return f"knowledge_bm25({fts_table}, {marks})", [*weights, avg, *(idf[t] for t in phrases)]
+
+
 def _split_terms(
-    conn: apsw.Connection, terms: list[str], mem: memory.StoreMemory | None = None
+    conn: apsw.Connection,
+    terms: list[str],
+    mem: memory.StoreMemory | None = None,
+    workspaces: Sequence[str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """(terms present in the index, the rarer ones that select candidates)."""
     if not terms:
         return [], []
-    df, total = _doc_freqs(conn, terms, mem)
+    df, total = _doc_freqs(conn, terms, mem, workspaces)
     present = sorted((t for t in terms if df[t] > 0), key=lambda t: df[t])[:_MAX_TERMS]
     if len(present) <= 1:
         return present, present
@@ -253,6 +386,7 @@ def _lexical(
     scope: tuple[str, list[Any]],
     n: int,
     among: np.ndarray | None = None,
+    workspaces: Sequence[str] | None = None,
 ) -> list[tuple[Any, ...]]:
     """BM25 over all ``terms``; when frequent terms were set aside, the rare ones pick
     the candidates first and the full query only scores those (FTS5 cost grows with
@@ -262,8 +396,8 @@ def _lexical(
         return []
     if among is not None:
         with ID_SETS.hold(frozenset(among.tolist())) as token:
-            return _lexical_in(conn, terms, rare, scope, n, token)
-    return _lexical_in(conn, terms, rare, scope, n, None)
+            return _lexical_in(conn, terms, rare, scope, n, token, workspaces)
+    return _lexical_in(conn, terms, rare, scope, n, None, workspaces)
 
 
 # The inner query's row count and worst score, read with each row of the outer one.
@@ -288,16 +422,17 @@ def _best_in_scope(
     index ``score``) scores strictly better than the worst match kept (every match left
     out scores no better than that one, so none of them, however its path sorts, can take
     a place). Otherwise (other workspaces or old revisions took the places, or equal
-    scores straddle the cut) more are asked for. Lower scores are better (FTS5's sign)."""
+    scores straddle the cut) more are asked for, eight times as many, and past 50,000
+    every match. Lower scores are better (FTS5's sign)."""
     while True:
         rows = query(fetch)
         kept = [r[:-2] for r in rows]
+        if fetch < 0:
+            return kept  # every match was ranked
         if rows:
             seen, worst = rows[0][-2], rows[0][-1]
             if seen < fetch or (len(kept) >= n and worst > kept[n - 1][score]):
                 return kept
-        if fetch >= 50_000:
-            return kept
         if not rows:
             got = scalar(
                 conn,
@@ -307,7 +442,8 @@ def _best_in_scope(
             )
             if got < fetch:
                 return kept
-        fetch *= 8
+        # Past 50,000 matches, all of them (SQLite's LIMIT -1): the answer is whole.
+        fetch = fetch * 8 if fetch * 8 < 50_000 else -1
 
 
 def _lexical_in(
@@ -317,6 +453,7 @@ def _lexical_in(
     scope: tuple[str, list[Any]],
     n: int,
     token: int | None,
+    workspaces: Sequence[str] | None = None,
 ) -> list[tuple[Any, ...]]:
     # A path filter's chunks are checked per match, before bm25 is computed for it.
     only = "" if token is None else " AND knowledge_in_set(rowid, ?)"
@@ -330,14 +467,17 @@ def _lexical_in(
         # still count in BM25; FTS5 evaluates the AND by seeking their posting lists
         # to the candidates instead of scanning them.
         match = f"({pick}) AND ({expr})"
+    score, score_args = _scoped_score(
+        conn, "chunks", terms if rare == terms else rare + terms, workspaces
+    )
 
     def query(fetch: int) -> list[tuple[Any, ...]]:
         return conn.execute(
-            f"WITH lex AS MATERIALIZED (SELECT rowid, {FTS_SCORE} AS rank FROM chunks_fts"  # noqa: S608 - constants and _scope_sql's placeholders; the MATCH expression is bound
+            f"WITH lex AS MATERIALIZED (SELECT rowid, {score} AS rank FROM chunks_fts"  # noqa: S608 - constants and _scope_sql's placeholders; the MATCH expression is bound
             f" WHERE chunks_fts MATCH ?{only} ORDER BY rank, rowid LIMIT ?)"
             f" SELECT {_COLS}, lex.rank, {_CUT} FROM lex CROSS JOIN chunks c ON c.id = lex.rowid{scope[0]}"
             " ORDER BY lex.rank, c.path, c.start_line, c.id LIMIT ?",
-            [match, *extra, fetch, *scope[1], n],
+            [*score_args, match, *extra, fetch, *scope[1], n],
         ).fetchall()
 
     return _best_in_scope(conn, "chunks_fts", match, only, extra, max(n * 3, 100), n, 11, query)
@@ -355,9 +495,11 @@ def _vector(
     rows_of: Callable[[Sequence[int]], list[tuple[Any, ...]]] | None = None,
 ) -> tuple[list[tuple[Any, ...]], dict[int, float]]:
     """KNN in sqlite-vec (or code.bitknn for binary tables), then exact cosine
-    rescoring of the candidates. With ``among`` (a path filter's chunk ids), the binary
-    KNN looks only at those chunks. ``rows_of`` reads the candidates' rows in scope
-    (the store's copy in memory, ``_Held.rows``) instead of SQL.
+    rescoring of the candidates. With ``among`` (a path filter's chunk ids, or the chosen
+    workspaces' current ones: ``_vector_among``), the KNN looks only at those chunks, so
+    the candidates are the scope's nearest whatever else the store holds. ``rows_of``
+    reads the candidates' rows in scope (the store's copy in memory, ``_Held.rows``)
+    instead of SQL.
 
     Returns the best ``n`` rows, each ending with its cosine distance (1 - similarity),
     and the similarity of every candidate and of every row in ``also`` (the hybrid
@@ -367,6 +509,9 @@ def _vector(
     binary = is_binary(dim)
     # Binary distances are coarse: fetch a few times more candidates than needed.
     k = min(max(n * (2 if binary else 1), 60), _MAX_K)
+    # A float table's KNN takes the chunks as sqlite-vec's rowid filter.
+    only = "" if among is None or binary else " AND rowid IN (SELECT value FROM carray(?))"
+    extra: list[Any] = [int_array(among.tolist())] if only and among is not None else []
     while True:
         if binary:
             # Hamming KNN over an in-memory copy of the bits (code.bitknn), then the
@@ -390,15 +535,15 @@ def _vector(
         else:
             rows = conn.execute(
                 f"WITH knn AS MATERIALIZED (SELECT rowid, distance FROM {vtbl}"  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store), scope as above
-                " WHERE embedding MATCH ? AND k = ?)"
+                f" WHERE embedding MATCH ? AND k = ?{only})"
                 f" SELECT {_COLS}, knn.distance FROM knn CROSS JOIN chunks c ON c.id = knn.rowid"
                 f"{scope[0]} ORDER BY knn.distance, c.path, c.start_line",
-                [q.tobytes(), k, *scope[1]],
+                [q.tobytes(), k, *extra, *scope[1]],
             ).fetchall()
-        enough = len(rows) >= n or k >= _MAX_K
-        # Vectors of other workspaces/old revisions took the places: widen the search,
-        # unless the table holds fewer vectors than we asked for.
-        if enough:
+        # With ``among`` the KNN looked at the scope's chunks alone: whole. Otherwise
+        # vectors of other workspaces or old revisions may have taken the places: widen
+        # the search, unless the table holds fewer vectors than asked for.
+        if among is not None or len(rows) >= n or k >= _MAX_K:
             break
         if not binary:
             held = int(scalar(conn, f"SELECT count(*) FROM {vtbl}_f"))  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
@@ -422,12 +567,28 @@ def _vector(
     return [(*r[:11], 1.0 - sims[r[0]]) for r in rows[:n]], sims
 
 
+def _vector_among(
+    conn: apsw.Connection,
+    workspaces: Sequence[str] | None,
+    prefixes: Sequence[str] | None,
+    among: np.ndarray | None,
+) -> np.ndarray | None:
+    """The chunks the vectors' KNN looks at (``_vector``): a path filter's (``among``),
+    or the chosen workspaces' current ones (remembered per state of the store, so the
+    same array comes back and code.bitknn keeps its positions); None unscoped."""
+    if prefixes:
+        return among
+    return _scope_chunks(conn, workspaces) if workspaces is not None else None
+
+
 # How many stored vectors the vectors' baseline is computed over (``_vec_baseline``).
 _BASELINE_VECTORS = 512
-_baselines: dict[tuple[str, str], tuple[object, np.ndarray]] = {}
+_baselines: dict[tuple[str, str, str | None], tuple[object, np.ndarray]] = {}
 
 
-def _vec_baseline(conn: apsw.Connection, vtbl: str, qvec: np.ndarray) -> tuple[float, float]:
+def _vec_baseline(
+    conn: apsw.Connection, vtbl: str, qvec: np.ndarray, workspaces: Sequence[str] | None = None
+) -> tuple[float, float]:
     """(centre, spread) of the question's similarity to an even sample of the store's
     vectors, as robust estimates of the mean and standard deviation: how much it resembles
     any chunk. A similarity is evidence of meaning when it stands out from that (HIT_VEC_Z,
@@ -435,17 +596,35 @@ def _vec_baseline(conn: apsw.Connection, vtbl: str, qvec: np.ndarray) -> tuple[f
     hashing embedder near 0. The sample (up to _BASELINE_VECTORS ids spread evenly between
     the table's lowest and highest, read by rowid) is kept while the store, the table's id
     range and the revisions' count of chunks without vectors stay the same (vectors filled
-    in later for older chunks change that count)."""
-    key = (conn.filename, vtbl)
+    in later for older chunks change that count). With ``workspaces``, the sample is of
+    their chunks alone (every file version's, as ``_scoped_stats`` counts rows), spread
+    evenly over their ids: what other workspaces hold moves no baseline."""
+    scope = _scope_key(workspaces) if workspaces is not None else None
+    if len(_baselines) > 64:
+        _baselines.clear()
+    key = (conn.filename, vtbl, scope)
     lo, hi = conn.execute(f"SELECT min(id), max(id) FROM {vtbl}_f").fetchone()  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
     missing = scalar(conn, "SELECT coalesce(sum(vec_missing), 0) FROM revisions")
     state = (_store_state(conn), lo, hi, missing)
     held = _baselines.get(key)
     if held is None or held[0] != state:
         found = []
-        if lo is not None:
+        ids: list[int] | None = None
+        if workspaces is not None:
+            theirs = [
+                int(r[0])
+                for r in conn.execute(
+                    f"SELECT c.id FROM {_SCOPED_TABLES['chunks'][1]} WHERE {_IN_SCOPE}"  # noqa: S608 - constants
+                    " ORDER BY c.id",
+                    (_json_list(workspaces),),
+                )
+            ]
+            step = max(1, len(theirs) // _BASELINE_VECTORS)
+            ids = theirs[::step][:_BASELINE_VECTORS]
+        elif lo is not None:
             step = max(1, (int(hi) - int(lo) + 1) // _BASELINE_VECTORS)
             ids = list(range(int(lo), int(hi) + 1, step))[:_BASELINE_VECTORS]
+        if ids:
             found = conn.execute(
                 f"SELECT v FROM {vtbl}_f WHERE id IN (SELECT value FROM carray(?))",  # noqa: S608 - as above
                 (int_array(ids),),
@@ -504,9 +683,15 @@ QUESTION_VEC_Z = 5.0
 _file_df_memos: dict[str, RevisionMemo[str, int]] = defaultdict(RevisionMemo)
 
 
-def _file_weights(conn: apsw.Connection, terms: list[str]) -> tuple[dict[str, float], int]:
+def _file_weights(
+    conn: apsw.Connection, terms: list[str], workspaces: Sequence[str] | None = None
+) -> tuple[dict[str, float], int]:
     """({term: idf} over file versions (FTS5's BM25 idf), how many there are); a term in
-    no file gets the highest idf there is."""
+    no file gets the highest idf there is. With ``workspaces``, over theirs alone."""
+    if workspaces is not None:
+        n = _scoped_stats(conn, "files", workspaces)[0]
+        df = _scoped_df(conn, "files", terms, workspaces)
+        return {t: fts.bm25_idf(n, df[t]) for t in terms}, n
     state = _store_state(conn)
     known = _file_df_memos[conn.filename].at(state) if conn.filename else {}
     for t in terms:
@@ -591,17 +776,22 @@ def _file_query(
     only = "" if token is None else " AND knowledge_in_set(rowid, ?)"
     extra: list[Any] = [] if token is None else [token]
     match = _file_match(terms, weights, n_files)
+    pick = _file_pick(terms, weights, n_files)
+    # The file weights are the files' idf in the scope: the scoped score takes them.
+    score, score_args = _scoped_score(
+        conn, "files", pick + terms if pick else terms, workspaces, weights
+    )
 
     def query(fetch: int) -> list[tuple[Any, ...]]:
         return conn.execute(
-            f"WITH lex AS MATERIALIZED (SELECT rowid, {FILE_SCORE} AS rank FROM files_fts"  # noqa: S608 - constants and placeholders; the MATCH expression is bound
+            f"WITH lex AS MATERIALIZED (SELECT rowid, {score} AS rank FROM files_fts"  # noqa: S608 - constants and placeholders; the MATCH expression is bound
             f" WHERE files_fts MATCH ?{only} ORDER BY rank, rowid LIMIT ?)"
             f" SELECT fv.id, fv.path, fv.language, lex.rank, {_CUT} FROM lex"
             " CROSS JOIN file_versions fv ON fv.id = lex.rowid"
             " CROSS JOIN rev_file rf ON rf.file_id = fv.id"
             f" CROSS JOIN workspaces w ON w.current_rev_id = rf.rev_id{cond}"
             " ORDER BY lex.rank, fv.path, fv.id LIMIT ?",
-            [match, *extra, fetch, *params, n],
+            [*score_args, match, *extra, fetch, *params, n],
         ).fetchall()
 
     rows = _best_in_scope(conn, "files_fts", match, only, extra, fetch, n, 3, query)
@@ -790,16 +980,27 @@ class _Held:
     statements of ``_file_ranked`` return, the same rows in the same order."""
 
     def __init__(
-        self, mem: memory.StoreMemory, file_tids: dict[str, int], chunk_tids: dict[str, int]
+        self,
+        mem: memory.StoreMemory,
+        file_tids: dict[str, int],
+        chunk_tids: dict[str, int],
+        workspaces: Sequence[str] | None = None,
     ) -> None:
         self.mem, self.ftid, self.ctid = mem, file_tids, chunk_tids
+        # The scope's statistics (``_scoped_stats``), None for the whole store.
+        stats = mem.stats(workspaces)
+        self.cs, self.fs = stats if stats is not None else (None, None)
 
     @classmethod
     def of(
-        cls, mem: memory.StoreMemory, file_terms: Sequence[str], chunk_terms: Sequence[str]
+        cls,
+        mem: memory.StoreMemory,
+        file_terms: Sequence[str],
+        chunk_terms: Sequence[str],
+        workspaces: Sequence[str] | None = None,
     ) -> _Held | None:
         """The copy, when every term is one token to both tables' tokenizers (a phrase is
-        left to SQL)."""
+        left to SQL); ranking with the statistics of ``workspaces`` (None: every row)."""
         tids: tuple[dict[str, int], dict[str, int]] = ({}, {})
         for lex, terms, out in (
             (mem.files, file_terms, tids[0]),
@@ -810,11 +1011,12 @@ class _Held:
                 if tid is None:
                     return None
                 out[t] = tid
-        return cls(mem, *tids)
+        return cls(mem, *tids, workspaces)
 
     def file_weights(self, terms: list[str]) -> tuple[dict[str, float], int]:
-        n = self.mem.files.n
-        return {t: fts.bm25_idf(n, self.mem.files.df(self.ftid[t])) for t in terms}, n
+        files, fs = self.mem.files, self.fs
+        n = fs.n if fs is not None else files.n
+        return {t: fts.bm25_idf(n, files.df(self.ftid[t], fs)) for t in terms}, n
 
     def file_candidates(
         self,
@@ -829,7 +1031,7 @@ class _Held:
             return []
         pick = _file_pick(terms, weights, n_files)
         files = self.mem.files
-        score = files.bm25([self.ftid[t] for t in (pick + terms if pick else terms)])
+        score = files.bm25([self.ftid[t] for t in (pick + terms if pick else terms)], self.fs)
         among = self.mem.file_scope(workspaces, prefixes)
         if pick:
             among = among & files.holding([self.ftid[t] for t in pick])
@@ -850,7 +1052,9 @@ class _Held:
         if not terms:
             return []
         chunks, mem = self.mem.chunks, self.mem
-        score = chunks.bm25([self.ctid[t] for t in (terms if rare == terms else rare + terms)])
+        score = chunks.bm25(
+            [self.ctid[t] for t in (terms if rare == terms else rare + terms)], self.cs
+        )
         # A chunk of no file version (none is written so) is in no scope: the appended False.
         files = np.append(mem.file_scope(workspaces, prefixes), False)
         among = files[mem.chunk_file]
@@ -966,9 +1170,9 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         files = held.file_candidates(terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
         rows = held.lexical(kept, rare, workspaces, prefixes, max(limit * 3, _CHUNK_POOL))
     else:
-        weights, n_files = _file_weights(conn, terms)
+        weights, n_files = _file_weights(conn, terms, workspaces)
         files = _file_candidates(conn, terms, weights, n_files, workspaces, prefixes, _FILE_POOL)
-        rows = _lexical(conn, kept, rare, scope, max(limit * 3, _CHUNK_POOL), among)
+        rows = _lexical(conn, kept, rare, scope, max(limit * 3, _CHUNK_POOL), among, workspaces)
     ev = {f[0]: rank.FileEvidence(f[0], f[1], f[2], file_bm25=f[3]) for f in files}
     by_id: dict[int, tuple[Any, ...]] = {}
     for r in rows:
@@ -992,13 +1196,10 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             scope,
             max(limit, _VEC_POOL),
             list(best_row.values()),
-            # Not a workspace filter's chunks (_narrow_scope): with them the vectors
-            # rescored fewer candidates of the workspace than the widening KNN finds,
-            # and MRR on the labelled sets fell (bench/RESULTS.md).
-            among if prefixes else None,
+            _vector_among(conn, workspaces, prefixes, among),
             (lambda ids: held.rows(ids, workspaces, prefixes)) if held else None,
         )
-        base = _vec_baseline(conn, vtbl, qv)
+        base = _vec_baseline(conn, vtbl, qv, workspaces)
         new = [r for r in vec_rows if r[0] not in by_id]
         for r in new:
             by_id[r[0]] = (*r[:11], 0.0)
@@ -1179,9 +1380,9 @@ def search(
     stemmed = rank.with_stems(terms) if mode != "vector" else terms
     # The store's copy in memory (code.memory), when this process holds it for this state.
     mem = memory.ready(conn, _store_state(conn)) if mode != "vector" else None
-    kept, rare = _split_terms(conn, stemmed, mem)
+    kept, rare = _split_terms(conn, stemmed, mem, workspaces)
     # The copy answers when every term is one token to it (a phrase is left to SQL).
-    held = _Held.of(mem, terms, kept) if mem is not None else None
+    held = _Held.of(mem, terms, kept, workspaces) if mem is not None else None
     if among is not None:
         # Frequent across the index says nothing about the chunks under the prefixes: all
         # terms pick candidates, and only those chunks are scored (knowledge_in_set).
@@ -1210,6 +1411,7 @@ def search(
     if mode == "vector":
         rows: list[tuple[Any, ...]] = []
         if qv is not None and vtbl is not None and embedder is not None:
+            among = _vector_among(conn, workspaces, path_prefixes, among)
             rows, _ = _vector(conn, vtbl, embedder.dim, qv, scope, limit, among=among)
         hits = [
             _hit(r, 1.0 - float(r[11]), [f"vec: {1.0 - float(r[11]):.2f}"], False) for r in rows
