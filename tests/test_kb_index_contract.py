@@ -658,3 +658,67 @@ def test_kb_idx_17_other_organisations_do_not_move_a_text_ranking(tmp_path: Path
     finally:
         alone.close()
         shared.close()
+
+
+def test_kb_idx_18_a_text_ranking_by_sql_is_the_one_in_memory_and_others_move_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KB-IDX-18: for an organisation whose rows are not held in memory (over the memory
+    limit, or while they are built), the text list ranked by SQL has the statistics of
+    the rows the question may see, as the list in memory has (KB-IDX-17): the same rows
+    in the same order as the list in memory, with and without tag filters, in a store
+    where another organisation's rows and the organisation's hidden revisions are full
+    of the questions' words; and exactly the ranking of a store that holds the visible
+    rows alone. With FTS5's bm25() over the whole table the two stores ranked apart."""
+    import dataclasses
+
+    import numpy as np
+
+    rng = np.random.default_rng(18)
+    alone = SqliteRetrievalIndex(tmp_path / "a" / STORE_FILE, dim=DIM)
+    shared = SqliteRetrievalIndex(tmp_path / "b" / STORE_FILE, dim=DIM)
+    try:
+        mine = [
+            [
+                dataclasses.replace(c, tags=("t1",) if c.ordinal % 2 else ())
+                for c in _corpus(rng, f"r{r}", "o", 30)
+            ]
+            for r in range(3)
+        ]
+        for index in (alone, shared):
+            for chunks in mine:
+                index.stage("o", chunks[0].revision_id, chunks, [_unit(0)] * len(chunks))
+        for r in range(4):
+            other = _corpus(rng, f"x{r}", "other", 60)
+            shared.stage("other", f"x{r}", other, [_unit(1)] * len(other))
+        hidden = _corpus(rng, "hidden", "o", 60)
+        shared.stage("o", "hidden", hidden, [_unit(1)] * len(hidden))
+        visible = {"r0", "r1", "r2"}
+
+        def ranked(index: SqliteRetrievalIndex, question: str, **tags: Any) -> list[str]:
+            hits = index.search("o", question, None, revision_ids=visible, k=20, **tags)
+            return [h.chunk.chunk_id for h in hits]
+
+        filters: list[dict[str, Any]] = [{}, {"tags": ["t1"]}, {"any_tags": ["t1", "t9"]}]
+        shared.warm("o", wait=True)
+        assert shared.held("o")
+        in_memory = {
+            (q, i): ranked(shared, q, **f) for q in _QUESTIONS for i, f in enumerate(filters)
+        }
+        monkeypatch.setattr("knowledge_server.kb.index.sqlite.MEMORY_VECTOR_BYTES", 0)
+        alone.close()
+        shared.close()
+        alone = SqliteRetrievalIndex(tmp_path / "a" / STORE_FILE, dim=DIM)
+        shared = SqliteRetrievalIndex(tmp_path / "b" / STORE_FILE, dim=DIM)
+        compared = 0
+        for q in _QUESTIONS:
+            for i, f in enumerate(filters):
+                by_sql = ranked(shared, q, **f)
+                assert not shared.held("o")
+                assert by_sql == in_memory[(q, i)], (q, f)
+                assert ranked(alone, q, **f) == by_sql, (q, f)
+                compared += bool(by_sql)
+        assert compared >= 10
+    finally:
+        alone.close()
+        shared.close()

@@ -30,6 +30,9 @@ __all__ = [
     "bm25_idf",
     "bm25_norm",
     "compact",
+    "docsize",
+    "register_scoped_bm25",
+    "scoped_bm25",
     "segment_count",
     "tokenizer",
     "varint",
@@ -138,3 +141,39 @@ def bm25_add(
     count in each, ``norm``: theirs from ``bm25_norm``), grouped as fts5_aux.c groups it,
     so near-ties order as FTS5 orders them."""
     score[rows] += idf * ((freq * (BM25_K1 + 1)) / (freq + norm))
+
+
+def scoped_bm25(api: apsw.FTS5ExtensionApi, *args: float) -> float:
+    """FTS5 ``knowledge_bm25(table, w0, w1, avgdl, idf0, idf1, ...)``: FTS5's bm25() (the
+    same formula, in the same order of operations, so equal scores come out equal) over
+    a table of two columns, with the row-length average and each phrase's idf given by
+    the caller instead of counted over every row of the table: the statistics of the rows
+    a search may see (a scope's workspaces, an organisation's visible revisions), so what
+    other rows hold moves no score. Lower is better, as bm25()."""
+    w0, w1, avg = args[0], args[1], args[2]
+    norm = BM25_K1 * (1 - BM25_B + BM25_B * api.column_size(-1) / avg)
+    score = 0.0
+    for p in range(api.phrase_count):
+        if not api.phrase_columns(p):
+            continue
+        where = api.phrase_locations(p)
+        freq = len(where[0]) * w0 + len(where[1]) * w1
+        score += args[3 + p] * ((freq * (BM25_K1 + 1)) / (freq + norm))
+    return -score
+
+
+def docsize(blob: bytes | None) -> int:
+    """SQL ``knowledge_docsize(sz)``: the tokens of one row of an FTS5 table, from its
+    ``%_docsize`` record (a varint per column)."""
+    total, pos = 0, 0
+    while blob and pos < len(blob):
+        value, pos = varint(blob, pos)
+        total += value
+    return total
+
+
+def register_scoped_bm25(conn: apsw.Connection) -> None:
+    """``knowledge_bm25`` (``scoped_bm25``) and ``knowledge_docsize`` (``docsize``) on
+    ``conn``."""
+    conn.register_fts5_function("knowledge_bm25", scoped_bm25)
+    conn.create_scalar_function("knowledge_docsize", docsize, 1, deterministic=True)

@@ -232,35 +232,6 @@ def _phrases_found(api: apsw.FTS5ExtensionApi, *args: object) -> int:
     return sum(1 << i for i in range(api.phrase_count) if api.phrase_columns(i))
 
 
-def _scoped_bm25(api: apsw.FTS5ExtensionApi, *args: float) -> float:
-    """FTS5 ``knowledge_bm25(table, w0, w1, avgdl, idf0, idf1, ...)``: FTS5's bm25() (the
-    same formula, in the same order of operations, so equal scores come out equal) with
-    the row-length average and each phrase's idf given by the caller instead of counted
-    over every row of the table: the statistics of the workspaces a search is scoped to
-    (code.search), so what other workspaces hold moves no score. Lower is better, as
-    bm25()."""
-    w0, w1, avg = args[0], args[1], args[2]
-    norm = fts.BM25_K1 * (1 - fts.BM25_B + fts.BM25_B * api.column_size(-1) / avg)
-    score = 0.0
-    for p in range(api.phrase_count):
-        if not api.phrase_columns(p):
-            continue
-        where = api.phrase_locations(p)
-        freq = len(where[0]) * w0 + len(where[1]) * w1
-        score += args[3 + p] * ((freq * (fts.BM25_K1 + 1)) / (freq + norm))
-    return -score
-
-
-def _docsize(blob: bytes | None) -> int:
-    """SQL ``knowledge_docsize(sz)``: the tokens of one row of an FTS5 table, from its
-    ``%_docsize`` record (a varint per column)."""
-    total, pos = 0, 0
-    while blob and pos < len(blob):
-        value, pos = fts.varint(blob, pos)
-        total += value
-    return total
-
-
 def open_store(path: str) -> apsw.Connection:
     """Open (creating if needed) the code store with sqlite-vec loaded."""
     import sqlite_vec
@@ -287,8 +258,7 @@ def open_store(path: str) -> apsw.Connection:
     store_settings(conn)
     conn.create_scalar_function("knowledge_in_set", _in_set, 2)
     conn.register_fts5_function("knowledge_phrases", _phrases_found)
-    conn.register_fts5_function("knowledge_bm25", _scoped_bm25)
-    conn.create_scalar_function("knowledge_docsize", _docsize, 1, deterministic=True)
+    fts.register_scoped_bm25(conn)
     return conn
 
 

@@ -38,6 +38,7 @@ import apsw
 import numpy as np
 import sqlite_vec
 
+from knowledge_server import fts
 from knowledge_server.episodes.text import QueryTerm, aux_terms, query_terms
 from knowledge_server.fts import compact
 from knowledge_server.kb.index import memtext
@@ -270,6 +271,9 @@ class SqliteRetrievalIndex:
         self._building: dict[str, int] = {}
         # Organisations whose build failed: (generation, when to try it again).
         self._failed: dict[str, tuple[int, float]] = {}
+        # The text list's statistics by SQL (``_lexical``) per organisation, generation and
+        # visible set: its rows and tokens, and each term's count among them.
+        self._stats: dict[tuple[object, ...], int] = {}
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-memory")
         with self._lock:
             conn = self._connect(write=True)
@@ -306,6 +310,7 @@ class SqliteRetrievalIndex:
             else:
                 MIGRATIONS.check(conn, str(self.path))
             store_settings(conn)
+            fts.register_scoped_bm25(conn)
         except BaseException:
             conn.close()
             raise
@@ -447,17 +452,7 @@ class SqliteRetrievalIndex:
             bm25 = text_list.scores(terms, self._tokens(conn), mask)
             lexical = [str(i) for i in text_list.best(bm25, memory.ids, n)]
         elif terms:
-            lexical = [
-                str(r[0])
-                for r in conn.execute(
-                    "SELECT c.id FROM chunks_fts f JOIN chunks c ON c.id = f.rowid "  # noqa: S608 - tag_sql is built from constant fragments; values are bound
-                    "WHERE chunks_fts MATCH ? AND c.org = ? "
-                    "AND c.revision_id IN (SELECT value FROM json_each(?))"
-                    + tag_sql
-                    + " ORDER BY bm25(chunks_fts), c.id LIMIT ?",
-                    (_fts_query(terms), org, revs, *tag_params, n),
-                )
-            ]
+            lexical = self._lexical(conn, org, terms, revs, tag_sql, tag_params, n)
         nearest: list[str] = []
         if vector is not None:
             if len(vector) != self.dim:
@@ -486,6 +481,75 @@ class SqliteRetrievalIndex:
                 if len(hits) == k:
                     return hits
         return hits
+
+    def _lexical(
+        self,
+        conn: apsw.Connection,
+        org: str,
+        terms: Sequence[QueryTerm],
+        revs: str,
+        tag_sql: str,
+        tag_params: Sequence[object],
+        n: int,
+    ) -> list[str]:
+        """The text list by SQL (an organisation not held in memory): BM25 with the
+        statistics of the rows the question may see, the organisation's visible revisions
+        after the tag filters, as the list in memory (memtext) computes it, through
+        ``knowledge_bm25`` (FTS5's formula with given idf and average length). FTS5's
+        ``bm25()`` counted every row of the table: another organisation's words moved this
+        one's ranking. The counts are remembered per generation of the organisation (every
+        write bumps it) and visible set."""
+        visible = "c.org = ? AND c.revision_id IN (SELECT value FROM json_each(?))"
+        visible += tag_sql
+        args = (org, revs, *tag_params)
+        seen = (org, self._generation(conn, org), revs, tag_sql, *tag_params)
+        if len(self._stats) > 50_000:
+            self._stats.clear()
+
+        def count(key: str, sql: str, params: tuple[object, ...]) -> int:
+            held = self._stats.get((*seen, key))
+            if held is None:
+                ((value,),) = conn.execute(sql, params).fetchall()
+                held = self._stats[(*seen, key)] = int(str(value))
+            return held
+
+        rows = count(
+            "\x00rows",
+            f"SELECT count(*) FROM chunks c WHERE {visible}",  # noqa: S608 - tag_sql (in visible) is built from constant fragments; values are bound
+            args,
+        )
+        if not rows:
+            return []
+        tokens = count(
+            "\x00tokens",
+            "SELECT coalesce(sum(knowledge_docsize(d.sz)), 0) FROM chunks c"  # noqa: S608 - as above
+            f" CROSS JOIN chunks_fts_docsize d ON d.id = c.id WHERE {visible}",
+            args,
+        )
+        idf = [
+            fts.bm25_idf(
+                rows,
+                count(
+                    t.fts(),
+                    "SELECT count(*) FROM chunks_fts CROSS JOIN chunks c"  # noqa: S608 - as above
+                    f" ON c.id = chunks_fts.rowid WHERE chunks_fts MATCH ? AND {visible}",
+                    (t.fts(), *args),
+                ),
+            )
+            for t in terms
+        ]
+        # No tokens in what it may see: nothing of it can match; any average.
+        avg = tokens / rows if tokens else 1.0
+        marks = ", ".join("?" * len(idf))
+        return [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT c.id FROM chunks_fts CROSS JOIN chunks c ON c.id = chunks_fts.rowid"  # noqa: S608 - as above
+                f" WHERE chunks_fts MATCH ? AND {visible}"
+                f" ORDER BY knowledge_bm25(chunks_fts, 1.0, 1.0, ?, {marks}), c.id LIMIT ?",
+                (_fts_query(terms), *args, avg, *idf, n),
+            )
+        ]
 
     def _generation(self, conn: apsw.Connection, org: str) -> int:
         rows = conn.execute("SELECT gen FROM generations WHERE org = ?", (org,)).fetchall()
