@@ -143,3 +143,45 @@ def test_stop_words_do_not_select_skills(ds) -> None:  # type: ignore[no-untyped
     assert [h.name for h in search_skills(ds, "where is the brainstorming")] == [
         h.name for h in search_skills(ds, "brainstorming")
     ]
+
+
+def _skill(root: Path, name: str, description: str, when: str) -> None:
+    folder = root / ".claude" / "skills" / name
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text(
+        f"---\nname: {name}\ndescription: {description}\nwhen_to_use: {when}\n---\n\n# {name}\n"
+    )
+
+
+def test_another_workspaces_skills_move_no_scoped_answer(tmp_path: Path) -> None:
+    """ISO-1, statistics: a skills search scoped to workspace A answers the same (names,
+    order, scores, explanations) whether or not workspace B's catalog, in the same store,
+    holds the question's words; B's skills do move an unscoped search's scores, so the case
+    can fail (with FTS5's bm25() over every skill, A's scores moved too)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _skill(a, "deploy-parcel", "Ship the parcel service to production.", "a release is due")
+    _skill(a, "review-parcel", "Review a parcel change before merging.", "a pull request")
+    _skill(a, "pdf-notes", "Turn PDF files into notes.", "reading papers")
+    for i in range(12):
+        _skill(b, f"zentrik-{i}", f"Zentrik parcel deploy number {i}.", "zentrik work")
+    (tmp_path / "data").mkdir()
+    eps = EpisodeStore(str(tmp_path / "data"))
+    store = DerivedStore(str(tmp_path / "data"))
+    try:
+        questions = ["deploy the parcel service", "parcel review", "zentrik parcel", "pdf"]
+
+        def answers(scope: list[str] | None) -> list[object]:
+            return [
+                [(h.name, h.score, tuple(h.why)) for h in search_skills(store, q, scope=scope)]
+                for q in questions
+            ]
+
+        rebuild(eps, store, [str(a / ".claude" / "skills")])
+        before, unscoped = answers([str(a)]), answers(None)
+        assert any(before), "A's questions found nothing: the case cannot fail"
+        rebuild(eps, store, [str(a / ".claude" / "skills"), str(b / ".claude" / "skills")])
+        assert answers(None) != unscoped
+        assert answers([str(a)]) == before
+    finally:
+        store.close()
+        eps.close()

@@ -144,21 +144,24 @@ def bm25_add(
 
 
 def scoped_bm25(api: apsw.FTS5ExtensionApi, *args: float) -> float:
-    """FTS5 ``knowledge_bm25(table, w0, w1, avgdl, idf0, idf1, ...)``: FTS5's bm25() (the
-    same formula, in the same order of operations, so equal scores come out equal) over
-    a table of two columns, with the row-length average and each phrase's idf given by
-    the caller instead of counted over every row of the table: the statistics of the rows
-    a search may see (a scope's workspaces, an organisation's visible revisions), so what
-    other rows hold moves no score. Lower is better, as bm25()."""
-    w0, w1, avg = args[0], args[1], args[2]
-    norm = BM25_K1 * (1 - BM25_B + BM25_B * api.column_size(-1) / avg)
+    """FTS5 ``knowledge_bm25(table, avgdl, w_0 ... w_c-1, idf_0, idf_1, ...)``: FTS5's
+    bm25() (the same formula, in the same order of operations, so equal scores come out
+    equal) with a weight per column of the table, and the row-length average and each
+    phrase's idf given by the caller instead of counted over every row of the table: the
+    statistics of the rows a search may see (a scope's workspaces, an organisation's
+    visible revisions), so what other rows hold moves no score. Lower is better, as
+    bm25()."""
+    columns = api.column_count
+    norm = BM25_K1 * (1 - BM25_B + BM25_B * api.column_size(-1) / args[0])
     score = 0.0
     for p in range(api.phrase_count):
         if not api.phrase_columns(p):
             continue
         where = api.phrase_locations(p)
-        freq = len(where[0]) * w0 + len(where[1]) * w1
-        score += args[3 + p] * ((freq * (BM25_K1 + 1)) / (freq + norm))
+        freq = 0.0
+        for c in range(columns):
+            freq += len(where[c]) * args[1 + c]
+        score += args[1 + columns + p] * ((freq * (BM25_K1 + 1)) / (freq + norm))
     return -score
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from knowledge_server import fts
 from knowledge_server.textlang import STOP_WORDS
 
 from .store import DerivedStore, workspace_clause
@@ -116,18 +117,19 @@ def search_skills(
         args.extend(use_args)
     where = (" AND " + " AND ".join(conds)) if conds else ""
     exact = _exact_names(query)
+    score, score_args = _score(store, _terms(query), within)
     sql = (
         "WITH m AS (SELECT rowid AS rid, "  # noqa: S608 - constant weights and placeholders, values bound
-        f"-bm25(skill_fts, {_W_NAME}, {_W_DESC}, {_W_WHEN}) AS sc FROM skill_fts WHERE skill_fts MATCH ?) "
+        f"-{score} AS sc FROM skill_fts WHERE skill_fts MATCH ?) "
         "SELECT s.name, s.path, s.description, s.when_to_use, s.content_hash, m.sc, "
         f"lower(s.name) IN ({','.join('?' * len(exact))}) AS ex "
         f"FROM m JOIN skill s ON s.rowid = m.rid WHERE 1{where} "
         f"ORDER BY (m.sc + (lower(s.name) IN ({','.join('?' * len(exact))})) * {EXACT_NAME_BOOST}) DESC, "
         "s.name LIMIT ?"
     )
-    # Parameter order follows the placeholders: MATCH, the exact list in SELECT, the
-    # filters, the exact list in ORDER BY, LIMIT.
-    params = [args[0], *exact, *args[1:], *exact, limit]
+    # Parameter order follows the placeholders: the score's, MATCH, the exact list in
+    # SELECT, the filters, the exact list in ORDER BY, LIMIT.
+    params = [*score_args, args[0], *exact, *args[1:], *exact, limit]
     rows = store.conn.execute(sql, params).fetchall()
     hits: list[SkillHit] = []
     for name, path, desc, when, chash, sc, ex in rows:
@@ -139,6 +141,38 @@ def search_skills(
             why.append(f"used {uses} time{'s' if uses != 1 else ''}")
         hits.append(SkillHit(name, path, desc, when, chash, uses, used_by, round(score, 6), why))
     return hits
+
+
+def _score(
+    store: DerivedStore, terms: Sequence[str], within: tuple[str, list[Any]]
+) -> tuple[str, list[Any]]:
+    """The skills' BM25 and its parameters. Scoped to some workspaces (``within`` not
+    "1"), it is ``knowledge_bm25`` (fts.scoped_bm25: FTS5's formula) with the statistics
+    of the skills in scope alone: their count, average length and how many hold each
+    term. With FTS5's ``bm25()`` over every skill of every workspace, another workspace's
+    catalog moved a skill's score and order. Catalogs are small: counted per search."""
+    native = f"bm25(skill_fts, {_W_NAME}, {_W_DESC}, {_W_WHEN})", []
+    if within[0] == "1":
+        return native
+    cond, cond_args = within
+    n, tokens = store.conn.execute(
+        "SELECT count(*), coalesce(sum(knowledge_docsize(d.sz)), 0) FROM skill s"  # noqa: S608 - conditions made here of constants and placeholders, values bound
+        f" CROSS JOIN skill_fts_docsize d ON d.id = s.rowid WHERE {cond}",
+        cond_args,
+    ).fetchone()
+    if not n:
+        return native  # no skill in scope: nothing will match
+    idf = []
+    for t in terms:
+        (hits,) = store.conn.execute(
+            "SELECT count(*) FROM skill_fts CROSS JOIN skill s ON s.rowid = skill_fts.rowid"  # noqa: S608 - as above
+            f" WHERE skill_fts MATCH ? AND {cond}",
+            ['"' + t.replace('"', '""') + '"', *cond_args],
+        ).fetchone()
+        idf.append(fts.bm25_idf(int(n), int(hits)))
+    avg = int(tokens) / int(n) if tokens else 1.0
+    marks = ", ".join("?" * (4 + len(idf)))
+    return f"knowledge_bm25(skill_fts, {marks})", [avg, _W_NAME, _W_DESC, _W_WHEN, *idf]
 
 
 def _use_filter(

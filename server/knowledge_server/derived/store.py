@@ -17,6 +17,7 @@ from typing import Any, Self
 
 import apsw
 
+from knowledge_server import fts
 from knowledge_server.schema import Migrations, Step, has_schema, open_db
 from knowledge_server.workspaces import under_sql
 
@@ -214,6 +215,8 @@ class DerivedStore:
         # this lock keeps two threads sharing the object from interleaving theirs.
         self._lock = threading.RLock()
         self.conn = open_db(path, MIGRATIONS, read_only=read_only, busy_ms=self.BUSY_MS)
+        # A scoped skills search scores with its scope's statistics (derived.lane._score).
+        fts.register_scoped_bm25(self.conn)
 
     def close(self) -> None:
         self.conn.close()

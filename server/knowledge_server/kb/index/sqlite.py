@@ -546,7 +546,7 @@ class SqliteRetrievalIndex:
             for r in conn.execute(
                 "SELECT c.id FROM chunks_fts CROSS JOIN chunks c ON c.id = chunks_fts.rowid"  # noqa: S608 - as above
                 f" WHERE chunks_fts MATCH ? AND {visible}"
-                f" ORDER BY knowledge_bm25(chunks_fts, 1.0, 1.0, ?, {marks}), c.id LIMIT ?",
+                f" ORDER BY knowledge_bm25(chunks_fts, ?, 1.0, 1.0, {marks}), c.id LIMIT ?",
                 (_fts_query(terms), *args, avg, *idf, n),
             )
         ]
