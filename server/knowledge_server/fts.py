@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import apsw
 import numpy as np
@@ -33,6 +33,7 @@ __all__ = [
     "docsize",
     "register_scoped_bm25",
     "scoped_bm25",
+    "scoped_score",
     "segment_count",
     "tokenizer",
     "varint",
@@ -163,6 +164,18 @@ def scoped_bm25(api: apsw.FTS5ExtensionApi, *args: float) -> float:
             freq += len(where[c]) * args[1 + c]
         score += args[1 + columns + p] * ((freq * (BM25_K1 + 1)) / (freq + norm))
     return -score
+
+
+def scoped_score(
+    table: str, rows: int, tokens: int, weights: Sequence[float], idf: Sequence[float]
+) -> tuple[str, list[float]]:
+    """The SQL expression ``knowledge_bm25(table, ...)`` (``scoped_bm25``) and its
+    parameters, for ``rows`` rows holding ``tokens`` tokens in all, a weight per column
+    and each phrase's idf in the order of the MATCH expression. ``table`` is a constant
+    name. Rows without a token (punctuation alone) cannot match: any average will do."""
+    avg = tokens / rows if tokens else 1.0
+    marks = ", ".join("?" * (1 + len(weights) + len(idf)))
+    return f"knowledge_bm25({table}, {marks})", [avg, *weights, *idf]
 
 
 def docsize(blob: bytes | None) -> int:

@@ -354,10 +354,7 @@ def _scoped_score(
     if idf is None:
         df = _scoped_df(conn, table, list(dict.fromkeys(phrases)), workspaces)
         idf = {t: fts.bm25_idf(n, df[t]) for t in phrases}
-    marks = ", ".join("?" * (1 + len(weights) + len(phrases)))
-    # No tokens in scope (rows of punctuation alone): no row of it can match; any average.
-    avg = tokens / n if tokens else 1.0
-    return f"knowledge_bm25({fts_table}, {marks})", [avg, *weights, *(idf[t] for t in phrases)]
+    return fts.scoped_score(fts_table, n, tokens, weights, [idf[t] for t in phrases])
 
 
 def _split_terms(

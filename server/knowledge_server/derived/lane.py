@@ -170,9 +170,7 @@ def _score(
             ['"' + t.replace('"', '""') + '"', *cond_args],
         ).fetchone()
         idf.append(fts.bm25_idf(int(n), int(hits)))
-    avg = int(tokens) / int(n) if tokens else 1.0
-    marks = ", ".join("?" * (4 + len(idf)))
-    return f"knowledge_bm25(skill_fts, {marks})", [avg, _W_NAME, _W_DESC, _W_WHEN, *idf]
+    return fts.scoped_score("skill_fts", int(n), int(tokens), (_W_NAME, _W_DESC, _W_WHEN), idf)
 
 
 def _use_filter(

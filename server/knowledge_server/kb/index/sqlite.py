@@ -538,16 +538,14 @@ class SqliteRetrievalIndex:
             )
             for t in terms
         ]
-        # No tokens in what it may see: nothing of it can match; any average.
-        avg = tokens / rows if tokens else 1.0
-        marks = ", ".join("?" * len(idf))
+        score, score_args = fts.scoped_score("chunks_fts", rows, tokens, (1.0, 1.0), idf)
         return [
             str(r[0])
             for r in conn.execute(
                 "SELECT c.id FROM chunks_fts CROSS JOIN chunks c ON c.id = chunks_fts.rowid"  # noqa: S608 - as above
                 f" WHERE chunks_fts MATCH ? AND {visible}"
-                f" ORDER BY knowledge_bm25(chunks_fts, ?, 1.0, 1.0, {marks}), c.id LIMIT ?",
-                (_fts_query(terms), *args, avg, *idf, n),
+                f" ORDER BY {score}, c.id LIMIT ?",
+                (_fts_query(terms), *args, *score_args, n),
             )
         ]
 
