@@ -1,6 +1,6 @@
 """Episodes lane benchmark: ingestion throughput, incremental append latency, query latency.
 
-Usage: python bench/bench_episodes.py [--data DIR] [--events 100000]
+Usage: python bench/bench_episodes.py [--data DIR] [--events 100000] [--before CHECKOUT]
 
 The query corpus is grown to --events by replaying the real session logs: every imported
 event is copied under a new session id ``<original id>~r<n>`` (cwd gets the same suffix so
@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -193,15 +194,20 @@ QUERIES = [
 ]
 
 
-def bench_queries(store: EpisodeStore, repeats: int) -> None:
-    print(f"== queries (k=10, in-process, {repeats} runs each after 1 warm-up; ms)")
-    print(f"{'kind':9s} {'query':42s} {'hits':>4s} {'p50':>7s} {'p95':>7s}")
-    everything = []
+def query_cases(store: EpisodeStore) -> list[tuple[str, str, dict[str, Any], str]]:
+    """The queries asked, with their filters: plain, narrow workspaces, a workspace scope
+    holding nearly every event ("/": the sessions with a cwd), an outcome, time windows."""
     cases: list[tuple[str, str, dict[str, Any], str]] = [(kind, q, {}, "") for kind, q in QUERIES]
     cases += [
         ("ws-filter", "file error", {"workspaces": ["/tmp~r7"]}, ""),
         ("ws-filter", "test", {"workspaces": ["/tmp~r3", "/path/to/Demo~r9"]}, ""),
+        ("ws-wide", "who fixed the failing tests", {"workspaces": ["/"]}, ""),
+        ("ws-wide", "rate limit exceeded", {"workspaces": ["/"]}, ""),
+        ("ws-wide", "file error", {"workspaces": ["/"]}, ""),
+        ("ws-wide", "MessageAbortedError", {"workspaces": ["/"]}, ""),
         ("outcome", "error", {"outcome": "failure"}, ""),
+        ("ws-wide", "error", {"outcome": "failure", "workspaces": ["/"]}, "/, failure"),
+        ("ws-filter", "error", {"outcome": "failure", "workspaces": ["/tmp~r7"]}, "failure"),
     ]
     # Time windows: the newest 1% of the events, and one after the newest event (empty).
     times = [r[0] for r in store.conn.execute("SELECT time FROM events ORDER BY time DESC")]
@@ -212,23 +218,103 @@ def bench_queries(store: EpisodeStore, repeats: int) -> None:
             ("window", "file error", {"since": newest_1pc}, "since: newest 1%"),
             ("window", "the", {"since": newest_1pc}, "since: newest 1%"),
             ("window", "file error", {"since": after}, "since: after the newest"),
+            ("ws-window", "file error", {"since": newest_1pc, "workspaces": ["/"]}, "/, newest 1%"),
+            ("ws-window", "the", {"since": newest_1pc, "workspaces": ["/"]}, "/, newest 1%"),
         ]
-    for kind, q, kw, note in cases:
+    return cases
+
+
+def case_label(q: str, kw: dict[str, Any], note: str) -> str:
+    return f"{q} ({note})" if note else (q if not kw else f"{q} {kw}")
+
+
+def time_queries(store: EpisodeStore, repeats: int) -> list[dict[str, Any]]:
+    """Each case: the first search (a scope's statistics counted in this process), then
+    ``repeats`` more; hits and latencies (ms)."""
+    out = []
+    for kind, q, kw, note in query_cases(store):
+        t0 = time.perf_counter()
         store.search(q, k=10, **kw)
+        first = (time.perf_counter() - t0) * 1000
         lat = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             hits = store.search(q, k=10, **kw)
             lat.append((time.perf_counter() - t0) * 1000)
-        everything.extend(lat)
-        label = f"{q} ({note})" if note else (q if not kw else f"{q} {kw}")
+        out.append(
+            {
+                "kind": kind,
+                "label": case_label(q, kw, note),
+                "hits": len(hits),
+                "first": first,
+                "lat": lat,
+            }
+        )
+    return out
+
+
+def bench_queries(store: EpisodeStore, repeats: int) -> None:
+    print(f"== queries (k=10, in-process, {repeats} runs each after a first one; ms)")
+    print(f"{'kind':9s} {'query':42s} {'hits':>4s} {'first':>7s} {'p50':>7s} {'p95':>7s}")
+    everything = []
+    for c in time_queries(store, repeats):
+        everything.extend(c["lat"])
         print(
-            f"{kind:9s} {label[:42]:42s} {len(hits):4d} {statistics.median(lat):7.2f} {pct(lat, 95):7.2f}"
+            f"{c['kind']:9s} {c['label'][:42]:42s} {c['hits']:4d} {c['first']:7.2f} "
+            f"{statistics.median(c['lat']):7.2f} {pct(c['lat'], 95):7.2f}"
         )
     print(
         f"ALL queries: p50={statistics.median(everything):.2f} ms  p95={pct(everything, 95):.2f} ms  "
         f"(target p95 <= 10 ms)"
     )
+
+
+def compare(
+    sessions: Path, tmp: Path, events: int, before: Path, repeats: int, rounds: int
+) -> None:
+    """The query cases asked of the corpus by this checkout's code and by ``before``'s (a
+    process each, one round of each in turn), side by side. Each builds its own copy of the
+    corpus (the same events): a store holds the schema steps of the code that wrote it,
+    which older code refuses to open."""
+    trees = {"before": before / "server", "this": REPO / "server"}
+    for name, server in trees.items():
+        env = {**os.environ, "PYTHONPATH": str(server)}
+        build = [sys.executable, __file__, "--data", str(sessions.parent), "--events", str(events)]
+        subprocess.run([*build, "--build-store", str(tmp / name)], env=env, check=True)
+    runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in trees}
+    for _ in range(rounds):
+        for name, server in trees.items():
+            env = {**os.environ, "PYTHONPATH": str(server)}
+            db = tmp / name / "corpus"
+            done = subprocess.run(
+                [sys.executable, __file__, "--query-store", str(db), "--repeats", str(repeats)],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            runs[name].append(json.loads(done.stdout))
+    print(
+        f"== queries, before ({before}) vs this checkout: {rounds} rounds of a process each, in turn; ms"
+    )
+    print(f"{'kind':9s} {'query':42s} {'hits':>9s} {'first':>15s} {'p50':>15s} {'p95':>15s}")
+    every: dict[str, list[float]] = {name: [] for name in trees}
+    for i, case in enumerate(runs["this"][0]):
+        cols = []
+        for name in trees:
+            lat = [x for r in runs[name] for x in r[i]["lat"]]
+            every[name].extend(lat)
+            first = statistics.median(r[i]["first"] for r in runs[name])
+            cols.append((runs[name][0][i]["hits"], first, statistics.median(lat), pct(lat, 95)))
+        (hb, fb, mb, pb), (ht, ft, mt, pt) = cols
+        print(
+            f"{case['kind']:9s} {case['label'][:42]:42s} {hb:4d}/{ht:<4d} {fb:7.2f}/{ft:<7.2f} "
+            f"{mb:7.2f}/{mt:<7.2f} {pb:7.2f}/{pt:<7.2f}"
+        )
+    for name, lat in every.items():
+        print(
+            f"ALL queries, {name}: p50={statistics.median(lat):.2f} ms  p95={pct(lat, 95):.2f} ms"
+        )
 
 
 def main() -> int:
@@ -239,18 +325,39 @@ def main() -> int:
     )
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument(
+        "--before",
+        type=Path,
+        help="a checkout of the code to compare with: the corpus's queries are asked by it "
+        "and by this checkout in turn, a process each (its server/ on PYTHONPATH)",
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --before's comparison")
+    ap.add_argument("--query-store", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--build-store", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.query_store:  # one side of --before: the corpus's queries, as JSON
+        store = EpisodeStore(str(args.query_store), read_only=True)
+        print(json.dumps(time_queries(store, args.repeats)))
+        store.close()
+        return 0
     sessions = Path(args.data) / "sessions"
     if not sessions.is_dir():
         print(f"no session logs at {sessions}", file=sys.stderr)
         return 2
+    if args.build_store:  # one side of --before: its corpus, written by its code
+        args.build_store.mkdir(parents=True)
+        build_corpus(sessions, args.build_store, args.events).close()
+        return 0
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         bench_ingest(sessions, tmp)
         bench_append(tmp)
-        store = build_corpus(sessions, tmp, args.events)
-        bench_queries(store, args.repeats)
-        store.close()
+        if args.before:
+            compare(sessions, tmp, args.events, args.before, args.repeats, args.rounds)
+        else:
+            store = build_corpus(sessions, tmp, args.events)
+            bench_queries(store, args.repeats)
+            store.close()
     return 0
 
 

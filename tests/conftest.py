@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from knowledge_licensing import FEATURE_DOC_GRAPH, generate_keypair, issue_licence
@@ -78,6 +79,25 @@ TIERS = {
         "test_workers",
     },
 }
+
+
+def episodes_alone(store: Any, path: Path, roots: list[str]) -> Any:
+    """A copy of the episode store ``store`` at ``path`` holding only the events of the
+    sessions under ``roots``: its bm25() ranks with the statistics of those events alone."""
+    from knowledge_server.episodes import EpisodeStore
+    from knowledge_server.workspaces import under_sql
+
+    path.mkdir(parents=True)
+    store.conn.execute("VACUUM INTO ?", (str(path / "episodes.sqlite"),))
+    copy = EpisodeStore(str(path))
+    cond, args = under_sql("s.cwd", roots)
+    with copy.conn:
+        copy.conn.execute(
+            "DELETE FROM events WHERE session_id NOT IN"
+            f" (SELECT s.session_id FROM sessions s WHERE {cond})",
+            args,
+        )
+    return copy
 
 
 def write_session_log(path: Path, session_id: str, cwd: Path, text: str) -> None:

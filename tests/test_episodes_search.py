@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from knowledge_server.episodes import EpisodeStore, InvalidQuery, ingest
 
+from tests.conftest import episodes_alone
+
 EVENTS = [
     # session, seq, time, cwd, role, text, outcome-signal
     (
@@ -325,7 +327,8 @@ def test_time_windows_rank_exactly(
     search takes (the best candidates overall, or every match checked against the
     window's events when the window holds few of them). An empty window answers at once.
     With few candidates, the window's own best candidates are cut too, as a store of
-    millions of events would cut them."""
+    millions of events would cut them. With a workspace, the scores are bm25() over a copy
+    of the store holding that workspace's events alone (the scope's statistics)."""
     from datetime import timedelta
 
     import knowledge_server.episodes.store as episodes_store
@@ -334,6 +337,7 @@ def test_time_windows_rank_exactly(
         monkeypatch.setattr(episodes_store, "CAND_FACTOR", 1)
         monkeypatch.setattr(episodes_store, "CAND_MIN", 5)
     store = _dated_store(tmp_path)
+    alone = episodes_alone(store, tmp_path / "alone", ["/ws/a"])
     try:
         day = datetime(2026, 3, 1, tzinfo=UTC)
         windows = [
@@ -357,13 +361,17 @@ def test_time_windows_rank_exactly(
                         args.append(until.timestamp())
                     if ws is not None:
                         conds.append("s.cwd >= '/ws/a/' AND s.cwd < '/ws/a0'")
-                    rows = store.conn.execute(
-                        "SELECT -m.score FROM (SELECT rowid AS rid, bm25(events_fts) AS score"
-                        " FROM events_fts WHERE events_fts MATCH ?) m JOIN events e"
-                        " ON e.id = m.rid JOIN sessions s ON s.session_id = e.session_id"
-                        f" WHERE {' AND '.join(conds)}",
-                        args,
-                    ).fetchall()
+                    rows = (
+                        (store if ws is None else alone)
+                        .conn.execute(
+                            "SELECT -m.score FROM (SELECT rowid AS rid, bm25(events_fts) AS score"
+                            " FROM events_fts WHERE events_fts MATCH ?) m JOIN events e"
+                            " ON e.id = m.rid JOIN sessions s ON s.session_id = e.session_id"
+                            f" WHERE {' AND '.join(conds)}",
+                            args,
+                        )
+                        .fetchall()
+                    )
                     best = sorted((round(r[0], 6) for r in rows), reverse=True)
                     for k in (3, 10, 50, 150):
                         hits = store.search(query, k=k, since=since, until=until, workspaces=ws)
@@ -382,5 +390,206 @@ def test_time_windows_rank_exactly(
         store.conn.setprogresshandler(count, 10)
         assert store.search("cookie", since=day + timedelta(days=365)) == []
         assert steps[0] <= 3, steps[0]  # one seek in the time index, no full-text query
+    finally:
+        alone.close()
+        store.close()
+
+
+def _workspace_log(path: Path, prefix: str, cwd: str, texts: list[str], *, sessions: int) -> None:
+    """A generic log of ``sessions`` sessions in ``cwd`` (each under its own folder), the
+    ``texts`` dealt round-robin over them."""
+    lines = []
+    for i, text in enumerate(texts):
+        sid = f"{prefix}{i % sessions}"
+        lines.append(
+            json.dumps(
+                {
+                    "session_id": sid,
+                    "seq": i // sessions,
+                    "time": f"2026-04-{1 + i % 28:02d}T10:{i % 60:02d}:00Z",
+                    "role": "user" if i % 2 else "assistant",
+                    "text": text,
+                    "cwd": f"{cwd}/{sid}",
+                }
+            )
+        )
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_another_workspace_moves_no_scoped_episode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small: bool
+) -> None:
+    """KS-ISO: a search scoped to workspace A is ranked with A's statistics (its events'
+    count, row lengths and each word's frequency): the events and scores it returns are
+    the same before and after workspace B's sessions are ingested, B's words made frequent
+    enough to be dropped from the store-wide plan; they are the scores bm25() gives over a
+    copy of the store holding A's events alone; and they stay so as B grows (the scope's
+    counts extended), when B's log is removed (counted again) and when a session of B's
+    moves into A by its cwd (A's new events counted), and when A's own log shrinks (its
+    events deleted: counted again). ``small``: A is a small share of the
+    store (its sessions' rowid ranges are searched); otherwise A is most of it (the best
+    candidates overall, then the scope)."""
+    import knowledge_server.episodes.store as episodes_store
+
+    monkeypatch.setattr(episodes_store, "FREQUENT_MIN_DOCS", 20)
+    rng_words = ["cookie", "rotate", "deploy", "schema", "timeout", "retry", "quota", "shard"]
+    a_texts = [
+        " ".join(rng_words[(i * 7 + j * 3) % len(rng_words)] for j in range(1 + i % 5))
+        + " filler" * (i % 4)
+        for i in range(60 if small else 400)
+    ]
+    b_texts = [
+        f"cookie quota shard deploy {'zentrik ' * (1 + i % 3)}" for i in range(400 if small else 60)
+    ]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _workspace_log(logs / "a.jsonl", "a", "/ws/a", a_texts, sessions=6)
+    _workspace_log(logs / "a2.jsonl", "d", "/ws/a", a_texts[:12], sessions=2)
+    store = EpisodeStore(str(tmp_path / "db"))
+    questions = [
+        "cookie",
+        "cookie quota",
+        "zentrik cookie",
+        "rotate schema timeout",
+        "deploy the shard",
+        "quota",
+    ]
+
+    def asked() -> list[list[tuple[str, float]]]:
+        out = []
+        for q in questions:
+            for extra in ({}, {"outcome": "any", "session_ids": ["a1", "a2", "a3"]}):
+                hits = store.search(q, k=15, workspaces=["/ws/a"], **extra)  # type: ignore[arg-type]
+                out.append([(h.id, h.score) for h in hits])
+        return out
+
+    try:
+        assert not ingest(store, [str(logs)]).errors
+        before = asked()
+        assert sum(map(len, before)) > 50, "A found too little: the case cannot fail"
+        unscoped = [[(h.id, h.score) for h in store.search(q, k=15)] for q in questions]
+        _workspace_log(logs / "b.jsonl", "b", "/ws/b", b_texts, sessions=5)
+        assert not ingest(store, [str(logs)]).errors
+        assert asked() == before
+        # The store-wide ranking did move: the case tells the two apart.
+        assert [[(h.id, h.score) for h in store.search(q, k=15)] for q in questions] != unscoped
+        alone = episodes_alone(store, tmp_path / "alone", ["/ws/a"])
+        try:
+            for q in questions:
+                ids = {h.id: h.score for h in store.search(q, k=15, workspaces=["/ws/a"])}
+                ref = {h.id: h.score for h in alone.search(q, k=15)}
+                assert ids == ref, q
+        finally:
+            alone.close()
+        # B grows (the scope's statistics extended), then its log goes (counted again).
+        _workspace_log(logs / "b2.jsonl", "c", "/ws/b", b_texts, sessions=3)
+        assert not ingest(store, [str(logs)]).errors
+        assert asked() == before
+        (logs / "b.jsonl").unlink()
+        (logs / "b2.jsonl").unlink()
+        assert not ingest(store, [str(logs)]).errors
+        assert store.counts()["indexed_docs"] == len(a_texts) + 12
+        assert asked() == before
+        # A's first log shrinks (its events deleted and read again, after a2's): counted again.
+        _workspace_log(logs / "a.jsonl", "a", "/ws/a", a_texts[: len(a_texts) // 3], sessions=6)
+        assert not ingest(store, [str(logs)]).errors
+        assert store.counts()["indexed_docs"] == len(a_texts) // 3 + 12
+        alone = episodes_alone(store, tmp_path / "alone-2", ["/ws/a"])
+        try:
+            for q in questions:
+                got = {h.id: h.score for h in store.search(q, k=15, workspaces=["/ws/a"])}
+                assert got == {h.id: h.score for h in alone.search(q, k=15)}, q
+        finally:
+            alone.close()
+    finally:
+        store.close()
+
+
+def test_a_session_filling_its_cwd_enters_the_scope_statistics(tmp_path: Path) -> None:
+    """KS-ISO: a session first stored without a cwd whose later record names one moves its
+    events into that workspace's scope: the scope's statistics are counted again (not only
+    extended by the new events), so its scores equal bm25() over the workspace alone."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _workspace_log(
+        logs / "a.jsonl", "a", "/ws/a", [f"cookie quota {i}" for i in range(30)], sessions=3
+    )
+    lines = [
+        json.dumps(
+            {
+                "session_id": "late",
+                "seq": i,
+                "time": "2026-04-02T10:00:00Z",
+                "role": "user",
+                "text": "cookie cookie shard",
+            }
+        )
+        for i in range(10)
+    ]
+    (logs / "late.jsonl").write_text("\n".join(lines) + "\n")
+    store = EpisodeStore(str(tmp_path / "db"))
+    try:
+        assert not ingest(store, [str(logs)]).errors
+        store.search("cookie", workspaces=["/ws/a"])  # the scope's statistics remembered
+        with (logs / "late.jsonl").open("a") as fh:
+            fh.write(
+                json.dumps(
+                    {
+                        "session_id": "late",
+                        "seq": 10,
+                        "time": "2026-04-02T11:00:00Z",
+                        "role": "user",
+                        "text": "shard",
+                        "cwd": "/ws/a/late",
+                    }
+                )
+                + "\n"
+            )
+        assert not ingest(store, [str(logs)]).errors
+        assert store.session_cwds(["late"]) == {"late": "/ws/a/late"}
+        alone = episodes_alone(store, tmp_path / "alone", ["/ws/a"])
+        try:
+            for q in ("cookie", "shard", "cookie shard"):
+                got = {h.id: h.score for h in store.search(q, k=50, workspaces=["/ws/a"])}
+                assert got == {h.id: h.score for h in alone.search(q, k=50)}, q
+                assert sum(i.startswith("ep:late:") for i in got) >= 10, got
+        finally:
+            alone.close()
+    finally:
+        store.close()
+
+
+def test_a_store_made_again_at_the_same_path_is_counted_afresh(tmp_path: Path) -> None:
+    """KS-ISO: the scope statistics a process remembers belong to one store: a store made
+    again at the same path (its ids now other events') is counted afresh, so a scoped
+    search finds every event of its own, not those the old store's mask named."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    db = tmp_path / "db"
+    db.mkdir()
+
+    def made(first: str, second: str) -> EpisodeStore:
+        for name in ("a.jsonl", "b.jsonl"):
+            (logs / name).unlink(missing_ok=True)
+        _workspace_log(logs / "a.jsonl", first, f"/ws/{first}", ["cookie step"] * 4, sessions=1)
+        _workspace_log(logs / "b.jsonl", second, f"/ws/{second}", ["cookie jar"] * 4, sessions=1)
+        store = EpisodeStore(str(db))
+        assert not ingest(store, [str(logs / "a.jsonl")]).errors
+        assert not ingest(store, [str(logs / "b.jsonl")]).errors
+        return store
+
+    store = made("a", "b")
+    try:
+        assert len(store.search("cookie", k=50, workspaces=["/ws/a"])) == 4
+    finally:
+        store.close()
+    for f in db.iterdir():
+        f.unlink()
+    store = made("b", "a")  # A's events now take the ids B's had
+    try:
+        assert {h.id for h in store.search("cookie", k=50, workspaces=["/ws/a"])} == {
+            f"ep:a0:{i}" for i in range(4)
+        }
     finally:
         store.close()

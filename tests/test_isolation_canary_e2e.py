@@ -14,7 +14,8 @@ Invariants (ISO-n, named in each case's docstring):
 
 * ISO-1  Search, in every mode and lane, answers only from the caller's workspaces, and its
   lane counts count only them, whatever filters the request names; what another tenant's
-  workspace holds moves none of its code answers (the ranking's statistics are the scope's).
+  workspace holds moves none of its code or episodes answers (the ranking's statistics are
+  the scope's).
 * ISO-2  GetEpisode / GetChunk with another tenant's id answer exactly as an unknown id.
 * ISO-3  Dispatch (dry run and commit) plans, packs and writes to the outbox only evidence
   and actors of the caller's workspaces.
@@ -1019,6 +1020,60 @@ async def test_iso1_another_tenants_code_moves_no_answer(tmp_path: Path) -> None
         async with AsyncKnowledgeClient(rs.address, token=ops_b) as kc:
             summary = await _drain(kc.index_workspace(str(b)))
             assert summary.counters["chunks"] >= 30, dict(summary.counters)
+        assert await asked() == before
+    finally:
+        await rs.server.stop(0)
+
+
+async def test_iso1_another_tenants_sessions_move_no_episode(tmp_path: Path) -> None:
+    """ISO-1, statistics: tenant A's episodes search answers the same over gRPC (the lane's
+    events with their scores and explanations, its counts and empty reason) before and
+    after tenant B ingests many sessions full of the words A asks about. Ranked with the
+    store-wide statistics, an event's score told A how many of B's events hold a word."""
+    a, b, tokens = _two_tenants(tmp_path)
+    lines = [
+        {
+            "session_id": f"own-{i % 3}",
+            "seq": i,
+            "time": f"2026-10-21T09:{i:02d}:00Z",
+            "cwd": str(a),
+            "harness": "generic",
+            "role": "user" if i % 2 else "assistant",
+            "text": ["deploy the parcel service", "rotate the zentrik key", "parcel retry"][i % 3]
+            + " now" * (i % 4),
+        }
+        for i in range(24)
+    ]
+    (a / "logs" / "own.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    for i in range(40):
+        write_session_log(
+            b / "logs" / f"b{i}.jsonl", f"b-{i}", b, f"zentrik parcel deploy {'zentrik ' * (i % 3)}"
+        )
+    ops_a = tokens.create("ops-a", "org", [str(a)], "operator")[1]
+    ops_b = tokens.create("ops-b", "org", [str(b)], "operator")[1]
+    agent_a = tokens.create("agent-a", "org", [str(a)], "agent")[1]
+    rs = await start_server(tmp_path, authenticate=tokens.authenticate, auth="on")
+    rs.app.coordinator.cache_size = 0
+    questions = ["zentrik", "zentrik parcel", "deploy the parcel", "retry now"]
+
+    async def asked() -> list[Any]:
+        out = []
+        async with AsyncKnowledgeClient(rs.address, token=agent_a) as kc:
+            for q in questions:
+                resp = await kc.search(q, include=["episodes"], limit=10)
+                lane = resp.lanes.episodes
+                items = [(i.session_id, i.seq, i.score, tuple(i.why)) for i in lane.items]
+                out.append((q, items, lane.counts.indexed_docs, lane.empty_reason))
+        return out
+
+    try:
+        async with AsyncKnowledgeClient(rs.address, token=ops_a) as kc:
+            await _drain(kc.ingest_sessions([str(a / "logs")]))
+        before = await asked()
+        assert all(x[1] for x in before), "A found nothing of its own: the case cannot fail"
+        async with AsyncKnowledgeClient(rs.address, token=ops_b) as kc:
+            summary = await _drain(kc.ingest_sessions([str(b / "logs")]))
+            assert summary.counters["sessions"] >= 40, dict(summary.counters)
         assert await asked() == before
     finally:
         await rs.server.stop(0)

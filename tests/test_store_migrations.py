@@ -185,7 +185,7 @@ def test_episodes_store_of_the_previous_version_is_upgraded(tmp_path: Path) -> N
     store = EpisodeStore(str(path))
     try:
         # Adopted: the baseline recorded as it was; the cwd folding (no flag) ran.
-        assert _recorded(path) == ["001_initial", "002_fold_session_cwds"]
+        assert _recorded(path) == ["001_initial", "002_fold_session_cwds", "003_stats_generation"]
         assert {s.session_id: s.cwd for s in store.sessions()} == {
             "s1": "/work/secret",
             "s2": "/work/other",
@@ -200,7 +200,7 @@ def test_episodes_store_of_the_previous_version_is_upgraded(tmp_path: Path) -> N
     again = EpisodeStore(str(path))
     try:
         assert again.index_rev() == folded
-        assert _recorded(path) == ["001_initial", "002_fold_session_cwds"]
+        assert _recorded(path) == ["001_initial", "002_fold_session_cwds", "003_stats_generation"]
     finally:
         again.close()
 
@@ -212,7 +212,7 @@ def test_episodes_store_already_folded_is_adopted_without_folding_again(tmp_path
     conn.close()
     store = EpisodeStore(str(path))
     try:
-        assert _recorded(path) == ["001_initial", "002_fold_session_cwds"]
+        assert _recorded(path) == ["001_initial", "002_fold_session_cwds", "003_stats_generation"]
         # Recorded, not run: the revision did not move (the flag said it had run).
         assert store.index_rev() == "episodes:2023-11-14T22:13:20.000Z:1"
     finally:

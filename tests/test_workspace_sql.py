@@ -20,6 +20,8 @@ from knowledge_server.derived.store import DerivedStore
 from knowledge_server.episodes import EpisodeStore, ingest
 from knowledge_server.workspaces import is_under, under_sql
 
+from tests.conftest import episodes_alone
+
 # Path pieces that stress LIKE-style matching: wildcards, escapes, case, the characters
 # next to "/" in byte order, non-ASCII.
 _PIECES = st.sampled_from(["a", "A", "b", "%", "_", "\\", ".", "-", "0", "é", "É", "x y", "🙂"])
@@ -142,7 +144,9 @@ def _scoped_store(tmp_path: Path) -> EpisodeStore:
 def test_scoped_search_ranks_exactly_on_every_path(tmp_path: Path) -> None:
     """KC-2/KC-5 groundwork: whatever path a scope takes (rowid ranges pushed into FTS5,
     many ranges checked per match, a wide scope filtered after ranking), the scores
-    returned are the best ``k`` of all matching events in scope, and nothing outside it."""
+    returned are the best ``k`` of all matching events in scope, and nothing outside it;
+    ranked with the scope's statistics, they are the scores bm25() gives over a copy of the
+    store holding the scope's events alone."""
     store = _scoped_store(tmp_path)
     try:
         scopes = [
@@ -153,11 +157,12 @@ def test_scoped_search_ranks_exactly_on_every_path(tmp_path: Path) -> None:
             ["/ws/g1/mix"],  # interleaved sessions: overlapping ranges
             ["/ws"],  # everything: ranked, then filtered
         ]
-        for scope in scopes:
+        for n, scope in enumerate(scopes):
             cond, args = under_sql("s.cwd", scope)
+            alone = episodes_alone(store, tmp_path / f"alone{n}", scope)
             for query in ["cookie", "rotate deploy", "schema timeout retry", "parser cache"]:
                 match = store._plan_query(query)[0]
-                rows = store.conn.execute(
+                rows = alone.conn.execute(
                     "SELECT -m.score, s.cwd FROM (SELECT rowid AS rid, bm25(events_fts) AS score"
                     " FROM events_fts WHERE events_fts MATCH ?) m JOIN events e ON e.id = m.rid"
                     f" JOIN sessions s ON s.session_id = e.session_id WHERE {cond}",
@@ -173,9 +178,11 @@ def test_scoped_search_ranks_exactly_on_every_path(tmp_path: Path) -> None:
                     assert all(
                         any(is_under(h.session.cwd, r) for r in scope) for h in hits if h.session
                     )
-        from knowledge_server.episodes.store import RANGES
+            alone.close()
+        from knowledge_server.episodes.store import RANGES, SCOPES
 
         assert len(RANGES) == 0  # every query's ranges were released
+        assert len(SCOPES) == 0  # and its scope
     finally:
         store.close()
 

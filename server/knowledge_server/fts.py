@@ -78,6 +78,12 @@ def row_count(averages: bytes | None) -> int:
     return varint(averages, 0)[0] if averages else 0
 
 
+def totals(averages: bytes | None) -> tuple[int, int]:
+    """(rows, tokens in all columns) of an FTS5 table, from its averages record."""
+    rows = row_count(averages)
+    return rows, docsize(averages) - rows
+
+
 def segment_count(conn: apsw.Connection, table: str) -> int:
     """Segments in the FTS5 index of ``table`` (0 for an index never written)."""
     if not _NAME.fullmatch(table):

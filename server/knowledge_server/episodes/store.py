@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import json
 import math
 import os
+import threading
 import time as _time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Self
 
 import apsw
+import numpy as np
 
+from knowledge_server import fts
 from knowledge_server.fts import compact
 from knowledge_server.memo import RevisionMemo
 from knowledge_server.schema import (
@@ -177,6 +182,118 @@ def _aware(dt: datetime) -> float:
 RANGES = QueryValues()
 
 
+# The events of running queries' workspace scopes (a boolean per event id), read by
+# knowledge_in_scope.
+SCOPES = QueryValues()
+
+
+@dataclass(frozen=True)
+class ScopeStats:
+    """The events of the sessions under some workspaces, as of one state of the store:
+    ``mask[id]`` is true for each, ``rows`` of them holding ``tokens`` tokens in all.
+
+    ``gen`` is the store's ``stats_gen`` (``EpisodeStore._bump_gen``) and ``upto`` the
+    highest event id counted: events are only ever added with higher ids between two
+    generations, so a newer state extends these by the events past ``upto``."""
+
+    roots: tuple[str, ...]
+    gen: str
+    upto: int
+    mask: np.ndarray
+    rows: int
+    tokens: int
+
+    @functools.cached_property
+    def hull(self) -> tuple[int, int]:
+        """The lowest and highest event id in the scope ((1, 0) for none): a term's
+        matches outside them need not be read to count the scope's."""
+        return _hull(self.mask)
+
+
+# Per database file and workspace roots, the newest ScopeStats counted in this process.
+_scope_stats: dict[tuple[str, tuple[str, ...]], ScopeStats] = {}
+_scope_stats_lock = threading.Lock()
+SCOPE_STATS_CAP = 64
+# Per database file and index revision: the events of a scope that session-level filters
+# keep (EpisodeStore._filter_mask).
+_filter_memos: dict[str, RevisionMemo[tuple[Any, ...], np.ndarray]] = defaultdict(
+    lambda: RevisionMemo(cap=256)
+)
+# Per database file, generation, scope roots and phrase: (upto, the scope's events up to
+# that id holding the phrase), extended by the events added since.
+_scope_hits: dict[tuple[str, str, tuple[str, ...], str], tuple[int, int]] = {}
+SCOPE_HITS_CAP = 50_000
+
+
+@dataclass(frozen=True)
+class _Head:
+    """The statement part selecting a query's matches (``rid``) and their scores
+    (``score``, lower is better), up to its FTS5 condition, and its parameters: FTS5's
+    bm25() over every event, or, in a workspace scope, ``knowledge_bm25`` with the scope's
+    statistics, and ``check`` keeping only the scope's events (``knowledge_in_scope``)."""
+
+    sql: str
+    args: tuple[Any, ...]
+    # The scope's condition and its parameter, written after every cheaper one (SQLite
+    # checks a match against them in that order, and this one is a Python call).
+    check: str = ""
+    check_args: tuple[Any, ...] = ()
+
+    @classmethod
+    def of(cls, match: str) -> _Head:
+        sql = "SELECT rowid AS rid, bm25(events_fts) AS score FROM events_fts WHERE events_fts MATCH ?"
+        return cls(sql, (match,))
+
+    @classmethod
+    def scoped(cls, match: str, stats: ScopeStats, idf: Sequence[float], token: int) -> _Head:
+        # Both columns weigh 1, as in bm25(events_fts).
+        score, sargs = fts.scoped_score("events_fts", stats.rows, stats.tokens, (1.0, 1.0), idf)
+        sql = f"SELECT rowid AS rid, {score} AS score FROM events_fts WHERE events_fts MATCH ?"  # noqa: S608 - constant SQL fragments only, values bound
+        return cls(sql, (*sargs, match), " AND knowledge_in_scope(rowid, ?)", (token,))
+
+
+def _tail(conds: list[str]) -> str:
+    """The end of a search statement after its ``WITH m AS (`` matches: join them to their
+    events and sessions, apply ``conds``, rank and cut to k (``?``) on narrow rows first;
+    texts are read for the hits kept (``describe``)."""
+    where = (" WHERE " + " AND ".join(conds)) if conds else ""
+    cols = "f.id, e.session_id, e.seq, e.event_type, e.time, e.tool_name, e.is_error, f.score"
+    narrow = "e.id AS id, m.score AS score, e.time AS t, e.session_id AS sid, e.seq AS seq"
+    return (
+        f"), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "  # noqa: S608 - conditions made here of constants and placeholders, values bound
+        f"JOIN sessions s ON s.session_id = e.session_id{where}"
+        " ORDER BY m.score ASC, e.time DESC, e.session_id ASC, e.seq ASC LIMIT ?) "
+        f"SELECT {cols} FROM f JOIN events e ON e.id = f.id "
+        "ORDER BY f.score ASC, f.t DESC, f.sid ASC, f.seq ASC"
+    )
+
+
+def _hull(mask: np.ndarray) -> tuple[int, int]:
+    """The lowest and highest id set in ``mask`` ((1, 0) for none)."""
+    ids = np.flatnonzero(mask)
+    return (int(ids[0]), int(ids[-1])) if len(ids) else (1, 0)
+
+
+def _id_array(ids: str | None) -> np.ndarray:
+    """Event ids from SQL ``group_concat(id)`` (one string: much faster to read than a row
+    per id)."""
+    if not ids:
+        return np.zeros(0, dtype=np.int64)
+    return np.fromstring(ids, dtype=np.int64, sep=",")
+
+
+def _any_column(term: str) -> str:
+    """The FTS5 phrase of ``term`` in any column: the events fts5vocab counts for it."""
+    return '"' + term.replace('"', '""') + '"'
+
+
+def _in_scope(rowid: int, token: int) -> int:
+    """SQL ``knowledge_in_scope(rowid, token)``: whether event ``rowid`` is one of the
+    scope's held under ``token`` (a ``ScopeStats.mask``)."""
+    mask: np.ndarray = SCOPES[token]  # type: ignore[assignment]
+    return int(rowid < len(mask) and bool(mask[rowid]))
+
+
 def _scanned(ranges: Sequence[tuple[int, int]]) -> int:
     """Rowids an FTS scan over ``ranges`` walks (``EpisodeStore._in_ranges``): each range
     when they are few, else their hull."""
@@ -232,6 +349,9 @@ class EpisodeStore:
         self.live_minutes = live_minutes
         self.conn = open_db(path, MIGRATIONS, read_only=read_only, busy_ms=self.BUSY_MS)
         self.conn.create_scalar_function("knowledge_in_ranges", _in_ranges, 2)
+        self.conn.create_scalar_function("knowledge_in_scope", _in_scope, 2)
+        fts.register_scoped_bm25(self.conn)
+        self._tokens = fts.tokenizer(self.conn, "unicode61", ["remove_diacritics", "2"])
         if not read_only:
             self._restem()
 
@@ -269,6 +389,7 @@ class EpisodeStore:
                 )
             if changed:
                 self._bump_rev(cur)
+                self._bump_gen(cur)
             cur.execute(
                 "INSERT OR REPLACE INTO lane_meta(key, value) VALUES ('aux_stemmer', ?)",
                 (RU_STEMMER,),
@@ -348,6 +469,8 @@ class EpisodeStore:
                 prev = self.source_state(path)
                 old_sessions = prev["sessions"] if prev else []
                 cur.execute("DELETE FROM events WHERE source_path = ?", (path,))
+                if self.conn.changes():
+                    self._bump_gen(cur)
             for meta in sessions.values():
                 self._merge_session(cur, meta, state.get("mtime"))
             for ev in events:
@@ -408,6 +531,13 @@ class EpisodeStore:
     def _merge_session(self, cur: apsw.Cursor, m: SessionMeta, mtime: float | None) -> None:
         # First writer wins for identity fields (cwd, created_at keeps the minimum); later
         # chunks may fill gaps and update the model (the most recent one is the current).
+        cwd = stored_cwd(m.cwd)
+        if cwd is not None:
+            known = cur.execute(
+                "SELECT cwd FROM sessions WHERE session_id = ?", (m.session_id,)
+            ).fetchone()
+            if known is not None and known[0] is None:
+                self._bump_gen(cur)  # the session's stored events enter workspaces' scopes
         cur.execute(
             "INSERT INTO sessions(session_id, harness, cwd, created_at, model, agent_preset, title, "
             "parent_session_id, agent_id, is_sidechain, subagent_type, spawn_depth, forked_from_id, persisted, "
@@ -430,7 +560,7 @@ class EpisodeStore:
             (
                 m.session_id,
                 m.harness,
-                stored_cwd(m.cwd),
+                cwd,
                 _ts(m.created_at),
                 m.model,
                 m.agent_preset,
@@ -492,6 +622,18 @@ class EpisodeStore:
             (f"episodes:{now}:{counter}",),
         )
 
+    @staticmethod
+    def _bump_gen(cur: apsw.Cursor) -> None:
+        """A write that changes stored events other than by adding new ones (deletes them,
+        re-indexes them, or moves a session's into workspaces by filling its cwd): the
+        scopes' statistics (``_scope_stats``) are counted again rather than extended. The
+        generation is random, never a count: a store made again at the same path (or a
+        copy restored over it) cannot meet a generation remembered from another store."""
+        cur.execute(
+            "INSERT OR REPLACE INTO lane_meta(key, value) VALUES ('stats_gen', ?)",
+            (uuid.uuid4().hex,),
+        )
+
     def compact_fts(self, changed_rows: int) -> bool:
         """After a write run that changed ``changed_rows`` events: merge the text index's
         segments when the run changed a sizeable share, or they piled up (``fts.compact``)."""
@@ -518,6 +660,7 @@ class EpisodeStore:
                 self._refresh_session(cur, sid)
             if n:
                 self._bump_rev(cur)
+                self._bump_gen(cur)
         return n
 
     # ------------------------------------------------------------------ reading
@@ -601,13 +744,134 @@ class EpisodeStore:
                 known[term] = int(row[0]) if row else 0
         return {t: known[t] for t in terms}
 
-    def _plan_query(self, query: str) -> tuple[str, bool, list[str]]:
-        """Build the FTS5 expression. Returns (match, recent_only, snippet needles).
+    def _totals(self) -> tuple[int, int]:
+        """(events, their tokens) the text index holds (its averages record: exact, and
+        one read)."""
+        row = self.conn.execute("SELECT block FROM events_fts_data WHERE id = 1").fetchone()
+        return fts.totals(row[0] if row else None)
+
+    def _scope_stats(self, roots: Sequence[str]) -> ScopeStats:
+        """The statistics of the events of the sessions under ``roots`` (normalised). Also
+        when those are every event the store holds: the numbers are then the whole index's,
+        but ranking as an unscoped search does would choose among equal scores differently,
+        so the arrival of another workspace's first event would change the answer.
+
+        Remembered per database and roots in this process, and extended by the events
+        added since, as long as no write changed stored events (``_bump_gen``)."""
+        key = tuple(sorted(set(roots)))
+        gen, top = self.conn.execute(
+            "SELECT (SELECT value FROM lane_meta WHERE key = 'stats_gen'), "
+            "(SELECT MAX(id) FROM events)"
+        ).fetchone()
+        gen, top = str(gen or 0), int(top or 0)
+        name = self.conn.filename  # in-memory databases all have the name "": not remembered
+        with _scope_stats_lock:
+            old = _scope_stats.get((name, key)) if name else None
+        if old is None or old.gen != gen or old.upto > top:
+            old = None
+        stats = (
+            old if old is not None and old.upto == top else self._count_scope(key, gen, top, old)
+        )
+        if name and stats is not old:
+            with _scope_stats_lock:
+                if len(_scope_stats) >= SCOPE_STATS_CAP:
+                    _scope_stats.clear()
+                _scope_stats[(name, key)] = stats
+        return stats
+
+    def _count_scope(
+        self, roots: tuple[str, ...], gen: str, top: int, old: ScopeStats | None
+    ) -> ScopeStats:
+        """``old`` extended by the scope's events with ids in (old.upto, top], or counted
+        from scratch without one."""
+        cond, args = under_sql("s.cwd", list(roots))
+        if old is None:
+            inside = self.conn.execute(
+                f"SELECT COALESCE(SUM(s.event_count), 0) FROM sessions s WHERE {cond}",  # noqa: S608 - conditions made here of constants and placeholders, values bound
+                args,
+            ).fetchone()[0]
+            rows, tokens = self._totals()
+            if 2 * inside > rows:
+                # Most of the store: the index's totals less the events outside, whose
+                # lengths are fewer to read (a Python call each).
+                ids, out = self._scope_events(f"(s.cwd IS NULL OR NOT {cond})", args, 0, top, False)
+                mask = np.ones(top + 1, dtype=bool)
+                mask[0] = False
+                mask[ids] = False
+                return ScopeStats(roots, gen, top, mask, rows - len(ids), tokens - out)
+        lo = old.upto if old is not None else 0
+        ids, tokens = self._scope_events(cond, args, lo, top, old is not None)
+        mask = np.zeros(top + 1, dtype=bool)
+        if old is not None:
+            mask[: len(old.mask)] = old.mask
+        mask[ids] = True
+        rows = (old.rows if old is not None else 0) + len(ids)
+        tokens += old.tokens if old is not None else 0
+        return ScopeStats(roots, gen, top, mask, rows, tokens)
+
+    def _scope_events(
+        self, cond: str, args: Sequence[Any], lo: int, top: int, new: bool, tokens: bool = True
+    ) -> tuple[np.ndarray, int]:
+        """(ids, tokens in all, or 0 without ``tokens``) of the events with ids in (lo, top]
+        of the sessions ``cond`` keeps. ``new``: a few new events, each looked up in
+        sessions; else the sessions first, then their events (an index on session_id; the
+        planner would rather scan every event, and the unary + keeps the id bounds from
+        driving one)."""
+        joined, ids_in = (
+            ("events e CROSS JOIN sessions s ON s.session_id = e.session_id", "e.id")
+            if new
+            else ("sessions s CROSS JOIN events e ON e.session_id = s.session_id", "+e.id")
+        )
+        summed, sizes = (
+            (
+                "COALESCE(SUM(knowledge_docsize(d.sz)), 0)",
+                " JOIN events_fts_docsize d ON d.id = e.id",
+            )
+            if tokens
+            else ("0", "")
+        )
+        ids, total = self.conn.execute(
+            f"SELECT group_concat(e.id), {summed} FROM {joined}{sizes} "  # noqa: S608 - conditions made here of constants and placeholders, values bound
+            f"WHERE {ids_in} > ? AND {ids_in} <= ? AND {cond}",
+            [lo, top, *args],
+        ).fetchone()
+        return _id_array(ids), int(total)
+
+    def _hits_in(self, stats: ScopeStats, phrase: str) -> int:
+        """Events of the scope matching the FTS5 expression ``phrase``: counted from its
+        matches in the scope's id range, read as one string and checked against its mask;
+        remembered per database, generation and scope, and extended by the matches past
+        the ids counted before."""
+        name = self.conn.filename  # in-memory databases all have the name "": not remembered
+        key = (name, stats.gen, stats.roots, phrase)
+        upto, hits = _scope_hits.get(key, (0, 0)) if name else (0, 0)
+        if upto > stats.upto:  # a newer state than this snapshot's: count afresh
+            upto, hits = 0, 0
+        if upto < stats.upto:
+            lo, hi = stats.hull
+            row = self.conn.execute(
+                "SELECT group_concat(rowid) FROM events_fts WHERE events_fts MATCH ? "
+                "AND rowid BETWEEN ? AND ?",
+                (phrase, max(lo, upto + 1), min(hi, stats.upto)),
+            ).fetchone()
+            hits += int(stats.mask[_id_array(row[0])].sum())
+            if name:
+                if len(_scope_hits) >= SCOPE_HITS_CAP:
+                    _scope_hits.clear()
+                _scope_hits[key] = (stats.upto, hits)
+        return hits
+
+    def _plan_query(
+        self, query: str, stats: ScopeStats | None = None
+    ) -> tuple[str, bool, list[str], list[str]]:
+        """Build the FTS5 expression. Returns (match, recent_only, snippet needles, the
+        match's phrases in order).
 
         Stop-words are dropped when other words remain. A term present in more than
         max(FREQUENT_MIN_DOCS, 5%) of the events is dropped too when a rarer term exists;
         a query made only of such terms is answered from the RECENT_CAP most recent matches
-        (FTS5 can walk a term's rowids backwards without scoring every match).
+        (FTS5 can walk a term's rowids backwards without scoring every match). With
+        ``stats``, the events and frequencies counted are the scope's.
         """
         if "\x00" in query:
             query = query.replace("\x00", " ")
@@ -617,20 +881,30 @@ class EpisodeStore:
         if not terms:
             raise InvalidQuery("query has no searchable words")
         content = [t for t in terms if not t.stop] or terms
-        n_docs = self._doc_count()
+        n_docs = self._totals()[0] if stats is None else stats.rows
         limit = max(FREQUENT_MIN_DOCS, int(n_docs * FREQUENT_FRACTION))
         recent_only = False
         if n_docs > limit:
-            freq = self._doc_freqs([t.term for t in content])
-            dfs = {t.key(): freq[t.term] for t in content}
+            if stats is None:
+                freq = self._doc_freqs([t.term for t in content])
+                dfs = {t.key(): freq[t.term] for t in content}
+            else:
+                # What fts5vocab counts for a term, in the scope: the events holding it as
+                # one token (none when the tokenizer makes it into others, "a_b" or "é").
+                dfs = {
+                    t.key(): self._hits_in(stats, _any_column(t.term))
+                    if self._tokens(t.term, False) == [t.term]
+                    else 0
+                    for t in content
+                }
             rare = [t for t in content if dfs[t.key()] <= limit]
             if rare:
                 content = rare
             else:
                 recent_only = True
                 content = sorted(content, key=lambda t: dfs[t.key()])[:RECENT_MAX_TERMS]
-        match = " OR ".join(t.fts() for t in content[:64])
-        return match, recent_only, [t.needle for t in terms]
+        phrases = [t.fts() for t in content[:64]]
+        return " OR ".join(phrases), recent_only, [t.needle for t in terms], phrases
 
     def search(
         self,
@@ -676,31 +950,49 @@ class EpisodeStore:
         if flt is None:
             return [], []
         conds, fargs = flt
-        match, recent_only, needles = self._plan_query(query)
-        where = (" WHERE " + " AND ".join(conds)) if conds else ""
-        cols = "f.id, e.session_id, e.seq, e.event_type, e.time, e.tool_name, e.is_error, f.score"
-        # Rank and cut to k on narrow rows first; texts are read for the hits kept (describe).
-        order = (
-            " ORDER BY m.score ASC, e.time DESC, e.session_id ASC, e.seq ASC LIMIT ?) "  # noqa: S608 - constant column list
-            f"SELECT {cols} FROM f JOIN events e ON e.id = f.id "
-            "ORDER BY f.score ASC, f.t DESC, f.sid ASC, f.seq ASC"
-        )
-        narrow = "e.id AS id, m.score AS score, e.time AS t, e.session_id AS sid, e.seq AS seq"
+        if workspaces is not None:
+            roots = tuple(sorted({os.path.normpath(w) for w in workspaces if w}))
+            with contextlib.ExitStack() as held:
+                if self.conn.getautocommit():  # the statistics and the ranking see one state
+                    self.conn.execute("BEGIN")
+                    held.callback(self._end_read)
+                stats = self._scope_stats(roots)
+                return self._ranked_in_scope(
+                    query, stats, k, session_ids, since, until, outcome, conds, fargs
+                )
+        return self._ranked(query, k, session_ids, since, until, outcome, conds, fargs)
+
+    def _end_read(self) -> None:
+        if not self.conn.getautocommit():  # an interrupted query may have ended it already
+            self.conn.execute("COMMIT")
+
+    def _ranked(
+        self,
+        query: str,
+        k: int,
+        session_ids: Sequence[str] | None,
+        since: datetime | None,
+        until: datetime | None,
+        outcome: str,
+        conds: list[str],
+        fargs: list[Any],
+    ) -> tuple[list[EpisodeHit], list[str]]:
+        """``search_ranked`` without workspaces, with the whole store's statistics."""
+        match, recent_only, needles, _ = self._plan_query(query)
+        head = _Head.of(match)
+        tail = _tail(conds)
         # bm25() is what `rank` computes, but as an expression SQLite's sorter keeps only
         # the best LIMIT rows, where `ORDER BY rank` has FTS5 sort every match (slower);
         # ties go to the newer event, as in the final order.
         inner_order = "ORDER BY rowid DESC" if recent_only else "ORDER BY score, rowid DESC"
-        score_expr = "bm25(events_fts)"
         filtered = bool(conds)
         cand = RECENT_CAP if recent_only else (max(k * CAND_FACTOR, CAND_MIN) if filtered else k)
         if (since is not None or until is not None) and not self._has_events(since, until):
             return [], needles  # no event at all in the time window
         ranges = None
-        session_level = (
-            workspaces is not None or session_ids is not None or outcome not in ("any", "", None)
-        )
+        session_level = session_ids is not None or outcome not in ("any", "", None)
         if session_level:
-            ranges, allowed = self._scope(workspaces, session_ids, outcome)
+            ranges, allowed = self._scope(None, session_ids, outcome)
             if allowed == 0:
                 return [], needles
             if not recent_only and since is None and until is None:
@@ -708,36 +1000,30 @@ class EpisodeStore:
                 # candidates it should let through (a wide scope needs few more than k).
                 share = allowed / max(self._doc_count(), allowed)
                 cand = min(cand, max(k, math.ceil(3 * k / share)))
-        tail = (
-            f"), f AS (SELECT {narrow} FROM m JOIN events e ON e.id = m.rid "  # noqa: S608 - conditions made here of constants and placeholders, values bound
-            f"JOIN sessions s ON s.session_id = e.session_id{where}{order}"
-        )
         if ranges and recent_only and _scanned(ranges) > RECENT_SPAN:
             # Frequent terms only, over ranges holding many events: the most recent matches
             # overall (cheap, and enough for a scope that is busy now), then the most recent
             # in the ranges. Ranges also hold other sessions' events written in between, so
             # either can come short of k: then every match in the ranges is ranked.
             rows = self._fetch(
-                f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts "  # noqa: S608 - constant SQL fragments only, values bound
-                f"WHERE events_fts MATCH ? ORDER BY rowid DESC LIMIT ?{tail}",
-                [match, RECENT_CAP, *fargs, k],
+                f"WITH m AS ({head.sql} ORDER BY rowid DESC LIMIT ?{tail}",
+                [*head.args, RECENT_CAP, *fargs, k],
             )
             if len(rows) < k and sum(hi - lo + 1 for lo, hi in ranges) > RECENT_SPAN:
                 # (Ranges holding few events: ranking all of them costs what this step does.)
-                rows = self._in_ranges(match, ranges, RECENT_CAP, tail, [*fargs, k])
+                rows = self._in_ranges(head, ranges, RECENT_CAP, tail, [*fargs, k])
             if len(rows) < k:
-                rows = self._in_ranges(match, ranges, None, tail, [*fargs, k])
+                rows = self._in_ranges(head, ranges, None, tail, [*fargs, k])
             return self._hits(rows), needles
         if ranges:
             # Restrictive filter: every match in the allowed sessions' rowid ranges is
             # ranked (frequent terms too: the ranges hold few events), then the exact
             # filters apply.
-            rows = self._in_ranges(match, ranges, None, tail, [*fargs, k])
+            rows = self._in_ranges(head, ranges, None, tail, [*fargs, k])
             return self._hits(rows), needles
         rows = self._fetch(
-            f"WITH m AS (SELECT rowid AS rid, {score_expr} AS score FROM events_fts "  # noqa: S608 - constant SQL fragments only, values bound
-            f"WHERE events_fts MATCH ? {inner_order} LIMIT ?{tail}",
-            [match, cand, *fargs, k],
+            f"WITH m AS ({head.sql} {inner_order} LIMIT ?{tail}",
+            [*head.args, cand, *fargs, k],
         )
         if filtered and len(rows) < k:
             # Two-phase: the top candidates were filtered away; rank every match that
@@ -754,11 +1040,85 @@ class EpisodeStore:
                 window, wargs = _window_sql(since, until)
                 only = "" if not window or session_level else " ORDER BY score, rowid DESC LIMIT ?"
                 rows = self._fetch(
-                    f"WITH m AS MATERIALIZED (SELECT rowid AS rid, {score_expr} AS score "  # noqa: S608 - constant SQL fragments only, values bound
-                    f"FROM events_fts WHERE events_fts MATCH ?{window}{only}{tail}",
-                    [match, *wargs, *([cand] if only else []), *fargs, k],
+                    f"WITH m AS MATERIALIZED ({head.sql}{window}{only}{tail}",
+                    [*head.args, *wargs, *([cand] if only else []), *fargs, k],
                 )
         return self._hits(rows), needles
+
+    def _ranked_in_scope(
+        self,
+        query: str,
+        stats: ScopeStats,
+        k: int,
+        session_ids: Sequence[str] | None,
+        since: datetime | None,
+        until: datetime | None,
+        outcome: str,
+        conds: list[str],
+        fargs: list[Any],
+    ) -> tuple[list[EpisodeHit], list[str]]:
+        """``search_ranked`` in a workspace scope, with its statistics (``stats``): as a
+        store holding the scope's events alone would rank, whatever else the store holds.
+        So no step may depend on events outside the scope, not even which step runs: every
+        match in the scope is ranked (a cut to the best candidates, as without a scope,
+        would choose among equal scores by a path that the store's size picks), and a query
+        of frequent terms is answered from the scope's RECENT_CAP most recent matches that
+        pass the session-level filters and the time window."""
+        match, recent_only, needles, phrases = self._plan_query(query, stats)
+        if stats.rows == 0:
+            return [], needles
+        if (since is not None or until is not None) and not self._has_events(since, until):
+            return [], needles  # no event at all in the time window
+        idf = [fts.bm25_idf(stats.rows, self._hits_in(stats, p)) for p in phrases]
+        tail = _tail(conds)
+        window, wargs = _window_sql(since, until)
+        with contextlib.ExitStack() as held:
+            if recent_only:
+                only = self._filter_mask(stats, session_ids, outcome)
+                lo, hi = stats.hull if only is stats.mask else _hull(only)
+                head = _Head.scoped(match, stats, idf, held.enter_context(SCOPES.hold(only)))
+                rows = self._fetch(
+                    f"WITH m AS ({head.sql} AND rowid BETWEEN ? AND ?{window}{head.check} "
+                    f"ORDER BY rowid DESC LIMIT ?{tail}",
+                    [*head.args, lo, hi, *wargs, *head.check_args, RECENT_CAP, *fargs, k],
+                )
+                return self._hits(rows), needles
+            head = _Head.scoped(match, stats, idf, held.enter_context(SCOPES.hold(stats.mask)))
+            ranges, allowed = self._scope(stats.roots, session_ids, outcome)
+            if allowed == 0:
+                return [], needles
+            if ranges and not window:
+                # The sessions' rowid ranges bound the scan (which ranges the store's other
+                # events make them does not change which matches they hold in the scope).
+                rows = self._in_ranges(head, ranges, None, tail, [*fargs, k])
+            else:
+                lo, hi = stats.hull
+                rows = self._fetch(
+                    f"WITH m AS ({head.sql} AND rowid BETWEEN ? AND ?{window}{head.check}{tail}",
+                    [*head.args, lo, hi, *wargs, *head.check_args, *fargs, k],
+                )
+        return self._hits(rows), needles
+
+    def _filter_mask(
+        self, stats: ScopeStats, session_ids: Sequence[str] | None, outcome: str
+    ) -> np.ndarray:
+        """The scope's events that the session-level filters keep (a boolean per id):
+        ``stats.mask`` without filters, else counted once per index revision."""
+        if session_ids is None and outcome in ("any", "", None):
+            return stats.mask
+        flt = self._filters(list(stats.roots), session_ids, None, None, outcome, e_alias=None)
+        if flt is None:
+            return np.zeros(0, dtype=bool)
+        name = self.conn.filename
+        known = _filter_memos[name].at(self.index_rev()) if name else {}
+        key = (stats.roots, None if session_ids is None else tuple(session_ids), outcome)
+        mask = known.get(key)
+        if mask is None:
+            conds, args = flt
+            ids, _ = self._scope_events(" AND ".join(conds), args, 0, stats.upto, False, False)
+            mask = known[key] = np.zeros(stats.upto + 1, dtype=bool)
+            mask[ids] = True
+        return mask
 
     def _has_events(self, since: datetime | None, until: datetime | None) -> bool:
         """Whether any event lies in the time window (one seek in the time index)."""
@@ -774,7 +1134,7 @@ class EpisodeStore:
 
     def _in_ranges(
         self,
-        match: str,
+        head: _Head,
         ranges: Sequence[tuple[int, int]],
         recent: int | None,
         tail: str,
@@ -787,27 +1147,23 @@ class EpisodeStore:
         more are one scan over their hull, each match checked against the ranges (a
         bisect) before bm25 is computed: one bm25 setup (a walk over each term's posting
         list) in all, where one statement per range paid it per range."""
-        score = "bm25(events_fts)"
         with contextlib.ExitStack() as stack:
             if len(ranges) <= FEW_RANGES:
                 parts = " UNION ALL ".join(
-                    f"SELECT rowid AS rid, {score} AS score FROM events_fts "  # noqa: S608 - constant SQL fragments only, values bound
-                    "WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ?"
-                    for _ in ranges
+                    f"{head.sql} AND rowid BETWEEN ? AND ?{head.check}" for _ in ranges
                 )
                 rargs: list[Any] = []
                 for lo, hi in ranges:
-                    rargs.extend([match, lo, hi])
+                    rargs.extend([*head.args, lo, hi, *head.check_args])
             else:
                 token = stack.enter_context(
                     RANGES.hold(([lo for lo, _ in ranges], [hi for _, hi in ranges]))
                 )
                 parts = (
-                    f"SELECT rowid AS rid, {score} AS score FROM events_fts "  # noqa: S608 - constant SQL fragments only, values bound
-                    "WHERE events_fts MATCH ? AND rowid BETWEEN ? AND ? "
-                    "AND knowledge_in_ranges(rowid, ?)"
+                    f"{head.sql} AND rowid BETWEEN ? AND ? "
+                    f"AND knowledge_in_ranges(rowid, ?){head.check}"
                 )
-                rargs = [match, ranges[0][0], ranges[-1][1], token]
+                rargs = [*head.args, ranges[0][0], ranges[-1][1], token, *head.check_args]
             if recent is not None:
                 parts = f"SELECT rid, score FROM ({parts}) ORDER BY rid DESC LIMIT {int(recent)}"  # noqa: S608 - constant fragments and an int
             return self._fetch(f"WITH m AS ({parts}{tail}", [*rargs, *args])
@@ -1055,6 +1411,7 @@ def _fold_session_cwds(cur: apsw.Cursor) -> None:
     cur.executemany("UPDATE sessions SET cwd = ? WHERE session_id = ?", changed)
     if changed:
         EpisodeStore._bump_rev(cur)
+        EpisodeStore._bump_gen(cur)
 
 
 def _legacy(cur: apsw.Cursor) -> list[str]:
@@ -1069,6 +1426,10 @@ def _legacy(cur: apsw.Cursor) -> list[str]:
 # The schema as named steps (``knowledge_server.schema.Migrations``): add new ones at the end.
 MIGRATIONS = Migrations(
     "episodes.sqlite",
-    (Step("001_initial", _BASELINE), Step("002_fold_session_cwds", _fold_session_cwds)),
+    (
+        Step("001_initial", _BASELINE),
+        Step("002_fold_session_cwds", _fold_session_cwds),
+        Step("003_stats_generation", EpisodeStore._bump_gen),
+    ),
     legacy=_legacy,
 )
