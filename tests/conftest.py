@@ -285,6 +285,14 @@ class ServerThread:
             close = getattr(self.rs.app, "close", None)
             if close:
                 close()
+            # What asyncio.run does before it closes its loop: the tasks still pending (the
+            # knowledge base's worker, cancelled by close) run to their end, rather than
+            # being destroyed pending when the loop goes.
+            pending = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=10)
 
         self._thread = threading.Thread(
             target=lambda: self._loop.run_until_complete(main()), daemon=True
