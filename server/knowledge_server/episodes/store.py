@@ -187,7 +187,7 @@ RANGES = QueryValues()
 SCOPES = QueryValues()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: a mask has no single truth value
 class ScopeStats:
     """The events of the sessions under some workspaces, as of one state of the store:
     ``mask[id]`` is true for each, ``rows`` of them holding ``tokens`` tokens in all.
