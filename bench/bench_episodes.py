@@ -318,13 +318,20 @@ def compare(
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(
+        description="The episodes lane on the real session logs: ingestion, a live append, "
+        "and query latency on a corpus grown to --events by replaying them.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument(
         "--data",
         default=os.environ.get("KNOWLEDGE_SHARED_DATA", str(REPO.parent / "shared" / "data")),
+        help="the shared data folder (its sessions/ holds the logs)",
     )
-    ap.add_argument("--events", type=int, default=100_000)
-    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--events", type=int, default=100_000, help="events in the query corpus")
+    ap.add_argument(
+        "--repeats", type=int, default=30, help="runs of each query case after a first one"
+    )
     ap.add_argument(
         "--before",
         type=Path,
