@@ -184,8 +184,11 @@ def test_episodes_store_of_the_previous_version_is_upgraded(tmp_path: Path) -> N
         reader.close()
     store = EpisodeStore(str(path))
     try:
-        # Adopted: the baseline recorded as it was; the cwd folding (no flag) ran.
+        # Adopted: the baseline recorded as it was; the cwd folding (no flag) ran; the
+        # scopes' statistics have a generation.
         assert _recorded(path) == ["001_initial", "002_fold_session_cwds", "003_stats_generation"]
+        gen = store.conn.execute("SELECT value FROM lane_meta WHERE key = 'stats_gen'").fetchone()
+        assert gen is not None and len(gen[0]) == 32
         assert {s.session_id: s.cwd for s in store.sessions()} == {
             "s1": "/work/secret",
             "s2": "/work/other",

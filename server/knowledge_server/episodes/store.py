@@ -194,7 +194,10 @@ class ScopeStats:
 
     ``gen`` is the store's ``stats_gen`` (``EpisodeStore._bump_gen``) and ``upto`` the
     highest event id counted: events are only ever added with higher ids between two
-    generations, so a newer state extends these by the events past ``upto``."""
+    generations, so a newer state extends these by the events past ``upto``. ``history``
+    (``EpisodeStore._history``: the store's events up to ``upto``, and which event ``upto``
+    is) tells a store that changed under the same generation (an earlier copy restored into
+    it with SQLite's backup, or a writer of a version before generations deleting events)."""
 
     roots: tuple[str, ...]
     gen: str
@@ -202,6 +205,7 @@ class ScopeStats:
     mask: np.ndarray
     rows: int
     tokens: int
+    history: tuple[int, tuple[Any, ...] | None]
 
     @functools.cached_property
     def hull(self) -> tuple[int, int]:
@@ -627,8 +631,9 @@ class EpisodeStore:
         """A write that changes stored events other than by adding new ones (deletes them,
         re-indexes them, or moves a session's into workspaces by filling its cwd): the
         scopes' statistics (``_scope_stats``) are counted again rather than extended. The
-        generation is random, never a count: a store made again at the same path (or a
-        copy restored over it) cannot meet a generation remembered from another store."""
+        generation is random, never a count: a store made again at the same path cannot
+        meet a generation remembered from another store. (An earlier copy of the same
+        store restored into it keeps its generation: ``ScopeStats.history`` tells it.)"""
         cur.execute(
             "INSERT OR REPLACE INTO lane_meta(key, value) VALUES ('stats_gen', ?)",
             (uuid.uuid4().hex,),
@@ -757,7 +762,8 @@ class EpisodeStore:
         so the arrival of another workspace's first event would change the answer.
 
         Remembered per database and roots in this process, and extended by the events
-        added since, as long as no write changed stored events (``_bump_gen``)."""
+        added since, as long as no write changed stored events (``_bump_gen``) and the
+        store still holds what was counted (``_history``)."""
         key = tuple(sorted(set(roots)))
         gen, top = self.conn.execute(
             "SELECT (SELECT value FROM lane_meta WHERE key = 'stats_gen'), "
@@ -767,7 +773,12 @@ class EpisodeStore:
         name = self.conn.filename  # in-memory databases all have the name "": not remembered
         with _scope_stats_lock:
             old = _scope_stats.get((name, key)) if name else None
-        if old is None or old.gen != gen or old.upto > top:
+        if (
+            old is None
+            or old.gen != gen
+            or old.upto > top
+            or old.history != self._history(old.upto)
+        ):
             old = None
         stats = (
             old if old is not None and old.upto == top else self._count_scope(key, gen, top, old)
@@ -798,7 +809,8 @@ class EpisodeStore:
                 mask = np.ones(top + 1, dtype=bool)
                 mask[0] = False
                 mask[ids] = False
-                return ScopeStats(roots, gen, top, mask, rows - len(ids), tokens - out)
+                history = self._history(top)
+                return ScopeStats(roots, gen, top, mask, rows - len(ids), tokens - out, history)
         lo = old.upto if old is not None else 0
         ids, tokens = self._scope_events(cond, args, lo, top, old is not None)
         mask = np.zeros(top + 1, dtype=bool)
@@ -807,7 +819,17 @@ class EpisodeStore:
         mask[ids] = True
         rows = (old.rows if old is not None else 0) + len(ids)
         tokens += old.tokens if old is not None else 0
-        return ScopeStats(roots, gen, top, mask, rows, tokens)
+        return ScopeStats(roots, gen, top, mask, rows, tokens, self._history(top))
+
+    def _history(self, upto: int) -> tuple[int, tuple[Any, ...] | None]:
+        """(the events with ids up to ``upto``, the session and seq of event ``upto``): what
+        a ``ScopeStats`` counted up to ``upto`` remembers, to check that the store still
+        holds those events before extending it (three lookups)."""
+        newer = self.conn.execute("SELECT COUNT(*) FROM events WHERE id > ?", (upto,)).fetchone()
+        last = self.conn.execute(
+            "SELECT session_id, seq FROM events WHERE id = ?", (upto,)
+        ).fetchone()
+        return self._totals()[0] - int(newer[0]), tuple(last) if last else None
 
     def _scope_events(
         self, cond: str, args: Sequence[Any], lo: int, top: int, new: bool, tokens: bool = True
