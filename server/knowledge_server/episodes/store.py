@@ -219,9 +219,11 @@ _scope_stats: dict[tuple[str, tuple[str, ...]], ScopeStats] = {}
 _scope_stats_lock = threading.Lock()
 SCOPE_STATS_CAP = 64
 # Per database file and index revision: the events of a scope that session-level filters
-# keep (EpisodeStore._filter_mask).
+# keep (EpisodeStore._filter_mask); a byte per event id each, and callers choose the
+# filters, so few are kept.
+FILTER_MASKS_CAP = 32
 _filter_memos: dict[str, RevisionMemo[tuple[Any, ...], np.ndarray]] = defaultdict(
-    lambda: RevisionMemo(cap=256)
+    lambda: RevisionMemo(cap=FILTER_MASKS_CAP)
 )
 # Per database file, generation, scope roots and phrase: (upto, the scope's events up to
 # that id holding the phrase), extended by the events added since.
