@@ -11,7 +11,8 @@ import pytest
 from google.protobuf import timestamp_pb2
 from hypothesis import given
 from hypothesis import strategies as st
-from knowledge_server.lanes.common import snapshot, ts
+from knowledge_server.lanes.common import ts
+from knowledge_server.schema import snapshot
 
 _ZONES = st.one_of(
     st.none(),

@@ -35,6 +35,7 @@ from knowledge_server.schema import (
     immediate,
     int_array,
     open_db,
+    snapshot,
 )
 from knowledge_server.textlang import RU_STEMMER
 from knowledge_server.workspaces import stored_cwd, under_sql
@@ -976,19 +977,12 @@ class EpisodeStore:
         conds, fargs = flt
         if workspaces is not None:
             roots = tuple(sorted({os.path.normpath(w) for w in workspaces if w}))
-            with contextlib.ExitStack() as held:
-                if self.conn.getautocommit():  # the statistics and the ranking see one state
-                    self.conn.execute("BEGIN")
-                    held.callback(self._end_read)
+            with snapshot(self.conn):  # the statistics and the ranking see one state
                 stats = self._scope_stats(roots)
                 return self._ranked_in_scope(
                     query, stats, k, session_ids, since, until, outcome, conds, fargs
                 )
         return self._ranked(query, k, session_ids, since, until, outcome, conds, fargs)
-
-    def _end_read(self) -> None:
-        if not self.conn.getautocommit():  # an interrupted query may have ended it already
-            self.conn.execute("COMMIT")
 
     def _ranked(
         self,

@@ -38,8 +38,8 @@ from knowledge_server.lanes.common import (
     finish_kept,
     operation_summary,
     run_bounded,
-    snapshot,
 )
+from knowledge_server.schema import snapshot
 from knowledge_server.search.lanes import (
     INDEX_EMPTY,
     NO_MATCH,

@@ -231,23 +231,6 @@ def bound_store(store: S) -> S:
     return store
 
 
-@contextmanager
-def snapshot(conn: apsw.Connection) -> Iterator[None]:
-    """The reads of one lane call in one read transaction: they all see the same state of
-    the store (the revision a result is cached under is the one its rows come from), and
-    SQLite takes its locks once instead of per statement, which makes a short read much
-    cheaper (figures in bench/RESULTS.md). Inside a transaction already, nothing changes."""
-    if not conn.getautocommit():
-        yield
-        return
-    conn.execute("BEGIN")
-    try:
-        yield
-    finally:
-        if not conn.getautocommit():  # an interrupted query may have ended it already
-            conn.execute("COMMIT")
-
-
 def finish_kept(
     hits: Sequence[H],
     describe: Callable[[list[H]], Sequence[H]],

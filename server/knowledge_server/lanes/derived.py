@@ -34,9 +34,9 @@ from knowledge_server.lanes.common import (
     bound_store,
     operation_summary,
     run_bounded,
-    snapshot,
 )
 from knowledge_server.memo import RevisionMemo
+from knowledge_server.schema import snapshot
 from knowledge_server.search.lanes import (
     INDEX_EMPTY,
     NO_MATCH,

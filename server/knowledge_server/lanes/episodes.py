@@ -35,11 +35,11 @@ from knowledge_server.lanes.common import (
     finish_kept,
     operation_summary,
     run_bounded,
-    snapshot,
     ts,
 )
 from knowledge_server.lanes.live import Batch, follow_main
 from knowledge_server.logs import get_logger
+from knowledge_server.schema import snapshot
 from knowledge_server.search.lanes import (
     NO_MATCH,
     NOT_INDEXED,
