@@ -277,14 +277,13 @@ def compare(
     corpus (the same events): a store holds the schema steps of the code that wrote it,
     which older code refuses to open."""
     trees = {"before": before / "server", "this": REPO / "server"}
-    for name, server in trees.items():
-        env = {**os.environ, "PYTHONPATH": str(server)}
-        build = [sys.executable, __file__, "--data", str(sessions.parent), "--events", str(events)]
+    envs = {name: {**os.environ, "PYTHONPATH": str(server)} for name, server in trees.items()}
+    build = [sys.executable, __file__, "--data", str(sessions.parent), "--events", str(events)]
+    for name, env in envs.items():
         subprocess.run([*build, "--build-store", str(tmp / name)], env=env, check=True)
     runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in trees}
     for _ in range(rounds):
-        for name, server in trees.items():
-            env = {**os.environ, "PYTHONPATH": str(server)}
+        for name, env in envs.items():
             db = tmp / name / "corpus"
             done = subprocess.run(
                 [sys.executable, __file__, "--query-store", str(db), "--repeats", str(repeats)],

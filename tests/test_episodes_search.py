@@ -476,15 +476,7 @@ def test_another_workspace_moves_no_scoped_episode(
         assert asked() == before
         # The store-wide ranking did move: the case tells the two apart.
         assert [[(h.id, h.score) for h in store.search(q, k=15)] for q in questions] != unscoped
-        alone = episodes_alone(store, tmp_path / "alone", ["/ws/a"])
-        try:
-            for q in questions:
-                # The scores (the statistics); among equal scores at the last places an
-                # unscoped search keeps others (docs/episodes.md).
-                got = [h.score for h in store.search(q, k=15, workspaces=["/ws/a"])]
-                assert got == [h.score for h in alone.search(q, k=15)], q
-        finally:
-            alone.close()
+        _scores_as_alone(store, tmp_path / "alone", questions)
         # B grows (the scope's statistics extended), then its log goes (counted again).
         _workspace_log(logs / "b2.jsonl", "c", "/ws/b", b_texts, sessions=3)
         assert not ingest(store, [str(logs)]).errors
@@ -498,15 +490,22 @@ def test_another_workspace_moves_no_scoped_episode(
         _workspace_log(logs / "a.jsonl", "a", "/ws/a", a_texts[: len(a_texts) // 3], sessions=6)
         assert not ingest(store, [str(logs)]).errors
         assert store.counts()["indexed_docs"] == len(a_texts) // 3 + 12
-        alone = episodes_alone(store, tmp_path / "alone-2", ["/ws/a"])
-        try:
-            for q in questions:
-                got = [h.score for h in store.search(q, k=15, workspaces=["/ws/a"])]
-                assert got == [h.score for h in alone.search(q, k=15)], q
-        finally:
-            alone.close()
+        _scores_as_alone(store, tmp_path / "alone-2", questions)
     finally:
         store.close()
+
+
+def _scores_as_alone(store: EpisodeStore, path: Path, questions: list[str]) -> None:
+    """Asserts that each question scoped to /ws/a gets the scores bm25() gives over a copy
+    holding /ws/a alone (the statistics; among equal scores at the last places an unscoped
+    search keeps others, docs/episodes.md)."""
+    alone = episodes_alone(store, path, ["/ws/a"])
+    try:
+        for q in questions:
+            got = [h.score for h in store.search(q, k=15, workspaces=["/ws/a"])]
+            assert got == [h.score for h in alone.search(q, k=15)], q
+    finally:
+        alone.close()
 
 
 def test_a_session_filling_its_cwd_enters_the_scope_statistics(tmp_path: Path) -> None:
