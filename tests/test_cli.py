@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,31 @@ def test_search_says_why_a_lane_is_empty(served, tmp_path: Path) -> None:  # typ
     doc = json.loads(_invoke(env, "search", "cookie", "--include", "code", "--json").stdout)
     assert doc["lanes"]["episodes"]["empty_reason"] == "not_requested"
     assert doc["lanes"]["episodes"]["degraded"] is False
+
+
+def test_search_names_the_workspace_of_each_code_item_when_there_are_several(served) -> None:  # type: ignore[no-untyped-def]
+    """Two checkouts of one repository indexed side by side hold the same paths: the text
+    answer names each code item's workspace, so its address is not ambiguous."""
+    _proc, env, _port = served
+    # Short roots: the console folds a word longer than its width, as pytest's paths are.
+    with tempfile.TemporaryDirectory(prefix="ks-") as tmp:
+        roots = [Path(tmp).resolve() / "one", Path(tmp).resolve() / "two"]
+        for root in roots:
+            (root / "src").mkdir(parents=True)
+            (root / "src" / "cookies.py").write_text(
+                "def rotate_cookie_secret(store):\n    return store.rotate()\n"
+            )
+            assert _invoke(env, "index", str(root), "--json").exit_code == 0
+        both = _invoke(env, "search", "rotate cookie secret", "--include", "code")
+        assert both.exit_code == 0, both.stderr
+        text = " ".join(both.stdout.split())
+        assert text.count("src/cookies.py:1-2 in ") == 2
+        for root in roots:
+            assert f"src/cookies.py:1-2 in {root} rotate_cookie_secret" in text
+        one = _invoke(
+            env, "search", "rotate cookie secret", "--include", "code", "--workspace", str(roots[0])
+        )
+        assert "src/cookies.py:1-2 rotate_cookie_secret" in " ".join(one.stdout.split())
 
 
 def test_edition_refusal_is_one_line_with_the_edition(served) -> None:  # type: ignore[no-untyped-def]

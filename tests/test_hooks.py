@@ -19,12 +19,16 @@ from tests.conftest import REPO_ROOT
 PYPATH = os.pathsep.join(str(REPO_ROOT / p) for p in ("server", "sdk", "licensing", "bridge"))
 
 
-def _response(n: int) -> SimpleNamespace:
+def _response(n: int, workspaces: tuple[str, ...] = ("/w",)) -> SimpleNamespace:
     code = SimpleNamespace(
         index_rev="rev-000007",
         items=[
             SimpleNamespace(
-                path=f"src/mod{i}.py", start_line=i, end_line=i + 9, id=f"chunk:{i:020x}"
+                path=f"src/mod{i}.py",
+                start_line=i,
+                end_line=i + 9,
+                id=f"chunk:{i:020x}",
+                workspace=workspaces[i % len(workspaces)],
             )
             for i in range(n)
         ],
@@ -53,6 +57,14 @@ def test_block_is_cut_to_its_budget_and_holds_locations_only() -> None:
     assert block.startswith(f"<{MARK}>") and block.endswith(f"</{MARK}>")
     assert "src/mod0.py:0-9 (chunk:" in block and "index_rev: code rev-000007" in block
     assert evidence_block(_response(0), 600) == ""  # nothing found: nothing injected
+
+
+def test_block_names_the_workspace_when_items_come_from_several() -> None:
+    """Two checkouts of one repository hold the same paths: each line then says which."""
+    two = evidence_block(_response(2, ("/work/a", "/work/b")), 1500)
+    assert "src/mod0.py:0-9 in /work/a (chunk:" in two
+    assert "src/mod1.py:1-10 in /work/b (chunk:" in two
+    assert " in /w " not in evidence_block(_response(2), 1500)
 
 
 def _hook(

@@ -546,3 +546,24 @@ def test_rendered_text_shows_graph_matches_and_layer_provenance() -> None:
     text = "\n".join(spec.render(response_dict(spec, themes)))
     assert "model local:qwen:2" in text and "docgraph-extract/1,structural/2" in text
     assert "fingerprint ffffffffffff" in text
+
+
+def test_rendered_code_items_name_their_workspace_when_there_are_several() -> None:
+    """Two workspaces may hold the same path (two checkouts of one repository): the text
+    for agents names each item's workspace then, and only then."""
+
+    def text(*workspaces: str) -> str:
+        search = v1.SearchResponse(schema="knowledge.search/v1", query="q")
+        items = [
+            v1.CodeItem(id=f"chunk:c{i}", path="src/app.py", start_line=1, end_line=9, workspace=w)
+            for i, w in enumerate(workspaces)
+        ]
+        search.lanes = v1.Lanes(code=v1.CodeLane(items=items))
+        spec = TOOLS_BY_NAME["knowledge_search"]
+        return "\n".join(spec.render(response_dict(spec, search)))
+
+    two = text("/work/a", "/work/b")
+    assert "src/app.py:1-9 in /work/a id=chunk:c0" in two
+    assert "src/app.py:1-9 in /work/b id=chunk:c1" in two
+    one = text("/work/a", "/work/a")
+    assert "src/app.py:1-9 id=chunk:c0" in one and " in /work/a" not in one

@@ -65,8 +65,11 @@ def evidence_block(data: Any, max_chars: int) -> str:
     code = lanes.code
     if code is not None and code.index_rev:
         revs.append(f"code {code.index_rev}")
+        # Items of several workspaces may share a path: each then names its workspace.
+        several = len({it.workspace for it in code.items}) > 1
         for it in code.items:
-            lines.append(f"- {it.path}:{it.start_line}-{it.end_line} ({it.id})")
+            where = f" in {it.workspace}" if several else ""
+            lines.append(f"- {it.path}:{it.start_line}-{it.end_line}{where} ({it.id})")
     episodes = lanes.episodes
     if episodes is not None and episodes.index_rev:
         revs.append(f"episodes {episodes.index_rev}")

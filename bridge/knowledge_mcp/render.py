@@ -59,8 +59,12 @@ def render_search(d: dict[str, Any]) -> list[str]:
         )
     code = lanes.get("code")
     out.append(_lane_head("code", code))
-    for it in (code or {}).get("items") or []:
-        sym = f" {it['symbol']}" if it.get("symbol") else ""
+    items = (code or {}).get("items") or []
+    # Items of several workspaces may share a path: each then names its workspace.
+    several = len({it.get("workspace", "") for it in items}) > 1
+    for it in items:
+        sym = f" in {it.get('workspace', '')}" if several else ""
+        sym += f" {it['symbol']}" if it.get("symbol") else ""
         if it.get("match_kind"):  # mode=docs|themes: how the document graph reached it
             names = ", ".join(str(e.get("name")) for e in (it.get("matched_entities") or [])[:3])
             sym += f" [{it['match_kind']}{': ' + names if names else ''}]"

@@ -325,8 +325,11 @@ def _lanes_table(resp: Any) -> None:
     code = resp.lanes.code
     fresh = "[yellow]STALE[/]  " if code.freshness and code.freshness.stale else ""
     header("code", code, f"capability={code.capability}  {fresh}")
+    # Items of several workspaces may share a path: each then names its workspace.
+    several = len({it.workspace for it in code.items}) > 1
     for it in code.items:
-        sym = f"  {it.symbol}" if it.symbol else ""
+        sym = f"  in {it.workspace}" if several else ""
+        sym += f"  {it.symbol}" if it.symbol else ""
         if it.match_kind:  # mode=docs|themes: how the document graph reached the chunk
             names = ", ".join(e.name for e in it.matched_entities[:3])
             sym += f"  {it.match_kind}" + (f": {names}" if names else "")
@@ -458,7 +461,8 @@ def search(
 
     An empty lane says why: nothing matched, nothing indexed yet, nothing indexed in your
     workspaces, not requested, its source failed (the errors name the cause) or the budget
-    took its items (the lane's empty_reason in --json)."""
+    took its items (the lane's empty_reason in --json). A code item names its workspace
+    ("in /path") when the items come from more than one."""
     with client(ctx) as kc:
         resp = kc.search(
             query,
