@@ -30,7 +30,8 @@ With ``--in-process --alone`` each set is indexed into a store of its own (``dat
 as a user with one repository has it: a word's idf then comes from that repository alone.
 
 With ``--in-process --nonsense N`` each set's workspace is also asked N questions that no
-code answers (half of them one to four made-up words, half UUIDs, from a fixed seed), and
+code answers (in turn one to four made-up words, a UUID, and two to five English stopwords
+alone, "what is this" -- from a fixed seed), and
 the table's last column says how many of them got code items (the relevance floor's aim
 is none).
 
@@ -137,14 +138,19 @@ def questions(shared: Path, name: str) -> list[tuple[str, set[str]]]:
 
 
 def nonsense(n: int, seed: int = 7) -> list[str]:
-    """``n`` questions no code answers: one to four made-up words (letters drawn at random,
-    6-10 of them), and UUIDs, in turn."""
+    """``n`` questions no code answers, in turn: one to four made-up words (letters drawn at
+    random, 6-10 of them), a UUID, and two to five English stopwords ("what is this")."""
+    from knowledge_server.textlang import STOP_WORDS_EN
+
+    stopwords = sorted(STOP_WORDS_EN)
     rnd = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
     out = []
     for i in range(n):
-        if i % 2:
+        if i % 3 == 1:
             out.append(str(uuid.UUID(int=rnd.getrandbits(128))))
+        elif i % 3 == 2:
+            out.append(" ".join(rnd.choice(stopwords) for _ in range(rnd.randint(2, 5))))
         else:
             words = (
                 "".join(rnd.choice(letters) for _ in range(rnd.randint(6, 10)))
@@ -372,7 +378,7 @@ def main() -> None:
         default=0,
         metavar="N",
         help="with --in-process: also ask each set N questions no code answers (made-up"
-        " words, UUIDs) and count those that got code items",
+        " words, UUIDs, stopwords alone) and count those that got code items",
     )
     ap.add_argument("--index-into", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -38,6 +38,16 @@ def test_identifier_splitting() -> None:
     assert fts_quote('a"b\x00') == '"a""b"'
 
 
+def test_a_question_of_stopwords_alone_has_no_terms_but_code_words_stay() -> None:
+    """A question of stopwords alone ("what is this") names nothing to look for: no
+    terms, so the code lane finds nothing (it used to search the stopwords themselves and
+    return whatever held them). A word written as code is a name, kept whatever it is."""
+    assert query_terms("what is this") == []
+    assert query_terms("Where is it?") == []
+    assert query_terms("remove the `this` binding") == ["remove", "this", "binding"]
+    assert query_terms("`isNot` helper") == ["is", "not", "isnot", "helper"]
+
+
 SYNTAX = [
     '"',
     "*",

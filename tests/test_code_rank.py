@@ -905,6 +905,27 @@ def test_a_made_up_uuid_gets_no_items_though_its_groups_are_in_files(
         memory.forget(idx.conn.filename)
 
 
+def test_a_question_of_stopwords_alone_gets_no_items(project: tuple[CodeIndex, Path]) -> None:
+    """A question of stopwords alone ("what is this") names nothing to look for. Its
+    words are in every file, so each file held all of the question and the offline
+    vectors' nearest chunks were returned; now it gets no items, through SQL and from the
+    copy in memory, for find_code and find_knowledge alike. A word written as code still
+    counts, even a stopword."""
+    idx, root = project
+    _write(root, "httpkit/notes.py", "# what is this for? it is where this is done\nthis = 1\n")
+    idx.index_workspace(str(root))
+    memory.warm(idx.conn, wait=True)
+    try:
+        for q in ("what is this", "where is it", "what is this for?"):
+            for intent in ("find_code", "find_knowledge"):
+                by_sql, from_copy, _ = both_ways(idx, q, intent=intent)
+                assert by_sql == from_copy == [], (q, intent)
+        by_sql, from_copy, _ = both_ways(idx, "where is `this` set")
+        assert by_sql == from_copy and by_sql[0][1] == "httpkit/notes.py"
+    finally:
+        memory.forget(idx.conn.filename)
+
+
 def test_hits_are_lines_that_exist_in_the_indexed_file(project: tuple[CodeIndex, Path]) -> None:
     """Every returned path:start_line-end_line exists in the indexed revision."""
     idx, root = project

@@ -585,12 +585,13 @@ def test_kc_empty_lanes_say_why_no_match_and_not_indexed(world: World) -> None:
     """Seed 000 §9: no "empty = all fine"; an empty lane carries its reason, so the
     zero-result rate is measurable from answers. Nothing matched (the caller's data was
     searched) is told apart from nothing indexed in the caller's workspaces; a question
-    the code cannot answer gets no code items at all."""
+    the code cannot answer (made-up words, a UUID, stopwords alone) gets no code items."""
     elsewhere = world.root / "ws_c"  # a folder with neither an index nor sessions
     elsewhere.mkdir(exist_ok=True)
     with world.client(world.token_ops) as ops, world.client(world.token_a) as a:
         nothing = ops.search("qqxvzrtk wwpfhjnb", include=["episodes", "code", "skills"])
         uuid_q = ops.search("3f2b8c1e-9d4a-4e7b-a1c5-7e9f0b2d6a48", include=["code"])
+        stopwords = ops.search("what is this for", include=["code"], mode="find_code")
         no_path = ops.search("json decoder", include=["code"], paths=["no/such/dir"])
         unindexed = ops.search("json decoder", workspaces=[str(elsewhere)])
         foreign = a.search("json decoder", workspaces=[str(world.ws_b)])
@@ -599,7 +600,8 @@ def test_kc_empty_lanes_say_why_no_match_and_not_indexed(world: World) -> None:
     assert not nothing.lanes.skills.items and nothing.lanes.skills.empty_reason == "no_match"
     # The code lane's relevance floor: made-up words and a UUID have no answer in the code
     # (the offline vectors alone would return ten chunks); the lane says so.
-    for resp in (nothing, uuid_q):
+    # Nor does a question of stopwords alone: it names nothing to look for.
+    for resp in (nothing, uuid_q, stopwords):
         assert not resp.lanes.code.items and resp.lanes.code.empty_reason == "no_match"
         assert not resp.lanes.code.degraded
     assert not no_path.lanes.code.items and no_path.lanes.code.empty_reason == "no_match"

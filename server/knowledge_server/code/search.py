@@ -1257,7 +1257,8 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
         passed += [
             f
             for f in part
-            if shares[f] >= HIT_FLOOR
+            # A question of no terms (stopwords alone) is held by every file: no evidence.
+            if (terms and shares[f] >= HIT_FLOOR)
             or standout.get(f, 0.0) >= HIT_VEC_Z
             or (named is not None and named.names(ev[f].path))
         ]
@@ -1441,7 +1442,10 @@ def search(
             written,
         )
         semantic = embedder is not None and not isinstance(embedder, HashingEmbedder)
-        if hits and evidence < EVIDENCE_FLOOR and not (semantic and vec_z >= QUESTION_VEC_Z):
+        # No terms: the words were stopwords alone ("what is this"), and only a semantic
+        # embedder's standout could make such a question say something.
+        weak = evidence < EVIDENCE_FLOOR or not terms
+        if hits and weak and not (semantic and vec_z >= QUESTION_VEC_Z):
             hits = []
     snippet_terms = kept or terms
     # "lex:" names the words a hit contains, stems included (what ranked it).

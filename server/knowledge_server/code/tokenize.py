@@ -69,17 +69,26 @@ def index_tokens(text: str) -> str:
     return " ".join(map(_joined.__getitem__, _words(text)))
 
 
+_WRITTEN_AS_CODE = re.compile(r"`([^`]+)`")
+
+
 def query_terms(text: str) -> list[str]:
-    """Distinct query terms, in order, without stopwords (unless nothing else is left)."""
+    """Distinct query terms, in order, without stopwords. A word written as code
+    (`` `this` ``) is kept whatever it is; a question of stopwords alone ("what is this",
+    "where is it") has no terms: it names nothing to look for, so it finds nothing."""
     seen: dict[str, None] = {}
     # Not through split_identifier's cache: every question brings words no other has, and a
     # question's few words are split in microseconds (bench/RESULTS.md, soak memory).
     for word in _WORD.findall(text):
         for tok in split_uncached(word):
             seen.setdefault(tok, None)
-    terms = list(seen)
-    kept = [t for t in terms if t not in STOP_WORDS]
-    return kept or terms
+    written = {
+        tok
+        for span in _WRITTEN_AS_CODE.findall(text)
+        for word in _WORD.findall(span)
+        for tok in split_uncached(word)
+    }
+    return [t for t in seen if t not in STOP_WORDS or t in written]
 
 
 def token_set(text: str) -> set[str]:
