@@ -16,7 +16,7 @@ from knowledge_server.code.index import CodeIndex
 from knowledge_server.code.model import IndexOptions
 from knowledge_server.code.store import vec_table_for
 
-from tests.code_memory_paths import both_ways
+from tests.code_memory_paths import answers, both_ways
 
 
 @pytest.mark.parametrize(
@@ -452,6 +452,22 @@ def test_named_files_are_whole_names_from_a_directory_boundary(
         assert found.names(path), (question, path)
     for path in not_named:
         assert not found.names(path), (question, path)
+
+
+def test_a_line_after_a_named_file_is_a_place_not_words() -> None:
+    """ "config.py:445", "main.rs:12:5" (a column), "lib.rs#L10-L20": the file is named and
+    the lines are where in it; they are cut from the words to look for ("L10" is in no
+    file). A number after what is no file name stays a word."""
+    named = rank.named_files("see ./src/main.rs:12:5, lib.rs#L10-L20 and config.py:445.")
+    assert named.line("src/main.rs") == (12, 12)
+    assert named.line("crates/x/lib.rs") == (10, 20)
+    assert named.line("app/config.py") == (445, 445)
+    assert named.line("src/other.rs") is None
+    assert rank.named_files("config.py:0").line("config.py") is None
+    assert rank.named_files("x.py:20-10").line("x.py") == (20, 20)
+    assert rank.without_line_marks("why does config.py:100 fail?") == "why does config.py fail?"
+    assert rank.without_line_marks("lib.rs#L10-L20, main.rs:3:1") == "lib.rs, main.rs"
+    assert rank.without_line_marks("port:8080, ratio 3:2") == "port:8080, ratio 3:2"
 
 
 def test_a_named_file_gains_the_bonus_in_full_only_in_a_short_question() -> None:
@@ -922,6 +938,43 @@ def test_a_question_of_stopwords_alone_gets_no_items(project: tuple[CodeIndex, P
                 assert by_sql == from_copy == [], (q, intent)
         by_sql, from_copy, _ = both_ways(idx, "where is `this` set")
         assert by_sql == from_copy and by_sql[0][1] == "httpkit/notes.py"
+    finally:
+        memory.forget(idx.conn.filename)
+
+
+def test_a_file_named_with_a_line_answers_first_with_the_chunk_there(
+    project: tuple[CodeIndex, Path],
+) -> None:
+    """ "routes.py:12" is a place: the named file's chunk holding line 12 comes first, whatever
+    its words; a line between two chunks gets the nearest within search.LINE_SLACK; a
+    range written "#L12-L13" is found though "L12" is in no file; a line past the file's end
+    leaves the ranking as it was. The same through SQL and from the copy in memory."""
+    idx, root = project
+    funcs = ["def add_route(app, path):\n    app.routes.append(path)\n"]
+    funcs.append("def remove_route(app, path):\n    app.routes.remove(path)\n")
+    funcs.append("\n\n\n\n# routes that\n# match nothing\n")
+    funcs.append("def match_route(app, path):\n    return path in app.routes\n")
+    _write(root, "httpkit/routes.py", "\n\n".join(funcs))
+    lines = (root / "httpkit" / "routes.py").read_text().splitlines()
+    match = lines.index("def match_route(app, path):") + 1
+    idx.index_workspace(str(root))
+    memory.warm(idx.conn, wait=True)
+    try:
+        for q in (f"httpkit/routes.py:{match + 1}", f"routes.py#L{match}-L{match + 1} path"):
+            by_sql, from_copy, used = both_ways(idx, q)
+            assert used and by_sql == from_copy, q
+            assert by_sql[0][1:3] == ("httpkit/routes.py", match), q
+            assert "at the line the question names" in by_sql[0][4], q
+        # Blank lines between chunks: the nearest one (remove_route ends at 6, the
+        # comment starts at 13).
+        comment = lines.index("# routes that") + 1
+        remove = lines.index("def remove_route(app, path):") + 1
+        for gap, start in ((remove + 4, remove), (comment - 2, comment)):
+            by_sql, from_copy, _ = both_ways(idx, f"routes.py:{gap}")
+            assert by_sql == from_copy and by_sql[0][1:3] == ("httpkit/routes.py", start), gap
+        past, plain = answers(idx, "routes.py:9999"), answers(idx, "routes.py")
+        assert [a[:4] for a in past] == [a[:4] for a in plain]
+        assert not any("at the line" in w for a in past for w in a[4])
     finally:
         memory.forget(idx.conn.filename)
 

@@ -55,6 +55,7 @@ __all__ = [
     "split_change_type",
     "telling",
     "with_stems",
+    "without_line_marks",
     "written_identifiers",
 ]
 
@@ -566,6 +567,9 @@ _PATH_START = re.compile(r"^(?:\.\.?/|~/|\$\w+/|/)+")
 # (``_without_path_end``).
 _PATH_LINE = re.compile(r"(?::\d+(?:[:-]\d+)?|#L\d+(?:-L?\d+)?)$")
 _PATH_PUNCTUATION = ".,:;!?"
+# The lines of that line or range ("config.py:445", "main.rs:12:5" with a column,
+# "lib.rs#L10-L20").
+_LINE_OF = re.compile(r"(?::(\d{1,9})(?:-(\d{1,9})|:\d+)?|#L(\d{1,9})(?:-L?(\d{1,9}))?)$")
 
 
 def _without_path_end(word: str) -> str:
@@ -612,9 +616,17 @@ class NamedFiles:
     modules: tuple[str, ...] = ()  # "/click/core": a code file whose path without its
     # extension ends so, or the module file of a directory that does
     terms: frozenset[str] = frozenset()  # the question's terms that are parts of the names
+    # ("/src/config.py", 445, 445): a file named with a line, or a range of lines
+    lines: tuple[tuple[str, int, int], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.files or self.modules)
+
+    def line(self, path: str) -> tuple[int, int] | None:
+        """The first and last line the question writes after ``path``'s name
+        ("config.py:445", "config.py#L300-L310"), if any."""
+        p = "/" + path.lower()
+        return next(((a, b) for suffix, a, b in self.lines if p.endswith(suffix)), None)
 
     def names(self, path: str) -> bool:
         """Whether ``path`` (relative to its workspace, or absolute) is one of them."""
@@ -634,6 +646,21 @@ class NamedFiles:
         return stem in _MODULE_FILES and head.endswith(self.modules)
 
 
+def without_line_marks(text: str) -> str:
+    """``text`` without the line or range written after a file's name ("config.py:445",
+    "lib.rs#L10-L20"): a place in the file (``NamedFiles.line``), not words to look for
+    ("L10" is in no file, so as a word it was most of the question)."""
+    out, last = [], 0
+    for m in _WRITTEN.finditer(text):
+        word = m.group(0).replace("\\", "/").rstrip(_PATH_PUNCTUATION)
+        at = _LINE_OF.search(word)
+        if at is None or not _FILE_PATH.fullmatch(_PATH_START.sub("", word[: at.start()])):
+            continue
+        out.append(text[last : m.start() + at.start()])
+        last = m.start() + at.end()
+    return "".join(out) + text[last:]
+
+
 def named_files(text: str) -> NamedFiles:
     """The files ``text`` names: written-out file names ("fix a typo in doc/util.go",
     "./src/main.rs:12", "docker/Dockerfile"), qualified module names ("`click.core`: annotations",
@@ -643,12 +670,14 @@ def named_files(text: str) -> NamedFiles:
     files: dict[str, None] = {}
     modules: dict[str, None] = {}
     terms: set[str] = set()
+    lines: dict[str, tuple[int, int]] = {}
     for m in _WRITTEN.finditer(text):
         word = m.group(0)
         if "://" in word or "@" in word:
             continue
         if _ABBREVIATION.fullmatch(word.rstrip(",:;!?")):
             continue
+        at = _LINE_OF.search(word.replace("\\", "/").rstrip(_PATH_PUNCTUATION))
         word = _PATH_START.sub("", _without_path_end(word.replace("\\", "/")))
         found = False
         if _FILE_PATH.fullmatch(word) or (
@@ -656,6 +685,10 @@ def named_files(text: str) -> NamedFiles:
         ):
             files["/" + word.lower()] = None
             found = True
+            if at is not None and int(at.group(1) or at.group(3)) > 0:
+                first = int(at.group(1) or at.group(3))
+                last = int(at.group(2) or at.group(4) or first)
+                lines.setdefault("/" + word.lower(), (first, max(first, last)))
         if _QUALIFIED.fullmatch(word) and not (
             "::" not in word and word.rpartition(".")[2].lower() in _FILE_EXTENSIONS
         ):
@@ -675,7 +708,9 @@ def named_files(text: str) -> NamedFiles:
             continue
         modules["/" + m.group(1)] = None
         terms.update(split_uncached(m.group(1)))
-    return NamedFiles(tuple(files), tuple(modules), frozenset(terms))
+    return NamedFiles(
+        tuple(files), tuple(modules), frozenset(terms), tuple((f, *ab) for f, ab in lines.items())
+    )
 
 
 def telling(term: str) -> bool:

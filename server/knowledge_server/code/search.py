@@ -887,14 +887,48 @@ def _first_chunks(
         )
         if r[0] is not None
     ]
-    if not firsts:  # found by path alone, with no chunk at all (an empty file)
+    # Found by path alone, with no chunk at all (an empty file): none.
+    return _rows_by_file(conn, firsts, scope)
+
+
+def _rows_by_file(
+    conn: apsw.Connection, chunk_ids: list[int], scope: tuple[str, list[Any]]
+) -> dict[int, tuple[Any, ...]]:
+    """file_id -> the row of the one chunk of ``chunk_ids`` in it (a BM25 of 0), in scope."""
+    if not chunk_ids:
         return {}
     rows = conn.execute(
         f"SELECT {_COLS}, 0.0, c.file_id FROM chunks c"  # noqa: S608 - constants and _scope_sql's placeholders
         + _scope_and(scope, "c.id IN (SELECT value FROM carray(?))"),
-        [*scope[1], int_array(firsts)],
+        [*scope[1], int_array(chunk_ids)],
     ).fetchall()
     return {r[12]: r[:12] for r in rows}
+
+
+# A named line between two chunks (a blank line, a comment between definitions) is
+# answered by a chunk at most this many lines away; a line past the file's end by none.
+LINE_SLACK = 5
+
+
+def _chunks_at(
+    conn: apsw.Connection,
+    lines: Sequence[tuple[int, tuple[int, int]]],
+    scope: tuple[str, list[Any]],
+) -> dict[int, tuple[Any, ...]]:
+    """file_id -> the row of the chunk at the lines, for each (file_id, (first, last))
+    (a file the question names with a line or range, "config.py:445"): the smallest chunk
+    that overlaps them, else the nearest within LINE_SLACK lines; none for lines the file
+    does not have."""
+    ids = []
+    for fid, (first, last) in lines:
+        row = conn.execute(
+            "SELECT id, max(start_line - ?2, ?1 - end_line, 0) AS gap FROM chunks"
+            " WHERE file_id = ?3 AND gap <= ?4 ORDER BY gap, end_line - start_line, id LIMIT 1",
+            (first, last, fid, LINE_SLACK),
+        ).fetchone()
+        if row is not None:
+            ids.append(row[0])
+    return _rows_by_file(conn, ids, scope)
 
 
 def _texts(conn: apsw.Connection, ids: list[int]) -> dict[int, str]:
@@ -1276,6 +1310,14 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     )
     for fid, r in firsts.items():
         per_file[fid].append(r)
+    # A file the question names with a line ("config.py:445") answers first with the
+    # chunk that holds that line, whatever its words.
+    lines = (
+        [(f, n) for f in order[:limit] if (n := named.line(ev[f].path)) is not None]
+        if named is not None and named.lines
+        else []
+    )
+    at_line = _chunks_at(conn, lines, scope)
     ranked: list[tuple[float, str, int, tuple[Any, ...], int]] = []
     # The scores of the best ``limit`` chunks so far (a min-heap). No chunk scores above
     # its file, and the files come best first: once the limit-th best chunk scores above
@@ -1288,6 +1330,10 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             per_file.get(fid, ()), key=lambda r: (float(r[11]), -sims.get(r[0], 0.0), r[4])
         )
         top = -float(chunks[0][11]) if chunks else 0.0
+        if fid in at_line:
+            first = next((r for r in chunks if r[0] == at_line[fid][0]), at_line[fid])
+            chunks = [first, *(r for r in chunks if r[0] != first[0])]
+            top = 0.0  # the named line comes first; the file's other chunks after it
         for k, r in enumerate(chunks[:limit]):
             # A chunk about as good as the file's best keeps about the file's score (the
             # question may be about either); otherwise the k-th weighs DECAY**k of it.
@@ -1313,6 +1359,8 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             why.append(f"defines {e.cli_options} command-line options")
         if fid == defining:
             why.append("defines a name the question writes")
+        if fid in at_line and r[0] == at_line[fid][0]:
+            why.append("at the line the question names")
         if r[0] in sims:
             why.append(f"vec: {sims[r[0]]:.2f}")
         hits.append(_hit(r, score, why, float(r[11]) < 0))
@@ -1372,7 +1420,7 @@ def search(
     # "fix: ..." and "feat(cli): ...": the change type is not a word to look for, but
     # "test: ..." or "docs: ..." still says which kind of file the change is in.
     change, body = rank.split_change_type(query)
-    terms = query_terms(body)
+    terms = query_terms(rank.without_line_marks(body))
     # Chunks are indexed by exact words: their stems join the question there ("loaded"
     # finds load_config); the file-level index stems by itself (porter).
     stemmed = rank.with_stems(terms) if mode != "vector" else terms
