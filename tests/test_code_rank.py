@@ -470,6 +470,22 @@ def test_a_line_after_a_named_file_is_a_place_not_words() -> None:
     assert rank.without_line_marks("port:8080, ratio 3:2") == "port:8080, ratio 3:2"
 
 
+def test_a_path_written_from_the_root_names_that_workspaces_file_alone() -> None:
+    """ "/home/ana/shop/src/app.py" (a traceback's path) is "src/app.py" of the workspace
+    /home/ana/shop and of no other; a relative name matches in any workspace. A Python
+    traceback's ``File "...", line N`` gives the line."""
+    named = rank.named_files(
+        'Traceback:\n  File "/home/ana/shop/src/app.py", line 12, in run\nand lib/util.py'
+    )
+    assert named.names("src/app.py", "/home/ana/shop")
+    assert named.names("src/app.py", "/home/ana/shop/")
+    assert not named.names("src/app.py", "/home/ana/other")
+    assert named.line("src/app.py", "/home/ana/shop") == (12, 12)
+    assert named.line("src/app.py", "/home/ana/other") is None
+    assert named.names("lib/util.py", "/anywhere") and named.names("lib/util.py")
+    assert rank.named_files("src/app.py:3").line("src/app.py", "/home/ana/shop") == (3, 3)
+
+
 def test_a_named_file_gains_the_bonus_in_full_only_in_a_short_question() -> None:
     """rank.NAMED_WEIGHT: a short question naming a file is about it; in a question of more
     than NAMED_WORDS telling words the bonus is that share of it."""
@@ -975,6 +991,38 @@ def test_a_file_named_with_a_line_answers_first_with_the_chunk_there(
         past, plain = answers(idx, "routes.py:9999"), answers(idx, "routes.py")
         assert [a[:4] for a in past] == [a[:4] for a in plain]
         assert not any("at the line" in w for a in past for w in a[4])
+    finally:
+        memory.forget(idx.conn.filename)
+
+
+def test_a_traceback_path_names_the_file_of_its_workspace_at_its_line(
+    project: tuple[CodeIndex, Path], tmp_path: Path
+) -> None:
+    """Two workspaces hold httpkit/config.py. A traceback's absolute path names the one in
+    the workspace it lies under: that file answers first, with the chunk at the traceback's
+    line; the other workspace's copy gets no bonus and no line. The same through SQL and
+    from the copy in memory."""
+    idx, root = project
+    other = tmp_path / "copy"
+    _write(other, "httpkit/config.py", (root / "httpkit" / "config.py").read_text())
+    _write(other, "httpkit/_pad.py", "def pad(x):\n    return x\n")
+    idx.index_workspace(str(other))
+    memory.warm(idx.conn, wait=True)
+    q = f'File "{root.resolve()}/httpkit/config.py", line 4, in load_config'
+    try:
+        by_sql, from_copy, used = both_ways(idx, q)
+        assert used and by_sql == from_copy
+        res = idx.search(q, check_fresh=False, intent="find_code")
+        first = res.hits[0]
+        assert (first.workspace, first.path) == (str(root.resolve()), "httpkit/config.py")
+        assert first.start_line <= 4 <= first.end_line
+        assert "at the line the question names" in first.why
+        assert not any(
+            "at the line" in w
+            for h in res.hits
+            if h.workspace != str(root.resolve())
+            for w in h.why
+        )
     finally:
         memory.forget(idx.conn.filename)
 

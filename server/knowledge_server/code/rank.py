@@ -567,6 +567,7 @@ _PATH_START = re.compile(r"^(?:\.\.?/|~/|\$\w+/|/)+")
 # (``_without_path_end``).
 _PATH_LINE = re.compile(r"(?::\d+(?:[:-]\d+)?|#L\d+(?:-L?\d+)?)$")
 _PATH_PUNCTUATION = ".,:;!?"
+_TRACEBACK_LINE = re.compile(r'File "([^"\n]{1,1000})", line (\d{1,9})')
 # The lines of that line or range ("config.py:445", "main.rs:12:5" with a column,
 # "lib.rs#L10-L20").
 _LINE_OF = re.compile(r"(?::(\d{1,9})(?:-(\d{1,9})|:\d+)?|#L(\d{1,9})(?:-L?(\d{1,9}))?)$")
@@ -608,6 +609,12 @@ _FILE_EXTENSIONS = _DOCUMENT_EXTENSIONS | frozenset(
 )
 
 
+def _full_path(path: str, workspace: str) -> str:
+    """``path`` ("/" and lower case) from its workspace's root when the workspace is known."""
+    root = workspace.rstrip("/").lower()
+    return root + path if root.startswith("/") else path
+
+
 @dataclass(frozen=True, slots=True)
 class NamedFiles:
     """The files a question names (``named_files``): path suffixes, lower case."""
@@ -622,16 +629,18 @@ class NamedFiles:
     def __bool__(self) -> bool:
         return bool(self.files or self.modules)
 
-    def line(self, path: str) -> tuple[int, int] | None:
+    def line(self, path: str, workspace: str = "") -> tuple[int, int] | None:
         """The first and last line the question writes after ``path``'s name
-        ("config.py:445", "config.py#L300-L310"), if any."""
-        p = "/" + path.lower()
+        ("config.py:445", "config.py#L300-L310"), if any (``workspace`` as for ``names``)."""
+        p = _full_path("/" + path.lower(), workspace)
         return next(((a, b) for suffix, a, b in self.lines if p.endswith(suffix)), None)
 
-    def names(self, path: str) -> bool:
-        """Whether ``path`` (relative to its workspace, or absolute) is one of them."""
+    def names(self, path: str, workspace: str = "") -> bool:
+        """Whether ``path`` (relative to its ``workspace``, or absolute) is one of them. With
+        the workspace, a name written from the root ("/home/ana/shop/src/app.py", as in a
+        traceback) names that workspace's "src/app.py" and no other's."""
         p = "/" + path.lower()
-        if p.endswith(self.files):
+        if _full_path(p, workspace).endswith(self.files):
             return True
         if not self.modules:
             return False
@@ -659,6 +668,17 @@ def without_line_marks(text: str) -> str:
         out.append(text[last : m.start() + at.start()])
         last = m.start() + at.end()
     return "".join(out) + text[last:]
+
+
+def _traceback_lines(
+    text: str, files: Mapping[str, None], lines: dict[str, tuple[int, int]]
+) -> None:
+    """Adds to ``lines`` those of a Python traceback, ``File "/srv/app/x.py", line 12``, for
+    the ``files`` named."""
+    for m in _TRACEBACK_LINE.finditer(text):
+        name = "/" + _PATH_START.sub("", m.group(1).replace("\\", "/")).lower()
+        if name in files and int(m.group(2)) > 0:
+            lines.setdefault(name, (int(m.group(2)), int(m.group(2))))
 
 
 def named_files(text: str) -> NamedFiles:
@@ -708,8 +728,12 @@ def named_files(text: str) -> NamedFiles:
             continue
         modules["/" + m.group(1)] = None
         terms.update(split_uncached(m.group(1)))
+    _traceback_lines(text, files, lines)
     return NamedFiles(
-        tuple(files), tuple(modules), frozenset(terms), tuple((f, *ab) for f, ab in lines.items())
+        tuple(files),
+        tuple(modules),
+        frozenset(terms),
+        tuple((f, *ab) for f, ab in lines.items()),
     )
 
 
@@ -837,6 +861,7 @@ class FileEvidence:
     n_chunks: int = 1  # the file version's chunk count (its size)
     generated: bool = False  # its first lines say a tool generated it
     cli_options: int = 0  # the command-line options it defines (chunking.cli_options)
+    workspace: str = ""  # the root of the workspace it is in
 
 
 def name_parts(name: str) -> tuple[str, str, str]:
@@ -956,7 +981,7 @@ def score_files(
         )
         if vector_weight and f.vector > 0:
             s += vector_weight * f.vector / best_vec
-        if named and named.names(f.path):
+        if named and named.names(f.path, f.workspace):
             s += named_bonus
         size = 1.0 + SIZE_WEIGHT * math.log1p(max(f.n_chunks, 0)) / log_largest
         kind = file_kind(f.path, f.language, f.generated)

@@ -833,13 +833,15 @@ def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
     )
 
 
-def _file_facts(conn: apsw.Connection, file_ids: Sequence[int]) -> dict[int, tuple[int, bool, int]]:
+def _file_facts(
+    conn: apsw.Connection, file_ids: Sequence[int]
+) -> dict[int, tuple[int, bool, int, str]]:
     """file_id -> (the file version's number of chunks, whether it says it was generated,
-    how many command-line options it defines)."""
+    how many command-line options it defines, its workspace)."""
     return {
-        int(fid): (int(n), bool(gen), int(cli))
-        for fid, n, gen, cli in conn.execute(
-            "SELECT id, n_chunks, generated, cli_options FROM file_versions"
+        int(fid): (int(n), bool(gen), int(cli), str(ws))
+        for fid, n, gen, cli, ws in conn.execute(
+            "SELECT id, n_chunks, generated, cli_options, workspace FROM file_versions"
             " WHERE id IN (SELECT value FROM carray(?))",
             (int_array(file_ids),),
         )
@@ -1122,10 +1124,15 @@ class _Held:
         ok = (mem.chunk_ids[pos] == ids) & scope[mem.chunk_file[pos]]
         return [mem.chunk_row(int(p), 0.0)[:11] for p in pos[ok]]
 
-    def file_facts(self, file_ids: Sequence[int]) -> dict[int, tuple[int, bool, int]]:
+    def file_facts(self, file_ids: Sequence[int]) -> dict[int, tuple[int, bool, int, str]]:
         meta, pos = self.mem.file_meta, self.mem.file_pos
         return {
-            f: (int(meta[pos[f]][4]), bool(meta[pos[f]][5]), int(meta[pos[f]][6]))
+            f: (
+                int(meta[pos[f]][4]),
+                bool(meta[pos[f]][5]),
+                int(meta[pos[f]][6]),
+                str(meta[pos[f]][1]),
+            )
             for f in file_ids
             if f in pos
         }
@@ -1250,10 +1257,11 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     if not ev:
         return [], 0.0, 0.0
     facts = held.file_facts(list(ev)) if held else _file_facts(conn, list(ev))
-    for fid, (n, generated, cli) in facts.items():
+    for fid, (n, generated, cli, workspace) in facts.items():
         ev[fid].n_chunks = n
         ev[fid].generated = generated
         ev[fid].cli_options = cli
+        ev[fid].workspace = workspace
     kinds = {fid: rank.file_kind(e.path, e.language, e.generated) for fid, e in ev.items()}
     priors = rank.priors_for(intent, cues, Counter(kinds.values()))
     defining = _defining(conn, list(ev), written) if written else None
@@ -1294,7 +1302,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
             # A question of no terms (stopwords alone) is held by every file: no evidence.
             if (terms and shares[f] >= HIT_FLOOR)
             or standout.get(f, 0.0) >= HIT_VEC_Z
-            or (named is not None and named.names(ev[f].path))
+            or (named is not None and named.names(ev[f].path, ev[f].workspace))
         ]
         if len(passed) >= limit:
             break
@@ -1313,7 +1321,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     # A file the question names with a line ("config.py:445") answers first with the
     # chunk that holds that line, whatever its words.
     lines = (
-        [(f, n) for f in order[:limit] if (n := named.line(ev[f].path)) is not None]
+        [(f, n) for f in order[:limit] if (n := named.line(ev[f].path, ev[f].workspace))]
         if named is not None and named.lines
         else []
     )
