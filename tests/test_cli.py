@@ -13,10 +13,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner, Result
 from knowledge_server.cli import main
+from knowledge_server.cli.common import code_refs_text
 
 from tests.conftest import REPO_ROOT
 
@@ -295,3 +297,18 @@ def test_search_filters_from_the_command_line(served, tmp_path: Path) -> None:  
     one = min(every)
     assert actors("--actor", one) == {one}
     assert actors("--skill", "no-such-skill") == every
+
+
+def test_dispatch_code_refs_name_their_workspace_when_there_are_several() -> None:
+    """The hand-off package printed by `dispatch` and `outbox`: a code reference names its
+    workspace when the references come from more than one (two checkouts hold the same
+    paths), and only then."""
+
+    def ref(ws: str) -> SimpleNamespace:
+        return SimpleNamespace(path="src/app.py", start_line=1, end_line=9, workspace=ws)
+
+    assert code_refs_text([ref("/work/a"), ref("/work/b")]) == [
+        "code src/app.py:1-9 in /work/a",
+        "code src/app.py:1-9 in /work/b",
+    ]
+    assert code_refs_text([ref("/work/a"), ref("/work/a")]) == ["code src/app.py:1-9"] * 2

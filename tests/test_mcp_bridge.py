@@ -567,3 +567,22 @@ def test_rendered_code_items_name_their_workspace_when_there_are_several() -> No
     assert "src/app.py:1-9 in /work/b id=chunk:c1" in two
     one = text("/work/a", "/work/a")
     assert "src/app.py:1-9 id=chunk:c0" in one and " in /work/a" not in one
+
+
+def test_rendered_dispatch_code_refs_name_their_workspace_when_there_are_several() -> None:
+    """A hand-off package's code references from two checkouts name their workspaces in
+    the text for agents; from one, they do not."""
+    spec = TOOLS_BY_NAME["knowledge_dispatch"]
+
+    def text(*workspaces: str) -> str:
+        refs = [
+            v1.CodeRef(id=f"chunk:c{i}", path="src/app.py", start_line=1, end_line=9, workspace=w)
+            for i, w in enumerate(workspaces)
+        ]
+        resp = v1.DispatchResponse(context_pack=v1.ContextPack(code_refs=refs))
+        return "\n".join(spec.render(response_dict(spec, resp)))
+
+    two = text("/work/a", "/work/b")
+    assert "code src/app.py:1-9 in /work/a" in two and "code src/app.py:1-9 in /work/b" in two
+    one = text("/work/a", "/work/a")
+    assert "code src/app.py:1-9" in one and " in /work/a" not in one

@@ -104,8 +104,10 @@ def render_dispatch(d: dict[str, Any]) -> list[str]:
         out.append(
             f"  episode {ep.get('session_id')}#{ep.get('seq')} | {_one_line(ep.get('snippet'))}"
         )
-    for ref in pack.get("code_refs") or []:
-        out.append(f"  code {_lines(ref)}")
+    refs = pack.get("code_refs") or []
+    several = len({ref.get("workspace", "") for ref in refs}) > 1
+    for ref in refs:
+        out.append(f"  code {_lines(ref)}" + (f" in {ref.get('workspace', '')}" if several else ""))
     for risk in pack.get("risks") or []:
         out.append(f"  risk: {_one_line(risk)}")
     return out + _notices(d, "warnings", "errors")

@@ -26,6 +26,7 @@ from knowledge_server.cli.audit import audit
 from knowledge_server.cli.common import (
     clear_address,
     client,
+    code_refs_text,
     emit_json,
     err_console,
     fail,
@@ -676,8 +677,8 @@ def dispatch(
     if cp is not None:
         for ep in cp.prior_episodes:
             say(f"  episode {ep.id}: {ep.snippet[:100]}")
-        for ref in cp.code_refs:
-            say(f"  code {ref.path}:{ref.start_line}-{ref.end_line}")
+        for line in code_refs_text(cp.code_refs):
+            say(f"  {line}")
         for sk in cp.skills:
             say(f"  skill {sk.name} ({sk.uses} uses)")
         for risk in cp.risks:

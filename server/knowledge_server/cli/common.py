@@ -28,6 +28,17 @@ err_console = Console(stderr=True)
 out_console = Console()
 
 
+def code_refs_text(refs: Iterable[Any]) -> list[str]:
+    """``code path:start-end`` per code reference, followed by ``in <workspace>`` when they
+    come from more than one workspace (two checkouts may hold the same path)."""
+    refs = list(refs)
+    several = len({r.workspace for r in refs}) > 1
+    return [
+        f"code {r.path}:{r.start_line}-{r.end_line}" + (f" in {r.workspace}" if several else "")
+        for r in refs
+    ]
+
+
 def data_dir(ctx: click.Context) -> Path:
     value = (ctx.obj or {}).get("data_dir")
     return Path(value) if value else default_data_dir()

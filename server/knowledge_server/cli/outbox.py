@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import click
 from google.protobuf import json_format
 
-from knowledge_server.cli.common import data_dir, emit_json, fail
+from knowledge_server.cli.common import code_refs_text, data_dir, emit_json, fail
 from knowledge_server.dispatch import outbox as ob
 
 
@@ -83,8 +83,8 @@ def show(ctx: click.Context, assignment_id: str, as_json: bool) -> None:
     cp = p.context_pack
     for ep in cp.prior_episodes:
         click.echo(f"  episode {ep.id}" + (f": {ep.snippet}" if ep.snippet else ""))
-    for ref in cp.code_refs:
-        click.echo(f"  code {ref.path}:{ref.start_line}-{ref.end_line}")
+    for line in code_refs_text(cp.code_refs):
+        click.echo(f"  {line}")
     for sk in cp.skills:
         click.echo(f"  skill {sk.name} ({sk.uses} uses)")
     for risk in cp.risks:
