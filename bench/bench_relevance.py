@@ -139,7 +139,8 @@ def questions(shared: Path, name: str) -> list[tuple[str, set[str]]]:
 
 def nonsense(n: int, seed: int = 7) -> list[str]:
     """``n`` questions no code answers, in turn: one to four made-up words (letters drawn at
-    random, 6-10 of them), a UUID, and two to five English stopwords ("what is this")."""
+    random, 6-10 of them), a UUID, and two to five English stopwords ("what is this", every
+    other time with a contraction, "what's this")."""
     from knowledge_server.textlang import STOP_WORDS_EN
 
     stopwords = sorted(STOP_WORDS_EN)
@@ -150,7 +151,10 @@ def nonsense(n: int, seed: int = 7) -> list[str]:
         if i % 3 == 1:
             out.append(str(uuid.UUID(int=rnd.getrandbits(128))))
         elif i % 3 == 2:
-            out.append(" ".join(rnd.choice(stopwords) for _ in range(rnd.randint(2, 5))))
+            words = [rnd.choice(stopwords) for _ in range(rnd.randint(2, 5))]
+            if i % 6 == 5:  # a contraction: "what's", "isn't"
+                words[0] += rnd.choice(("'s", "'re", "n't", "'ll"))
+            out.append(" ".join(words))
         else:
             words = (
                 "".join(rnd.choice(letters) for _ in range(rnd.randint(6, 10)))

@@ -35,11 +35,12 @@ MEANING_DIM = 256
 def _meaning(text: str) -> list[float]:
     """A model that knows one meaning: texts about settings or configuration lie along one
     axis, plus a random direction a quarter as strong drawn from the text's hash; any other
-    text is its random direction alone."""
+    text is its random direction alone. It reads "those" as that meaning too: a stopword,
+    which the lexical side drops, with a meaning to the model."""
     seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
     v = np.random.default_rng(seed).standard_normal(MEANING_DIM)
     v /= np.linalg.norm(v)
-    if any(w in text.lower() for w in ("settings", "configuration", "toml")):
+    if any(w in text.lower() for w in ("settings", "configuration", "toml", "those")):
         v = v * 0.25
         v[0] += 1.0
     return [float(x) for x in v / np.linalg.norm(v)]
@@ -217,6 +218,11 @@ async def test_meaning_without_the_words_passes_the_relevance_floor(
             # the question's baseline come back (without HIT_VEC_Z: 22 of the 41).
             others = {item.path for item in code.items} - {"settings.py"}
             assert len(others) <= 12, sorted(others)
+            # A question of stopwords alone has no words to hold: only the files whose
+            # similarity stands out answer it, not every file.
+            meant = await kc.search("those", include=["code"], limit=30)
+            assert meant.lanes.code.items and meant.lanes.code.items[0].path == "settings.py"
+            assert len({item.path for item in meant.lanes.code.items}) <= 13
             nothing = await kc.search("zebra harbor tulip", include=["code"])
             assert not nothing.lanes.code.items
             assert nothing.lanes.code.empty_reason == "no_match"

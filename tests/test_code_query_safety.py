@@ -45,7 +45,13 @@ def test_a_question_of_stopwords_alone_has_no_terms_but_code_words_stay() -> Non
     assert query_terms("what is this") == []
     assert query_terms("Where is it?") == []
     assert query_terms("remove the `this` binding") == ["remove", "this", "binding"]
-    assert query_terms("`isNot` helper") == ["is", "not", "isnot", "helper"]
+    # A name written as code is kept whole; its stopword parts are not words of their own.
+    assert query_terms("`isNot` helper") == ["isnot", "helper"]
+    assert query_terms("`whatIsThis`") == ["whatisthis"]
+    # Contractions: "what's", "I'm" lose their ending; "isn't", "don't" are stopwords whole.
+    for question in ("what's this", "what\u2019s this", "I'm here", "where's it", "don't"):
+        assert query_terms(question) == [], question
+    assert query_terms("user's config isn't loaded") == ["user", "config", "loaded"]
 
 
 SYNTAX = [

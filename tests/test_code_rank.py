@@ -468,6 +468,11 @@ def test_a_line_after_a_named_file_is_a_place_not_words() -> None:
     assert rank.without_line_marks("why does config.py:100 fail?") == "why does config.py fail?"
     assert rank.without_line_marks("lib.rs#L10-L20, main.rs:3:1") == "lib.rs, main.rs"
     assert rank.without_line_marks("port:8080, ratio 3:2") == "port:8080, ratio 3:2"
+    assert rank.without_line_marks("Makefile#L3-L4, Dockerfile:7") == "Makefile, Dockerfile"
+    # Two names of one path: the longer says where, in whichever order they are written.
+    for q in ("config.py:1 app/config.py:21", "app/config.py:21 config.py:1"):
+        assert rank.named_files(q).line("app/config.py") == (21, 21), q
+        assert rank.named_files(q).line("lib/config.py") == (1, 1), q
 
 
 def test_a_path_written_from_the_root_names_that_workspaces_file_alone() -> None:
@@ -948,7 +953,13 @@ def test_a_question_of_stopwords_alone_gets_no_items(project: tuple[CodeIndex, P
     idx.index_workspace(str(root))
     memory.warm(idx.conn, wait=True)
     try:
-        for q in ("what is this", "where is it", "what is this for?"):
+        for q in (
+            "what is this",
+            "where is it",
+            "what is this for?",
+            "what's this",
+            "`whatIsThis`",
+        ):
             for intent in ("find_code", "find_knowledge"):
                 by_sql, from_copy, _ = both_ways(idx, q, intent=intent)
                 assert by_sql == from_copy == [], (q, intent)
@@ -988,6 +999,15 @@ def test_a_file_named_with_a_line_answers_first_with_the_chunk_there(
         for gap, start in ((remove + 4, remove), (comment - 2, comment)):
             by_sql, from_copy, _ = both_ways(idx, f"routes.py:{gap}")
             assert by_sql == from_copy and by_sql[0][1:3] == ("httpkit/routes.py", start), gap
+        # A range over several chunks: the one holding most of it, not the smallest
+        # that touches it.
+        body = "def long_route(app):\n" + "".join(f"    step_{i}(app)\n" for i in range(28))
+        _write(root, "httpkit/long.py", body + "\n\ndef tiny():\n    pass\n")
+        idx.index_workspace(str(root))
+        memory.warm(idx.conn, wait=True)
+        tiny = (root / "httpkit" / "long.py").read_text().splitlines().index("def tiny():") + 1
+        by_sql, from_copy, _ = both_ways(idx, f"httpkit/long.py#L2-L{tiny + 1}")
+        assert by_sql == from_copy and by_sql[0][1:3] == ("httpkit/long.py", 1)
         past, plain = answers(idx, "routes.py:9999"), answers(idx, "routes.py")
         assert [a[:4] for a in past] == [a[:4] for a in plain]
         assert not any("at the line" in w for a in past for w in a[4])

@@ -633,7 +633,9 @@ class NamedFiles:
         """The first and last line the question writes after ``path``'s name
         ("config.py:445", "config.py#L300-L310"), if any (``workspace`` as for ``names``)."""
         p = _full_path("/" + path.lower(), workspace)
-        return next(((a, b) for suffix, a, b in self.lines if p.endswith(suffix)), None)
+        # "config.py:1 app/config.py:21": the longest name that ends the path says where.
+        at = [(len(suffix), a, b) for suffix, a, b in self.lines if p.endswith(suffix)]
+        return max(at)[1:] if at else None
 
     def names(self, path: str, workspace: str = "") -> bool:
         """Whether ``path`` (relative to its ``workspace``, or absolute) is one of them. With
@@ -655,6 +657,15 @@ class NamedFiles:
         return stem in _MODULE_FILES and head.endswith(self.modules)
 
 
+def _is_file_name(word: str) -> bool:
+    """Whether ``word`` (its start and end stripped) is a file's name, with or without its
+    directories: one with an extension, or a well-known one without (Makefile)."""
+    return bool(
+        _FILE_PATH.fullmatch(word)
+        or (word.rpartition("/")[2] in _EXTENSIONLESS_NAMES and _EXTENSIONLESS_PATH.fullmatch(word))
+    )
+
+
 def without_line_marks(text: str) -> str:
     """``text`` without the line or range written after a file's name ("config.py:445",
     "lib.rs#L10-L20"): a place in the file (``NamedFiles.line``), not words to look for
@@ -663,7 +674,7 @@ def without_line_marks(text: str) -> str:
     for m in _WRITTEN.finditer(text):
         word = m.group(0).replace("\\", "/").rstrip(_PATH_PUNCTUATION)
         at = _LINE_OF.search(word)
-        if at is None or not _FILE_PATH.fullmatch(_PATH_START.sub("", word[: at.start()])):
+        if at is None or not _is_file_name(_PATH_START.sub("", word[: at.start()])):
             continue
         out.append(text[last : m.start() + at.start()])
         last = m.start() + at.end()
@@ -700,9 +711,7 @@ def named_files(text: str) -> NamedFiles:
         at = _LINE_OF.search(word.replace("\\", "/").rstrip(_PATH_PUNCTUATION))
         word = _PATH_START.sub("", _without_path_end(word.replace("\\", "/")))
         found = False
-        if _FILE_PATH.fullmatch(word) or (
-            word.rpartition("/")[2] in _EXTENSIONLESS_NAMES and _EXTENSIONLESS_PATH.fullmatch(word)
-        ):
+        if _is_file_name(word):
             files["/" + word.lower()] = None
             found = True
             if at is not None and int(at.group(1) or at.group(3)) > 0:

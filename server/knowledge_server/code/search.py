@@ -918,14 +918,16 @@ def _chunks_at(
     scope: tuple[str, list[Any]],
 ) -> dict[int, tuple[Any, ...]]:
     """file_id -> the row of the chunk at the lines, for each (file_id, (first, last))
-    (a file the question names with a line or range, "config.py:445"): the smallest chunk
-    that overlaps them, else the nearest within LINE_SLACK lines; none for lines the file
-    does not have."""
+    (a file the question names with a line or range, "config.py:445"): the chunk that
+    holds most of them (the smallest of those: a method rather than its class), else the
+    nearest within LINE_SLACK lines; none for lines the file does not have."""
     ids = []
     for fid, (first, last) in lines:
         row = conn.execute(
-            "SELECT id, max(start_line - ?2, ?1 - end_line, 0) AS gap FROM chunks"
-            " WHERE file_id = ?3 AND gap <= ?4 ORDER BY gap, end_line - start_line, id LIMIT 1",
+            "SELECT id, max(start_line - ?2, ?1 - end_line, 0) AS gap,"
+            " min(end_line, ?2) - max(start_line, ?1) AS held FROM chunks"
+            " WHERE file_id = ?3 AND gap <= ?4"
+            " ORDER BY gap, held DESC, end_line - start_line, id LIMIT 1",
             (first, last, fid, LINE_SLACK),
         ).fetchone()
         if row is not None:

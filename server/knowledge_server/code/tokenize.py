@@ -70,23 +70,29 @@ def index_tokens(text: str) -> str:
 
 
 _WRITTEN_AS_CODE = re.compile(r"`([^`]+)`")
+# English contractions: "what's", "I'm", "we'll", "they've", "you'd" lose their ending, and
+# a negated auxiliary ("don't", "isn't", "can't") is a stopword whole; otherwise the
+# apostrophe splits them into "s", "m", "t", "isn", words in every file.
+_CONTRACTION = re.compile(r"(?i)\b\w+n['\u2019]t\b|['\u2019](?:s|m|re|ve|ll|d)\b")
 
 
 def query_terms(text: str) -> list[str]:
     """Distinct query terms, in order, without stopwords. A word written as code
-    (`` `this` ``) is kept whatever it is; a question of stopwords alone ("what is this",
-    "where is it") has no terms: it names nothing to look for, so it finds nothing."""
+    (`` `this` ``, `` `isNot` `` as ``isnot``) is kept whatever it is, its stopword parts
+    not; a question of stopwords alone ("what is this", "where's it") has no terms: it
+    names nothing to look for, so it finds nothing."""
     seen: dict[str, None] = {}
     # Not through split_identifier's cache: every question brings words no other has, and a
     # question's few words are split in microseconds (bench/RESULTS.md, soak memory).
-    for word in _WORD.findall(text):
+    for word in _WORD.findall(_CONTRACTION.sub(" ", text)):
         for tok in split_uncached(word):
             seen.setdefault(tok, None)
+    # A name written as code is kept whole: the last token of a split word is all its parts.
     written = {
-        tok
+        parts[-1]
         for span in _WRITTEN_AS_CODE.findall(text)
         for word in _WORD.findall(span)
-        for tok in split_uncached(word)
+        if (parts := split_uncached(word))
     }
     return [t for t in seen if t not in STOP_WORDS or t in written]
 
