@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,7 +41,8 @@ def _meaning(text: str) -> list[float]:
     seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
     v = np.random.default_rng(seed).standard_normal(MEANING_DIM)
     v /= np.linalg.norm(v)
-    if any(w in text.lower() for w in ("settings", "configuration", "toml", "those")):
+    words = set(re.findall(r"\w+", text.lower()))
+    if any(w in text.lower() for w in ("settings", "configuration", "toml")) or "those" in words:
         v = v * 0.25
         v[0] += 1.0
     return [float(x) for x in v / np.linalg.norm(v)]

@@ -52,6 +52,10 @@ def test_a_question_of_stopwords_alone_has_no_terms_but_code_words_stay() -> Non
     for question in ("what's this", "what\u2019s this", "I'm here", "where's it", "don't"):
         assert query_terms(question) == [], question
     assert query_terms("user's config isn't loaded") == ["user", "config", "loaded"]
+    assert query_terms("`Request`'s body") == ["request", "body"]
+    # A quoted word is no contraction: Python's 're', a header's 's-maxage'.
+    assert query_terms("why does 're.sub' fail") == ["re", "sub", "fail"]
+    assert query_terms("the 's-maxage' header") == ["s", "maxage", "header"]
 
 
 SYNTAX = [

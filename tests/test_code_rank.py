@@ -489,6 +489,17 @@ def test_a_path_written_from_the_root_names_that_workspaces_file_alone() -> None
     assert named.line("src/app.py", "/home/ana/other") is None
     assert named.names("lib/util.py", "/anywhere") and named.names("lib/util.py")
     assert rank.named_files("src/app.py:3").line("src/app.py", "/home/ana/shop") == (3, 3)
+    # Of several frames in one file, the last (the call that failed) gives the line; a
+    # quoted path is read whole, spaces and all.
+    frames = (
+        'File "/home/ana/my shop/app/config.py", line 9, in save\n'
+        '  File "/home/ana/my shop/app/config.py", line 4, in load\n'
+    )
+    assert rank.named_files(frames).line("app/config.py", "/home/ana/my shop") == (4, 4)
+    assert not rank.named_files(frames).names("app/config.py", "/home/ana/shop")
+    assert rank.without_roots("in /home/ana/shop/src/app.py:3", ["/home/ana/shop/"]) == (
+        "in /src/app.py:3"
+    )
 
 
 def test_a_named_file_gains_the_bonus_in_full_only_in_a_short_question() -> None:
@@ -1030,6 +1041,10 @@ def test_a_traceback_path_names_the_file_of_its_workspace_at_its_line(
     memory.warm(idx.conn, wait=True)
     q = f'File "{root.resolve()}/httpkit/config.py", line 4, in load_config'
     try:
+        # The root's folder names are in no file: not words of the question, or they would
+        # sink it below the relevance floor in a small workspace.
+        placed = answers(idx, f"KeyError in {root.resolve()}/httpkit/config.py:4")
+        assert placed and placed[0][1] == "httpkit/config.py"
         by_sql, from_copy, used = both_ways(idx, q)
         assert used and by_sql == from_copy
         res = idx.search(q, check_fresh=False, intent="find_code")

@@ -56,6 +56,7 @@ __all__ = [
     "telling",
     "with_stems",
     "without_line_marks",
+    "without_roots",
     "written_identifiers",
 ]
 
@@ -666,6 +667,16 @@ def _is_file_name(word: str) -> bool:
     )
 
 
+def without_roots(text: str, roots: Iterable[str]) -> str:
+    """``text`` without the workspace ``roots`` written before a path
+    ("/home/ana/shop/src/app.py" -> "/src/app.py"): the root says which workspace, its
+    folder names are no words to look for (in no file, they were most of the question)."""
+    for root in sorted((r.rstrip("/") for r in roots), key=len, reverse=True):
+        if root:
+            text = text.replace(root + "/", "/")
+    return text
+
+
 def without_line_marks(text: str) -> str:
     """``text`` without the line or range written after a file's name ("config.py:445",
     "lib.rs#L10-L20"): a place in the file (``NamedFiles.line``), not words to look for
@@ -681,15 +692,21 @@ def without_line_marks(text: str) -> str:
     return "".join(out) + text[last:]
 
 
-def _traceback_lines(
-    text: str, files: Mapping[str, None], lines: dict[str, tuple[int, int]]
-) -> None:
-    """Adds to ``lines`` those of a Python traceback, ``File "/srv/app/x.py", line 12``, for
-    the ``files`` named."""
+def _traceback_lines(text: str, files: dict[str, None], lines: dict[str, tuple[int, int]]) -> None:
+    """Adds a Python traceback's files to ``files`` and their lines to ``lines``:
+    ``File "/srv/my app/x.py", line 12`` names the quoted path as written (spaces and all);
+    of several frames in one file, the last, where the call that failed is, gives the line."""
     for m in _TRACEBACK_LINE.finditer(text):
-        name = "/" + _PATH_START.sub("", m.group(1).replace("\\", "/")).lower()
-        if name in files and int(m.group(2)) > 0:
-            lines.setdefault(name, (int(m.group(2)), int(m.group(2))))
+        written = m.group(1).replace("\\", "/")
+        name = "/" + _PATH_START.sub("", written).lower()
+        if _is_file_name(name.rpartition("/")[2]) and int(m.group(2)) > 0:
+            files[name] = None
+            lines[name] = (int(m.group(2)), int(m.group(2)))
+            # Read word by word, "/home/ana/my shop/app.py" also gave "shop/app.py".
+            tail = "/" + _PATH_START.sub("", written.split()[-1]).lower()
+            if tail != name:
+                files.pop(tail, None)
+                lines.pop(tail, None)
 
 
 def named_files(text: str) -> NamedFiles:

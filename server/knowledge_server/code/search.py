@@ -1417,7 +1417,7 @@ def search(
     file kinds weigh; a find_knowledge question about code (rank.about_code) is weighed as
     find_code.
     ``vector`` ranks chunks by embedding similarity alone."""
-    label, capability, reason, _ = _scope_state(conn, workspaces, embedder)
+    label, capability, reason, roots = _scope_state(conn, workspaces, embedder)
     empty = CodeSearchResult(label, capability, reason or "", freshness or {}, [])
     if workspaces is not None and not workspaces:
         return empty
@@ -1430,7 +1430,7 @@ def search(
     # "fix: ..." and "feat(cli): ...": the change type is not a word to look for, but
     # "test: ..." or "docs: ..." still says which kind of file the change is in.
     change, body = rank.split_change_type(query)
-    terms = query_terms(rank.without_line_marks(body))
+    terms = query_terms(rank.without_line_marks(rank.without_roots(body, roots)))
     # Chunks are indexed by exact words: their stems join the question there ("loaded"
     # finds load_config); the file-level index stems by itself (porter).
     stemmed = rank.with_stems(terms) if mode != "vector" else terms

@@ -73,7 +73,9 @@ _WRITTEN_AS_CODE = re.compile(r"`([^`]+)`")
 # English contractions: "what's", "I'm", "we'll", "they've", "you'd" lose their ending, and
 # a negated auxiliary ("don't", "isn't", "can't") is a stopword whole; otherwise the
 # apostrophe splits them into "s", "m", "t", "isn", words in every file.
-_CONTRACTION = re.compile(r"(?i)\b\w+n['\u2019]t\b|['\u2019](?:s|m|re|ve|ll|d)\b")
+# The ending needs a word (or a name in backticks) before its apostrophe: a quoted 're' or
+# 's-maxage' stays.
+_CONTRACTION = re.compile(r"(?i)\b\w+n['\u2019]t\b|(?<=[\w`])['\u2019](?:s|m|re|ve|ll|d)\b")
 
 
 def query_terms(text: str) -> list[str]:
