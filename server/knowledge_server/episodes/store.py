@@ -233,6 +233,29 @@ SCOPE_HITS_CAP = 50_000
 
 
 @dataclass(frozen=True)
+class _Filter:
+    """A search's session-level filters and time window, and the SQL conditions and
+    arguments ``EpisodeStore._filters`` made of them (``conds``, ``args``)."""
+
+    session_ids: Sequence[str] | None
+    since: datetime | None
+    until: datetime | None
+    outcome: str
+    conds: list[str]
+    args: list[Any]
+
+    @property
+    def session_level(self) -> bool:
+        """Whether it keeps some sessions only (by id or outcome)."""
+        return self.session_ids is not None or self.outcome not in ("any", "", None)
+
+    @property
+    def windowed(self) -> bool:
+        """Whether it keeps a time window only."""
+        return self.since is not None or self.until is not None
+
+
+@dataclass(frozen=True)
 class _Head:
     """The statement part selecting a query's matches (``rid``) and their scores
     (``score``, lower is better), up to its FTS5 condition, and its parameters: FTS5's
@@ -974,46 +997,34 @@ class EpisodeStore:
         flt = self._filters(workspaces, session_ids, since, until, outcome)
         if flt is None:
             return [], []
-        conds, fargs = flt
+        filters = _Filter(session_ids, since, until, outcome, *flt)
         if workspaces is not None:
             roots = tuple(sorted({os.path.normpath(w) for w in workspaces if w}))
             with snapshot(self.conn):  # the statistics and the ranking see one state
                 stats = self._scope_stats(roots)
-                return self._ranked_in_scope(
-                    query, stats, k, session_ids, since, until, outcome, conds, fargs
-                )
-        return self._ranked(query, k, session_ids, since, until, outcome, conds, fargs)
+                return self._ranked_in_scope(query, stats, k, filters)
+        return self._ranked(query, k, filters)
 
-    def _ranked(
-        self,
-        query: str,
-        k: int,
-        session_ids: Sequence[str] | None,
-        since: datetime | None,
-        until: datetime | None,
-        outcome: str,
-        conds: list[str],
-        fargs: list[Any],
-    ) -> tuple[list[EpisodeHit], list[str]]:
+    def _ranked(self, query: str, k: int, filters: _Filter) -> tuple[list[EpisodeHit], list[str]]:
         """``search_ranked`` without workspaces, with the whole store's statistics."""
         match, recent_only, needles, _ = self._plan_query(query)
         head = _Head.of(match)
-        tail = _tail(conds)
+        tail = _tail(filters.conds)
         # bm25() is what `rank` computes, but as an expression SQLite's sorter keeps only
         # the best LIMIT rows, where `ORDER BY rank` has FTS5 sort every match (slower);
         # ties go to the newer event, as in the final order.
         inner_order = "ORDER BY rowid DESC" if recent_only else "ORDER BY score, rowid DESC"
-        filtered = bool(conds)
+        filtered = bool(filters.conds)
         cand = RECENT_CAP if recent_only else (max(k * CAND_FACTOR, CAND_MIN) if filtered else k)
-        if (since is not None or until is not None) and not self._has_events(since, until):
+        if filters.windowed and not self._has_events(filters.since, filters.until):
             return [], needles  # no event at all in the time window
         ranges = None
-        session_level = session_ids is not None or outcome not in ("any", "", None)
+        session_level = filters.session_level
         if session_level:
-            ranges, allowed = self._scope(None, session_ids, outcome)
+            ranges, allowed = self._scope(None, filters.session_ids, filters.outcome)
             if allowed == 0:
                 return [], needles
-            if not recent_only and since is None and until is None:
+            if not recent_only and not filters.windowed:
                 # The scope's share of the events is known: take about three times the
                 # candidates it should let through (a wide scope needs few more than k).
                 share = allowed / max(self._doc_count(), allowed)
@@ -1025,23 +1036,23 @@ class EpisodeStore:
             # either can come short of k: then every match in the ranges is ranked.
             rows = self._fetch(
                 f"WITH m AS ({head.sql} ORDER BY rowid DESC LIMIT ?{tail}",
-                [*head.args, RECENT_CAP, *fargs, k],
+                [*head.args, RECENT_CAP, *filters.args, k],
             )
             if len(rows) < k and sum(hi - lo + 1 for lo, hi in ranges) > RECENT_SPAN:
                 # (Ranges holding few events: ranking all of them costs what this step does.)
-                rows = self._in_ranges(head, ranges, RECENT_CAP, tail, [*fargs, k])
+                rows = self._in_ranges(head, ranges, RECENT_CAP, tail, [*filters.args, k])
             if len(rows) < k:
-                rows = self._in_ranges(head, ranges, None, tail, [*fargs, k])
+                rows = self._in_ranges(head, ranges, None, tail, [*filters.args, k])
             return self._hits(rows), needles
         if ranges:
             # Restrictive filter: every match in the allowed sessions' rowid ranges is
             # ranked (frequent terms too: the ranges hold few events), then the exact
             # filters apply.
-            rows = self._in_ranges(head, ranges, None, tail, [*fargs, k])
+            rows = self._in_ranges(head, ranges, None, tail, [*filters.args, k])
             return self._hits(rows), needles
         rows = self._fetch(
             f"WITH m AS ({head.sql} {inner_order} LIMIT ?{tail}",
-            [*head.args, cand, *fargs, k],
+            [*head.args, cand, *filters.args, k],
         )
         if filtered and len(rows) < k:
             # Two-phase: the top candidates were filtered away; rank every match that
@@ -1055,25 +1066,16 @@ class EpisodeStore:
                 # index range, read once into a lookup table), before bm25 is computed and
                 # before the match is joined; with no session filter left to apply, the
                 # window's best candidates are all the tail needs.
-                window, wargs = _window_sql(since, until)
+                window, wargs = _window_sql(filters.since, filters.until)
                 only = "" if not window or session_level else " ORDER BY score, rowid DESC LIMIT ?"
                 rows = self._fetch(
                     f"WITH m AS MATERIALIZED ({head.sql}{window}{only}{tail}",
-                    [*head.args, *wargs, *([cand] if only else []), *fargs, k],
+                    [*head.args, *wargs, *([cand] if only else []), *filters.args, k],
                 )
         return self._hits(rows), needles
 
     def _ranked_in_scope(
-        self,
-        query: str,
-        stats: ScopeStats,
-        k: int,
-        session_ids: Sequence[str] | None,
-        since: datetime | None,
-        until: datetime | None,
-        outcome: str,
-        conds: list[str],
-        fargs: list[Any],
+        self, query: str, stats: ScopeStats, k: int, filters: _Filter
     ) -> tuple[list[EpisodeHit], list[str]]:
         """``search_ranked`` in a workspace scope, with its statistics (``stats``): as a
         store holding the scope's events alone would rank, whatever else the store holds.
@@ -1085,45 +1087,44 @@ class EpisodeStore:
         match, recent_only, needles, phrases = self._plan_query(query, stats)
         if stats.rows == 0:
             return [], needles
-        if (since is not None or until is not None) and not self._has_events(since, until):
+        if filters.windowed and not self._has_events(filters.since, filters.until):
             return [], needles  # no event at all in the time window
         idf = [fts.bm25_idf(stats.rows, self._hits_in(stats, p)) for p in phrases]
-        tail = _tail(conds)
-        window, wargs = _window_sql(since, until)
+        tail = _tail(filters.conds)
+        window, wargs = _window_sql(filters.since, filters.until)
         with contextlib.ExitStack() as held:
             if recent_only:
-                only = self._filter_mask(stats, session_ids, outcome)
+                only = self._filter_mask(stats, filters)
                 lo, hi = stats.hull if only is stats.mask else _hull(only)
                 head = _Head.scoped(match, stats, idf, held.enter_context(SCOPES.hold(only)))
                 rows = self._fetch(
                     f"WITH m AS ({head.sql} AND rowid BETWEEN ? AND ?{window}{head.check} "
                     f"ORDER BY rowid DESC LIMIT ?{tail}",
-                    [*head.args, lo, hi, *wargs, *head.check_args, RECENT_CAP, *fargs, k],
+                    [*head.args, lo, hi, *wargs, *head.check_args, RECENT_CAP, *filters.args, k],
                 )
                 return self._hits(rows), needles
             head = _Head.scoped(match, stats, idf, held.enter_context(SCOPES.hold(stats.mask)))
-            ranges, allowed = self._scope(stats.roots, session_ids, outcome)
+            ranges, allowed = self._scope(stats.roots, filters.session_ids, filters.outcome)
             if allowed == 0:
                 return [], needles
             if ranges and not window:
                 # The sessions' rowid ranges bound the scan (which ranges the store's other
                 # events make them does not change which matches they hold in the scope).
-                rows = self._in_ranges(head, ranges, None, tail, [*fargs, k])
+                rows = self._in_ranges(head, ranges, None, tail, [*filters.args, k])
             else:
                 lo, hi = stats.hull
                 rows = self._fetch(
                     f"WITH m AS ({head.sql} AND rowid BETWEEN ? AND ?{window}{head.check}{tail}",
-                    [*head.args, lo, hi, *wargs, *head.check_args, *fargs, k],
+                    [*head.args, lo, hi, *wargs, *head.check_args, *filters.args, k],
                 )
         return self._hits(rows), needles
 
-    def _filter_mask(
-        self, stats: ScopeStats, session_ids: Sequence[str] | None, outcome: str
-    ) -> np.ndarray:
+    def _filter_mask(self, stats: ScopeStats, filters: _Filter) -> np.ndarray:
         """The scope's events that the session-level filters keep (a boolean per id):
         ``stats.mask`` without filters, else counted once per index revision."""
-        if session_ids is None and outcome in ("any", "", None):
+        if not filters.session_level:
             return stats.mask
+        session_ids, outcome = filters.session_ids, filters.outcome
         flt = self._filters(list(stats.roots), session_ids, None, None, outcome, e_alias=None)
         if flt is None:
             return np.zeros(0, dtype=bool)
