@@ -889,6 +889,19 @@ async def _drain(stream: Any) -> Any:
     return summary
 
 
+async def _uncached_server(
+    tmp_path: Path, tokens: TokenStore, a: Path, b: Path
+) -> tuple[Any, str, str, str]:
+    """A server whose answers are not cached (each question is ranked again), and the
+    tokens of A's operator, B's operator and A's agent."""
+    ops_a = tokens.create("ops-a", "org", [str(a)], "operator")[1]
+    ops_b = tokens.create("ops-b", "org", [str(b)], "operator")[1]
+    agent_a = tokens.create("agent-a", "org", [str(a)], "agent")[1]
+    rs = await start_server(tmp_path, authenticate=tokens.authenticate, auth="on")
+    rs.app.coordinator.cache_size = 0
+    return rs, ops_a, ops_b, agent_a
+
+
 async def test_a_logs_cwd_cannot_place_evidence_in_another_workspace(tmp_path: Path) -> None:
     """ISO-9: a log under A's workspace whose ``cwd`` names B's root (or a path in it), or
     whose session id is one B already holds, adds nothing B's principals see; a session
@@ -991,11 +1004,7 @@ async def test_iso1_another_tenants_code_moves_no_answer(tmp_path: Path) -> None
         (b / "pkg" / f"zentrik_{i}.py").write_text(
             f"ZENTRIK = {i}\n\ndef zentrik_config(parcel):\n    return zentrik(parcel, {i})\n"
         )
-    ops_a = tokens.create("ops-a", "org", [str(a)], "operator")[1]
-    ops_b = tokens.create("ops-b", "org", [str(b)], "operator")[1]
-    agent_a = tokens.create("agent-a", "org", [str(a)], "agent")[1]
-    rs = await start_server(tmp_path, authenticate=tokens.authenticate, auth="on")
-    rs.app.coordinator.cache_size = 0
+    rs, ops_a, ops_b, agent_a = await _uncached_server(tmp_path, tokens, a, b)
     questions = ["zentrik", "zentrik parcel", "load the config", "config parcel handler"]
 
     async def asked() -> list[Any]:
@@ -1049,11 +1058,7 @@ async def test_iso1_another_tenants_sessions_move_no_episode(tmp_path: Path) -> 
         write_session_log(
             b / "logs" / f"b{i}.jsonl", f"b-{i}", b, f"zentrik parcel deploy {'zentrik ' * (i % 3)}"
         )
-    ops_a = tokens.create("ops-a", "org", [str(a)], "operator")[1]
-    ops_b = tokens.create("ops-b", "org", [str(b)], "operator")[1]
-    agent_a = tokens.create("agent-a", "org", [str(a)], "agent")[1]
-    rs = await start_server(tmp_path, authenticate=tokens.authenticate, auth="on")
-    rs.app.coordinator.cache_size = 0
+    rs, ops_a, ops_b, agent_a = await _uncached_server(tmp_path, tokens, a, b)
     questions = ["zentrik", "zentrik parcel", "deploy the parcel", "retry now"]
 
     async def asked() -> list[Any]:
