@@ -213,10 +213,11 @@ def immediate(conn: apsw.Connection) -> Iterator[None]:
 
 @contextmanager
 def snapshot(conn: apsw.Connection) -> Iterator[None]:
-    """The reads of one lane call (or one store search) in one read transaction: they all see the same state of
-    the store (the revision a result is cached under is the one its rows come from), and
-    SQLite takes its locks once instead of per statement, which makes a short read much
-    cheaper (figures in bench/RESULTS.md). Inside a transaction already, nothing changes."""
+    """The reads of one lane call (or one store search) in one read transaction: they all
+    see the same state of the store (the revision a result is cached under is the one its
+    rows come from), and SQLite takes its locks once instead of per statement, which makes
+    a short read much cheaper (figures in bench/RESULTS.md). Inside a transaction already,
+    nothing changes."""
     if not conn.getautocommit():
         yield
         return

@@ -725,8 +725,9 @@ def named_files(text: str) -> NamedFiles:
             continue
         if _ABBREVIATION.fullmatch(word.rstrip(",:;!?")):
             continue
-        at = _LINE_OF.search(word.replace("\\", "/").rstrip(_PATH_PUNCTUATION))
-        word = _PATH_START.sub("", _without_path_end(word.replace("\\", "/")))
+        word = word.replace("\\", "/")
+        at = _LINE_OF.search(word.rstrip(_PATH_PUNCTUATION))
+        word = _PATH_START.sub("", _without_path_end(word))
         found = False
         if _is_file_name(word):
             files["/" + word.lower()] = None
