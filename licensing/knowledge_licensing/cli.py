@@ -39,10 +39,12 @@ EXIT_INVALID = 1
 EXIT_ERROR = 2
 
 
-class _Rfc3339(click.ParamType):
+class _Rfc3339(click.ParamType[datetime, Any]):
     name = "RFC3339"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> datetime:
         if isinstance(value, datetime):
             return value
         try:

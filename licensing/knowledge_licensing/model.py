@@ -10,7 +10,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = [
     "EDITIONS",
@@ -73,7 +73,7 @@ _REQUIRED_EDITION: dict[str, str] = {FEATURE_DOC_GRAPH: EDITION_ENTERPRISE}
 KEY_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def valid_key_id(key_id: object) -> bool:
+def valid_key_id(key_id: object) -> TypeGuard[str]:
     """True when ``key_id`` is a string usable as a key id (and as a file stem)."""
     return isinstance(key_id, str) and KEY_ID_PATTERN.fullmatch(key_id) is not None
 

@@ -91,10 +91,10 @@ def normalise_workspace(path: str | os.PathLike[str]) -> str:
 
 
 def make_principal(
-    id: str,
-    organisation: str,
+    id: object,
+    organisation: object,
     workspaces: tuple[str, ...] | None,
-    role: str,
+    role: object,
     capabilities: Iterable[str] | None = None,
 ) -> Principal:
     """A validated :class:`Principal`.
@@ -109,7 +109,7 @@ def make_principal(
         raise ValueError("principal id must be a non-empty string")
     if not isinstance(organisation, str) or not organisation.strip():
         raise ValueError("organisation must be a non-empty string")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
     if workspaces is not None:
         if not isinstance(workspaces, tuple):

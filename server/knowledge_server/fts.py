@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import apsw
 import numpy as np
@@ -197,5 +198,8 @@ def docsize(blob: bytes | None) -> int:
 def register_scoped_bm25(conn: apsw.Connection) -> None:
     """``knowledge_bm25`` (``scoped_bm25``) and ``knowledge_docsize`` (``docsize``) on
     ``conn``."""
-    conn.register_fts5_function("knowledge_bm25", scoped_bm25)
-    conn.create_scalar_function("knowledge_docsize", docsize, 1, deterministic=True)
+    # Typed by what SQL passes them: the floats and the docsize record the queries bind.
+    conn.register_fts5_function("knowledge_bm25", cast("apsw.FTS5Function", scoped_bm25))
+    conn.create_scalar_function(
+        "knowledge_docsize", cast("apsw.ScalarProtocol", docsize), 1, deterministic=True
+    )

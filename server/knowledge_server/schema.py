@@ -81,7 +81,7 @@ def set_mmap_mib(mib: int) -> None:
     _mmap_bytes = mib * 1024 * 1024
 
 
-def int_array(values: Iterable[int]) -> apsw.carray:
+def int_array(values: Iterable[int]) -> apsw.CArrayBinding:
     """Integers bound as one ``carray(?)`` table (``WHERE id IN (SELECT value FROM
     carray(?))``): no JSON text to build and parse, as ``json_each`` needs. SQLite's
     carray cannot be empty: callers skip the query when there is nothing to look up."""

@@ -79,7 +79,7 @@ def _credentials(config: Config) -> grpc.ServerCredentials | None:
     cert = config.tls_cert.read_bytes()
     root = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
     return grpc.ssl_server_credentials(
-        ((key, cert),), root_certificates=root, require_client_auth=root is not None
+        [(key, cert)], root_certificates=root, require_client_auth=root is not None
     )
 
 

@@ -195,7 +195,7 @@ def stem_ru(word: str) -> str:
 
     Cached: the stemmer is pure Python and indexing stems every Cyrillic word it meets,
     while a language's inflected forms in real text are comparatively few."""
-    return _RUSSIAN.stemWord(word.lower())
+    return str(_RUSSIAN.stemWord(word.lower()))
 
 
 @lru_cache(maxsize=20_000)

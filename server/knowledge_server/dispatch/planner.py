@@ -392,14 +392,14 @@ class Dispatcher:
             )
         for it in ep_items:
             labels[it.id] = it.event_type
-        for it in list(resp.lanes.code.items)[:PACK_ITEMS]:
+        for ref in list(resp.lanes.code.items)[:PACK_ITEMS]:
             pack.code_refs.add(
-                id=it.id,
-                path=it.path,
-                start_line=it.start_line,
-                end_line=it.end_line,
-                why=list(it.why[:3]),
-                workspace=it.workspace,
+                id=ref.id,
+                path=ref.path,
+                start_line=ref.start_line,
+                end_line=ref.end_line,
+                why=list(ref.why[:3]),
+                workspace=ref.workspace,
             )
         skills: dict[str, int] = {}
         if choice is not None and choice.skill:
@@ -552,16 +552,20 @@ class Dispatcher:
                 )
             )
             return out
+        lane = self.derived_lane
+        if lane is None:
+            # A plan has a choice only when the skills lane's store answered it.
+            raise RuntimeError("a dispatch commit needs the skills lane")
         actor_id = plan.choice.actor.actor_id
         digest = task_hash(v, actor_id)
         assignment_id = _assignment_id(actor_id, digest)
         path = outbox.package_path(self.outbox, assignment_id)
         # A full disk (SQLITE_FULL, ENOSPC) answers RESOURCE_EXHAUSTED and is kept as the
         # skills lane's last error.
-        with _COMMIT_LOCK, self.derived_lane.storage.guard("dispatch commit"):
+        with _COMMIT_LOCK, lane.storage.guard("dispatch commit"):
             self._check_quota(assignment_id, principal_id)
             # The derived lane owns derived.sqlite: it records the row on its own writer.
-            row, created = self.derived_lane.record_assignment(actor_id, digest, str(path))
+            row, created = lane.record_assignment(actor_id, digest, str(path))
             package = build_package(out, v, assignment_id=row.assignment_id)
             written, recorded = outbox.write_once(
                 self.outbox, row.assignment_id, package, committed_by=principal_id

@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import (
@@ -816,7 +816,7 @@ class GraphDocsLane:
         return item
 
     def _merge(self, result: LaneResult, match: dict[str, Any], q: LaneQuery) -> LaneResult:
-        lane = result.lane
+        lane = cast(search_pb2.CodeLane, result.lane)  # the documents lane is a code lane
         lexical = list(lane.items)
         graph_items: list[dict[str, Any]] = match["items"]
         by_chunk = {(i["workspace"], i["chunk_id"]): i for i in graph_items}
@@ -831,7 +831,7 @@ class GraphDocsLane:
         for rank, gi in enumerate(graph_items, 1):
             key = (gi["workspace"], gi["chunk_id"])
             rrf[key] = rrf.get(key, 0.0) + weight / (60 + rank) + boost
-        items: dict[tuple[str, str], Any] = {}
+        items: dict[tuple[str, str], search_pb2.CodeItem] = {}
         for it in lexical:
             items.setdefault((it.workspace, it.chunk_id), it)
         order = sorted(
@@ -856,20 +856,21 @@ class GraphDocsLane:
         del lane.items[:]
         for key in ranked:
             it = items[key]
-            gi = by_chunk.get(key)
+            found = by_chunk.get(key)
             it.score = round(rrf.get(key, 0.0), 6)
-            if gi is None:
+            if found is None:
                 it.match_kind = "lexical"
             else:
-                it.match_kind = gi["match_kind"]
-                it.theme_id = gi.get("theme_id") or ""
-                for m in gi["matched_entities"]:
+                it.match_kind = found["match_kind"]
+                it.theme_id = found.get("theme_id") or ""
+                for m in found["matched_entities"]:
+                    address = _address(m, found["workspace"])
                     it.matched_entities.append(
                         docgraph_pb2.EntityRef(
                             entity_id=m["entity_id"],
                             name=m["name"],
                             kind=m["kind"],
-                            addresses=[_address(m, gi["workspace"])],
+                            addresses=[address] if address else [],
                         )
                     )
             lane.items.append(it)

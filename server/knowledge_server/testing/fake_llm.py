@@ -340,7 +340,7 @@ class FakeLLMServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def start(self) -> Self:
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)

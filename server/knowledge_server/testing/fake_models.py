@@ -245,7 +245,7 @@ class FakeModelServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def set_fault(self, endpoint: str, mode: str) -> None:
         if endpoint not in ENDPOINTS:
