@@ -65,10 +65,10 @@ DOCS_PLAIN_MESSAGE = "mode=docs: no document graph answered; plain retrieval"
 
 
 def _visible(workspace: str, scope: tuple[str, ...] | None) -> bool:
-    if scope is None:
-        return True
-    # A workspace is visible when it lies in the scope, or the scope narrows it to a sub-folder.
-    return any(is_under(workspace, r) or is_under(r, workspace) for r in scope)
+    """An indexed workspace is visible when it lies in the scope. A scope root inside it (a
+    sub-folder) does not make it visible: searches filter by workspace root, so such a
+    scope sees none of it, and neither GetChunk nor GetStatus may show more than a search."""
+    return scope is None or any(is_under(workspace, r) for r in scope)
 
 
 def _why_empty(idx: CodeIndex, scoped: Sequence[str]) -> str:
