@@ -55,6 +55,8 @@ def _task_line(t: v1.KbTask | None) -> str:
     if t is None:
         return "-"
     err = f"  error={t.error_category}: {t.error_message}" if t.error_category else ""
+    if t.secrets_redacted:
+        err = f"  secrets_redacted={t.secrets_redacted}{err}"
     return (
         f"{t.id}  {t.kind} {t.state} v{t.version}  step={t.step} {t.done}/{t.total}"
         f"  chunks={t.chunks}  attempts={t.attempts}{err}"

@@ -173,6 +173,7 @@ def task_pb(row: TaskRow) -> pb.KbTask:
         created_by=row.created_by,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        secrets_redacted=row.secrets_redacted,
     )
 
 

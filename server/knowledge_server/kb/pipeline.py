@@ -13,12 +13,14 @@ calls to turn a source into chunks for the retrieval index.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from knowledge_server.kb import chunk as chunking
 from knowledge_server.kb import convert
 from knowledge_server.kb.index.port import IndexChunk
+from knowledge_server.redact import redact_counted
 
 __all__ = [
     "SUPPORTED",
@@ -29,6 +31,7 @@ __all__ = [
     "chunk_document",
     "convert_source",
     "media_type_of",
+    "redacted",
 ]
 
 # File suffix -> media type the local converters read.
@@ -129,3 +132,26 @@ def convert_source(
     except convert.ConversionError as exc:
         category = next((c for t, c in _CATEGORIES if isinstance(exc, t)), "unreadable")
         raise ConversionError(category, str(exc)) from None
+
+
+def redacted(chunks: Iterable[SourceChunk]) -> tuple[list[SourceChunk], int]:
+    """``chunks`` with every recognised secret in their text, title and section headings
+    replaced by ``[REDACTED:<kind>]`` (``knowledge_server.redact``), and how many were:
+    what is embedded, indexed, retrieved and quoted to a model never holds one."""
+    out: list[SourceChunk] = []
+    count = 0
+    for chunk in chunks:
+        text, n = redact_counted(chunk.text)
+        title, n_title = redact_counted(chunk.title)
+        section = []
+        for heading in chunk.section_path:
+            clean, n_heading = redact_counted(heading)
+            section.append(clean)
+            n_title += n_heading
+        count += n + n_title
+        out.append(
+            replace(chunk, text=text, title=title, section_path=tuple(section))
+            if n or n_title
+            else chunk
+        )
+    return out, count

@@ -134,7 +134,7 @@ class KnowledgeBase:
         category and leaves every release as it was."""
         started = time.perf_counter()
         try:
-            chunks, model = self._stage(task)
+            chunks, model, redacted = self._stage(task)
         except _TaskFailed as exc:
             self.queue.fail(task, exc.category, str(exc))
             log.info("kb.task_failed", task_id=task.id, category=exc.category)
@@ -148,15 +148,18 @@ class KnowledgeBase:
                 error_type=type(exc).__name__,
             )
             return
-        self.queue.succeed(task, chunks, model)
+        self.queue.succeed(task, chunks, model, redacted)
         log.info(
             "kb.task_done",
             task_id=task.id,
             chunks=chunks,
+            secrets_redacted=redacted,
             ms=round((time.perf_counter() - started) * 1000, 1),
         )
 
-    def _stage(self, task: TaskRow) -> tuple[int, str]:
+    def _stage(self, task: TaskRow) -> tuple[int, str, int]:
+        """Convert, chunk, redact, embed and stage the task's revision: its chunk count,
+        the embedder's identity and how many secrets were replaced."""
         org = task.org
         index = self.index
         if index is None:
@@ -168,6 +171,7 @@ class KnowledgeBase:
         title = topic.title if topic else ""
         sources = self.store.sources(org, rev.id)
         per_source: list[tuple[str, list[pipeline.SourceChunk]]] = []
+        redacted = 0
         for i, src in enumerate(sources):
             self.queue.progress(task, "convert", i, len(sources))
             source = pipeline.SourceInput(
@@ -183,7 +187,9 @@ class KnowledgeBase:
                 document = pipeline.convert_source(source, title, self.converter)
             except pipeline.ConversionError as exc:
                 raise _TaskFailed(exc.category, f"source {src.ordinal}: {exc}") from None
-            per_source.append((src.id, pipeline.chunk_document(document)))
+            found, n = pipeline.redacted(pipeline.chunk_document(document))
+            redacted += n
+            per_source.append((src.id, found))
         chunks = index_chunks(
             org=org,
             topic_id=rev.topic_id,
@@ -198,7 +204,7 @@ class KnowledgeBase:
             index.stage(org, rev.id, chunks, vectors)
         except Exception as exc:  # noqa: BLE001 - any index failure is the task's, with its category
             raise _TaskFailed("index", f"staging failed ({type(exc).__name__})") from None
-        return len(chunks), self.embedder.identity
+        return len(chunks), self.embedder.identity, redacted
 
     def _embed(self, task: TaskRow, chunks: Sequence[pipeline.Chunk]) -> list[list[float]]:
         """Embed in the embedder's batches; one ``embed_calls`` row per call (model,

@@ -219,7 +219,16 @@ CREATE TABLE embed_calls (
 CREATE INDEX embed_calls_task ON embed_calls(org, task_id);
 """
 
-MIGRATIONS = Migrations(DB_FILE, (Step("001_initial", _BASELINE),))
+MIGRATIONS = Migrations(
+    DB_FILE,
+    (
+        Step("001_initial", _BASELINE),
+        Step(
+            "002_task_secrets_redacted",
+            "ALTER TABLE tasks ADD COLUMN secrets_redacted INTEGER NOT NULL DEFAULT 0;",
+        ),
+    ),
+)
 
 
 T = TypeVar("T")
@@ -369,6 +378,7 @@ class TaskRow:
     created_by: str
     created_at: str
     updated_at: str
+    secrets_redacted: int = 0
 
 
 _TOPIC = "id, org, knowledge_key, title, version, created_by, created_at, updated_at"
@@ -390,7 +400,7 @@ _FEEDBACK = (
 _TASK = (
     "id, org, revision_id, kind, idempotency_key, state, step, done, total, chunks, attempts,"
     " error_category, error_message, owner, lease_until, version, created_by, created_at,"
-    " updated_at"
+    " updated_at, secrets_redacted"
 )
 
 

@@ -170,7 +170,7 @@ class TaskQueue:
             self._refuse_active(task.org, task.revision_id)
             c.execute(
                 "UPDATE tasks SET state = 'QUEUED', step = '', done = 0, total = 0, chunks = 0,"
-                " attempts = 0, error_category = '', error_message = '', owner = '',"
+                " secrets_redacted = 0, attempts = 0, error_category = '', error_message = '', owner = '',"
                 " version = version + 1, updated_at = ? WHERE org = ? AND id = ? AND version = ?",
                 (now(), task.org, task.id, expected_version),
             )
@@ -259,8 +259,9 @@ class TaskQueue:
                 (task.org, task.id, model, texts, ms, failure, now()),
             )
 
-    def succeed(self, task: TaskRow, chunks: int, model: str) -> None:
-        """The task and (for PROCESS) its revision end together: PROCESSED."""
+    def succeed(self, task: TaskRow, chunks: int, model: str, secrets_redacted: int = 0) -> None:
+        """The task and (for PROCESS) its revision end together: PROCESSED.
+        ``secrets_redacted``: secrets replaced in the sources' text before indexing."""
         with self.store.tx() as c:
             if task.kind == "PROCESS":
                 c.execute(
@@ -276,7 +277,8 @@ class TaskQueue:
                     (chunks, model, now(), task.org, task.revision_id),
                 )
             c.execute(
-                "UPDATE tasks SET chunks = ? WHERE org = ? AND id = ?", (chunks, task.org, task.id)
+                "UPDATE tasks SET chunks = ?, secrets_redacted = ? WHERE org = ? AND id = ?",
+                (chunks, secrets_redacted, task.org, task.id),
             )
             self._finish(c, task, "SUCCEEDED", "", "")
 

@@ -3619,6 +3619,12 @@ class KbTask(betterproto2.Message):
     Last change (RFC 3339).
     """
 
+    secrets_redacted: "int" = betterproto2.field(17, betterproto2.TYPE_INT64)
+    """
+    Secrets found in its sources' text and replaced by [REDACTED:<kind>] before embedding
+    and indexing (the stored source is kept as uploaded).
+    """
+
 
 default_message_pool.register_message("knowledge.v1", "KbTask", KbTask)
 

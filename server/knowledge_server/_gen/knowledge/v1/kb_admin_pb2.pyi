@@ -364,6 +364,7 @@ class KbTask(_message.Message):
     CREATED_BY_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    SECRETS_REDACTED_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Task id."""
     revision_id: _builtins.str
@@ -396,6 +397,10 @@ class KbTask(_message.Message):
     """Creation time (RFC 3339)."""
     updated_at: _builtins.str
     """Last change (RFC 3339)."""
+    secrets_redacted: _builtins.int
+    """Secrets found in its sources' text and replaced by [REDACTED:<kind>] before embedding
+    and indexing (the stored source is kept as uploaded).
+    """
     def __init__(
         self,
         *,
@@ -415,10 +420,11 @@ class KbTask(_message.Message):
         created_by: _builtins.str = ...,
         created_at: _builtins.str = ...,
         updated_at: _builtins.str = ...,
+        secrets_redacted: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "chunks", b"chunks", "created_at", b"created_at", "created_by", b"created_by", "done", b"done", "error_category", b"error_category", "error_message", b"error_message", "id", b"id", "idempotency_key", b"idempotency_key", "kind", b"kind", "revision_id", b"revision_id", "state", b"state", "step", b"step", "total", b"total", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "chunks", b"chunks", "created_at", b"created_at", "created_by", b"created_by", "done", b"done", "error_category", b"error_category", "error_message", b"error_message", "id", b"id", "idempotency_key", b"idempotency_key", "kind", b"kind", "revision_id", b"revision_id", "secrets_redacted", b"secrets_redacted", "state", b"state", "step", b"step", "total", b"total", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
