@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,7 +47,7 @@ from knowledge_server.kb.deps import HttpReranker
 from knowledge_server.kb.index.port import SearchIndex
 from knowledge_server.kb.retrieve import Retriever, RetrieveSettings
 from knowledge_server.kb.service import KnowledgeBase
-from knowledge_server.lanes.common import run_with_progress
+from knowledge_server.lanes.common import ProgressFn, run_with_progress
 from knowledge_server.lanes.contract import Lanes
 from knowledge_server.lanes.docgraph import GraphDocsLane, llm_settings_from_config
 from knowledge_server.logs import get_logger
@@ -97,6 +97,70 @@ def effective_workspaces(
 def _request_dict(req: Message) -> dict[str, Any]:
     """A request as the audit log hashes it (canonical JSON of its proto field names)."""
     return json_format.MessageToDict(req, preserving_proto_field_name=True)
+
+
+class _AuditedWork:
+    """The audit event of one operator stream's work, appended by the thread that runs
+    the work as soon as it ends, whether or not anyone still reads the stream: ``ok`` with
+    the revision it produced, or the error's reason (``KNOWLEDGE_INTERNAL`` for an
+    unexpected one)."""
+
+    def __init__(
+        self,
+        app: KnowledgeApp,
+        principal: Principal,
+        operation: str,
+        targets: list[str],
+        input: dict[str, Any],
+    ) -> None:
+        self.app = app
+        self.principal = principal
+        self.operation = operation
+        self.targets = targets
+        self.input = input
+        self.recorded = False
+
+    def _append(self, targets: list[str], outcome: str) -> None:
+        self.recorded = True
+        self.app.audit.append(
+            principal=self.principal.id,
+            org=self.principal.organisation,
+            operation=self.operation,
+            targets=targets,
+            input=self.input,
+            outcome=outcome,
+        )
+
+    def of(
+        self, work: Callable[[ProgressFn], index_service_pb2.OperationSummary]
+    ) -> Callable[[ProgressFn], index_service_pb2.OperationSummary]:
+        """``work``, followed by its audit event."""
+
+        def run(progress: ProgressFn) -> index_service_pb2.OperationSummary:
+            try:
+                summary = work(progress)
+            except Exception as exc:
+                reason = exc.reason if isinstance(exc, KnowledgeError) else "KNOWLEDGE_INTERNAL"
+                try:
+                    self._append(self.targets, reason)
+                except Exception as failed:  # noqa: BLE001 - the work's own error goes to the caller
+                    get_logger("knowledge.audit").error(
+                        "audit.append_failed",
+                        operation=self.operation,
+                        error_type=type(failed).__name__,
+                    )
+                raise
+            done = [*self.targets, summary.index_rev] if summary.index_rev else self.targets
+            try:
+                self._append(done, "ok")
+            except Exception as exc:
+                full = as_storage_full(exc)
+                if full is not None:
+                    raise full from None
+                raise
+            return summary
+
+        return run
 
 
 def _root_arg(value: str) -> str:
@@ -278,28 +342,27 @@ class KnowledgeApp:
     async def index_stream(
         self, op: str, req: Any, principal: Principal
     ) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
-        """An operator stream, then its audit event (the operation, the root or paths it
-        was given, the revision it produced, its outcome)."""
+        """An operator stream and its audit event (the operation, the root or paths it
+        was given, the revision it produced, its outcome). The work's event is written by
+        the work's own thread when it ends (``_AuditedWork``), so a caller that goes away
+        mid-stream, while the work runs on to its commit, leaves no write unaudited; a
+        refusal before any work is recorded here."""
         operation = _AUDITED_STREAMS.get(op, op)
         targets = [str(t) for t in ([req.root] if getattr(req, "root", "") else [])]
         targets += [str(p) for p in getattr(req, "paths", [])]
-        summary: index_service_pb2.OperationSummary | None = None
+        audited = _AuditedWork(self, principal, operation, targets, _request_dict(req))
         try:
-            async for event in self._index_stream(op, req, principal):
-                if isinstance(event, index_service_pb2.OperationSummary):
-                    summary = event
+            async for event in self._index_stream(op, req, principal, audited):
                 yield event
         except KnowledgeError as exc:
-            await self.record_failure(
-                principal, operation, targets=targets, input=_request_dict(req), outcome=exc.reason
-            )
+            if not audited.recorded:
+                await self.record_failure(
+                    principal, operation, targets=targets, input=audited.input, outcome=exc.reason
+                )
             raise
-        if summary is not None and summary.index_rev:
-            targets.append(summary.index_rev)
-        await self.record(principal, operation, targets=targets, input=_request_dict(req))
 
     async def _index_stream(  # noqa: C901 - one branch per index operation, each with its precondition
-        self, op: str, req: Any, principal: Principal
+        self, op: str, req: Any, principal: Principal, audited: _AuditedWork
     ) -> AsyncIterator[index_service_pb2.OperationSummary | index_service_pb2.Progress]:
         scope = effective_workspaces(principal, ())
         if op == "build_doc_graph":
@@ -312,14 +375,16 @@ class KnowledgeApp:
             if root is not None and scope is not None and not really_in_scope(root, scope):
                 raise PermissionDenied("root: outside the workspaces this principal may manage")
             async for event in run_with_progress(
-                lambda progress: graph.build_sync(
-                    root,
-                    req.estimate,
-                    req.max_chunks,
-                    req.budget_seconds,
-                    req.structural_only,
-                    progress,
-                    scope,
+                audited.of(
+                    lambda progress: graph.build_sync(
+                        root,
+                        req.estimate,
+                        req.max_chunks,
+                        req.budget_seconds,
+                        req.structural_only,
+                        progress,
+                        scope,
+                    )
                 )
             ):
                 yield event
@@ -338,7 +403,7 @@ class KnowledgeApp:
                         f"paths: {p} does not exist on the server", metadata={"field": "paths"}
                     )
             async for event in run_with_progress(
-                lambda progress: episodes.ingest_sync(paths or None, progress, scope)
+                audited.of(lambda progress: episodes.ingest_sync(paths or None, progress, scope))
             ):
                 yield event
             await self.after_ingest()
@@ -357,7 +422,7 @@ class KnowledgeApp:
             if scope is not None and not really_in_scope(root, scope):
                 raise PermissionDenied("root: outside the workspaces this principal may manage")
             async for event in run_with_progress(
-                lambda progress: code.index_sync(root, req.full, progress)
+                audited.of(lambda progress: code.index_sync(root, req.full, progress))
             ):
                 yield event
             return
@@ -366,7 +431,7 @@ class KnowledgeApp:
             if skills is None or source is None:
                 raise Unimplemented("RebuildDerived needs the built-in skills and episodes lanes")
             async for event in run_with_progress(
-                lambda progress: skills.rebuild_sync(source, req.full, progress, scope)
+                audited.of(lambda progress: skills.rebuild_sync(source, req.full, progress, scope))
             ):
                 yield event
             return

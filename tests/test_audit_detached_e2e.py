@@ -1,0 +1,92 @@
+"""Operator streams whose caller goes away mid-stream, over a real server.
+
+AUD-9: the work of IndexWorkspace (and of every operator stream: IngestSessions,
+RebuildDerived, BuildDocGraph) runs on to its end when the caller cancels the stream, and
+its audit event is written when the work ends, with the revision it produced or the
+reason it failed, whether or not anyone still reads the stream."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from knowledge_server._gen.knowledge.v1 import index_service_pb2 as ipb
+from knowledge_server._gen.knowledge.v1 import index_service_pb2_grpc as igrpc
+from knowledge_server.audit import AuditLog
+
+from tests.conftest import start_server
+
+
+def _gated(real: Callable[..., Any], gate: threading.Event, fail: bool) -> Callable[..., Any]:
+    """The lane's index_sync, held at its start until ``gate`` opens (after the caller has
+    gone); with ``fail``, it then raises instead of indexing."""
+
+    def run(root: str, full: bool, progress: Callable[[str, int, int, str], None]) -> Any:
+        progress("walk", 0, 1, "")
+        if not gate.wait(30):
+            raise TimeoutError("the test never opened the gate")
+        if fail:
+            raise RuntimeError("disk went away")
+        return real(root, full, progress)
+
+    return run
+
+
+async def _cancel_after_first_message(address: str, root: Path) -> None:
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = igrpc.IndexServiceStub(channel).IndexWorkspace(
+            ipb.IndexWorkspaceRequest(root=str(root), full=True)
+        )
+        first = await call.read()
+        assert first is not grpc.aio.EOF
+        call.cancel()
+
+
+async def _events(log: AuditLog, n: int) -> list[Any]:
+    for _ in range(200):
+        events = [e for e in log.events() if e.operation == "index"]
+        if len(events) >= n:
+            return events
+        await asyncio.sleep(0.05)
+    return [e for e in log.events() if e.operation == "index"]
+
+
+async def test_aud9_a_cancelled_index_stream_is_audited_when_its_work_ends(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "app.py").write_text("def handler(request):\n    return request\n")
+    rs = await start_server(tmp_path)
+    lane = rs.app.lanes.code
+    real = lane.index_sync
+    log = AuditLog(Path(rs.config.data_dir) / "audit.sqlite")
+    try:
+        gate = threading.Event()
+        lane.index_sync = _gated(real, gate, fail=False)
+        await _cancel_after_first_message(rs.address, ws)
+        await asyncio.sleep(0.3)
+        assert not [e for e in log.events() if e.operation == "index"]  # the work runs on
+        gate.set()
+        events = await _events(log, 1)
+        assert len(events) == 1
+        (event,) = events
+        assert event.outcome == "ok"
+        assert event.targets[0] == str(ws)
+        assert event.targets[1] == lane.status(None).index_rev and event.targets[1]
+
+        failing = threading.Event()
+        lane.index_sync = _gated(real, failing, fail=True)
+        await _cancel_after_first_message(rs.address, ws)
+        failing.set()
+        events = await _events(log, 2)
+        assert [e.outcome for e in events] == ["ok", "KNOWLEDGE_INTERNAL"]
+        assert events[1].targets == (str(ws),)
+        assert log.verify().ok
+    finally:
+        lane.index_sync = real
+        await rs.server.stop(0)
