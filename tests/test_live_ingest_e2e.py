@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from knowledge_sdk import KnowledgeClient
+from knowledge_server.audit import AuditEvent, AuditLog
 from knowledge_server.episodes.ingest import ingest_changed
 from knowledge_server.episodes.store import EpisodeStore
 
@@ -125,6 +126,33 @@ def test_appended_record_is_searchable_within_two_seconds(
         took, resp = _until_found(kc, "axolotl_live_marker", 10.0)
         assert resp.lanes.episodes.items, "a new log file was not ingested"  # type: ignore[attr-defined]
         assert took <= LIVE_TARGET_S, f"new file searchable after {took:.2f} s"
+
+
+def test_aud9_a_live_batch_is_an_audited_ingest(live_server: _Served, tmp_path: Path) -> None:
+    """AUD-9: every live batch that writes is an ``ingest`` event of principal ``local``
+    (as the start-up ingest is), its targets the changed log and the new revision."""
+    live_server.wait_for_event("live.watching")
+    log = tmp_path / "logs" / "old.jsonl"
+    with KnowledgeClient(live_server.address) as kc:
+        with log.open("a") as fh:
+            fh.write(_record("sess-old", 2, tmp_path, "audited capybara_live_marker"))
+        _, resp = _until_found(kc, "capybara_live_marker", 10.0)
+        lane = resp.lanes.episodes  # type: ignore[attr-defined]
+        assert lane.items
+    audit = AuditLog(tmp_path / "data" / "audit.sqlite")
+    try:
+        end = time.monotonic() + 10
+        live: list[AuditEvent] = []
+        while not live and time.monotonic() < end:
+            live = [e for e in audit.events() if str(log) in e.targets]
+            time.sleep(0.05)
+        assert len(live) == 1, [(e.operation, e.targets) for e in audit.events()]
+        event = live[0]
+        assert (event.operation, event.principal, event.outcome) == ("ingest", "local", "ok")
+        assert event.targets == (str(log), lane.index_rev)
+        assert audit.verify().ok
+    finally:
+        audit.close()
 
 
 def test_a_harness_that_keeps_writing_is_followed_within_two_seconds(

@@ -13,6 +13,10 @@ through the store's ``index_rev`` as any reader does.
 
 The child stops when the serving process closes its end of the control pipe (stop,
 shutdown, or the serving process died: the kernel closes the pipe then too).
+
+Each batch that wrote (or failed to) is an ``ingest`` event in the audit log, appended by
+the child as the start-up ingest's is: principal ``local``, the changed files and the new
+``index_rev`` as targets (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -24,11 +28,16 @@ import threading
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from watchfiles._rust_notify import RustNotify
 
+from knowledge_server.audit import AuditLog
+from knowledge_server.auth_model import LOCAL_PRINCIPAL
 from knowledge_server.episodes.ingest import ingest, ingest_changed
+from knowledge_server.episodes.model import IngestReport
 from knowledge_server.episodes.store import EpisodeStore
+from knowledge_server.errors import KnowledgeError
 from knowledge_server.lanes.common import StorageErrors, WriterLock
 
 __all__ = [
@@ -71,10 +80,31 @@ def _stop_when_closed(control: Connection, stop: threading.Event) -> None:
     stop.set()
 
 
+def _record(audit: AuditLog, paths: Sequence[str], rev: str, outcome: str) -> str:
+    """Append the ``ingest`` event of one live batch; "" or why it could not be."""
+    try:
+        audit.append(
+            principal=LOCAL_PRINCIPAL.id,
+            org=LOCAL_PRINCIPAL.organisation,
+            operation="ingest",
+            targets=[*paths, rev] if rev else list(paths),
+            input={"paths": list(paths), "live": True},
+            outcome=outcome,
+        )
+    except Exception as exc:  # noqa: BLE001 - reported with the batch; the watcher goes on
+        return f"audit.{type(exc).__name__}"
+    return ""
+
+
+def _changed(report: IngestReport) -> bool:
+    return bool(report.events_added or report.events_removed or report.files_reimported)
+
+
 def _ingest_batch(
     store: EpisodeStore,
     lock: WriterLock,
     storage: StorageErrors,
+    audit: AuditLog,
     paths: Sequence[str],
     roots: Sequence[str],
 ) -> Batch:
@@ -84,9 +114,12 @@ def _ingest_batch(
             report = ingest_changed(store, paths, roots)
     except Exception as exc:  # noqa: BLE001 - one failed batch is reported; the watcher goes on
         ms = round((time.perf_counter() - started) * 1000, 1)
-        return (0, 0, 0, "", ms, "", type(exc).__name__, storage.message)
+        reason = exc.reason if isinstance(exc, KnowledgeError) else "KNOWLEDGE_INTERNAL"
+        failure = _record(audit, paths, "", reason) or type(exc).__name__
+        return (0, 0, 0, "", ms, "", failure, storage.message)
     ms = round((time.perf_counter() - started) * 1000, 1)
-    changed = report.events_added or report.events_removed or report.files_reimported
+    changed = _changed(report)
+    failure = _record(audit, paths, report.index_rev, "ok") if changed else ""
     return (
         report.files_changed if changed else 0,
         report.events_added,
@@ -94,7 +127,7 @@ def _ingest_batch(
         report.index_rev,
         ms,
         report.errors[-1] if report.errors else "",
-        "",
+        failure,
         storage.message,
     )
 
@@ -118,12 +151,15 @@ def follow_main(
     store = EpisodeStore(db_path)
     lock = WriterLock(data_dir, "episodes")
     storage = StorageErrors("episodes")
+    audit = AuditLog(Path(data_dir) / "audit.sqlite")
     try:
         with RustNotify(roots, False, False, 300, True, True) as watcher:
             out.send(("watching", len(roots), os.getpid()))
             if catch_up:
                 with storage.guard("ingest"), lock:
-                    ingest(store, roots)
+                    caught = ingest(store, roots)
+                if _changed(caught):
+                    _record(audit, roots, caught.index_rev, "ok")
             last = -FOLLOW_MIN_GAP_MS / 1000
             while not stop.is_set():
                 raw = watcher.watch(FOLLOW_DEBOUNCE_MS, FOLLOW_STEP_MS, RUST_TIMEOUT_MS, stop)
@@ -137,7 +173,8 @@ def follow_main(
                     if not isinstance(more, str):
                         paths.update(p for _change, p in more)
                 last = time.monotonic()
-                out.send(("batch", _ingest_batch(store, lock, storage, sorted(paths), roots)))
+                batch = _ingest_batch(store, lock, storage, audit, sorted(paths), roots)
+                out.send(("batch", batch))
     except (BrokenPipeError, EOFError):
         pass  # the serving process has gone
     except Exception as exc:  # noqa: BLE001 - reported to the serving process, which keeps it for GetStatus
@@ -146,5 +183,6 @@ def follow_main(
         except OSError:
             pass
     finally:
+        audit.close()
         store.close()
         out.close()
