@@ -86,3 +86,27 @@ def test_output_masks_paths_outside_the_callers_workspace_and_redacts(tmp_path: 
     everything, _ = ops.run("recall", memory_pb2.RecallRequest(workspace=str(ws)), admin)
     assert isinstance(everything, memory_pb2.RecallResponse)
     assert any("/etc/hosts" in e.value for e in everything.entries)
+
+
+def test_rooms_left_out_by_the_limit_pass_the_output_boundary(tmp_path: Path) -> None:
+    """The rooms a limit cuts are named in ``truncation.omitted_ids`` by their categories:
+    masked and redacted as the rooms returned are."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ops = _ops(tmp_path)
+    scope = Scope("org", str(ws))
+    for key in ("k1", "k2", "k3"):
+        ops.store.remember(scope, "facts", "build", key, "make all", 0.7)
+    ops.store.remember(scope, "facts", "/srv/ws-b/prod-deploy-keys", "where", "vault", 0.7)
+    ops.store.remember(
+        scope, "facts", "token ghp_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8", "t", "x", 0.7
+    )
+    whole, _ = ops.run("rooms", memory_pb2.RoomsRequest(), _agent(ws))
+    cut, _ = ops.run("rooms", memory_pb2.RoomsRequest(limit=1), _agent(ws))
+    assert isinstance(whole, memory_pb2.RoomsResponse) and isinstance(cut, memory_pb2.RoomsResponse)
+    assert [r.category for r in cut.rooms] == ["build"]
+    left_out = list(cut.truncation.omitted_ids)
+    assert sorted(left_out) == sorted(r.category for r in whole.rooms[1:])
+    assert OUTSIDE in left_out
+    assert not any("/srv/ws-b" in c or "ghp_" in c for c in left_out), left_out
+    assert any("[REDACTED:" in c for c in left_out), left_out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 
 from google.protobuf.message import Message
@@ -303,7 +303,9 @@ class MemoryOps:
         for category, n, updated in rooms:
             room = resp.rooms.add(category=self._out(category, roots), entries=n)
             _ts(updated, room.updated_at)
-        resp.truncation.CopyFrom(self._cut(cut, len(rooms)))
+        # The rooms left out are named by their categories: text, through the same boundary.
+        left_out = tuple(self._out(c, roots) for c in cut.omitted_ids)
+        resp.truncation.CopyFrom(self._cut(replace(cut, omitted_ids=left_out), len(rooms)))
         return resp, []
 
     def _relations(
