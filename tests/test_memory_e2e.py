@@ -265,6 +265,8 @@ async def test_aud1_real_calls_append_events_and_verify_finds_tampering(
         await kc.remember("db", "port", "5434")
         with pytest.raises(InvalidRequest):
             await kc.remember("db", "key", "AKIAIOSFODNN7EXAMPLE")
+        await kc.consolidate(dry_run=True)
+        assert [e["operation"] for e in _events(world.data)][-1] == "memory.remember"
         await kc.consolidate()
         await kc.dispatch("deploy the staging app", commit=True)
     logs = world.ws_a / "logs"

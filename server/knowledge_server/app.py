@@ -559,17 +559,19 @@ class KnowledgeApp:
 
     async def memory(self, op: str, req: Message, principal: Principal, response: type[M]) -> M:
         """One memory operation in the ``memory`` pool; every write (and every refused
-        write) appends an audit event with the ids it touched."""
+        write) appends an audit event with the ids it touched; a dry run is no write."""
         ops = self.memory_ops
+        # A dry run reports what consolidation would do and writes nothing (docs/memory.md).
+        writes = op in WRITES and not getattr(req, "dry_run", False)
         try:
             out, targets = await deadline.off_loop(ops.run, op, req, principal, pool="memory")
         except KnowledgeError as exc:
-            if op in WRITES:
+            if writes:
                 await self.record_failure(
                     principal, f"memory.{op}", input=_request_dict(req), outcome=exc.reason
                 )
             raise
-        if op in WRITES:
+        if writes:
             await self.record(principal, f"memory.{op}", targets=targets, input=_request_dict(req))
         if not isinstance(out, response):
             raise TypeError(f"{op} answered {type(out).__name__}, not {response.__name__}")
