@@ -484,13 +484,13 @@ def _aggregate(
     rel_groups: dict[tuple[str, str, str], dict[tuple[str, int, int], RelationFact]] = defaultdict(
         dict
     )
-    for r in relations:
-        src = entity_id_for(norm_name(r.src_name), r.src_kind)
-        dst = entity_id_for(norm_name(r.dst_name), r.dst_kind)
+    for fact in relations:
+        src = entity_id_for(norm_name(fact.src_name), fact.src_kind)
+        dst = entity_id_for(norm_name(fact.dst_name), fact.dst_kind)
         # No mention, no fact: both ends must be mentioned entities of this layer.
-        if src not in meta or dst not in meta or src == dst or r.chunk_id not in by_id:
+        if src not in meta or dst not in meta or src == dst or fact.chunk_id not in by_id:
             continue
-        rel_groups[(src, r.kind, dst)][(r.chunk_id, r.char_start, r.char_end)] = r
+        rel_groups[(src, fact.kind, dst)][(fact.chunk_id, fact.char_start, fact.char_end)] = fact
     relation_rows = []
     for src, kind, dst in sorted(rel_groups):
         evid = rel_groups[(src, kind, dst)]

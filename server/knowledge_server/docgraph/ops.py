@@ -22,7 +22,7 @@ import hashlib
 import json
 import re
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 from ..redact import redact
 from ..textlang import REQUEST_WORDS, STOP_WORDS
@@ -293,7 +293,7 @@ class DocGraphOps:
         ]
         if not members:
             return None  # a theme without members is not a theme
-        top_entities = []
+        top_entities: list[dict[str, Any]] = []
         for eid in members:
             if len(top_entities) >= top:
                 break
@@ -620,7 +620,12 @@ class DocGraphOps:
     def global_overview(self, limit: int = 5) -> dict[str, Any]:
         op, state = "global_overview", self._state()
         lim = self._limit(limit)
-        empty = {"counts": None, "top_themes": [], "top_entities": [], "degraded": True}
+        empty: dict[str, Any] = {
+            "counts": None,
+            "top_themes": [],
+            "top_entities": [],
+            "degraded": True,
+        }
         if lim is None:
             return self._refuse(op, state, limit, error=INVALID_REQUEST, **empty)
         if not state["collected"]:
@@ -790,7 +795,8 @@ class DocGraphOps:
         model = llm.settings.identity
         cached = self.store.keywords_get(qhash, model, KEYWORDS_PROMPT_VERSION)
         if cached is not None:
-            return json.loads(cached)
+            # What _keywords stored below: validated lists of strings.
+            return cast(dict[str, list[str]], json.loads(cached))
         system, user = keywords_messages(redact(query))
         content = llm.chat_json(system, user)
         try:

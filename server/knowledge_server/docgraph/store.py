@@ -169,7 +169,7 @@ class DocGraphStore:
 
     def one(self, sql: str, params: Iterable[Any] = ()) -> tuple[Any, ...] | None:
         for row in self.conn.execute(sql, tuple(params)):
-            return row
+            return tuple(row)
         return None
 
     # --- revisions ----------------------------------------------------------------------------
