@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from knowledge_server import fts
 from knowledge_server.textlang import STOP_WORDS
@@ -130,16 +130,19 @@ def search_skills(
     # Parameter order follows the placeholders: the score's, MATCH, the exact list in
     # SELECT, the filters, the exact list in ORDER BY, LIMIT.
     params = [*score_args, args[0], *exact, *args[1:], *exact, limit]
-    rows = store.conn.execute(sql, params).fetchall()
+    rows = cast(
+        list[tuple[str, str, str, str | None, str, float, int]],
+        store.conn.execute(sql, params).fetchall(),
+    )
     hits: list[SkillHit] = []
     for name, path, desc, when, chash, sc, ex in rows:
-        score = float(sc) + (EXACT_NAME_BOOST if ex else 0.0)
+        value = float(sc) + (EXACT_NAME_BOOST if ex else 0.0)
         why = ["exact skill name"] if ex else []
         why.append("matched name/description/when_to_use (bm25)")
         uses, used_by = _uses(store, name, use_cond, use_args, used_by_limit)
         if uses:
             why.append(f"used {uses} time{'s' if uses != 1 else ''}")
-        hits.append(SkillHit(name, path, desc, when, chash, uses, used_by, round(score, 6), why))
+        hits.append(SkillHit(name, path, desc, when, chash, uses, used_by, round(value, 6), why))
     return hits
 
 
@@ -151,7 +154,7 @@ def _score(
     of the skills in scope alone: their count, average length and how many hold each
     term. With FTS5's ``bm25()`` over every skill of every workspace, another workspace's
     catalog moved a skill's score and order. Catalogs are small: counted per search."""
-    native = f"bm25(skill_fts, {_W_NAME}, {_W_DESC}, {_W_WHEN})", []
+    native: tuple[str, list[Any]] = f"bm25(skill_fts, {_W_NAME}, {_W_DESC}, {_W_WHEN})", []
     if within[0] == "1":
         return native
     cond, cond_args = within
@@ -159,7 +162,7 @@ def _score(
         "SELECT count(*), coalesce(sum(knowledge_docsize(d.sz)), 0) FROM skill s"  # noqa: S608 - conditions made here of constants and placeholders, values bound
         f" CROSS JOIN skill_fts_docsize d ON d.id = s.rowid WHERE {cond}",
         cond_args,
-    ).fetchone()
+    ).fetchall()[0]
     if not n:
         return native  # no skill in scope: nothing will match
     idf = []
@@ -168,9 +171,11 @@ def _score(
             "SELECT count(*) FROM skill_fts CROSS JOIN skill s ON s.rowid = skill_fts.rowid"  # noqa: S608 - as above
             f" WHERE skill_fts MATCH ? AND {cond}",
             ['"' + t.replace('"', '""') + '"', *cond_args],
-        ).fetchone()
-        idf.append(fts.bm25_idf(int(n), int(hits)))
-    return fts.scoped_score("skill_fts", int(n), int(tokens), (_W_NAME, _W_DESC, _W_WHEN), idf)
+        ).fetchall()[0]
+        idf.append(fts.bm25_idf(int(cast(int, n)), int(cast(int, hits))))
+    return fts.scoped_score(
+        "skill_fts", int(cast(int, n)), int(cast(int, tokens)), (_W_NAME, _W_DESC, _W_WHEN), idf
+    )
 
 
 def _use_filter(
@@ -201,9 +206,11 @@ def _uses(
         "FROM skill_use u JOIN session_actor sa ON sa.session_id = u.session_id "
         f"WHERE u.skill = ? AND {cond}"
     )
-    n = store.conn.execute(f"SELECT COUNT(*) {base}", [name, *args]).fetchone()[0]
+    n = int(
+        cast(int, store.conn.execute(f"SELECT COUNT(*) {base}", [name, *args]).fetchall()[0][0])
+    )
     if not n or used_by_limit <= 0:
-        return int(n), []
+        return n, []
     # Most active actors first; for each its latest use as the evidence episode.
     rows = store.conn.execute(
         f"SELECT u.actor_id, COUNT(*) AS k, MAX(u.time), "  # noqa: S608 - conditions made here of constants and placeholders, values bound
@@ -212,7 +219,7 @@ def _uses(
         f"{base} GROUP BY u.actor_id ORDER BY k DESC, u.actor_id LIMIT ?",
         [name, *args, int(used_by_limit)],
     ).fetchall()
-    return int(n), [(r[0], r[3]) for r in rows]
+    return n, [(str(r[0]), str(r[3])) for r in rows]
 
 
 __all__ = ["InvalidQuery", "SkillHit", "fts_expression", "search_skills"]

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import apsw
 
@@ -247,9 +247,8 @@ class DerivedStore:
 
         def count(sql: str, column: str, *extra: Any) -> int:
             clause = workspace_clause(column, workspaces) or ("0", [])
-            return int(
-                self.conn.execute(f"{sql} AND {clause[0]}", [*extra, *clause[1]]).fetchone()[0]
-            )
+            (n,) = self.conn.execute(f"{sql} AND {clause[0]}", [*extra, *clause[1]]).fetchall()[0]
+            return int(cast(int, n))
 
         out = {
             "actors": count("SELECT COUNT(*) FROM actor WHERE 1", "workspace_cwd"),
@@ -338,7 +337,7 @@ class DerivedStore:
         ).fetchone()
         if row is None:
             return None
-        actor_id, harness, kind = row
+        actor_id, harness, kind = cast(tuple[str, str, str | None], row)
         if kind != "root_session":
             return actor_id
         if meta is not None:
@@ -407,9 +406,10 @@ class DerivedStore:
     # ------------------------------------------------------------------ skills
 
     def skills(self) -> list[tuple[str, str, str, str | None, str]]:
-        return self.conn.execute(
+        rows = self.conn.execute(
             "SELECT name, path, description, when_to_use, content_hash FROM skill ORDER BY name"
         ).fetchall()
+        return cast(list[tuple[str, str, str, str | None, str]], rows)
 
     def skill_uses_by_actor(self, actor_id: str) -> list[SkillUse]:
         rows = self.conn.execute(
@@ -479,6 +479,8 @@ class DerivedStore:
                     "FROM assignment WHERE actor_id = ? AND task_hash = ?",
                     (actor_id, task_hash),
                 ).fetchone()
+                if row is None:  # inserted or kept by the statement above, in this transaction
+                    raise RuntimeError("the assignment row is missing inside its own transaction")
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
