@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
-from knowledge_server.derived.skills import default_roots, load_catalog, load_skill
+import pytest
+from knowledge_server.derived.skills import (
+    MAX_SKILL_BYTES,
+    default_roots,
+    load_catalog,
+    load_skill,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "derived"
 
@@ -51,6 +58,24 @@ def test_bad_files_are_problems_not_errors(tmp_path: Path) -> None:
     assert cat.skills == []
     assert len(cat.problems) == len(cases) + 1
     assert all(p.reason for p in cat.problems)
+
+
+@pytest.mark.timeout(20)  # before the fix, opening the FIFO blocked for ever
+def test_a_fifo_or_an_oversized_skill_file_is_a_problem_not_opened(tmp_path: Path) -> None:
+    """A ``SKILL.md`` that is a FIFO blocked the rebuild on open (holding the skills
+    lane's write lock, so every dispatch commit waited too); one over the size limit is
+    not read past it."""
+    (tmp_path / "stuck").mkdir()
+    os.mkfifo(tmp_path / "stuck" / "SKILL.md")
+    (tmp_path / "huge").mkdir()
+    (tmp_path / "huge" / "SKILL.md").write_text("---\nname: huge\n---\n" + "x" * MAX_SKILL_BYTES)
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "SKILL.md").write_text("---\nname: ok\ndescription: fine\n---\nbody\n")
+    cat = load_catalog([str(tmp_path)])
+    assert [s.name for s in cat.skills] == ["ok"]
+    reasons = {Path(p.path).parent.name: p.reason for p in cat.problems}
+    assert reasons["stuck"] == "not a regular file"
+    assert reasons["huge"].startswith("file too large (")
 
 
 def test_duplicate_names_first_root_wins(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from knowledge_server.episodes import EpisodeStore, ingest
 from knowledge_server.episodes.discover import discover
 from knowledge_server.episodes.importers import (
     aider,
@@ -331,3 +332,51 @@ def test_a_fifo_named_like_a_log_is_skipped_not_opened(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "storage" / "message" / "ses_ok" / "msg_2.json")
     res = opencode.import_file(str(ses))
     assert [e.text for e in res.events] == ["outside secret"]
+
+
+@pytest.mark.timeout(20)  # before the fix, opening the FIFO blocked for ever
+def test_a_fifo_as_a_subagents_metadata_is_not_opened(tmp_path: Path) -> None:
+    """A Claude Code subagent log's ``agent-<id>.meta.json`` that is a FIFO is not opened
+    (it blocked the ingest, holding the store's writer lock); the log is still imported."""
+    folder = tmp_path / "proj" / "parent-session" / "subagents"
+    folder.mkdir(parents=True)
+    record = {
+        "type": "user",
+        "sessionId": "parent-session",
+        "cwd": str(tmp_path),
+        "timestamp": "2026-12-01T10:00:00Z",
+        "message": {"role": "user", "content": "check the fifo case"},
+    }
+    (folder / "agent-a1.jsonl").write_text(json.dumps(record) + "\n")
+    os.mkfifo(folder / "agent-a1.meta.json")
+    res = claude_code.import_file(str(folder / "agent-a1.jsonl"))
+    assert [e.text for e in res.events] == ["check the fifo case"]
+
+
+def test_a_line_nested_too_deeply_is_malformed_not_fatal(tmp_path: Path) -> None:
+    """A JSON line nested deeper than the parser's recursion limit is one malformed line:
+    the file's other lines, and every other file, are still ingested (it raised
+    RecursionError out of the format probe and stopped the whole ingest)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    deep = "[" * 100_000 + "]" * 100_000
+
+    def rec(session: str, i: int) -> str:
+        return json.dumps(
+            {"session_id": session, "role": "user", "cwd": str(tmp_path), "text": f"record {i}"}
+        )
+
+    (logs / "other.jsonl").write_text(rec("other", 0) + "\n")
+    (logs / "deep-first.jsonl").write_text(deep + "\n" + rec("first", 0) + "\n")
+    (logs / "deep-later.jsonl").write_text(
+        "\n".join([rec("later", 0), rec("later", 1), deep, rec("later", 3)]) + "\n"
+    )
+    store = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    try:
+        report = ingest(store, [str(logs)])
+    finally:
+        store.close()
+    assert report.events_added == 5
+    res = generic.import_file(str(logs / "deep-later.jsonl"))
+    assert [e.text for e in res.events] == ["record 0", "record 1", "record 3"]
+    assert [(p.kind, p.line) for p in res.problems] == [("malformed", 3)]

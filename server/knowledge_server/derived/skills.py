@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..redact import redact
+from ..regular import NotRegularFile, TooLarge, read_regular
 from ..workspaces import is_under
 
 SKILL_FILE = "SKILL.md"
@@ -103,11 +104,11 @@ def _text(value: object) -> str | None:
 def load_skill(path: str | os.PathLike[str]) -> Skill | CatalogProblem:
     p = str(path)
     try:
-        size = os.path.getsize(p)
-        if size > MAX_SKILL_BYTES:
-            return CatalogProblem(p, f"file too large ({size} bytes)")
-        with open(p, "rb") as fh:
-            data = fh.read()
+        data = read_regular(p, MAX_SKILL_BYTES)
+    except TooLarge as exc:
+        return CatalogProblem(p, f"file too large ({exc.size} bytes)")
+    except NotRegularFile:
+        return CatalogProblem(p, "not a regular file")
     except OSError as exc:
         return CatalogProblem(p, f"unreadable ({type(exc).__name__})")
     try:

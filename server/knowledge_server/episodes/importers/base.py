@@ -9,15 +9,35 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ...redact import redact
+from ...regular import read_regular
 from ..model import Event, Problem, SessionMeta
 
 MAX_TEXT = 20_000  # characters kept per event; tool outputs can be megabytes
+# Largest side file read whole (an OpenCode session or message file, a subagent's
+# metadata): these are small JSON objects; a larger one is not read.
+MAX_SIDE_FILE_BYTES = 4 * 1024 * 1024
 # Longest JSONL line read (bytes, newline excluded). A longer line is skipped and reported
 # as an ``oversized`` problem naming the file and line; the rest of the file is read.
 MAX_LINE_BYTES = 16 * 1024 * 1024
 # Bytes a format probe may read from the start of a file (whole lines, so a first record
 # of a few megabytes is still recognised).
 HEAD_SCAN_BYTES = 2 * MAX_LINE_BYTES
+
+
+def loads(data: str | bytes) -> Any:
+    """``json.loads``, with a document nested too deeply to parse refused as ValueError as
+    any other invalid JSON (the parser raises RecursionError at about a thousand levels:
+    one such line in a log stopped the whole ingest)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def load_file(path: str) -> Any:
+    """The JSON of a small side file (``MAX_SIDE_FILE_BYTES``), a regular file only
+    (``regular.read_regular``): OSError or ValueError otherwise."""
+    return loads(read_regular(path, MAX_SIDE_FILE_BYTES))
 
 
 @dataclass(slots=True)
@@ -150,7 +170,7 @@ def head_records(
                         break
                 continue
             try:
-                obj = json.loads(raw)
+                obj = loads(raw)
             except ValueError:
                 continue
             if isinstance(obj, dict):
@@ -213,7 +233,7 @@ def read_jsonl(
             if not stripped:
                 break
             try:
-                obj = json.loads(stripped)
+                obj = loads(stripped)
             except ValueError:
                 # Partial line: not consumed until the writer finishes it (reported, so a
                 # file that really ends in garbage is visible).
@@ -233,7 +253,7 @@ def read_jsonl(
             continue
         res.lines_read += 1
         try:
-            obj = json.loads(stripped)
+            obj = loads(stripped)
         except ValueError:
             res.problems.append(Problem("malformed", path, n, "invalid JSON"))
             continue

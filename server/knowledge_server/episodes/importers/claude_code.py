@@ -15,7 +15,6 @@ Decisions (see docs/episodes.md):
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -29,6 +28,7 @@ from .base import (
     ensure_session,
     flatten_text,
     head_records,
+    load_file,
     parse_time,
     read_jsonl,
 )
@@ -95,8 +95,7 @@ def _initial_ctx(path: str) -> dict[str, Any]:
         )
         meta_path = os.path.join(os.path.dirname(path), stem + ".meta.json")
         try:
-            with open(meta_path, encoding="utf-8") as fh:
-                info = json.load(fh)
+            info = load_file(meta_path)
             if isinstance(info, dict):
                 ctx["subagent_type"] = info.get("agentType")
                 ctx["depth"] = info.get("spawnDepth")

@@ -11,7 +11,6 @@ versions; a message whose (role, text) matches one of the last few messages is s
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -24,6 +23,7 @@ from .base import (
     compact_json,
     ensure_session,
     flatten_text,
+    loads,
     parse_time,
     read_jsonl,
 )
@@ -103,7 +103,7 @@ def _output_error(payload: dict[str, Any], text: str) -> bool:
             return True
     if isinstance(out, str) and out.startswith("{"):
         try:
-            j = json.loads(out)
+            j = loads(out)
             md = j.get("metadata") if isinstance(j, dict) else None
             if isinstance(md, dict) and isinstance(md.get("exit_code"), int):
                 return md["exit_code"] != 0

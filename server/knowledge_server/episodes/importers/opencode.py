@@ -10,7 +10,6 @@ stable as long as OpenCode only appends messages.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -18,7 +17,15 @@ from typing import Any
 from knowledge_server.workspaces import is_under
 
 from ..model import SEQ_STRIDE, Event, Problem, SessionMeta
-from .base import ImportResult, clean_meta, clean_text, compact_json, flatten_text, parse_time
+from .base import (
+    ImportResult,
+    clean_meta,
+    clean_text,
+    compact_json,
+    flatten_text,
+    load_file,
+    parse_time,
+)
 
 HARNESS = "opencode"
 
@@ -48,8 +55,7 @@ def storage_root(session_file: str) -> str:
 
 def _load(path: str, res: ImportResult) -> dict[str, Any] | None:
     try:
-        with open(path, encoding="utf-8") as fh:
-            obj = json.load(fh)
+        obj = load_file(path)
     except (OSError, ValueError):
         res.problems.append(Problem("malformed", path, 1, "invalid JSON"))
         return None
@@ -79,8 +85,7 @@ def related_files(session_file: str, session_id: str | None = None) -> list[str]
     if session_id is None:
         session_id = os.path.basename(session_file)[:-5].removeprefix("ses_")
         try:
-            with open(session_file, encoding="utf-8") as fh:
-                session_id = json.load(fh).get("id") or session_id
+            session_id = load_file(session_file).get("id") or session_id
         except (OSError, ValueError, AttributeError):
             pass
     files = [session_file]
@@ -92,8 +97,7 @@ def related_files(session_file: str, session_id: str | None = None) -> list[str]
     for m in msgs:
         message: Any = None
         try:
-            with open(m, encoding="utf-8") as fh:
-                message = json.load(fh)
+            message = load_file(m)
         except (OSError, ValueError):
             pass
         mid = _message_id(message, m)
