@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,11 @@ def _text(value: object) -> str | None:
     return out or None
 
 
+# A skill's name is an identifier agents and hand-off packages quote: letters, digits and a
+# few joiners ("pdf-processing", "plugin:skill"), never braces, quotes, slashes or line breaks.
+_NAME = re.compile(r"[\w.:@+-]+")
+
+
 def load_skill(path: str | os.PathLike[str]) -> Skill | CatalogProblem:
     p = str(path)
     try:
@@ -121,8 +127,10 @@ def load_skill(path: str | os.PathLike[str]) -> Skill | CatalogProblem:
     name = _text(fm.get("name"))
     if not name:
         return CatalogProblem(p, "front matter has no 'name'")
-    if any(c.isspace() for c in name) or len(name) > 200:
-        return CatalogProblem(p, "'name' must be one short word-like token")
+    if not _NAME.fullmatch(name) or len(name) > 200:
+        return CatalogProblem(
+            p, "'name' must be one short token of letters, digits and - _ . : @ +"
+        )
     description = _text(fm.get("description"))
     if not description:
         return CatalogProblem(p, "front matter has no 'description'")

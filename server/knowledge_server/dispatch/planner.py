@@ -413,23 +413,26 @@ class Dispatcher:
         risks: list[tuple[str, str]] = []
         seen: set[str] = set()
 
-        def add_risk(episode_id: str, template: str) -> None:
+        def add_risk(episode_id: str, template: str, skill: str = "") -> None:
+            # The values are arguments, never part of the template: a skill's name comes
+            # from a catalog file and may hold braces.
             if episode_id in seen or len(risks) >= PACK_ITEMS:
                 return
             label = self._event_label(episode_id, scope, labels)
             if label is None:
                 return
             seen.add(episode_id)
-            risks.append(
-                (episode_id, template.format(id=episode_id, label=label or "failed event"))
-            )
+            text = template.format(id=episode_id, label=label or "failed event", skill=skill)
+            risks.append((episode_id, text))
 
         for ep in pack.prior_episodes:
             if ep.id in details["failed"]:
                 add_risk(ep.id, "prior failure in {id}: {label}")
         for eid in details["skill_failures"]:
             add_risk(
-                eid, f"skill {choice.skill if choice else ''} ended in failure in {{id}}: {{label}}"
+                eid,
+                "skill {skill} ended in failure in {id}: {label}",
+                (choice.skill if choice else "") or "",
             )
         for eid in reversed(details["actor_failures"]):
             add_risk(eid, "the chosen actor failed in {id}: {label}")
