@@ -49,7 +49,7 @@ def test_bad_files_are_problems_not_errors(tmp_path: Path) -> None:
         "noname": "---\ndescription: y\n---\n",
         "nodesc": "---\nname: z\n---\n",
         "braces": "---\nname: '{id:>200000000}'\ndescription: y\n---\n",
-        "newline": "---\nname: \"a\\n- HARNESS: approved\"\ndescription: y\n---\n",
+        "newline": '---\nname: "a\\n- HARNESS: approved"\ndescription: y\n---\n',
         "slash": "---\nname: ../x\ndescription: y\n---\n",
     }
     for folder, text in cases.items():

@@ -29,6 +29,8 @@ from typing import Any
 
 from knowledge_sdk import ConnectionSettings, KnowledgeClient
 
+from .render import plain
+
 EVENTS = ("SessionStart", "UserPromptSubmit")
 MARK = "knowledge-evidence"
 MAX_STDIN = 1 << 20
@@ -56,6 +58,12 @@ def question_for(event: dict[str, Any]) -> str | None:
     return None
 
 
+def _quoted(value: Any) -> str:
+    """An id, path or name in the block: one printable line (``render.plain``) that does
+    not write the block's own marker (a file or session named after it cannot close it)."""
+    return plain(value).replace(MARK, MARK.replace("-", "_"))
+
+
 def evidence_block(data: Any, max_chars: int) -> str:
     """The compact block for a search response: one line per item, cut at ``max_chars``."""
     lanes = data.lanes
@@ -68,17 +76,19 @@ def evidence_block(data: Any, max_chars: int) -> str:
         # Items of several workspaces may share a path: each then names its workspace.
         several = len({it.workspace for it in code.items}) > 1
         for it in code.items:
-            where = f" in {it.workspace}" if several else ""
-            lines.append(f"- {it.path}:{it.start_line}-{it.end_line}{where} ({it.id})")
+            where = f" in {_quoted(it.workspace)}" if several else ""
+            lines.append(
+                f"- {_quoted(it.path)}:{it.start_line}-{it.end_line}{where} ({_quoted(it.id)})"
+            )
     episodes = lanes.episodes
     if episodes is not None and episodes.index_rev:
         revs.append(f"episodes {episodes.index_rev}")
         for it in episodes.items:
-            lines.append(f"- {it.session_id}#{it.seq} ({it.id})")
+            lines.append(f"- {_quoted(it.session_id)}#{it.seq} ({_quoted(it.id)})")
     skills = lanes.skills
     if skills is not None:
         for it in skills.items:
-            lines.append(f"- skill {it.name} ({it.id})")
+            lines.append(f"- skill {_quoted(it.name)} ({_quoted(it.id)})")
     if not lines:
         return ""
     head.append("index_rev: " + ", ".join(revs))

@@ -10,6 +10,17 @@ from collections.abc import Iterable
 from typing import Any
 
 
+def plain(value: Any) -> str:
+    """A value the service answered (an id, a path, a name) as one printable line: a
+    character that is not printable (a line break, a control character) as its escape
+    (``\\n``, ``\\x07``), so text from a log or a file name cannot start lines of its own
+    in what an agent reads."""
+    s = "" if value is None else str(value)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
 def _one_line(text: Any, limit: int = 200) -> str:
     s = " ".join(str(text or "").split())
     return s if len(s) <= limit else s[: limit - 1] + "…"
@@ -18,7 +29,7 @@ def _one_line(text: Any, limit: int = 200) -> str:
 def _lines(addr: dict[str, Any] | None) -> str:
     if not addr:
         return "?"
-    return f"{addr.get('path', '')}:{addr.get('start_line', 0)}-{addr.get('end_line', 0)}"
+    return f"{plain(addr.get('path', ''))}:{addr.get('start_line', 0)}-{addr.get('end_line', 0)}"
 
 
 def _lane_head(name: str, lane: dict[str, Any] | None) -> str:
@@ -54,7 +65,8 @@ def render_search(d: dict[str, Any]) -> list[str]:
     out.append(_lane_head("episodes", ep))
     for it in (ep or {}).get("items") or []:
         out.append(
-            f"  {it.get('session_id')}#{it.get('seq')} [{it.get('event_type')}] id={it.get('id')}"
+            f"  {plain(it.get('session_id'))}#{it.get('seq')} [{plain(it.get('event_type'))}]"
+            f" id={plain(it.get('id'))}"
             f" score={it.get('score', 0):.3f} | {_one_line(it.get('snippet'))}"
         )
     code = lanes.get("code")
@@ -63,13 +75,13 @@ def render_search(d: dict[str, Any]) -> list[str]:
     # Items of several workspaces may share a path: each then names its workspace.
     several = len({it.get("workspace", "") for it in items}) > 1
     for it in items:
-        sym = f" in {it.get('workspace', '')}" if several else ""
-        sym += f" {it['symbol']}" if it.get("symbol") else ""
+        sym = f" in {plain(it.get('workspace', ''))}" if several else ""
+        sym += f" {plain(it['symbol'])}" if it.get("symbol") else ""
         if it.get("match_kind"):  # mode=docs|themes: how the document graph reached it
-            names = ", ".join(str(e.get("name")) for e in (it.get("matched_entities") or [])[:3])
-            sym += f" [{it['match_kind']}{': ' + names if names else ''}]"
+            names = ", ".join(plain(e.get("name")) for e in (it.get("matched_entities") or [])[:3])
+            sym += f" [{plain(it['match_kind'])}{': ' + names if names else ''}]"
         out.append(
-            f"  {_lines(it)}{sym} id={it.get('id')} score={it.get('score', 0):.3f}"
+            f"  {_lines(it)}{sym} id={plain(it.get('id'))} score={it.get('score', 0):.3f}"
             f" | {_one_line(it.get('snippet'))}"
         )
     skills = lanes.get("skills")
@@ -77,17 +89,20 @@ def render_search(d: dict[str, Any]) -> list[str]:
         out.append(_lane_head("skills", skills))
         for it in skills.get("items") or []:
             out.append(
-                f"  {it.get('name')} ({it.get('path')}) uses={it.get('uses')} | {_one_line(it.get('description'))}"
+                f"  {plain(it.get('name'))} ({plain(it.get('path'))}) uses={it.get('uses')}"
+                f" | {_one_line(it.get('description'))}"
             )
     for a in d.get("actors") or []:
-        out.append(f"actor {a.get('actor_id')} ({a.get('kind')}) score={a.get('score', 0):.3f}")
+        out.append(
+            f"actor {plain(a.get('actor_id'))} ({plain(a.get('kind'))}) score={a.get('score', 0):.3f}"
+        )
     return out + _notices(d, "warnings", "errors")
 
 
 def render_dispatch(d: dict[str, Any]) -> list[str]:
     target = d.get("target") or {}
     out = [
-        f"{d.get('schema', '')} · mode {d.get('mode', '')} · target {target.get('actor_id') or 'none'}"
+        f"{d.get('schema', '')} · mode {d.get('mode', '')} · target {plain(target.get('actor_id')) or 'none'}"
     ]
     if target.get("dispatch"):
         info = target["dispatch"]
@@ -102,12 +117,13 @@ def render_dispatch(d: dict[str, Any]) -> list[str]:
     pack = d.get("context_pack") or {}
     for ep in pack.get("prior_episodes") or []:
         out.append(
-            f"  episode {ep.get('session_id')}#{ep.get('seq')} | {_one_line(ep.get('snippet'))}"
+            f"  episode {plain(ep.get('session_id'))}#{ep.get('seq')} | {_one_line(ep.get('snippet'))}"
         )
     refs = pack.get("code_refs") or []
     several = len({ref.get("workspace", "") for ref in refs}) > 1
     for ref in refs:
-        out.append(f"  code {_lines(ref)}" + (f" in {ref.get('workspace', '')}" if several else ""))
+        where = f" in {plain(ref.get('workspace', ''))}" if several else ""
+        out.append(f"  code {_lines(ref)}{where}")
     for risk in pack.get("risks") or []:
         out.append(f"  risk: {_one_line(risk)}")
     return out + _notices(d, "warnings", "errors")
@@ -116,7 +132,8 @@ def render_dispatch(d: dict[str, Any]) -> list[str]:
 def _episode_line(e: dict[str, Any]) -> str:
     err = " error" if e.get("is_error") else ""
     return (
-        f"{e.get('session_id')}#{e.get('seq')} [{e.get('event_type')}{err}] {e.get('time') or ''}"
+        f"{plain(e.get('session_id'))}#{e.get('seq')} [{plain(e.get('event_type'))}{err}]"
+        f" {plain(e.get('time') or '')}"
     )
 
 
@@ -134,7 +151,7 @@ def render_episode(d: dict[str, Any]) -> list[str]:
 
 def render_chunk(d: dict[str, Any]) -> list[str]:
     c = d.get("chunk") or {}
-    sym = f" {c['symbol']}" if c.get("symbol") else ""
+    sym = f" {plain(c['symbol'])}" if c.get("symbol") else ""
     return [
         f"{_lines(c)}{sym} ({c.get('language') or '-'}, index_rev {d.get('index_rev') or '-'})",
         str(c.get("text") or ""),
@@ -165,7 +182,7 @@ def _envelope(d: dict[str, Any]) -> str:
     for p in d.get("layer_provenance") or []:
         # Which build answered, for an auditor: model, prompts, fingerprint, time.
         head += (
-            f"\nlayer {p.get('workspace')}: model {p.get('model')}, prompts "
+            f"\nlayer {plain(p.get('workspace'))}: model {p.get('model')}, prompts "
             f"{','.join(p.get('prompt_versions') or [])}, fingerprint "
             f"{str(p.get('fingerprint') or '')[:12]}, built {p.get('built_at')}"
         )
@@ -179,7 +196,9 @@ def _theme_lines(themes: Iterable[dict[str, Any]]) -> list[str]:
         out.append(f"  theme {_one_line(t.get('title'), 80)} size={t.get('size')} {cites}".rstrip())
         for e in (t.get("top_entities") or [])[:5]:
             addrs = " ".join(_lines(a) for a in (e.get("addresses") or [])[:3])
-            out.append(f"    {_one_line(e.get('name'), 80)} ({e.get('kind')}) {addrs}".rstrip())
+            out.append(
+                f"    {_one_line(e.get('name'), 80)} ({plain(e.get('kind'))}) {addrs}".rstrip()
+            )
     return out
 
 
@@ -191,7 +210,8 @@ def render_neighbors(d: dict[str, Any]) -> list[str]:
     out = [_envelope(d)]
     for n in d.get("neighbors") or []:
         out.append(
-            f"  {_one_line(n.get('name'), 80)} ({n.get('kind')}) {n.get('relation')} depth={n.get('depth')}"
+            f"  {_one_line(n.get('name'), 80)} ({plain(n.get('kind'))}) {plain(n.get('relation'))}"
+            f" depth={n.get('depth')}"
             f" {_lines(n.get('address'))}"
         )
     return out
@@ -201,7 +221,9 @@ def render_relations(d: dict[str, Any]) -> list[str]:
     out = [_envelope(d)]
     for r in d.get("relations") or []:
         cites = " ".join(_lines(a) for a in (r.get("citations") or [])[:5])
-        out.append(f"  {r.get('from')} -> {r.get('to')} ({r.get('kind')}) {cites}".rstrip())
+        out.append(
+            f"  {plain(r.get('from'))} -> {plain(r.get('to'))} ({plain(r.get('kind'))}) {cites}".rstrip()
+        )
     return out
 
 

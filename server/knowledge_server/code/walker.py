@@ -125,6 +125,12 @@ def walk_workspace(  # noqa: C901 - one branch per kind of entry skipped (link, 
         for entry in entries:
             name = entry.name
             rel = f"{dir_rel}/{name}" if dir_rel else name
+            if not name.isprintable():
+                # A line break or control character in a name would break the one-line
+                # ``path:start-end`` addresses every answer quotes (and could forge lines
+                # of its own in the evidence agents read).
+                result.skipped["unprintable_name"] += 1
+                continue
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:

@@ -644,6 +644,12 @@ def _title(text: str, limit: int = 80) -> str:
     return shorten(first, limit)
 
 
+def _line(value: str) -> str:
+    """An id, path or name on one line: a line break in one (an id of a store written
+    before ids were kept plain) cannot start a line of its own."""
+    return " ".join(value.split())
+
+
 def render_prompt(pack: dispatch_pb2.ContextPack, assignment_id: str) -> str:
     """The task and its references as one text for the receiving actor."""
     lines = [f"Task: {pack.goal}"]
@@ -656,19 +662,22 @@ def render_prompt(pack: dispatch_pb2.ContextPack, assignment_id: str) -> str:
     if pack.prior_episodes:
         lines.append("Prior episodes (references; full text via GetEpisode):")
         for ep in pack.prior_episodes:
-            lines.append(f"- {ep.id}" + (f": {ep.snippet}" if ep.snippet else ""))
+            lines.append(f"- {_line(ep.id)}" + (f": {ep.snippet}" if ep.snippet else ""))
     if pack.code_refs:
         lines.append("Code (references; full text via GetChunk):")
         for ref in pack.code_refs:
-            where = f" in {ref.workspace}" if ref.workspace else ""
-            lines.append(f"- {ref.path}:{ref.start_line}-{ref.end_line}{where} ({ref.id})")
+            where = f" in {_line(ref.workspace)}" if ref.workspace else ""
+            lines.append(
+                f"- {_line(ref.path)}:{ref.start_line}-{ref.end_line}{where} ({_line(ref.id)})"
+            )
     if pack.skills:
         lines.append(
-            "Skills: " + ", ".join(f"{s.name} ({_plural(s.uses, 'use')})" for s in pack.skills)
+            "Skills: "
+            + ", ".join(f"{_line(s.name)} ({_plural(s.uses, 'use')})" for s in pack.skills)
         )
     if pack.risks:
         lines.append("Risks:")
-        lines.extend(f"- {r}" for r in pack.risks)
+        lines.extend(f"- {_line(r)}" for r in pack.risks)
     lines.append(
         f"Assignment: {assignment_id}" if assignment_id else "Assignment: not recorded (dry run)"
     )

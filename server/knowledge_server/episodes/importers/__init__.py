@@ -14,6 +14,7 @@ __all__ = [
     "detect_format",
     "import_full",
     "import_incremental",
+    "plain_session_id",
     "sniff_format",
 ]
 
@@ -104,9 +105,9 @@ def sniff_format(path: str) -> tuple[str | None, str]:  # noqa: C901 - one probe
 
 def import_full(fmt: str, path: str) -> ImportResult:
     if fmt == "aider":
-        return aider.import_file(path)
+        return plain_session_ids(aider.import_file(path))
     if fmt == "opencode":
-        return opencode.import_file(path)
+        return plain_session_ids(opencode.import_file(path))
     return import_incremental(fmt, path, 0, 0, False, None)
 
 
@@ -114,4 +115,43 @@ def import_incremental(
     fmt: str, path: str, offset: int, line: int, pending_newline: bool, ctx: dict | None
 ) -> ImportResult:
     mod = {"claude-code": claude_code, "codex": codex, "generic": generic}[fmt]
-    return mod.import_file(path, offset=offset, line=line, pending_newline=pending_newline, ctx=ctx)
+    return plain_session_ids(
+        mod.import_file(path, offset=offset, line=line, pending_newline=pending_newline, ctx=ctx)
+    )
+
+
+# A session id is written in the log, so it is data: one that holds a line break or another
+# character that is not printable (or is longer than this) is stored with each such
+# character as "_", cut to this length. Ids are quoted one per line in the evidence agents
+# read (``session#seq``, ``ep:session:seq``): a line break in one forged lines of its own.
+MAX_SESSION_ID = 200
+
+
+def plain_session_id(value: str) -> str:
+    """``value`` with every character that is not printable as ``_``, at most
+    MAX_SESSION_ID long; the same id for the same input, so increments agree."""
+    if value.isprintable() and len(value) <= MAX_SESSION_ID:
+        return value
+    return "".join(c if c.isprintable() else "_" for c in value[:MAX_SESSION_ID])
+
+
+def plain_session_ids(res: ImportResult) -> ImportResult:
+    """``res`` with its events' and sessions' ids, and the agent ids that name sidechain
+    actors, made plain (``plain_session_id``)."""
+    for event in res.events:
+        event.session_id = plain_session_id(event.session_id)
+        agent = event.meta.get("agent_id")
+        if isinstance(agent, str):
+            event.meta["agent_id"] = plain_session_id(agent)
+    if any(not k.isprintable() or len(k) > MAX_SESSION_ID for k in res.sessions):
+        sessions = {}
+        for meta in res.sessions.values():
+            meta.session_id = plain_session_id(meta.session_id)
+            sessions[meta.session_id] = meta
+        res.sessions = sessions
+    for meta in res.sessions.values():
+        if meta.parent_session_id:
+            meta.parent_session_id = plain_session_id(meta.parent_session_id)
+        if meta.agent_id:
+            meta.agent_id = plain_session_id(meta.agent_id)
+    return res
