@@ -70,25 +70,43 @@ def test_kb_sec1_secrets_never_reach_embedder_index_retrieve_or_prompt(tmp_path:
         world.stop()
 
 
-def test_kb_sec1_headings_and_titles_are_redacted_and_counted() -> None:
-    from knowledge_server.kb import pipeline
-    from knowledge_server.kb.chunk import Chunk
+def _pem(lines: int) -> str:
+    body = [("MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" + f"{i:04d}")[:32] * 2 for i in range(lines)]
+    return "\n".join(["-----BEGIN PRIVATE KEY-----", *body, "-----END PRIVATE KEY-----"])
 
-    clean = Chunk(0, "text", "Backups", ("Restores",), None, "Restores take an hour.")
-    secret = Chunk(
-        1,
-        "text",
-        f"Keys {AWS_KEY}",
-        ("Setup", f"password={PASSWORD}"),
-        2,
-        f"Use {AWS_KEY} and {FAQ_TOKEN}.",
+
+def test_kb_sec1_a_document_is_redacted_whole_before_chunking_and_counted_once() -> None:
+    """Redaction runs on the converted document, not on its chunks: a key longer than a
+    chunk is found whole (a chunk holding the key's middle has no BEGIN line to match), one
+    split over blocks (a PDF's lines) is replaced to its END line, and a heading repeated in
+    every chunk of its section counts once."""
+    from knowledge_server.kb import pipeline
+    from knowledge_server.kb.chunk import ChunkSettings, chunk_document
+    from knowledge_server.kb.convert import Block, Document
+
+    key = _pem(60)
+    key_lines = key.split("\n")
+    doc = Document(
+        title=f"Keys {AWS_KEY}",
+        media_type="text/markdown",
+        blocks=(
+            Block("heading", f"password={PASSWORD}", level=1),
+            *(Block("text", f"Paragraph {i} about the backup bucket. " * 8) for i in range(6)),
+            Block("text", key),
+            Block("text", "Before the split key:\n" + "\n".join(key_lines[:20])),
+            *(Block("text", line) for line in key_lines[20:-1]),
+            Block("text", key_lines[-1] + "\nAfter the split key."),
+            Block("faq", f"The token is {FAQ_TOKEN}.", question=f"Where is {AWS_KEY}?"),
+        ),
     )
-    out, count = pipeline.redacted([clean, secret])
-    assert count == 4
-    assert out[0] is clean
-    assert out[1].page == 2 and out[1].ordinal == 1
-    assert out[1].section_path[0] == "Setup"
-    for field in (out[1].title, " ".join(out[1].section_path), out[1].text):
-        assert "[REDACTED:" in field
-        for value in (AWS_KEY, PASSWORD, FAQ_TOKEN):
-            assert value not in field
+    clean, count = pipeline.redacted(doc)
+    assert count == 6  # title, heading, whole key, split key, FAQ question, FAQ answer
+    chunks = chunk_document(clean, ChunkSettings(max_tokens=64, overlap_tokens=8))
+    assert len(chunks) > 10
+    texts = " ".join(c.text + " " + c.title + " " + " ".join(c.section_path) for c in chunks)
+    for value in (AWS_KEY, PASSWORD, FAQ_TOKEN, *key_lines[1:-1]):
+        assert value not in texts
+    assert "Before the split key:" in texts and "After the split key." in texts
+    assert "backup bucket" in texts
+    plain = Document(title="t", media_type="text/markdown", blocks=(Block("text", "no secret"),))
+    assert pipeline.redacted(plain) == (plain, 0)

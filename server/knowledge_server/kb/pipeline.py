@@ -13,7 +13,7 @@ calls to turn a source into chunks for the retrieval index.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -134,24 +134,43 @@ def convert_source(
         raise ConversionError(category, str(exc)) from None
 
 
-def redacted(chunks: Iterable[SourceChunk]) -> tuple[list[SourceChunk], int]:
-    """``chunks`` with every recognised secret in their text, title and section headings
-    replaced by ``[REDACTED:<kind>]`` (``knowledge_server.redact``), and how many were:
-    what is embedded, indexed, retrieved and quoted to a model never holds one."""
-    out: list[SourceChunk] = []
-    count = 0
-    for chunk in chunks:
-        text, n = redact_counted(chunk.text)
-        title, n_title = redact_counted(chunk.title)
-        section = []
-        for heading in chunk.section_path:
-            clean, n_heading = redact_counted(heading)
-            section.append(clean)
-            n_title += n_heading
-        count += n + n_title
-        out.append(
-            replace(chunk, text=text, title=title, section_path=tuple(section))
-            if n or n_title
-            else chunk
+# A private key is the one secret that spans lines, and so may span blocks (a PDF's lines,
+# a key cut by a page): the blocks after one that opens a key without closing it are the
+# key's, up to its END line.
+_KEY_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+_KEY_END = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+_KEY_REST = "[REDACTED:private-key]"
+
+
+def _opens_key(text: str) -> bool:
+    """``text`` begins a private key that it does not end."""
+    begins = list(_KEY_BEGIN.finditer(text))
+    return bool(begins) and not _KEY_END.search(text, begins[-1].end())
+
+
+def redacted(document: convert.Document) -> tuple[convert.Document, int]:
+    """``document`` with every secret ``knowledge_server.redact`` recognises in its title,
+    headings, text and FAQ entries replaced by ``[REDACTED:<kind>]``, and how many were;
+    before chunking, so a secret is whole when it is looked for (chunks cut long ones) and
+    counted once (a heading repeats in every chunk of its section). What is embedded,
+    indexed, retrieved and quoted to a model never holds one."""
+    title, count = redact_counted(document.title)
+    blocks = []
+    in_key = False
+    for block in document.blocks:
+        text = block.text
+        if in_key:  # the rest of a key an earlier block began: replaced, counted there
+            end = _KEY_END.search(text)
+            text = _KEY_REST + (text[end.end() :] if end else "")
+            in_key = end is None
+        if not in_key:
+            in_key = _opens_key(text)
+        clean, n = redact_counted(text)
+        question, n_question = redact_counted(block.question)
+        count += n + n_question
+        blocks.append(
+            replace(block, text=clean, question=question)
+            if clean != block.text or question != block.question
+            else block
         )
-    return out, count
+    return replace(document, title=title, blocks=tuple(blocks)), count

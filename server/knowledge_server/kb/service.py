@@ -187,9 +187,9 @@ class KnowledgeBase:
                 document = pipeline.convert_source(source, title, self.converter)
             except pipeline.ConversionError as exc:
                 raise _TaskFailed(exc.category, f"source {src.ordinal}: {exc}") from None
-            found, n = pipeline.redacted(pipeline.chunk_document(document))
+            clean, n = pipeline.redacted(document)
             redacted += n
-            per_source.append((src.id, found))
+            per_source.append((src.id, pipeline.chunk_document(clean)))
         chunks = index_chunks(
             org=org,
             topic_id=rev.topic_id,
