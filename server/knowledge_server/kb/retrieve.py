@@ -83,6 +83,18 @@ _CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\ua
 _CYRILLIC = re.compile(r"[\u0400-\u04ff]")
 # The prompt's own delimiters, neutralised inside quoted text so it cannot close them.
 _DELIMITER = re.compile(r"</?\s*(evidence|question)\s*>", re.IGNORECASE)
+
+
+def _as_data(text: str) -> str:
+    """``text`` with the prompt's delimiters taken out, until none is left (taking one
+    out can join the text around it into another: ``</</evidence>evidence>``)."""
+    while True:
+        clean = _DELIMITER.sub(" ", text)
+        if clean == text:
+            return clean
+        text = clean
+
+
 _FUSED_MAX = 2.0 / (RRF_K + 1)  # a chunk first in both lists
 
 
@@ -507,14 +519,12 @@ class Retriever:
         system = f"{ANSWER_RULES}\n\n{template_body.strip()}"
         blocks = []
         for n, ev in enumerate(sources, 1):
-            text = _DELIMITER.sub(" ", ev.hit.chunk.text)
-            blocks.append(
-                f"[{n}] {_DELIMITER.sub(' ', ev.citation)}\n<evidence>\n{text}\n</evidence>"
-            )
+            text = _as_data(ev.hit.chunk.text)
+            blocks.append(f"[{n}] {_as_data(ev.citation)}\n<evidence>\n{text}\n</evidence>")
         user = (
             "Evidence:\n\n"
             + "\n\n".join(blocks)
-            + f"\n\nQuestion:\n<question>\n{_DELIMITER.sub(' ', question)}\n</question>"
+            + f"\n\nQuestion:\n<question>\n{_as_data(question)}\n</question>"
         )
         return chat(
             self.llm, system, user, budget, retries=self.settings.max_retries, trace_id=trace_id
