@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from knowledge_server._gen.knowledge.v1 import index_service_pb2 as ipb
 from knowledge_server._gen.knowledge.v1 import index_service_pb2_grpc as igrpc
 from knowledge_server.audit import AuditLog
@@ -87,6 +88,55 @@ async def test_aud9_a_cancelled_index_stream_is_audited_when_its_work_ends(
         assert [e.outcome for e in events] == ["ok", "KNOWLEDGE_INTERNAL"]
         assert events[1].targets == (str(ws),)
         assert log.verify().ok
+    finally:
+        lane.index_sync = real
+        await rs.server.stop(0)
+
+
+async def test_aud9_streams_ending_together_open_the_audit_log_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The work threads of two operator streams that end at the same instant both append
+    their events; the app's audit log is opened once (a second one was never closed)."""
+    from knowledge_sdk import AsyncKnowledgeClient
+    from knowledge_server import app as app_mod
+
+    opened: list[int] = []
+    real_init = app_mod.AuditLog.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        opened.append(threading.get_ident())
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(app_mod.AuditLog, "__init__", counting)
+    roots = []
+    for name in ("w1", "w2"):
+        ws = tmp_path / name
+        ws.mkdir()
+        (ws / "a.py").write_text("def f():\n    return 1\n")
+        roots.append(ws)
+    rs = await start_server(tmp_path)
+    lane = rs.app.lanes.code
+    real = lane.index_sync
+    together = threading.Barrier(2)
+
+    def at_once(root: str, full: bool, progress: Callable[[str, int, int, str], None]) -> Any:
+        out = real(root, full, progress)
+        together.wait(10)
+        return out
+
+    lane.index_sync = at_once
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+
+            async def index(root: Path) -> None:
+                async for _ in kc.index_workspace(str(root)):
+                    pass
+
+            await asyncio.gather(*(index(r) for r in roots))
+        assert len(opened) == 1
+        events = [e for e in rs.app.audit.events() if e.operation == "index"]
+        assert sorted(e.targets[0] for e in events) == [str(r) for r in roots]
     finally:
         lane.index_sync = real
         await rs.server.stop(0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -229,6 +230,8 @@ class KnowledgeApp:
         self.licence = licence or LicenceView()
         self.lanes = lanes or Lanes()
         self._audit: AuditLog | None = None
+        # Operator streams' work threads open the log too (_AuditedWork): once, under this.
+        self._audit_lock = threading.Lock()
         # The knowledge base (kb/): None when this deployment has none.
         self.kb = kb
         self._kb_admin = KnowledgeBaseAdmin(kb, self.record) if kb is not None else None
@@ -581,9 +584,10 @@ class KnowledgeApp:
     @property
     def audit(self) -> AuditLog:
         """The data directory's audit log (``docs/audit.md``), opened on first use."""
-        if self._audit is None:
-            self._audit = AuditLog(self.data_path("audit.sqlite"))
-        return self._audit
+        with self._audit_lock:
+            if self._audit is None:
+                self._audit = AuditLog(self.data_path("audit.sqlite"))
+            return self._audit
 
     async def record(
         self,
