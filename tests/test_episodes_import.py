@@ -406,3 +406,92 @@ def test_session_and_agent_ids_with_line_breaks_are_stored_plain(tmp_path: Path)
     assert all(a is None or a.isprintable() for a in agents), agents
     again = import_incremental("generic", str(log), 0, 0, False, None)
     assert {e.session_id for e in again.events} == {plain}
+
+
+GH_TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+
+
+def test_a_secret_a_length_cap_cuts_through_is_redacted_whole(tmp_path: Path) -> None:
+    """Texts are capped (a tool call's input at 4,000 characters, an event at 20,000):
+    redaction runs before the cut, so a secret the cut goes through leaves nothing of
+    itself behind (cut first, it no longer matched its rule and 30 of its characters
+    were stored)."""
+    command = "echo " + "x" * 3968 + " " + GH_TOKEN
+    record = {
+        "type": "assistant",
+        "sessionId": "s1",
+        "cwd": str(tmp_path),
+        "message": {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": command}}
+            ],
+        },
+    }
+    log = tmp_path / "s1.jsonl"
+    log.write_text(json.dumps(record) + "\n")
+    (event,) = claude_code.import_file(str(log)).events
+    assert "ghp_" not in event.text and "A1b2C3" not in event.text
+    long_text = "y " * 9983 + GH_TOKEN
+    generic_log = tmp_path / "g.jsonl"
+    generic_log.write_text(
+        json.dumps({"session_id": "g", "role": "user", "text": long_text}) + "\n"
+    )
+    (event,) = generic.import_file(str(generic_log)).events
+    assert event.text.endswith(" [REDACTED:github-token]") and "ghp_" not in event.text
+
+
+def test_codex_duplicate_check_keeps_digests_not_text(tmp_path: Path) -> None:
+    """The importer's context is stored with the file's state; its duplicate check keeps a
+    digest of recent texts, never the texts (not redacted yet), and still drops the
+    repeat of a message Codex writes twice."""
+    records = [
+        {
+            "type": "session_meta",
+            "timestamp": "2026-01-01T00:00:00Z",
+            "payload": {"id": "c1", "cwd": "/w"},
+        },
+        {
+            "type": "event_msg",
+            "timestamp": "2026-01-01T00:00:01Z",
+            "payload": {"type": "user_message", "message": f"use GH token {GH_TOKEN} to push"},
+        },
+        {
+            "type": "response_item",
+            "timestamp": "2026-01-01T00:00:01Z",
+            "payload": {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": f"use GH token {GH_TOKEN} to push"}],
+            },
+        },
+    ]
+    log = tmp_path / "rollout-c1.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records[:2]))
+    res = codex.import_file(str(log))
+    assert GH_TOKEN not in json.dumps(res.ctx) and res.ctx["recent"]
+    assert [e.text for e in res.events] == ["use GH token [REDACTED:github-token] to push"]
+    with log.open("a") as fh:
+        fh.write(json.dumps(records[2]) + "\n")
+    more = codex.import_file(str(log), offset=res.end_offset, line=res.end_line, ctx=res.ctx)
+    assert more.events == []  # the same message written twice is one event
+
+
+def test_an_unfinished_line_over_the_limit_waits_then_is_skipped(tmp_path: Path) -> None:
+    """A line over the limit is read in pieces and let go, never held whole; while its
+    writer has not finished it, it is not consumed, and once finished it is named as
+    oversized and the lines after it are read."""
+    from knowledge_server.episodes.importers.base import MAX_LINE_BYTES
+
+    log = tmp_path / "g.jsonl"
+    first = json.dumps({"session_id": "g", "role": "user", "text": "before"}) + "\n"
+    log.write_text(first + "z" * (MAX_LINE_BYTES + 10))
+    res = generic.import_file(str(log))
+    assert [e.text for e in res.events] == ["before"]
+    assert res.end_offset == len(first) and [p.kind for p in res.problems] == ["malformed"]
+    with log.open("a") as fh:
+        fh.write("\n" + json.dumps({"session_id": "g", "role": "user", "text": "after"}) + "\n")
+    more = generic.import_file(str(log), offset=res.end_offset, line=res.end_line, ctx=res.ctx)
+    assert [e.text for e in more.events] == ["after"]
+    assert [(p.kind, p.line) for p in more.problems] == [("oversized", 2)]
+    assert more.end_offset == log.stat().st_size

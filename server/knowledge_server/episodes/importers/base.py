@@ -78,11 +78,23 @@ def parse_time(value: Any) -> datetime | None:
     return None
 
 
+# Text past a cut that is still read for secrets: a secret the cut goes through is found
+# whole (a cut one no longer matches its rule, and its first part would be stored). Longer
+# than any secret the rules know but a private key, whose rule runs to the end of the text.
+REDACT_MARGIN = 4096
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters; when it is cut, redacted first (with
+    REDACT_MARGIN more), so the cut never leaves part of a secret behind."""
+    if len(text) <= limit:
+        return text
+    return redact(text[: limit + REDACT_MARGIN])[:limit]
+
+
 def clean_text(text: str) -> str:
     """Cap and redact a text before it can reach the store."""
-    if len(text) > MAX_TEXT:
-        text = text[:MAX_TEXT]
-    return redact(text)
+    return cut(text, MAX_TEXT) if len(text) > MAX_TEXT else redact(text)
 
 
 def clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -91,21 +103,21 @@ def clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
         if v is None:
             continue
         if isinstance(v, str):
-            out[k] = redact(v[:500])
+            out[k] = redact(cut(v, 500))
         elif isinstance(v, (int, float, bool)):
             out[k] = v
         else:
-            out[k] = redact(json.dumps(v, ensure_ascii=False)[:500])
+            out[k] = redact(cut(json.dumps(v, ensure_ascii=False), 500))
     return out
 
 
 def compact_json(value: Any, limit: int = 4000) -> str:
     if isinstance(value, str):
-        return value[:limit]
+        return cut(value, limit)
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:limit]
+        return cut(json.dumps(value, ensure_ascii=False, separators=(",", ":")), limit)
     except (TypeError, ValueError):
-        return str(value)[:limit]
+        return cut(str(value), limit)
 
 
 def flatten_text(value: Any, limit: int = MAX_TEXT) -> str:
@@ -138,7 +150,7 @@ def flatten_text(value: Any, limit: int = MAX_TEXT) -> str:
                 walk(item)
 
     walk(value)
-    return "\n".join(p for p in parts if p)[:limit]
+    return cut("\n".join(p for p in parts if p), limit)
 
 
 def head_records(
@@ -200,65 +212,80 @@ def read_jsonl(
     complete line over :data:`MAX_LINE_BYTES` is skipped and reported as ``oversized``.
     """
     res = ImportResult(ctx=dict(ctx or {}), end_offset=offset, end_line=line)
+    n = line
+    pos = offset
+    # Line by line, never more than one line of at most MAX_LINE_BYTES in memory: a log
+    # holding a line of hundreds of MiB is read in constant memory, the line skipped.
     with open(path, "rb") as fh:
         fh.seek(offset)
-        data = fh.read()
-    pos = 0
-    if pending_newline:
-        if data.startswith(b"\r\n"):
-            pos = 2
-        elif data.startswith(b"\n"):
-            pos = 1
-    n = line
-    end = len(data)
-    while pos < end:
-        nl = data.find(b"\n", pos)
-        complete = nl != -1
-        raw = data[pos : nl if complete else end]
-        if complete and len(raw.rstrip(b"\r")) > MAX_LINE_BYTES:
-            n += 1
-            pos = nl + 1
-            res.lines_read += 1
-            res.problems.append(
-                Problem(
-                    "oversized",
-                    path,
-                    n,
-                    f"line of {len(raw)} bytes over the {MAX_LINE_BYTES >> 20} MiB limit (skipped)",
-                )
-            )
-            continue
-        stripped = raw.strip()
-        if not complete:
-            if not stripped:
+        if pending_newline:
+            head = fh.read(2)
+            pos += 2 if head.startswith(b"\r\n") else 1 if head.startswith(b"\n") else 0
+            fh.seek(pos)
+        while True:
+            raw = fh.readline(MAX_LINE_BYTES + 2)
+            if not raw:
                 break
+            complete = raw.endswith(b"\n")
+            body = raw[:-1] if complete else raw
+            size = len(body)
+            if not complete and len(raw) == MAX_LINE_BYTES + 2:
+                more = b""
+                while True:  # over the limit: the rest of the line is read and let go
+                    more = fh.readline(1 << 20)
+                    size += len(more) - more.endswith(b"\n")
+                    if not more or more.endswith(b"\n"):
+                        break
+                if not more:  # an unfinished line at the end: not consumed yet
+                    res.problems.append(
+                        Problem("malformed", path, n + 1, "incomplete last line (not consumed)")
+                    )
+                    break
+                complete = True
+            if complete and (size > len(body) or len(body.rstrip(b"\r")) > MAX_LINE_BYTES):
+                n += 1
+                pos += size + 1
+                res.lines_read += 1
+                res.problems.append(
+                    Problem(
+                        "oversized",
+                        path,
+                        n,
+                        f"line of {size} bytes over the {MAX_LINE_BYTES >> 20} MiB limit (skipped)",
+                    )
+                )
+                continue
+            stripped = body.strip()
+            if not complete:
+                if not stripped:
+                    break
+                try:
+                    obj = loads(stripped)
+                except ValueError:
+                    # Partial line: not consumed until the writer finishes it (reported, so a
+                    # file that really ends in garbage is visible).
+                    res.problems.append(
+                        Problem("malformed", path, n + 1, "incomplete last line (not consumed)")
+                    )
+                    break
+                n += 1
+                res.lines_read += 1
+                _dispatch(obj, n, handler, res, path)
+                pos += len(raw)
+                res.pending_newline = True
+                break
+            n += 1
+            pos += len(raw)
+            if not stripped:
+                continue
+            res.lines_read += 1
             try:
                 obj = loads(stripped)
             except ValueError:
-                # Partial line: not consumed until the writer finishes it (reported, so a
-                # file that really ends in garbage is visible).
-                res.problems.append(
-                    Problem("malformed", path, n + 1, "incomplete last line (not consumed)")
-                )
-                break
-            n += 1
-            res.lines_read += 1
+                res.problems.append(Problem("malformed", path, n, "invalid JSON"))
+                continue
             _dispatch(obj, n, handler, res, path)
-            pos = end
-            res.pending_newline = True
-            break
-        n += 1
-        pos = nl + 1
-        if not stripped:
-            continue
-        res.lines_read += 1
-        try:
-            obj = loads(stripped)
-        except ValueError:
-            res.problems.append(Problem("malformed", path, n, "invalid JSON"))
-            continue
-        _dispatch(obj, n, handler, res, path)
-    res.end_offset = offset + pos
+    res.end_offset = pos
     res.end_line = n
     return res
 

@@ -19,12 +19,14 @@ import os
 import re
 from typing import Any
 
+from ...redact import redact
 from ..model import SEQ_STRIDE, Event, Problem, SessionMeta
 from .base import (
     ImportResult,
     clean_meta,
     clean_text,
     compact_json,
+    cut,
     ensure_session,
     flatten_text,
     head_records,
@@ -171,7 +173,7 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
         if rtype == "custom-title" or rtype == "ai-title":
             title = obj.get("customTitle") or obj.get("aiTitle")
             if isinstance(title, str):
-                _session(res, ctx, path).title = clean_text(title[:200])
+                _session(res, ctx, path).title = redact(cut(title, 200))
         return
     s = _session(res, ctx, path)
     time = parse_time(obj.get("timestamp"))

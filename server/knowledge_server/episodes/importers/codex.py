@@ -11,6 +11,7 @@ versions; a message whose (role, text) matches one of the last few messages is s
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from typing import Any
@@ -83,7 +84,9 @@ def _sess(res: ImportResult, ctx: dict[str, Any], path: str) -> SessionMeta:
 
 
 def _dup(ctx: dict[str, Any], role: str, text: str) -> bool:
-    key = role + "\x00" + text.strip()[:2000]
+    # A digest, not the text: the context is stored with the file's state, and the text
+    # is not redacted yet.
+    key = hashlib.sha256((role + "\x00" + text.strip()[:2000]).encode()).hexdigest()
     recent: list[str] = ctx.setdefault("recent", [])
     if key in recent:
         recent.remove(key)

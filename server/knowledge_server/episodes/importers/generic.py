@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ...redact import redact
 from ..model import SEQ_STRIDE, Event, Problem
 from .base import (
     ImportResult,
     clean_meta,
     clean_text,
+    cut,
     ensure_session,
     flatten_text,
     parse_time,
@@ -75,7 +77,7 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
         if isinstance(v, str) and v:
             if key == "cwd" and s.cwd:
                 continue
-            setattr(s, key, clean_text(v[:500]) if key == "title" else v)
+            setattr(s, key, redact(cut(v, 500)) if key == "title" else v)
     if s.parent_session_id or s.agent_id:
         s.is_sidechain = True
     etype = obj.get("event_type")
