@@ -19,6 +19,7 @@ the outermost interceptor refuses the marker before any other check runs.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import inspect
 import time
@@ -519,7 +520,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     async for item in fn(request, context):
                         yield item
                 finally:
-                    _current.reset(token)
+                    # A stream its caller cancelled may be closed later by the event loop's
+                    # finaliser, in a context of its own where the token means nothing.
+                    with contextlib.suppress(ValueError):
+                        _current.reset(token)
 
             return run
 
