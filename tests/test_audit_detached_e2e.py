@@ -19,7 +19,7 @@ from knowledge_server._gen.knowledge.v1 import index_service_pb2 as ipb
 from knowledge_server._gen.knowledge.v1 import index_service_pb2_grpc as igrpc
 from knowledge_server.audit import AuditLog
 
-from tests.conftest import start_server
+from tests.conftest import start_server, write_session_log
 
 
 def _gated(real: Callable[..., Any], gate: threading.Event, fail: bool) -> Callable[..., Any]:
@@ -139,4 +139,50 @@ async def test_aud9_streams_ending_together_open_the_audit_log_once(
         assert sorted(e.targets[0] for e in events) == [str(r) for r in roots]
     finally:
         lane.index_sync = real
+        await rs.server.stop(0)
+
+
+async def test_aud9_a_cancelled_ingest_is_audited_and_the_derived_layer_still_follows(
+    tmp_path: Path,
+) -> None:
+    """IngestSessions cancelled mid-stream: the ingest runs on to its end, its event is
+    written, and the derived layer is rebuilt after it (the rebuild used to run in the
+    stream, after its last message, and was lost with it)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_session_log(logs / "a.jsonl", "sess-a", tmp_path, "deploy the staging app")
+    rs = await start_server(tmp_path)
+    lane = rs.app.lanes.episodes
+    real = lane.ingest_sync
+    gate = threading.Event()
+
+    def held(paths: Any, progress: Callable[[str, int, int, str], None], scope: Any) -> Any:
+        progress("read", 0, 1, "")
+        if not gate.wait(30):
+            raise TimeoutError("the test never opened the gate")
+        return real(paths, progress, scope)
+
+    lane.ingest_sync = held
+    log = AuditLog(Path(rs.config.data_dir) / "audit.sqlite")
+    try:
+        async with grpc.aio.insecure_channel(rs.address) as channel:
+            call = igrpc.IndexServiceStub(channel).IngestSessions(
+                ipb.IngestSessionsRequest(paths=[str(logs)])
+            )
+            assert await call.read() is not grpc.aio.EOF
+            call.cancel()
+        gate.set()
+        ops: list[str] = []
+        for _ in range(200):
+            ops = [e.operation for e in log.events() if e.outcome == "ok"]
+            if "derived.rebuild" in ops:
+                break
+            await asyncio.sleep(0.05)
+        assert ops == ["ingest", "derived.rebuild"], ops
+        skills = rs.app.lanes.skills
+        assert skills is not None
+        with skills.built_store() as store:
+            assert store is not None and store.counts()["actors"] == 1
+    finally:
+        lane.ingest_sync = real
         await rs.server.stop(0)

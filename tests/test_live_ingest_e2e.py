@@ -130,7 +130,8 @@ def test_appended_record_is_searchable_within_two_seconds(
 
 def test_aud9_a_live_batch_is_an_audited_ingest(live_server: _Served, tmp_path: Path) -> None:
     """AUD-9: every live batch that writes is an ``ingest`` event of principal ``local``
-    (as the start-up ingest is), its targets the changed log and the new revision."""
+    (as the start-up ingest is), its targets the changed log and the new revision; the
+    derived layer is rebuilt after it, as after any ingest."""
     live_server.wait_for_event("live.watching")
     log = tmp_path / "logs" / "old.jsonl"
     with KnowledgeClient(live_server.address) as kc:
@@ -150,6 +151,14 @@ def test_aud9_a_live_batch_is_an_audited_ingest(live_server: _Served, tmp_path: 
         event = live[0]
         assert (event.operation, event.principal, event.outcome) == ("ingest", "local", "ok")
         assert event.targets == (str(log), lane.index_rev)
+        # The derived layer follows: a rebuild after the batch, as after any ingest.
+        rebuilt: list[AuditEvent] = []
+        while not rebuilt and time.monotonic() < end:
+            rebuilt = [
+                e for e in audit.events(after_seq=event.seq) if e.operation == "derived.rebuild"
+            ]
+            time.sleep(0.05)
+        assert rebuilt and rebuilt[0].outcome == "ok"
         assert audit.verify().ok
     finally:
         audit.close()

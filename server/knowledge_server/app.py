@@ -62,6 +62,9 @@ from knowledge_server.workspaces import is_under, normalise_workspace, really_in
 
 M = TypeVar("M", bound=Message)
 
+# Least time between two derived rebuilds that follow ingests nobody waits for (ingested()).
+REBUILD_AFTER_INGEST_S = 10.0
+
 # The audit log's name of each operator stream's operation.
 _AUDITED_STREAMS = {
     "index_workspace": "index",
@@ -120,6 +123,26 @@ class _AuditedWork:
         self.targets = targets
         self.input = input
         self.recorded = False
+        self._loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._succeeded = False
+        self._then: Callable[[], None] | None = None
+
+    def then(self, action: Callable[[], None]) -> None:
+        """Call ``action`` on the event loop once the work has succeeded: now if it has,
+        else when it does (never if it fails). Called on the loop."""
+        with self._lock:
+            if not self._succeeded:
+                self._then = action
+                return
+        action()
+
+    def _done(self) -> None:
+        with self._lock:
+            self._succeeded = True
+            action, self._then = self._then, None
+        if action is not None:
+            self._loop.call_soon_threadsafe(action)
 
     def _append(self, targets: list[str], outcome: str) -> None:
         self.recorded = True
@@ -159,6 +182,8 @@ class _AuditedWork:
                 if full is not None:
                     raise full from None
                 raise
+            finally:
+                self._done()
             return summary
 
         return run
@@ -232,6 +257,9 @@ class KnowledgeApp:
         self._audit: AuditLog | None = None
         # Operator streams' work threads open the log too (_AuditedWork): once, under this.
         self._audit_lock = threading.Lock()
+        # The derived layer's rebuild after ingests nobody waits for (ingested()).
+        self._rebuild: asyncio.Task[None] | None = None
+        self._rebuild_again = False
         # The knowledge base (kb/): None when this deployment has none.
         self.kb = kb
         self._kb_admin = KnowledgeBaseAdmin(kb, self.record) if kb is not None else None
@@ -405,11 +433,21 @@ class KnowledgeApp:
                     raise InvalidRequest(
                         f"paths: {p} does not exist on the server", metadata={"field": "paths"}
                     )
-            async for event in run_with_progress(
-                audited.of(lambda progress: episodes.ingest_sync(paths or None, progress, scope))
-            ):
-                yield event
-            await self.after_ingest()
+            rebuilt = False
+            try:
+                async for event in run_with_progress(
+                    audited.of(
+                        lambda progress: episodes.ingest_sync(paths or None, progress, scope)
+                    )
+                ):
+                    yield event
+                await self.after_ingest()
+                rebuilt = True
+            finally:
+                if not rebuilt:
+                    # The caller went away (or the rebuild failed): the derived layer is
+                    # rebuilt once the ingest has written, without it.
+                    audited.then(self.ingested)
             return
         if op == "index_workspace":
             code = self.lanes.code
@@ -446,6 +484,32 @@ class KnowledgeApp:
             "rebuild_derived", index_service_pb2.RebuildDerivedRequest(), LOCAL_PRINCIPAL
         ):
             pass
+
+    def ingested(self) -> None:
+        """An ingest wrote and nobody waits for its derived rebuild (a batch of the live
+        ingest, an IngestSessions whose caller went away): rebuild in the background, one
+        at a time; asked again meanwhile, once more when it ends, at most every
+        REBUILD_AFTER_INGEST_S (a harness that keeps writing is ingested every second)."""
+        if self._rebuild is not None and not self._rebuild.done():
+            self._rebuild_again = True
+            return
+        self._rebuild_again = False
+        self._rebuild = asyncio.get_running_loop().create_task(self._rebuild_after_ingest())
+
+    async def _rebuild_after_ingest(self) -> None:
+        log = get_logger("knowledge.derived")
+        while True:
+            started = asyncio.get_running_loop().time()
+            try:
+                await self.after_ingest()
+            except Exception as exc:  # noqa: BLE001 - kept for GetStatus by the lane; the next ingest tries again
+                log.error("derived.rebuild_failed", error_type=type(exc).__name__)
+            if not self._rebuild_again:
+                return
+            self._rebuild_again = False
+            wait = REBUILD_AFTER_INGEST_S - (asyncio.get_running_loop().time() - started)
+            if wait > 0:
+                await asyncio.sleep(wait)
 
     async def bootstrap(self) -> None:
         """Start-up work in the background: ingest logs (or the bundled sample), rebuild
@@ -643,6 +707,8 @@ class KnowledgeApp:
         self.licence.reload()
 
     def close(self) -> None:
+        if self._rebuild is not None:
+            self._rebuild.cancel()
         if self._audit is not None:
             self._audit.close()
         if self.kb is not None:

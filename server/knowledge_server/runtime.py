@@ -280,7 +280,7 @@ async def start_background(app: KnowledgeApp) -> None:
         and (config.session_paths or config.bootstrap)
         and app.lanes.episodes is not None
     ):
-        tasks.append(asyncio.create_task(app.lanes.episodes.follow()))
+        tasks.append(asyncio.create_task(app.lanes.episodes.follow(on_change=app.ingested)))
     try:
         await asyncio.gather(*tasks)
     finally:

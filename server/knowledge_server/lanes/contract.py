@@ -15,7 +15,7 @@ coroutine that the coordinator bounds with the lane timeout.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +63,11 @@ class EpisodeLane(Lane, Reporting, Protocol):
         its ``scope``); with a ``scope``, only sessions whose workspace lies in it."""
         ...
 
-    async def follow(self, stop: asyncio.Event | None = None) -> None:
-        """While serving: ingest what is appended to the server's log folders (live ingest)."""
+    async def follow(
+        self, stop: asyncio.Event | None = None, on_change: Callable[[], None] | None = None
+    ) -> None:
+        """While serving: ingest what is appended to the server's log folders (live ingest),
+        calling ``on_change`` after each batch that changed the store."""
         ...
 
 

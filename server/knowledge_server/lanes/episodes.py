@@ -366,14 +366,17 @@ class EpisodesLane:
         roots = [os.path.abspath(os.path.expanduser(p)) for p in configured]
         return [r for r in dict.fromkeys(roots) if os.path.exists(r)]
 
-    async def follow(self, stop: asyncio.Event | None = None) -> None:
+    async def follow(
+        self, stop: asyncio.Event | None = None, on_change: Callable[[], None] | None = None
+    ) -> None:
         """Ingest what the harnesses append to their logs while the server runs, so a
         search finds a turn about a second after it was written. The watcher and its
         ingests run in a child process (``lanes.live``), so they never hold this
         process's interpreter while it answers searches; this task reads the child's
         reports. A child that dies is started again (at most ``FOLLOW_RESTARTS`` times a
         minute), catching up on what changed meanwhile. Returns when ``stop`` is set, the
-        watcher fails, or the task is cancelled (the child is stopped then)."""
+        watcher fails, or the task is cancelled (the child is stopped then). ``on_change``
+        is called (on the loop) after each batch that changed the store."""
         log = get_logger("knowledge.episodes.live")
         roots = self.watch_roots()
         if not roots:
@@ -386,7 +389,9 @@ class EpisodesLane:
             if len(starts) > FOLLOW_RESTARTS + 1:
                 log.error("live.not_restarted", reason="the watcher exited too often")
                 return
-            ended = await self._follow_child(roots, stop, log, catch_up=len(starts) > 1)
+            ended = await self._follow_child(
+                roots, stop, log, catch_up=len(starts) > 1, on_change=on_change
+            )
             if ended != "died" or (stop is not None and stop.is_set()):
                 return
             await asyncio.sleep(1.0)
@@ -398,6 +403,7 @@ class EpisodesLane:
         log: structlog.typing.FilteringBoundLogger,
         *,
         catch_up: bool,
+        on_change: Callable[[], None] | None = None,
     ) -> str:
         """Run one watcher process until it ends or ``stop`` is set. Returns "stopped"
         (asked to, or the watcher failed and said so) or "died" (exited unannounced)."""
@@ -419,7 +425,7 @@ class EpisodesLane:
         def readable() -> None:
             try:
                 while out_r.poll():
-                    if self._on_live_message(out_r.recv(), log) and not ended.done():
+                    if self._on_live_message(out_r.recv(), log, on_change) and not ended.done():
                         ended.set_result("stopped")
             except (EOFError, OSError):
                 if not ended.done():
@@ -445,7 +451,10 @@ class EpisodesLane:
         return "stopped"
 
     def _on_live_message(
-        self, msg: tuple[object, ...], log: structlog.typing.FilteringBoundLogger
+        self,
+        msg: tuple[object, ...],
+        log: structlog.typing.FilteringBoundLogger,
+        on_change: Callable[[], None] | None = None,
     ) -> bool:
         """Log one report of the watcher process and keep its errors for GetStatus.
         True when the watcher stopped for good."""
@@ -470,6 +479,8 @@ class EpisodesLane:
                     index_rev=rev,
                     ms=ms,
                 )
+                if on_change is not None:
+                    on_change()
         elif kind == "stopped":
             self.last_error = f"live ingest stopped: {msg[1]}"
             log.error("live.stopped", error_type=msg[1])
