@@ -125,6 +125,45 @@ def test_search_names_the_workspace_of_each_code_item_when_there_are_several(ser
         assert "src/cookies.py:1-2 rotate_cookie_secret" in " ".join(one.stdout.split())
 
 
+def test_text_from_logs_and_file_names_is_printed_as_text_not_markup(served) -> None:  # type: ignore[no-untyped-def]
+    """A session id or a file name holding console markup (``[/x]``, ``[bold]``) is printed
+    as written by search, get-episode and get-chunk: it once stopped the command with a
+    markup error, and could restyle what followed it."""
+    _proc, env, _port = served
+    with tempfile.TemporaryDirectory(prefix="ks-") as tmp:
+        root = Path(tmp).resolve()
+        (root / "src").mkdir()
+        (root / "src" / "a[x]ill.py").write_text(
+            "def settle_invoice_markup(bill):\n    return bill\n"
+        )
+        logs = root / "logs"
+        logs.mkdir()
+        record = {
+            "session_id": "s[/x][bold]",
+            "seq": 1,
+            "role": "user",
+            "cwd": str(root),
+            "text": "settle invoice markup for the [red]client[/red]",
+        }
+        (logs / "s.jsonl").write_text(json.dumps(record) + "\n")
+        assert _invoke(env, "index", str(root), "--json").exit_code == 0
+        assert _invoke(env, "ingest", str(logs), "--json").exit_code == 0
+        out = _invoke(env, "search", "settle invoice markup")
+        assert out.exit_code == 0, out.stderr
+        text = " ".join(out.stdout.split())
+        assert "src/a[x]ill.py:1-2" in text and "ep:s[/x][bold]:" in text
+        found = json.loads(_invoke(env, "search", "settle invoice markup", "--json").stdout)
+        episode_id = found["lanes"]["episodes"]["items"][0]["id"]
+        assert episode_id.startswith("ep:s[/x][bold]:")
+        episode = _invoke(env, "get-episode", episode_id)
+        assert episode.exit_code == 0, episode.stderr
+        assert episode_id in episode.stdout and "[red]client[/red]" in episode.stdout
+        chunk_id = found["lanes"]["code"]["items"][0]["id"]
+        chunk = _invoke(env, "get-chunk", chunk_id)
+        assert chunk.exit_code == 0, chunk.stderr
+        assert "src/a[x]ill.py:1-2" in chunk.stdout
+
+
 def test_edition_refusal_is_one_line_with_the_edition(served) -> None:  # type: ignore[no-untyped-def]
     _proc, env, _port = served
     out = _invoke(env, "docgraph", "themes")

@@ -17,7 +17,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -247,12 +247,21 @@ async def shutdown(served: Served, grace: float) -> None:
         served.tracing.shutdown()
 
 
+class Output(Protocol):
+    """Where ``serve`` writes its ``listening on`` line (standard output, or a writer
+    that also records the address)."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 async def serve(
     config: Config,
     *,
     app: KnowledgeApp | None = None,
     authenticate: Callable[[str], Principal | None] | None = None,
-    out: TextIO = sys.stdout,
+    out: Output = sys.stdout,
     on_started: Callable[[KnowledgeApp], object] | None = None,
     worker_main: WorkerMain | None = None,
 ) -> None:

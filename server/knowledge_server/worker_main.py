@@ -65,7 +65,7 @@ def run_worker(config: Config, parent_pid: int, writer: Connection, index: int) 
                 config,
                 app=app,
                 authenticate=authenticate,
-                out=_ReadySignal(writer),  # type: ignore[arg-type]  # only write/flush are used
+                out=_ReadySignal(writer),
                 on_started=background,
             )
         )

@@ -252,7 +252,7 @@ def serve(
                 on_started=start_background,
                 worker_main=run_worker,
             )
-        )  # type: ignore[arg-type]
+        )
     except ConfigError as exc:
         fail(f"configuration: {exc}", 2)
     except KeyboardInterrupt:
@@ -293,11 +293,11 @@ def _lane_header(name: str, lane: Any, extra: str = "") -> None:
     if lane.empty_reason == "not_requested":
         out_console.print(f"\n[bold]{name}[/]  not requested", highlight=False)
         return
-    state = f"[yellow]degraded[/]: {lane.degradation_reason}" if lane.degraded else "ok"
+    state = f"[yellow]degraded[/]: {escape(lane.degradation_reason)}" if lane.degraded else "ok"
     if not lane.items:
         state += f"  [yellow]empty[/]: {escape(_empty_text(name, lane.empty_reason))}"
     out_console.print(
-        f"\n[bold]{name}[/]  rev={lane.index_rev or '-'}  {extra}{state}", highlight=False
+        f"\n[bold]{name}[/]  rev={escape(lane.index_rev or '-')}  {extra}{state}", highlight=False
     )
 
 
@@ -307,7 +307,8 @@ def _lanes_table(resp: Any) -> None:
     width = max(60, min(out_console.width, 160))
     r = resp.routing
     out_console.print(
-        f"[bold]intent[/] {r.intent} ({r.confidence_level}) - {r.reason}", highlight=False
+        f"[bold]intent[/] {escape(r.intent)} ({escape(r.confidence_level)}) - {escape(r.reason)}",
+        highlight=False,
     )
     header = _lane_header
 
@@ -318,7 +319,9 @@ def _lanes_table(resp: Any) -> None:
     header("episodes", ep, counts)
     for it in ep.items:
         when = it.time.strftime("%Y-%m-%d %H:%M") if it.time else ""
-        out_console.print(f"  [cyan]{it.id}[/]  {it.event_type}  {when}", highlight=False)
+        out_console.print(
+            f"  [cyan]{escape(it.id)}[/]  {escape(it.event_type)}  {when}", highlight=False
+        )
         if it.snippet:
             out_console.print(
                 "    " + _one_line(it.snippet, width - 4), markup=False, highlight=False
@@ -348,7 +351,8 @@ def _lanes_table(resp: Any) -> None:
         header("skills", sk)
         for it in sk.items:
             out_console.print(
-                f"  [cyan]{it.name}[/]  uses={it.uses}  {_one_line(it.description, width - 30)}",
+                f"  [cyan]{escape(it.name)}[/]  uses={it.uses}"
+                f"  {escape(_one_line(it.description, width - 30))}",
                 highlight=False,
             )
     if resp.actors:
@@ -357,17 +361,20 @@ def _lanes_table(resp: Any) -> None:
             d = a.dispatch
             avail = f"{d.mode}, {'available' if d.available else 'not available'}" if d else "none"
             out_console.print(
-                f"  [cyan]{a.actor_id}[/]  {a.kind}  score={a.score:.4f}  evidence={len(a.evidence)}  ({avail})",
+                f"  [cyan]{escape(a.actor_id)}[/]  {escape(a.kind)}  score={a.score:.4f}"
+                f"  evidence={len(a.evidence)}  ({escape(avail)})",
                 highlight=False,
             )
             if a.why:
-                out_console.print("    " + "; ".join(a.why), highlight=False)
+                out_console.print("    " + "; ".join(a.why), markup=False, highlight=False)
     for w in resp.warnings:
-        err_console.print(f"[yellow]warning[/] {w.code} {w.lane}: {w.message}", highlight=False)
+        err_console.print(
+            f"[yellow]warning[/] {escape(f'{w.code} {w.lane}: {w.message}')}", highlight=False
+        )
     for e in resp.errors:
-        err_console.print(f"[red]error[/] {e.code} {e.lane}: {e.message}", highlight=False)
-    for e in resp.errors:
-        err_console.print(f"[red]error[/] {e.code} {e.lane}: {e.message}", highlight=False)
+        err_console.print(
+            f"[red]error[/] {escape(f'{e.code} {e.lane}: {e.message}')}", highlight=False
+        )
     lim = resp.limits
     out_console.print(
         f"\n{lim.returned} items, {lim.budget.used_tokens}/{lim.budget.max_tokens} tokens"
@@ -501,12 +508,16 @@ def status(ctx: click.Context, as_json: bool) -> None:
         emit_json(resp)
         return
     e = resp.edition
-    out_console.print(
-        f"knowledge {resp.version}  edition [bold]{e.edition}[/] (licence {e.licence_state}: {e.reason})"
-    )
-    out_console.print(
-        f"principal {resp.principal.id} ({resp.principal.role}, org {resp.principal.organisation})"
-    )
+    if e is not None:
+        out_console.print(
+            f"knowledge {escape(resp.version)}  edition [bold]{escape(e.edition)}[/]"
+            f" (licence {escape(e.licence_state)}: {escape(e.reason)})"
+        )
+    p = resp.principal
+    if p is not None:
+        out_console.print(
+            f"principal {p.id} ({p.role}, org {p.organisation})", markup=False, highlight=False
+        )
     t = Table()
     for col in ("lane", "index_rev", "capability", "counts", "notes"):
         t.add_column(col, overflow="fold")
@@ -534,11 +545,14 @@ def get_episode(ctx: click.Context, episode_id: str, neighbours: int, as_json: b
     if as_json:
         emit_json(resp)
         return
-    for ev in [*resp.before, resp.episode, *resp.after]:
-        marker = ">>" if ev.id == resp.episode.id else "  "
-        out_console.print(
-            f"{marker} [bold]{ev.id}[/] {ev.event_type} {ev.time.isoformat() if ev.time else ''}"
-        )
+    episode = resp.episode
+    if episode is None:
+        fail("the service answered without the episode")
+        return
+    for ev in [*resp.before, episode, *resp.after]:
+        marker = ">>" if ev.id == episode.id else "  "
+        when = ev.time.isoformat() if ev.time else ""
+        out_console.print(f"{marker} [bold]{escape(ev.id)}[/] {escape(ev.event_type)} {when}")
         out_console.print(ev.text, markup=False, highlight=False)
 
 
@@ -555,8 +569,12 @@ def get_chunk(ctx: click.Context, chunk_id: str, as_json: bool) -> None:
         emit_json(resp)
         return
     c = resp.chunk
+    if c is None:
+        fail("the service answered without the chunk")
+        return
     out_console.print(
-        f"[bold]{c.path}:{c.start_line}-{c.end_line}[/] {c.symbol} ({c.language}, {c.source_kind}) rev={resp.index_rev}"
+        f"[bold]{escape(c.path)}:{c.start_line}-{c.end_line}[/]"
+        f" {escape(f'{c.symbol} ({c.language}, {c.source_kind}) rev={resp.index_rev}')}"
     )
     out_console.print(c.text, markup=False, highlight=False)
 

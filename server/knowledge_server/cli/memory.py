@@ -74,9 +74,10 @@ def remember(
         emit_json(resp)
         return
     _say(f"{resp.outcome}: {_entry(resp.entry)}")
-    if resp.contradiction is not None and resp.contradiction.severity:
-        prev = resp.contradiction.previous
-        _say(f"contradiction ({resp.contradiction.severity}) with {prev.id}: {prev.value}")
+    contradiction = resp.contradiction
+    if contradiction is not None and contradiction.severity and contradiction.previous:
+        prev = contradiction.previous
+        _say(f"contradiction ({contradiction.severity}) with {prev.id}: {prev.value}")
     if resp.reclaimed:
         _say(f"the store was full: {resp.reclaimed} entries moved to the archive")
 
