@@ -219,6 +219,29 @@ CREATE TABLE embed_calls (
 CREATE INDEX embed_calls_task ON embed_calls(org, task_id);
 """
 
+
+def _restage_for_redaction(cur: apsw.Cursor) -> None:
+    """Revisions indexed before processing redacted secrets hold their sources' text as
+    uploaded: each is queued once for a RESTAGE (the worker processes it again, redaction
+    included, and replaces its chunks; its state and release stay as they are). The
+    states are those that have chunks in the index, as they were when this step was
+    written."""
+    stamp = now()
+    rows = cur.execute(
+        "SELECT org, id FROM revisions r"
+        " WHERE state IN ('PROCESSED', 'PUBLISHED', 'SUPERSEDED') AND chunk_count > 0"
+        " AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.org = r.org AND t.revision_id = r.id"
+        " AND t.state IN ('QUEUED', 'RUNNING')) ORDER BY org, id"
+    ).fetchall()
+    for org, revision_id in rows:
+        cur.execute(
+            "INSERT INTO tasks(id, org, revision_id, kind, idempotency_key, state, version,"
+            " created_by, created_at, updated_at)"
+            " VALUES (?, ?, ?, 'RESTAGE', ?, 'QUEUED', 1, 'server', ?, ?)",
+            (new_id("task"), org, revision_id, f"restage:{revision_id}:redaction", stamp, stamp),
+        )
+
+
 MIGRATIONS = Migrations(
     DB_FILE,
     (
@@ -227,6 +250,7 @@ MIGRATIONS = Migrations(
             "002_task_secrets_redacted",
             "ALTER TABLE tasks ADD COLUMN secrets_redacted INTEGER NOT NULL DEFAULT 0;",
         ),
+        Step("003_restage_for_redaction", _restage_for_redaction),
     ),
 )
 
