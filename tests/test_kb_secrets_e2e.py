@@ -169,3 +169,28 @@ def test_kb_sec1_revisions_indexed_before_redaction_are_restaged_on_upgrade(
         assert texts and not any(AWS_KEY in t or PASSWORD in t for t in texts)
     finally:
         world.stop()
+
+
+def test_kb_sec1_a_text_that_names_a_key_line_keeps_the_rest_of_its_document() -> None:
+    """Only key material is carried past a block that opens a key: a how-to that names the
+    BEGIN line in a sentence loses the rest of that sentence (the rule runs to the end of
+    its text), never the sections after it."""
+    from knowledge_server.kb import pipeline
+    from knowledge_server.kb.convert import Block, Document
+
+    doc = Document(
+        title="SSH keys",
+        media_type="text/markdown",
+        blocks=(
+            Block(
+                "text",
+                "A key file starts with `-----BEGIN OPENSSH PRIVATE KEY-----`; never paste it.",
+            ),
+            Block("heading", "Rotating a key", level=2),
+            Block("text", "Run ssh-keygen -t ed25519 and add the new public key."),
+            Block("text", "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"),
+        ),
+    )
+    clean, count = pipeline.redacted(doc)
+    assert count == 1
+    assert [b.text for b in clean.blocks[1:]] == [b.text for b in doc.blocks[1:]]

@@ -136,16 +136,27 @@ def convert_source(
 
 # A private key is the one secret that spans lines, and so may span blocks (a PDF's lines,
 # a key cut by a page): the blocks after one that opens a key without closing it are the
-# key's, up to its END line.
+# key's while they hold key material alone (base64 lines, PEM header fields), up to its END
+# line. A text that only names the BEGIN line ("a key file starts with -----BEGIN ...-----;
+# never paste it") opens nothing, and a block that is not key material ends the key.
 _KEY_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 _KEY_END = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+_KEY_LINE = re.compile(r"[A-Za-z0-9+/=]{8,}|[A-Za-z][A-Za-z-]*: .*")
 _KEY_REST = "[REDACTED:private-key]"
 
 
+def _key_material(text: str) -> bool:
+    """Every line of ``text`` is a line of a key's body (blank lines aside)."""
+    return all(_KEY_LINE.fullmatch(line.strip()) for line in text.splitlines() if line.strip())
+
+
 def _opens_key(text: str) -> bool:
-    """``text`` begins a private key that it does not end."""
+    """``text`` begins a private key that it does not end, and holds key material alone
+    after its BEGIN line."""
     begins = list(_KEY_BEGIN.finditer(text))
-    return bool(begins) and not _KEY_END.search(text, begins[-1].end())
+    if not begins or _KEY_END.search(text, begins[-1].end()):
+        return False
+    return _key_material(text[begins[-1].end() :])
 
 
 def redacted(document: convert.Document) -> tuple[convert.Document, int]:
@@ -159,12 +170,19 @@ def redacted(document: convert.Document) -> tuple[convert.Document, int]:
     in_key = False
     for block in document.blocks:
         text = block.text
-        if in_key:  # the rest of a key an earlier block began: replaced, counted there
+        if in_key and block.kind == "text":  # the rest of a key an earlier block began
             end = _KEY_END.search(text)
-            text = _KEY_REST + (text[end.end() :] if end else "")
-            in_key = end is None
+            if end is not None and _key_material(text[: end.start()]):
+                text = _KEY_REST + text[end.end() :]  # counted with its BEGIN line
+                in_key = False
+            elif end is None and _key_material(text):
+                text = _KEY_REST
+            else:
+                in_key = False
+        else:
+            in_key = False
         if not in_key:
-            in_key = _opens_key(text)
+            in_key = block.kind == "text" and _opens_key(text)
         clean, n = redact_counted(text)
         question, n_question = redact_counted(block.question)
         count += n + n_question
