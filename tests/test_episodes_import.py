@@ -495,3 +495,35 @@ def test_an_unfinished_line_over_the_limit_waits_then_is_skipped(tmp_path: Path)
     assert [e.text for e in more.events] == ["after"]
     assert [(p.kind, p.line) for p in more.problems] == [("oversized", 2)]
     assert more.end_offset == log.stat().st_size
+
+
+def test_a_line_read_in_pieces_keeps_offsets_and_line_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line longer than the limit plus two bytes is read in pieces. Its carriage returns
+    before the newline do not count towards the limit, every byte it takes is counted in
+    the offset, and the next incremental read numbers the following lines as a full read
+    does."""
+    from knowledge_server.episodes.importers import base
+
+    monkeypatch.setattr(base, "MAX_LINE_BYTES", 64)
+
+    def rec(i: int, text: str) -> bytes:
+        return json.dumps({"session_id": "g", "role": "user", "text": text}).encode()
+
+    first = rec(1, "within the limit")
+    assert len(first) == 63  # with its five carriage returns, past the 64 + 2 read at once
+    data = first + b"\r" * 5 + b"\n" + rec(2, "x" * 60) + b"\r\n" + rec(3, "second") + b"\n"
+    log = tmp_path / "g.jsonl"
+    log.write_bytes(data)
+    whole = generic.import_file(str(log))
+    assert [e.text for e in whole.events] == ["within the limit", "second"]
+    assert [(p.kind, p.line) for p in whole.problems] == [("oversized", 2)]
+    assert whole.end_offset == len(data) and whole.end_line == 3
+    with log.open("ab") as fh:
+        fh.write(rec(4, "third") + b"\n")
+    more = generic.import_file(
+        str(log), offset=whole.end_offset, line=whole.end_line, ctx=whole.ctx
+    )
+    again = generic.import_file(str(log))
+    assert [e.seq for e in more.events] == [e.seq for e in again.events][-1:]

@@ -209,7 +209,9 @@ def read_jsonl(
     without a newline is consumed only when it already parses as JSON (a writer that is
     mid-line almost never leaves valid JSON behind); ``pending_newline`` then tells the
     next read to swallow the newline that completes it without counting a new line. A
-    complete line over :data:`MAX_LINE_BYTES` is skipped and reported as ``oversized``.
+    complete line over :data:`MAX_LINE_BYTES` (trailing carriage returns aside) is skipped
+    and reported as ``oversized``; an unfinished last line over it is not consumed until its
+    writer ends it.
     """
     res = ImportResult(ctx=dict(ctx or {}), end_offset=offset, end_line=line)
     n = line
@@ -226,25 +228,34 @@ def read_jsonl(
             raw = fh.readline(MAX_LINE_BYTES + 2)
             if not raw:
                 break
+            consumed = len(raw)  # bytes of the file this line takes, its newline included
             complete = raw.endswith(b"\n")
             body = raw[:-1] if complete else raw
-            size = len(body)
+            size = len(body)  # the line's bytes, newline excluded
+            content = len(body.rstrip(b"\r"))  # and trailing carriage returns too
             if not complete and len(raw) == MAX_LINE_BYTES + 2:
-                more = b""
-                while True:  # over the limit: the rest of the line is read and let go
+                # Longer than a line that is kept: the rest is read in pieces and let go.
+                tail = raw[-64:]
+                while True:
                     more = fh.readline(1 << 20)
-                    size += len(more) - more.endswith(b"\n")
-                    if not more or more.endswith(b"\n"):
+                    if not more:
                         break
-                if not more:  # an unfinished line at the end: not consumed yet
+                    consumed += len(more)
+                    complete = more.endswith(b"\n")
+                    piece = more[:-1] if complete else more
+                    size += len(piece)
+                    tail = (tail + piece)[-64:]
+                    if complete:
+                        break
+                content = size - (len(tail) - len(tail.rstrip(b"\r")))
+            if content > MAX_LINE_BYTES:
+                if not complete:  # an unfinished line at the end: not consumed yet
                     res.problems.append(
                         Problem("malformed", path, n + 1, "incomplete last line (not consumed)")
                     )
                     break
-                complete = True
-            if complete and (size > len(body) or len(body.rstrip(b"\r")) > MAX_LINE_BYTES):
                 n += 1
-                pos += size + 1
+                pos += consumed
                 res.lines_read += 1
                 res.problems.append(
                     Problem(
@@ -255,6 +266,8 @@ def read_jsonl(
                     )
                 )
                 continue
+            # Within the limit: whatever is past the first MAX_LINE_BYTES + 2 bytes (if the
+            # line was read in pieces) is carriage returns, which strip() drops anyway.
             stripped = body.strip()
             if not complete:
                 if not stripped:
@@ -271,11 +284,11 @@ def read_jsonl(
                 n += 1
                 res.lines_read += 1
                 _dispatch(obj, n, handler, res, path)
-                pos += len(raw)
+                pos += consumed
                 res.pending_newline = True
                 break
             n += 1
-            pos += len(raw)
+            pos += consumed
             if not stripped:
                 continue
             res.lines_read += 1
