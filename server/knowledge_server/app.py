@@ -260,6 +260,8 @@ class KnowledgeApp:
         # The derived layer's rebuild after ingests nobody waits for (ingested()).
         self._rebuild: asyncio.Task[None] | None = None
         self._rebuild_again = False
+        self._rebuild_started: float | None = None  # the event loop's time
+        self._closing = False
         # The knowledge base (kb/): None when this deployment has none.
         self.kb = kb
         self._kb_admin = KnowledgeBaseAdmin(kb, self.record) if kb is not None else None
@@ -490,6 +492,8 @@ class KnowledgeApp:
         ingest, an IngestSessions whose caller went away): rebuild in the background, one
         at a time; asked again meanwhile, once more when it ends, at most every
         REBUILD_AFTER_INGEST_S (a harness that keeps writing is ingested every second)."""
+        if self._closing:
+            return
         if self._rebuild is not None and not self._rebuild.done():
             self._rebuild_again = True
             return
@@ -498,18 +502,36 @@ class KnowledgeApp:
 
     async def _rebuild_after_ingest(self) -> None:
         log = get_logger("knowledge.derived")
+        loop = asyncio.get_running_loop()
         while True:
-            started = asyncio.get_running_loop().time()
+            if self._rebuild_started is not None:
+                wait = self._rebuild_started + REBUILD_AFTER_INGEST_S - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)  # what is asked meanwhile joins this rebuild
+            if self._closing:
+                return
+            self._rebuild_again = False
+            self._rebuild_started = loop.time()
             try:
                 await self.after_ingest()
             except Exception as exc:  # noqa: BLE001 - kept for GetStatus by the lane; the next ingest tries again
                 log.error("derived.rebuild_failed", error_type=type(exc).__name__)
-            if not self._rebuild_again:
+            if not self._rebuild_again or self._closing:
                 return
-            self._rebuild_again = False
-            wait = REBUILD_AFTER_INGEST_S - (asyncio.get_running_loop().time() - started)
-            if wait > 0:
-                await asyncio.sleep(wait)
+
+    async def settle(self, grace: float) -> None:
+        """Before the stores close: no new background rebuild, and the running one (its
+        work is in a thread that cancelling would not stop) gets ``grace`` seconds to end;
+        one still running then is cancelled, and its failure to write is logged."""
+        self._closing = True
+        task = self._rebuild
+        if task is None or task.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), grace)
+        except TimeoutError:
+            get_logger("knowledge.derived").error("derived.rebuild_cut_short", grace_s=grace)
+            task.cancel()
 
     async def bootstrap(self) -> None:
         """Start-up work in the background: ingest logs (or the bundled sample), rebuild

@@ -240,6 +240,7 @@ async def shutdown(served: Served, grace: float) -> None:
         await asyncio.gather(served.http.stop(grace), served.server.stop(grace))
     else:
         await served.server.stop(grace)
+    await served.app.settle(grace)
     served.app.close()
     if served.metrics_endpoint is not None:
         served.metrics_endpoint.close()
