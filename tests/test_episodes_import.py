@@ -475,6 +475,11 @@ def test_codex_duplicate_check_keeps_digests_not_text(tmp_path: Path) -> None:
         fh.write(json.dumps(records[2]) + "\n")
     more = codex.import_file(str(log), offset=res.end_offset, line=res.end_line, ctx=res.ctx)
     assert more.events == []  # the same message written twice is one event
+    # A context stored before kept the raw texts: read back, they become digests of the
+    # same keys, so the repeat is still found and the text leaves the stored context.
+    stored = {**res.ctx, "recent": [f"user/message\x00use GH token {GH_TOKEN} to push"]}
+    again = codex.import_file(str(log), offset=res.end_offset, line=res.end_line, ctx=stored)
+    assert again.events == [] and GH_TOKEN not in json.dumps(again.ctx)
 
 
 def test_an_unfinished_line_over_the_limit_waits_then_is_skipped(tmp_path: Path) -> None:

@@ -77,17 +77,26 @@ def import_file(
     )
 
 
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
 def _sess(res: ImportResult, ctx: dict[str, Any], path: str) -> SessionMeta:
     if not ctx.get("session"):
         ctx["session"] = ctx.get("stem") or "codex"
     return ensure_session(res, ctx["session"], HARNESS, path)
 
 
+def _digest(key: str) -> str:
+    return key if _DIGEST.fullmatch(key) else hashlib.sha256(key.encode()).hexdigest()
+
+
 def _dup(ctx: dict[str, Any], role: str, text: str) -> bool:
     # A digest, not the text: the context is stored with the file's state, and the text
-    # is not redacted yet.
-    key = hashlib.sha256((role + "\x00" + text.strip()[:2000]).encode()).hexdigest()
+    # is not redacted yet. A context stored before kept the texts: they become digests of
+    # the same keys, so a repeat is still found.
+    key = _digest(role + "\x00" + text.strip()[:2000])
     recent: list[str] = ctx.setdefault("recent", [])
+    recent[:] = [_digest(k) for k in recent]
     if key in recent:
         recent.remove(key)
         return True
