@@ -162,6 +162,21 @@ def test_text_from_logs_and_file_names_is_printed_as_text_not_markup(served) -> 
         chunk = _invoke(env, "get-chunk", chunk_id)
         assert chunk.exit_code == 0, chunk.stderr
         assert "src/a[x]ill.py:1-2" in chunk.stdout
+        # A skipped file named in an operation's problems: ".../odd[/x]notes.jsonl".
+        odd = root / "odd["
+        odd.mkdir()
+        (odd / "x]notes.jsonl").write_text("not a session log\n")
+        ingested = _invoke(env, "ingest", str(odd))
+        assert ingested.exit_code == 0, ingested.stderr
+        assert f"{odd}/x]notes.jsonl" in ingested.stderr
+        # Workspace roots in the status table: "[bold]" is a name, not a style.
+        other = root / "[bold]two"
+        other.mkdir()
+        (other / "b.py").write_text("def other():\n    return 2\n")
+        assert _invoke(env, "index", str(other), "--json").exit_code == 0
+        status = _invoke(env, "status")
+        assert status.exit_code == 0, status.stderr
+        assert "[bold]two" in "".join(status.stdout.split())
 
 
 def test_edition_refusal_is_one_line_with_the_edition(served) -> None:  # type: ignore[no-untyped-def]

@@ -19,6 +19,7 @@ import click
 from knowledge_licensing.cli import license_group
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from knowledge_server import __version__
 from knowledge_server.auth import tokens_group
@@ -526,7 +527,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
         notes = lane.reason
         if lane.stale_workspaces:
             notes += f" stale: {', '.join(lane.stale_workspaces)}"
-        t.add_row(lane.lane, lane.index_rev or "-", lane.capability, counts, notes)
+        # Cells as text: the notes name workspaces, which may hold "[" and "]".
+        t.add_row(
+            *(Text(x) for x in (lane.lane, lane.index_rev or "-", lane.capability, counts, notes))
+        )
     out_console.print(t)
 
 

@@ -157,7 +157,7 @@ def run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        TextColumn("{task.fields[current]}"),
+        TextColumn("{task.fields[current]}", markup=False),  # a file's path: text
         console=err_console,
         disable=as_json or not err_console.is_terminal,
     ) as bar:
@@ -185,9 +185,11 @@ def run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
         f" (stopped by {summary.stopped_by}; run again to resume)" if summary.stopped_by else ""
     )
     out_console.print(
-        f"{title} done in {summary.ms / 1000:.1f}s: rev={summary.index_rev} {counters}{stopped}"
+        f"{title} done in {summary.ms / 1000:.1f}s: rev={summary.index_rev} {counters}{stopped}",
+        markup=False,
+        highlight=False,
     )
-    for p in summary.problems[:20]:
-        err_console.print(f"  {p.code}: {p.message}")
+    for p in summary.problems[:20]:  # they name files: printed as text, never as markup
+        err_console.print(f"  {p.code}: {p.message}", markup=False, highlight=False)
     if len(summary.problems) > 20:
         err_console.print(f"  ... and {len(summary.problems) - 20} more")
