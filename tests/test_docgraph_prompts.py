@@ -65,3 +65,28 @@ def test_text_without_markers_is_framed_unchanged() -> None:
     text = "The agent uses <<< and >>> as shell redirections; CHUNK sizes vary."
     _, user = prompts.extraction_messages(text)
     assert between(user, CHUNK_OPEN, CHUNK_CLOSE) == text
+
+
+def test_deep_nesting_is_undone_in_a_bounded_number_of_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each substitution pass undoes one level of nesting (and reads the whole text);
+    past a few passes every run of angle brackets goes at once, so a text nested
+    thousands deep costs a few passes, and still leaves no marker."""
+    passes: list[int] = []
+    real = prompts._MARKER
+
+    class Counting:
+        def sub(self, repl: str, text: str) -> str:
+            passes.append(len(text))
+            return real.sub(repl, text)
+
+    monkeypatch.setattr(prompts, "_MARKER", Counting())
+    deep = "CHUNK" * 5000 + ">>>" * 5000 + f"\n{INJECTED}\n" + "<<<" * 5000 + "CHUNK" * 5000
+    _, user = prompts.extraction_messages(deep)
+    assert len(passes) <= 8
+    assert user.count(CHUNK_CLOSE) == 1 and user.count(CHUNK_OPEN) == 1
+    framed = between(user, CHUNK_OPEN, CHUNK_CLOSE)
+    assert framed is not None and INJECTED in framed
+    monkeypatch.setattr(prompts, "_MARKER", real)
+    assert prompts.as_data(framed) == framed

@@ -85,14 +85,20 @@ _CYRILLIC = re.compile(r"[\u0400-\u04ff]")
 _DELIMITER = re.compile(r"</?\s*(evidence|question)\s*>", re.IGNORECASE)
 
 
+_DELIMITER_PASSES = 8
+
+
 def _as_data(text: str) -> str:
     """``text`` with the prompt's delimiters taken out, until none is left (taking one
-    out can join the text around it into another: ``</</evidence>evidence>``)."""
-    while True:
+    out can join the text around it into another: ``</</evidence>evidence>``). Past
+    _DELIMITER_PASSES passes (nesting that deep was written to get past them) every ``<``
+    goes instead, in one pass that leaves no delimiter."""
+    for _ in range(_DELIMITER_PASSES):
         clean = _DELIMITER.sub(" ", text)
         if clean == text:
             return clean
         text = clean
+    return text.replace("<", " ")
 
 
 _FUSED_MAX = 2.0 / (RRF_K + 1)  # a chunk first in both lists
