@@ -215,6 +215,30 @@ def test_cancel_only_a_task_not_started(tmp_path: Path) -> None:
         kb.queue.cancel(ED, running.id, claimed.version)
 
 
+def test_a_revision_to_process_is_claimed_before_older_restages(tmp_path: Path) -> None:
+    """A backlog of RESTAGE tasks (a reconcile's, or the one an upgrade queues for every
+    indexed revision) never holds up an editor's revision: PROCESS tasks are claimed first,
+    then the restages, oldest first."""
+    kb = _kb(tmp_path)
+    done = []
+    for key in ("a", "b"):
+        rev_id = _approved(kb, key)
+        v = kb.store.revision("org-a", rev_id).version  # type: ignore[union-attr]
+        kb.queue.enqueue(ED, rev_id, v, f"p-{key}")
+        _run_all(kb)
+        done.append(rev_id)
+    restages = [kb.queue.enqueue_restage("org-a", rev_id, "server") for rev_id in done]
+    assert all(r is not None for r in restages)
+    waiting = _approved(kb, "c")
+    v = kb.store.revision("org-a", waiting).version  # type: ignore[union-attr]
+    process = kb.queue.enqueue(ED, waiting, v, "p-c").task
+    order = []
+    while (task := kb.queue.claim("o")) is not None:
+        order.append(task.id)
+        kb.queue.succeed(task, 1, "m")
+    assert order == [process.id, *(r.id for r in restages if r is not None)]
+
+
 def test_tasks_of_another_organisation_are_not_found(tmp_path: Path) -> None:
     from knowledge_server.errors import NotFound
 

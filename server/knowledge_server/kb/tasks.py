@@ -206,9 +206,12 @@ class TaskQueue:
 
     # -- the worker's side -------------------------------------------------------------------
     def claim(self, owner: str) -> TaskRow | None:
-        """The oldest QUEUED task, now RUNNING for ``owner`` (its revision PROCESSING)."""
+        """The oldest QUEUED task, now RUNNING for ``owner`` (its revision PROCESSING);
+        PROCESS tasks before RESTAGE ones (a reconcile's or an upgrade's backlog of
+        restages never holds up an editor's revision)."""
         with self.store.tx() as c:
-            for task in self.store.tasks_in_state("QUEUED"):
+            queued = self.store.tasks_in_state("QUEUED")
+            for task in sorted(queued, key=lambda t: t.kind == "RESTAGE"):
                 rev = self.store.revision(task.org, task.revision_id)
                 if rev is None:
                     self._finish(c, task, "FAILED", "missing_revision", "the revision is gone")
