@@ -9,6 +9,7 @@ and the task counts what it replaced."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import apsw
 from knowledge_server.redact import looks_like_secret
@@ -112,55 +113,61 @@ def test_kb_sec1_a_document_is_redacted_whole_before_chunking_and_counted_once()
     assert pipeline.redacted(plain) == (plain, 0)
 
 
+def _stage_as_uploaded(world: Any, topic_id: str, rev_id: str, title: str) -> None:
+    """Stage a revision's chunks as an earlier version staged them: the text as uploaded."""
+    from knowledge_server.kb import pipeline
+    from knowledge_server.kb.index.port import index_chunks
+
+    kb = world.app.kb
+    rev = kb.store.revision("org-a", rev_id)
+    (src,) = kb.store.sources("org-a", rev_id)
+    source = pipeline.SourceInput(
+        src.id, src.kind, src.file_name, src.media_type, kb.store.blob_path(src.sha256)
+    )
+    raw = pipeline.chunk_document(pipeline.convert_source(source, title))
+    chunks = index_chunks(
+        org="org-a", topic_id=topic_id, revision_id=rev_id, tags=rev.tags, sources=[(src.id, raw)]
+    )
+    kb.index.stage("org-a", rev_id, chunks, kb.embedder.embed([c.text for c in chunks]))
+
+
 def test_kb_sec1_revisions_indexed_before_redaction_are_restaged_on_upgrade(
     tmp_path: Path,
 ) -> None:
     """A store written before processing redacted secrets: its indexed revisions hold the
-    sources' text as uploaded. The schema step that comes with redaction queues each of
-    them once for a RESTAGE, so the next server's worker replaces their chunks with
-    redacted ones; the release stays as it was."""
-    from knowledge_server.kb import pipeline
-    from knowledge_server.kb.index.port import index_chunks
+    sources' text as uploaded, and so do retired ones (offline, rolled back), whose chunks
+    stay until a reconcile drops them. The schema steps that come with redaction queue
+    each of them once for a RESTAGE, so the next server's worker replaces their chunks
+    with redacted ones; states and releases stay as they were."""
     from knowledge_server.kb.store import DB_FILE
 
     world = start_world(tmp_path, "sqlite", rerank_url="")
     try:
         with world.client("admin-org-a") as kc:
             topic_id, rev_id = publish(kc, "staging-db", "Staging database", "v1", markdown=DOC)
-        kb = world.app.kb
-        rev = kb.store.revision("org-a", rev_id)
-        (src,) = kb.store.sources("org-a", rev_id)
-        source = pipeline.SourceInput(
-            src.id, src.kind, src.file_name, src.media_type, kb.store.blob_path(src.sha256)
-        )
-        raw = pipeline.chunk_document(pipeline.convert_source(source, "Staging database"))
-        chunks = index_chunks(
-            org="org-a",
-            topic_id=topic_id,
-            revision_id=rev_id,
-            tags=rev.tags,
-            sources=[(src.id, raw)],
-        )
-        # What an earlier version staged: the text as uploaded.
-        kb.index.stage("org-a", rev_id, chunks, kb.embedder.embed([c.text for c in chunks]))
+            old_id, old_rev = publish(kc, "old-db", "Old database", "v1", markdown=DOC)
+            kc.kb_offline(old_id, old_rev)
+        _stage_as_uploaded(world, topic_id, rev_id, "Staging database")
+        _stage_as_uploaded(world, old_id, old_rev, "Old database")
     finally:
         world.stop()
     index = apsw.Connection(str(tmp_path / "data" / "kb_index.sqlite"))
-    assert any(AWS_KEY in t for (t,) in index.execute("SELECT text FROM chunks"))
+    assert sum(AWS_KEY in t for (t,) in index.execute("SELECT text FROM chunks")) >= 2
     index.close()
     store = apsw.Connection(str(tmp_path / "data" / DB_FILE))
-    store.execute("DELETE FROM migrations WHERE name = '003_restage_for_redaction'")
+    store.execute("DELETE FROM migrations WHERE name LIKE '00%_restage%_for_redaction'")
     store.close()
 
     world = start_world(tmp_path, "sqlite", rerank_url="")
     try:
         with world.client("admin-org-a") as kc:
-            tasks = kc.kb_get_revision(rev_id).tasks
-            restage = [t for t in tasks if t.kind == "RESTAGE"]
-            assert len(restage) == 1
-            done = wait_task(kc, restage[0].id)
-            assert done.state == "SUCCEEDED" and done.secrets_redacted == 2
+            for rev in (rev_id, old_rev):
+                restage = [t for t in kc.kb_get_revision(rev).tasks if t.kind == "RESTAGE"]
+                assert len(restage) == 1, rev
+                done = wait_task(kc, restage[0].id)
+                assert done.state == "SUCCEEDED" and done.secrets_redacted == 2
             assert kc.kb_get_topic(topic_id).topic.release_revision_id == rev_id
+            assert kc.kb_get_revision(old_rev).revision.state == "OFFLINE"
         with world.client("agent-org-a") as kc:
             found = kc.kb_retrieve("staging database password backup bucket")
             assert found.sources and all(AWS_KEY not in s.content for s in found.sources)

@@ -220,18 +220,19 @@ CREATE INDEX embed_calls_task ON embed_calls(org, task_id);
 """
 
 
-def _restage_for_redaction(cur: apsw.Cursor) -> None:
+def _restage_for_redaction(cur: apsw.Cursor, states: tuple[str, ...]) -> None:
     """Revisions indexed before processing redacted secrets hold their sources' text as
-    uploaded: each is queued once for a RESTAGE (the worker processes it again, redaction
-    included, and replaces its chunks; its state and release stay as they are). The
-    states are those that have chunks in the index, as they were when this step was
-    written."""
+    uploaded: each in ``states`` with chunks is queued once for a RESTAGE (the worker
+    processes it again, redaction included, and replaces its chunks; its state and
+    release stay as they are)."""
     stamp = now()
+    marks = ",".join("?" * len(states))
     rows = cur.execute(
-        "SELECT org, id FROM revisions r"
-        " WHERE state IN ('PROCESSED', 'PUBLISHED', 'SUPERSEDED') AND chunk_count > 0"
+        "SELECT org, id FROM revisions r"  # noqa: S608 - placeholders only, values bound
+        f" WHERE state IN ({marks}) AND chunk_count > 0"
         " AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.org = r.org AND t.revision_id = r.id"
-        " AND t.state IN ('QUEUED', 'RUNNING')) ORDER BY org, id"
+        " AND t.state IN ('QUEUED', 'RUNNING')) ORDER BY org, id",
+        states,
     ).fetchall()
     for org, revision_id in rows:
         cur.execute(
@@ -250,7 +251,16 @@ MIGRATIONS = Migrations(
             "002_task_secrets_redacted",
             "ALTER TABLE tasks ADD COLUMN secrets_redacted INTEGER NOT NULL DEFAULT 0;",
         ),
-        Step("003_restage_for_redaction", _restage_for_redaction),
+        # The states whose chunks the index holds, as they were when these steps were
+        # written: then those whose chunks stay until a reconcile drops them.
+        Step(
+            "003_restage_for_redaction",
+            lambda cur: _restage_for_redaction(cur, ("PROCESSED", "PUBLISHED", "SUPERSEDED")),
+        ),
+        Step(
+            "004_restage_retired_for_redaction",
+            lambda cur: _restage_for_redaction(cur, ("OFFLINE", "ROLLED_BACK")),
+        ),
     ),
 )
 
