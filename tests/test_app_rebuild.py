@@ -94,3 +94,32 @@ async def test_a_rebuild_past_the_grace_is_cut_short(tmp_path: Path) -> None:
     finally:
         await rs.server.stop(0)
         rs.app.close()
+
+
+async def test_closing_while_the_next_rebuild_waits_its_interval_ends_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rebuild asked again while it ran waits out the interval before the next one: no
+    rebuild runs then, so closing cancels it at once, without waiting the grace or saying
+    a rebuild was cut short."""
+    monkeypatch.setattr(app_mod, "REBUILD_AFTER_INGEST_S", 30.0)
+    rs = await start_server(tmp_path)
+    runs: list[float] = []
+
+    async def rebuild() -> None:
+        runs.append(time.monotonic())
+        rs.app.ingested()  # asked again while it runs
+        await asyncio.sleep(0.05)
+
+    rs.app.after_ingest = rebuild  # type: ignore[method-assign]
+    try:
+        rs.app.ingested()
+        await asyncio.sleep(0.3)
+        assert len(runs) == 1 and rs.app._rebuild is not None and not rs.app._rebuild.done()
+        await asyncio.wait_for(rs.app.settle(20.0), 2.0)
+        await asyncio.sleep(0.05)
+        assert rs.app._rebuild.cancelled() and len(runs) == 1
+        assert "rebuild_cut_short" not in caplog.text
+    finally:
+        await rs.server.stop(0)
+        rs.app.close()

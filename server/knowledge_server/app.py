@@ -261,6 +261,7 @@ class KnowledgeApp:
         self._rebuild: asyncio.Task[None] | None = None
         self._rebuild_again = False
         self._rebuild_started: float | None = None  # the event loop's time
+        self._rebuilding = False  # in after_ingest, not waiting out the interval
         self._closing = False
         # The knowledge base (kb/): None when this deployment has none.
         self.kb = kb
@@ -512,10 +513,13 @@ class KnowledgeApp:
                 return
             self._rebuild_again = False
             self._rebuild_started = loop.time()
+            self._rebuilding = True
             try:
                 await self.after_ingest()
             except Exception as exc:  # noqa: BLE001 - kept for GetStatus by the lane; the next ingest tries again
                 log.error("derived.rebuild_failed", error_type=type(exc).__name__)
+            finally:
+                self._rebuilding = False
             if not self._rebuild_again or self._closing:
                 return
 
@@ -526,6 +530,9 @@ class KnowledgeApp:
         self._closing = True
         task = self._rebuild
         if task is None or task.done():
+            return
+        if not self._rebuilding:  # waiting out the interval: nothing runs
+            task.cancel()
             return
         try:
             await asyncio.wait_for(asyncio.shield(task), grace)
