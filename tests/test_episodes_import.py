@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import apsw
 import pytest
 from knowledge_server.episodes import EpisodeStore, ingest
 from knowledge_server.episodes.discover import discover
@@ -480,6 +481,33 @@ def test_codex_duplicate_check_keeps_digests_not_text(tmp_path: Path) -> None:
     stored = {**res.ctx, "recent": [f"user/message\x00use GH token {GH_TOKEN} to push"]}
     again = codex.import_file(str(log), offset=res.end_offset, line=res.end_line, ctx=stored)
     assert again.events == [] and GH_TOKEN not in json.dumps(again.ctx)
+    # ... also when the next lines are no messages at all (a tool call, or nothing new).
+    stored = {**res.ctx, "recent": [f"user/message\x00use GH token {GH_TOKEN} to push"]}
+    quiet = codex.import_file(str(log), offset=log.stat().st_size, line=3, ctx=stored)
+    assert quiet.events == [] and GH_TOKEN not in json.dumps(quiet.ctx)
+
+
+def test_a_stored_codex_context_is_made_digests_by_the_schema_step(tmp_path: Path) -> None:
+    """A file never read again keeps its stored context: the episodes store's schema step
+    004 turns the raw texts in it into the digests the importer keeps."""
+    from knowledge_server.episodes.importers.codex import digests
+
+    db = tmp_path / "episodes.sqlite"
+    EpisodeStore(str(db)).close()
+    raw = f"user/message\x00use GH token {GH_TOKEN} to push"
+    conn = apsw.Connection(str(db))
+    conn.execute(
+        "INSERT INTO sources(path, format, size, mtime, inode, offset, line, head_len,"
+        " head_hash, ctx) VALUES ('/logs/r.jsonl', 'codex', 1, 1, 1, 1, 1, 0, '', ?)",
+        (json.dumps({"session": "c1", "recent": [raw]}),),
+    )
+    conn.execute("DELETE FROM migrations WHERE name = '004_codex_context_digests'")
+    conn.close()
+    EpisodeStore(str(db)).close()
+    conn = apsw.Connection(str(db))
+    (ctx,) = conn.execute("SELECT ctx FROM sources").fetchone()
+    conn.close()
+    assert GH_TOKEN not in ctx and json.loads(ctx)["recent"] == digests([raw])
 
 
 def test_an_unfinished_line_over_the_limit_waits_then_is_skipped(tmp_path: Path) -> None:

@@ -1433,6 +1433,28 @@ def _fold_session_cwds(cur: apsw.Cursor) -> None:
         EpisodeStore._bump_gen(cur)
 
 
+def _codex_context_digests(cur: apsw.Cursor) -> None:
+    """The Codex importer's context, stored with each file's state, kept the raw text of
+    recent messages (not redacted) for its duplicate check: each becomes the digest the
+    importer now keeps, so a file never read again gives them up too."""
+    from .importers.codex import digests
+
+    rows = cur.execute(
+        "SELECT path, ctx FROM sources WHERE format = 'codex' AND ctx IS NOT NULL"
+    ).fetchall()
+    for path, raw in rows:
+        try:
+            ctx = json.loads(str(raw))
+        except ValueError:
+            continue
+        if not isinstance(ctx, dict) or not isinstance(ctx.get("recent"), list):
+            continue
+        ctx["recent"] = digests(ctx["recent"])
+        cur.execute(
+            "UPDATE sources SET ctx = ? WHERE path = ?", (json.dumps(ctx, ensure_ascii=False), path)
+        )
+
+
 def _legacy(cur: apsw.Cursor) -> list[str]:
     """The steps a store written before they were recorded has: the baseline, and the
     cwd folding where its ``lane_meta`` flag says it ran."""
@@ -1449,6 +1471,7 @@ MIGRATIONS = Migrations(
         Step("001_initial", _BASELINE),
         Step("002_fold_session_cwds", _fold_session_cwds),
         Step("003_stats_generation", EpisodeStore._bump_gen),
+        Step("004_codex_context_digests", _codex_context_digests),
     ),
     legacy=_legacy,
 )

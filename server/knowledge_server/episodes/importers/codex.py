@@ -72,6 +72,8 @@ def import_file(
     if not ctx:
         stem = os.path.splitext(os.path.basename(path))[0]
         ctx = {"session": None, "stem": stem, "calls": {}, "recent": []}
+    else:
+        ctx = {**ctx, "recent": digests(ctx.get("recent") or [])}
     return read_jsonl(
         path, _handle, offset=offset, line=line, pending_newline=pending_newline, ctx=ctx
     )
@@ -90,13 +92,19 @@ def _digest(key: str) -> str:
     return key if _DIGEST.fullmatch(key) else hashlib.sha256(key.encode()).hexdigest()
 
 
+def digests(recent: list[Any]) -> list[str]:
+    """A stored context's recent keys as digests: one stored before kept the raw texts
+    (the same keys, so a repeat is still found; ``importers`` and the store's schema step
+    ``004_codex_context_digests`` call this)."""
+    return [_digest(str(k)) for k in recent]
+
+
 def _dup(ctx: dict[str, Any], role: str, text: str) -> bool:
     # A digest, not the text: the context is stored with the file's state, and the text
     # is not redacted yet. A context stored before kept the texts: they become digests of
     # the same keys, so a repeat is still found.
     key = _digest(role + "\x00" + text.strip()[:2000])
     recent: list[str] = ctx.setdefault("recent", [])
-    recent[:] = [_digest(k) for k in recent]
     if key in recent:
         recent.remove(key)
         return True
