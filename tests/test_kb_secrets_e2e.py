@@ -201,3 +201,42 @@ def test_kb_sec1_a_text_that_names_a_key_line_keeps_the_rest_of_its_document() -
     clean, count = pipeline.redacted(doc)
     assert count == 1
     assert [b.text for b in clean.blocks[1:]] == [b.text for b in doc.blocks[1:]]
+
+
+def test_kb_sec1_a_key_joined_into_paragraphs_or_cut_by_a_footer_is_found_whole() -> None:
+    """How converters hand over a key: its lines joined into paragraphs (Markdown), a
+    page's footer between its parts (PDF), a short last line. The stretch up to the END
+    line reads as key material and goes; the text around it stays."""
+    from knowledge_server.kb import pipeline
+    from knowledge_server.kb.convert import Block, Document
+
+    body = _pem(24).split("\n")[1:-1]
+    cases = {
+        "paragraphs": [
+            "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,AB12",
+            " ".join(body[:12]),
+            " ".join(body[12:]) + " Zw==",
+            "-----END RSA PRIVATE KEY-----",
+        ],
+        "footer": [
+            "-----BEGIN PRIVATE KEY-----\n" + "\n".join(body[:12]),
+            "Page 1 of 2",
+            "\n".join(body[12:]) + "\nZw==\n-----END PRIVATE KEY-----",
+        ],
+    }
+    for name, key_blocks in cases.items():
+        doc = Document(
+            title="Deploy key",
+            media_type="text/markdown",
+            blocks=(
+                Block("text", "The staging deploy key:"),
+                *(Block("text", t) for t in key_blocks),
+                Block("text", "Rotate it yearly."),
+            ),
+        )
+        clean, count = pipeline.redacted(doc)
+        texts = [b.text for b in clean.blocks]
+        assert count == 1, name
+        assert texts[0] == "The staging deploy key:" and texts[-1] == "Rotate it yearly.", name
+        joined = "\n".join(texts)
+        assert not any(line in joined for line in (*body, "Zw==", "DEK-Info")), (name, joined)

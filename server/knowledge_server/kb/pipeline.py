@@ -134,29 +134,63 @@ def convert_source(
         raise ConversionError(category, str(exc)) from None
 
 
-# A private key is the one secret that spans lines, and so may span blocks (a PDF's lines,
-# a key cut by a page): the blocks after one that opens a key without closing it are the
-# key's while they hold key material alone (base64 lines, PEM header fields), up to its END
-# line. A text that only names the BEGIN line ("a key file starts with -----BEGIN ...-----;
-# never paste it") opens nothing, and a block that is not key material ends the key.
+# A private key is the one secret that spans lines, and so may span blocks: a converter
+# may join its lines into one paragraph (Markdown), or cut it with a page's footer in
+# between (PDF). After a text block that opens a key without closing it, the text blocks
+# up to its END line are the key's when that stretch reads as key material (most of its
+# characters in long base64 words; a footer or a short last line are a small part) and is
+# no longer than a key; without an END line, each next text block that reads as key
+# material. A sentence that names a key's first line ("a key file starts with -----BEGIN
+# ...-----") is prose, not key material, so the sections after it stay.
 _KEY_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 _KEY_END = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
-_KEY_LINE = re.compile(r"[A-Za-z0-9+/=]{8,}|[A-Za-z][A-Za-z-]*: .*")
+_KEY_WORD = re.compile(r"[A-Za-z0-9+/=]{16,}")
+_KEY_MAX_CHARS = 16_384  # longer than a PEM key of 8,192 bits, encrypted or not
 _KEY_REST = "[REDACTED:private-key]"
 
 
-def _key_material(text: str) -> bool:
-    """Every line of ``text`` is a line of a key's body (blank lines aside)."""
-    return all(_KEY_LINE.fullmatch(line.strip()) for line in text.splitlines() if line.strip())
+def _key_like(text: str) -> bool:
+    """At least half of ``text``'s characters (spaces aside) are in long base64 words."""
+    words = text.split()
+    total = sum(len(w) for w in words)
+    return total == 0 or 2 * sum(len(w) for w in words if _KEY_WORD.fullmatch(w)) >= total
 
 
-def _opens_key(text: str) -> bool:
-    """``text`` begins a private key that it does not end, and holds key material alone
-    after its BEGIN line."""
+def _open_key(text: str) -> str | None:
+    """What follows the last BEGIN line of ``text`` when no END line closes it."""
     begins = list(_KEY_BEGIN.finditer(text))
     if not begins or _KEY_END.search(text, begins[-1].end()):
-        return False
-    return _key_material(text[begins[-1].end() :])
+        return None
+    return text[begins[-1].end() :]
+
+
+def _key_blocks(blocks: tuple[convert.Block, ...], at: int) -> dict[int, str]:
+    """The blocks after ``blocks[at]`` (a text block that opens a key) that are the key's,
+    as their redacted text."""
+    opened = _open_key(blocks[at].text)
+    if opened is None:
+        return {}
+    stretch = [opened]
+    for j in range(at + 1, len(blocks)):
+        block = blocks[j]
+        if block.kind != "text" or sum(map(len, stretch)) > _KEY_MAX_CHARS:
+            break
+        end = _KEY_END.search(block.text)
+        if end is not None:
+            stretch.append(block.text[: end.start()])
+            if not _key_like(" ".join(stretch)):
+                break
+            out = {k: _KEY_REST for k in range(at + 1, j)}
+            out[j] = _KEY_REST + block.text[end.end() :]
+            return out
+        stretch.append(block.text)
+    out = {}  # no END line near: the next blocks while each reads as key material
+    if _key_like(opened):
+        for j in range(at + 1, len(blocks)):
+            if blocks[j].kind != "text" or not _key_like(blocks[j].text):
+                break
+            out[j] = _KEY_REST
+    return out
 
 
 def redacted(document: convert.Document) -> tuple[convert.Document, int]:
@@ -167,22 +201,11 @@ def redacted(document: convert.Document) -> tuple[convert.Document, int]:
     indexed, retrieved and quoted to a model never holds one."""
     title, count = redact_counted(document.title)
     blocks = []
-    in_key = False
-    for block in document.blocks:
-        text = block.text
-        if in_key and block.kind == "text":  # the rest of a key an earlier block began
-            end = _KEY_END.search(text)
-            if end is not None and _key_material(text[: end.start()]):
-                text = _KEY_REST + text[end.end() :]  # counted with its BEGIN line
-                in_key = False
-            elif end is None and _key_material(text):
-                text = _KEY_REST
-            else:
-                in_key = False
-        else:
-            in_key = False
-        if not in_key:
-            in_key = block.kind == "text" and _opens_key(text)
+    of_key: dict[int, str] = {}  # blocks that are the rest of a key an earlier one began
+    for i, block in enumerate(document.blocks):
+        text = of_key.get(i, block.text)  # the rest of a key: counted with its BEGIN line
+        if i not in of_key and block.kind == "text":
+            of_key.update(_key_blocks(document.blocks, i))
         clean, n = redact_counted(text)
         question, n_question = redact_counted(block.question)
         count += n + n_question
