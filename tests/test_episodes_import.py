@@ -490,7 +490,7 @@ def test_codex_duplicate_check_keeps_digests_not_text(tmp_path: Path) -> None:
 def test_a_stored_codex_context_is_made_digests_by_the_schema_step(tmp_path: Path) -> None:
     """A file never read again keeps its stored context: the episodes store's schema step
     004 turns the raw texts in it into the digests the importer keeps."""
-    from knowledge_server.episodes.importers.codex import digests
+    from knowledge_server.episodes.model import recent_digests as digests
 
     db = tmp_path / "episodes.sqlite"
     EpisodeStore(str(db)).close()

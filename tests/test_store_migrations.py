@@ -173,6 +173,14 @@ def test_concurrent_openers_of_a_fresh_store_run_each_step_once(tmp_path: Path) 
 # --------------------------------------------------------------------------- stores of the previous version
 
 
+EPISODES_STEPS = (
+    "001_initial",
+    "002_fold_session_cwds",
+    "003_stats_generation",
+    "004_codex_context_digests",
+)
+
+
 def test_episodes_store_of_the_previous_version_is_upgraded(tmp_path: Path) -> None:
     path = _from_fixture(tmp_path / "episodes.sqlite", "episodes_before_migrations.sql")
     # A reader neither upgrades nor refuses it.
@@ -186,7 +194,7 @@ def test_episodes_store_of_the_previous_version_is_upgraded(tmp_path: Path) -> N
     try:
         # Adopted: the baseline recorded as it was; the cwd folding (no flag) ran; the
         # scopes' statistics have a generation.
-        assert _recorded(path) == ["001_initial", "002_fold_session_cwds", "003_stats_generation"]
+        assert _recorded(path) == [*EPISODES_STEPS]
         gen = store.conn.execute("SELECT value FROM lane_meta WHERE key = 'stats_gen'").fetchone()
         assert gen is not None and len(gen[0]) == 32
         assert {s.session_id: s.cwd for s in store.sessions()} == {
@@ -203,7 +211,7 @@ def test_episodes_store_of_the_previous_version_is_upgraded(tmp_path: Path) -> N
     again = EpisodeStore(str(path))
     try:
         assert again.index_rev() == folded
-        assert _recorded(path) == ["001_initial", "002_fold_session_cwds", "003_stats_generation"]
+        assert _recorded(path) == [*EPISODES_STEPS]
     finally:
         again.close()
 
@@ -215,7 +223,7 @@ def test_episodes_store_already_folded_is_adopted_without_folding_again(tmp_path
     conn.close()
     store = EpisodeStore(str(path))
     try:
-        assert _recorded(path) == ["001_initial", "002_fold_session_cwds", "003_stats_generation"]
+        assert _recorded(path) == [*EPISODES_STEPS]
         # Recorded, not run: the revision did not move (the flag said it had run).
         assert store.index_rev() == "episodes:2023-11-14T22:13:20.000Z:1"
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -198,3 +200,17 @@ def parse_event_id(value: str) -> tuple[str, int]:
     if not -(2**63) <= number < 2**63:  # SQLite's integers are 64-bit
         raise ValueError("not an episode id")
     return sid, number
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def recent_digests(recent: list[Any]) -> list[str]:
+    """The Codex importer's duplicate-check keys as the digests it stores: a key that is
+    one already stays, a raw key (a context stored before kept the texts) becomes the
+    digest of the same key, so a repeat is still found (the importer and the store's
+    schema step ``004_codex_context_digests`` use this)."""
+    return [
+        k if _DIGEST.fullmatch(k) else hashlib.sha256(k.encode()).hexdigest()
+        for k in (str(x) for x in recent)
+    ]

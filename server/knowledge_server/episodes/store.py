@@ -48,6 +48,7 @@ from .model import (
     SessionInfo,
     SessionMeta,
     parse_event_id,
+    recent_digests,
 )
 from .model import event_id as make_event_id
 from .text import aux_terms, query_terms
@@ -1437,8 +1438,6 @@ def _codex_context_digests(cur: apsw.Cursor) -> None:
     """The Codex importer's context, stored with each file's state, kept the raw text of
     recent messages (not redacted) for its duplicate check: each becomes the digest the
     importer now keeps, so a file never read again gives them up too."""
-    from .importers.codex import digests
-
     rows = cur.execute(
         "SELECT path, ctx FROM sources WHERE format = 'codex' AND ctx IS NOT NULL"
     ).fetchall()
@@ -1449,7 +1448,7 @@ def _codex_context_digests(cur: apsw.Cursor) -> None:
             continue
         if not isinstance(ctx, dict) or not isinstance(ctx.get("recent"), list):
             continue
-        ctx["recent"] = digests(ctx["recent"])
+        ctx["recent"] = recent_digests(ctx["recent"])
         cur.execute(
             "UPDATE sources SET ctx = ? WHERE path = ?", (json.dumps(ctx, ensure_ascii=False), path)
         )

@@ -11,12 +11,11 @@ versions; a message whose (role, text) matches one of the last few messages is s
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from typing import Any
 
-from ..model import SEQ_STRIDE, Event, Problem, SessionMeta
+from ..model import SEQ_STRIDE, Event, Problem, SessionMeta, recent_digests
 from .base import (
     ImportResult,
     clean_meta,
@@ -73,13 +72,10 @@ def import_file(
         stem = os.path.splitext(os.path.basename(path))[0]
         ctx = {"session": None, "stem": stem, "calls": {}, "recent": []}
     else:
-        ctx = {**ctx, "recent": digests(ctx.get("recent") or [])}
+        ctx = {**ctx, "recent": recent_digests(ctx.get("recent") or [])}
     return read_jsonl(
         path, _handle, offset=offset, line=line, pending_newline=pending_newline, ctx=ctx
     )
-
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def _sess(res: ImportResult, ctx: dict[str, Any], path: str) -> SessionMeta:
@@ -88,22 +84,11 @@ def _sess(res: ImportResult, ctx: dict[str, Any], path: str) -> SessionMeta:
     return ensure_session(res, ctx["session"], HARNESS, path)
 
 
-def _digest(key: str) -> str:
-    return key if _DIGEST.fullmatch(key) else hashlib.sha256(key.encode()).hexdigest()
-
-
-def digests(recent: list[Any]) -> list[str]:
-    """A stored context's recent keys as digests: one stored before kept the raw texts
-    (the same keys, so a repeat is still found; ``importers`` and the store's schema step
-    ``004_codex_context_digests`` call this)."""
-    return [_digest(str(k)) for k in recent]
-
-
 def _dup(ctx: dict[str, Any], role: str, text: str) -> bool:
     # A digest, not the text: the context is stored with the file's state, and the text
     # is not redacted yet. A context stored before kept the texts: they become digests of
     # the same keys, so a repeat is still found.
-    key = _digest(role + "\x00" + text.strip()[:2000])
+    key = recent_digests([role + "\x00" + text.strip()[:2000]])[0]
     recent: list[str] = ctx.setdefault("recent", [])
     if key in recent:
         recent.remove(key)
