@@ -240,3 +240,44 @@ def test_kb_sec1_a_key_joined_into_paragraphs_or_cut_by_a_footer_is_found_whole(
         assert texts[0] == "The staging deploy key:" and texts[-1] == "Rotate it yearly.", name
         joined = "\n".join(texts)
         assert not any(line in joined for line in (*body, "Zw==", "DEK-Info")), (name, joined)
+
+
+def test_kb_sec1_mentions_lists_and_a_second_key_in_an_end_block() -> None:
+    """A BEGIN line named in prose does not reach across the prose to a later example key
+    (each is counted); a list of commit hashes after such a mention is not key material;
+    a key that begins in the block where another ends is found too."""
+    from knowledge_server.kb import pipeline
+    from knowledge_server.kb.convert import Block, Document
+
+    body = _pem(12).split("\n")[1:-1]
+    prose = "To create a key for the staging server run openssl genrsa on the bastion."
+    tutorial = (
+        Block("text", "Never commit a file that contains `-----BEGIN RSA PRIVATE KEY-----`"),
+        Block("text", prose),
+        Block("text", "-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join(body)),
+        Block("text", "-----END RSA PRIVATE KEY-----\nRotate yearly."),
+    )
+    hashes = [f"- {'%040x' % (0xABCDEF12345 * (i + 7))} revert deploy key" for i in range(4)]
+    incident = (
+        Block("text", "The leaked file began with -----BEGIN OPENSSH PRIVATE KEY-----"),
+        *(Block("text", h) for h in hashes),
+    )
+    two = (
+        Block("text", "-----BEGIN EC PRIVATE KEY-----\n" + "\n".join(body[:6])),
+        Block(
+            "text",
+            "\n".join(body[6:]) + "\n-----END EC PRIVATE KEY-----\n"
+            "-----BEGIN EC PRIVATE KEY-----\n" + "\n".join(body[:6]),
+        ),
+        Block("text", "\n".join(body[6:]) + "\n-----END EC PRIVATE KEY-----\nRotate yearly."),
+    )
+    for name, blocks, count, kept in (
+        ("tutorial", tutorial, 2, [prose, "Rotate yearly."]),
+        ("incident", incident, 1, hashes),
+        ("two keys", two, 2, ["Rotate yearly."]),
+    ):
+        clean, n = pipeline.redacted(Document(title="Keys", media_type="text/plain", blocks=blocks))
+        joined = "\n".join(b.text for b in clean.blocks)
+        assert n == count, (name, n)
+        assert all(k in joined for k in kept), (name, joined)
+        assert not any(line in joined for line in body), (name, joined)

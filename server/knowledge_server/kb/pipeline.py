@@ -145,6 +145,7 @@ def convert_source(
 _KEY_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 _KEY_END = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 _KEY_WORD = re.compile(r"[A-Za-z0-9+/=]{16,}")
+_BASE64 = re.compile(r"[A-Za-z0-9+/=]+")
 _KEY_MAX_CHARS = 16_384  # longer than a PEM key of 8,192 bits, encrypted or not
 _KEY_REST = "[REDACTED:private-key]"
 
@@ -153,7 +154,13 @@ def _key_like(text: str) -> bool:
     """At least half of ``text``'s characters (spaces aside) are in long base64 words."""
     words = text.split()
     total = sum(len(w) for w in words)
-    return total == 0 or 2 * sum(len(w) for w in words if _KEY_WORD.fullmatch(w)) >= total
+    return total > 0 and 2 * sum(len(w) for w in words if _KEY_WORD.fullmatch(w)) >= total
+
+
+def _key_only(text: str) -> bool:
+    """``text`` is base64 words alone, one of them long: the body of a key, nothing else."""
+    words = text.split()
+    return any(_KEY_WORD.fullmatch(w) for w in words) and all(_BASE64.fullmatch(w) for w in words)
 
 
 def _open_key(text: str) -> str | None:
@@ -164,18 +171,22 @@ def _open_key(text: str) -> str | None:
     return text[begins[-1].end() :]
 
 
-def _key_blocks(blocks: tuple[convert.Block, ...], at: int) -> dict[int, str]:
-    """The blocks after ``blocks[at]`` (a text block that opens a key) that are the key's,
-    as their redacted text."""
-    opened = _open_key(blocks[at].text)
+def _key_blocks(blocks: tuple[convert.Block, ...], at: int, text: str) -> dict[int, str]:
+    """The blocks after ``blocks[at]`` (a text block whose ``text`` opens a key) that are
+    the key's, as their redacted text. The stretch to the END line stops at a block that
+    is not text or opens a key of its own."""
+    opened = _open_key(text)
     if opened is None:
         return {}
     stretch = [opened]
+    size = len(opened)
     for j in range(at + 1, len(blocks)):
         block = blocks[j]
-        if block.kind != "text" or sum(map(len, stretch)) > _KEY_MAX_CHARS:
+        if block.kind != "text" or size > _KEY_MAX_CHARS:
             break
         end = _KEY_END.search(block.text)
+        if _KEY_BEGIN.search(block.text, 0, end.start() if end else len(block.text)):
+            break  # another key begins before this one ends: this one was a mention
         if end is not None:
             stretch.append(block.text[: end.start()])
             if not _key_like(" ".join(stretch)):
@@ -184,10 +195,11 @@ def _key_blocks(blocks: tuple[convert.Block, ...], at: int) -> dict[int, str]:
             out[j] = _KEY_REST + block.text[end.end() :]
             return out
         stretch.append(block.text)
-    out = {}  # no END line near: the next blocks while each reads as key material
-    if _key_like(opened):
-        for j in range(at + 1, len(blocks)):
-            if blocks[j].kind != "text" or not _key_like(blocks[j].text):
+        size += len(block.text)
+    out = {}  # no END line near: the next blocks while each is key material alone
+    if _key_only(opened):
+        for j in range(at + 1, min(len(blocks), at + 1 + _KEY_MAX_CHARS // 16)):
+            if blocks[j].kind != "text" or not _key_only(blocks[j].text):
                 break
             out[j] = _KEY_REST
     return out
@@ -204,8 +216,8 @@ def redacted(document: convert.Document) -> tuple[convert.Document, int]:
     of_key: dict[int, str] = {}  # blocks that are the rest of a key an earlier one began
     for i, block in enumerate(document.blocks):
         text = of_key.get(i, block.text)  # the rest of a key: counted with its BEGIN line
-        if i not in of_key and block.kind == "text":
-            of_key.update(_key_blocks(document.blocks, i))
+        if block.kind == "text" and text != _KEY_REST:  # what follows an END may open one
+            of_key.update(_key_blocks(document.blocks, i, text))
         clean, n = redact_counted(text)
         question, n_question = redact_counted(block.question)
         count += n + n_question
