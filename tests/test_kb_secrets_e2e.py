@@ -281,3 +281,37 @@ def test_kb_sec1_mentions_lists_and_a_second_key_in_an_end_block() -> None:
         assert n == count, (name, n)
         assert all(k in joined for k in kept), (name, joined)
         assert not any(line in joined for line in body), (name, joined)
+
+
+def test_kb_sec1_a_revision_restaged_for_redaction_and_then_retired_is_not_queued_again(
+    tmp_path: Path,
+) -> None:
+    """Step 003 restaged a published revision, and its topic went offline afterwards: step
+    004 (retired revisions) leaves it, where it failed on the idempotency key before and
+    stopped the server from opening the store."""
+    from knowledge_server.kb.store import DB_FILE, KBStore
+
+    KBStore(tmp_path).close()
+    conn = apsw.Connection(str(tmp_path / DB_FILE))
+    conn.execute("DELETE FROM migrations WHERE name LIKE '004%'")
+    stamp = "2026-01-01T00:00:00.000000Z"
+    conn.execute(
+        "INSERT INTO revisions(id, org, topic_id, version_label, state, version, created_by,"
+        " chunk_count, created_at, updated_at)"
+        " VALUES ('rev_1', 'org-a', 'top_1', 'v1', 'OFFLINE', 5, 'u', 3, ?, ?)",
+        (stamp, stamp),
+    )
+    conn.execute(
+        "INSERT INTO tasks(id, org, revision_id, kind, idempotency_key, state, version,"
+        " created_by, created_at, updated_at) VALUES ('task_1', 'org-a', 'rev_1', 'RESTAGE',"
+        " 'restage:rev_1:redaction', 'SUCCEEDED', 3, 'server', ?, ?)",
+        (stamp, stamp),
+    )
+    conn.close()
+    KBStore(tmp_path).close()
+    conn = apsw.Connection(str(tmp_path / DB_FILE))
+    tasks = conn.execute("SELECT id, state FROM tasks ORDER BY id").fetchall()
+    applied = [r[0] for r in conn.execute("SELECT name FROM migrations ORDER BY name")]
+    conn.close()
+    assert tasks == [("task_1", "SUCCEEDED")]
+    assert applied[-1] == "004_restage_retired_for_redaction"

@@ -220,18 +220,21 @@ CREATE INDEX embed_calls_task ON embed_calls(org, task_id);
 """
 
 
-def _restage_for_redaction(cur: apsw.Cursor, states: tuple[str, ...]) -> None:
+def _restage_for_redaction(cur: apsw.Cursor, states: tuple[str, ...], key: str) -> None:
     """Revisions indexed before processing redacted secrets hold their sources' text as
     uploaded: each in ``states`` with chunks is queued once for a RESTAGE (the worker
     processes it again, redaction included, and replaces its chunks; its state and
-    release stay as they are)."""
+    release stay as they are), under the idempotency key ``restage:<id>:<key>``. One with
+    a task queued or running, or restaged for redaction already (step 003 ran, then the
+    revision was retired), is left as it is."""
     stamp = now()
     marks = ",".join("?" * len(states))
     rows = cur.execute(
         "SELECT org, id FROM revisions r"  # noqa: S608 - placeholders only, values bound
         f" WHERE state IN ({marks}) AND chunk_count > 0"
         " AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.org = r.org AND t.revision_id = r.id"
-        " AND t.state IN ('QUEUED', 'RUNNING')) ORDER BY org, id",
+        " AND (t.state IN ('QUEUED', 'RUNNING') OR (t.kind = 'RESTAGE' AND t.state ="
+        " 'SUCCEEDED' AND t.idempotency_key LIKE 'restage:%:redaction%'))) ORDER BY org, id",
         states,
     ).fetchall()
     for org, revision_id in rows:
@@ -239,7 +242,7 @@ def _restage_for_redaction(cur: apsw.Cursor, states: tuple[str, ...]) -> None:
             "INSERT INTO tasks(id, org, revision_id, kind, idempotency_key, state, version,"
             " created_by, created_at, updated_at)"
             " VALUES (?, ?, ?, 'RESTAGE', ?, 'QUEUED', 1, 'server', ?, ?)",
-            (new_id("task"), org, revision_id, f"restage:{revision_id}:redaction", stamp, stamp),
+            (new_id("task"), org, revision_id, f"restage:{revision_id}:{key}", stamp, stamp),
         )
 
 
@@ -255,11 +258,15 @@ MIGRATIONS = Migrations(
         # written: then those whose chunks stay until a reconcile drops them.
         Step(
             "003_restage_for_redaction",
-            lambda cur: _restage_for_redaction(cur, ("PROCESSED", "PUBLISHED", "SUPERSEDED")),
+            lambda cur: _restage_for_redaction(
+                cur, ("PROCESSED", "PUBLISHED", "SUPERSEDED"), "redaction"
+            ),
         ),
         Step(
             "004_restage_retired_for_redaction",
-            lambda cur: _restage_for_redaction(cur, ("OFFLINE", "ROLLED_BACK")),
+            lambda cur: _restage_for_redaction(
+                cur, ("OFFLINE", "ROLLED_BACK"), "redaction-retired"
+            ),
         ),
     ),
 )
