@@ -489,25 +489,37 @@ def test_codex_duplicate_check_keeps_digests_not_text(tmp_path: Path) -> None:
 
 def test_a_stored_codex_context_is_made_digests_by_the_schema_step(tmp_path: Path) -> None:
     """A file never read again keeps its stored context: the episodes store's schema step
-    004 turns the raw texts in it into the digests the importer keeps."""
+    004 turns the raw texts in it into the digests the importer keeps, with SQLite's
+    secure delete on, so the old rows' text is overwritten rather than left in free pages
+    (a fragment or two of the first row can remain in a page's unused space)."""
     from knowledge_server.episodes.model import recent_digests as digests
 
     db = tmp_path / "episodes.sqlite"
     EpisodeStore(str(db)).close()
-    raw = f"user/message\x00use GH token {GH_TOKEN} to push"
+    raws = {
+        f"/logs/r{i}.jsonl": [
+            f"user/message\x00use GH token {GH_TOKEN} {i}-{k} " + "x" * 1900 for k in range(8)
+        ]
+        for i in range(30)
+    }
     conn = apsw.Connection(str(db))
-    conn.execute(
-        "INSERT INTO sources(path, format, size, mtime, inode, offset, line, head_len,"
-        " head_hash, ctx) VALUES ('/logs/r.jsonl', 'codex', 1, 1, 1, 1, 1, 0, '', ?)",
-        (json.dumps({"session": "c1", "recent": [raw]}),),
-    )
+    for path, raw in raws.items():
+        conn.execute(
+            "INSERT INTO sources(path, format, size, mtime, inode, offset, line, head_len,"
+            " head_hash, ctx) VALUES (?, 'codex', 1, 1, 1, 1, 1, 0, '', ?)",
+            (path, json.dumps({"session": "c1", "recent": raw})),
+        )
     conn.execute("DELETE FROM migrations WHERE name = '004_codex_context_digests'")
     conn.close()
+    before = db.read_bytes().count(GH_TOKEN.encode())
     EpisodeStore(str(db)).close()
     conn = apsw.Connection(str(db))
-    (ctx,) = conn.execute("SELECT ctx FROM sources").fetchone()
+    stored = dict(conn.execute("SELECT path, ctx FROM sources").fetchall())
     conn.close()
-    assert GH_TOKEN not in ctx and json.loads(ctx)["recent"] == digests([raw])
+    assert before >= 240
+    for path, raw in raws.items():
+        assert json.loads(stored[path])["recent"] == digests(raw)
+    assert db.read_bytes().count(GH_TOKEN.encode()) <= 2
 
 
 def test_an_unfinished_line_over_the_limit_waits_then_is_skipped(tmp_path: Path) -> None:

@@ -1438,20 +1438,29 @@ def _codex_context_digests(cur: apsw.Cursor) -> None:
     """The Codex importer's context, stored with each file's state, kept the raw text of
     recent messages (not redacted) for its duplicate check: each becomes the digest the
     importer now keeps, so a file never read again gives them up too."""
-    rows = cur.execute(
-        "SELECT path, ctx FROM sources WHERE format = 'codex' AND ctx IS NOT NULL"
-    ).fetchall()
-    for path, raw in rows:
-        try:
-            ctx = json.loads(str(raw))
-        except ValueError:
-            continue
-        if not isinstance(ctx, dict) or not isinstance(ctx.get("recent"), list):
-            continue
-        ctx["recent"] = recent_digests(ctx["recent"])
-        cur.execute(
-            "UPDATE sources SET ctx = ? WHERE path = ?", (json.dumps(ctx, ensure_ascii=False), path)
-        )
+    paths = [
+        str(r[0])
+        for r in cur.execute("SELECT path FROM sources WHERE format = 'codex' AND ctx IS NOT NULL")
+    ]
+    # The rows' old text is overwritten where SQLite frees it, not left in free pages.
+    (was,) = cur.execute("PRAGMA secure_delete").fetchall()[0]
+    cur.execute("PRAGMA secure_delete = ON")
+    try:
+        for path in paths:  # one context in memory at a time
+            for (raw,) in cur.execute("SELECT ctx FROM sources WHERE path = ?", (path,)).fetchall():
+                try:
+                    ctx = json.loads(str(raw))
+                except ValueError:
+                    continue
+                if not isinstance(ctx, dict) or not isinstance(ctx.get("recent"), list):
+                    continue
+                ctx["recent"] = recent_digests(ctx["recent"])
+                cur.execute(
+                    "UPDATE sources SET ctx = ? WHERE path = ?",
+                    (json.dumps(ctx, ensure_ascii=False), path),
+                )
+    finally:
+        cur.execute(f"PRAGMA secure_delete = {int(was)}")
 
 
 def _legacy(cur: apsw.Cursor) -> list[str]:
