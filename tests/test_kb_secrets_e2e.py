@@ -315,3 +315,55 @@ def test_kb_sec1_a_revision_restaged_for_redaction_and_then_retired_is_not_queue
     conn.close()
     assert tasks == [("task_1", "SUCCEEDED")]
     assert applied[-1] == "004_restage_retired_for_redaction"
+
+
+def test_kb_sec1_a_begin_line_alone_opens_a_key_and_hashes_between_mentions_stay() -> None:
+    """A BEGIN line on a block of its own, its body in the next blocks and no END line (a
+    truncated key, one line per block): the body goes. Commit ids and checksums between a
+    BEGIN and an END named in prose are hexadecimal, not a key's base64: they stay."""
+    from knowledge_server.kb import pipeline
+    from knowledge_server.kb.convert import Block, Document
+
+    body = _pem(8).split("\n")[1:-1]
+    truncated = (
+        Block("text", "-----BEGIN OPENSSH PRIVATE KEY-----"),
+        *(Block("text", b) for b in body),
+    )
+    sums = [f"- {'%064x' % (0x1234567 * (i + 3))} pkg-{i}.tgz" for i in range(4)]
+    mentions = (
+        Block("text", "The leaked file began with -----BEGIN RSA PRIVATE KEY-----."),
+        *(Block("text", s) for s in sums),
+        Block("text", "and it ended with -----END RSA PRIVATE KEY-----."),
+    )
+    clean, n = pipeline.redacted(Document(title="k", media_type="text/plain", blocks=truncated))
+    joined = "\n".join(b.text for b in clean.blocks)
+    assert n == 1 and not any(line in joined for line in body), joined
+    clean, _ = pipeline.redacted(Document(title="k", media_type="text/plain", blocks=mentions))
+    assert [b.text for b in clean.blocks[1:-1]] == sums
+
+
+def test_kb_sec1_a_callers_task_key_in_the_restage_namespace_does_not_stop_the_upgrade(
+    tmp_path: Path,
+) -> None:
+    """ProcessRevision takes any idempotency key, one like a restage's too: the steps that
+    queue restages leave such a key be instead of failing the store's opening."""
+    from knowledge_server.kb.store import DB_FILE, KBStore
+
+    KBStore(tmp_path).close()
+    conn = apsw.Connection(str(tmp_path / DB_FILE))
+    conn.execute("DELETE FROM migrations WHERE name LIKE '004%'")
+    stamp = "2026-01-01T00:00:00.000000Z"
+    for rev, state in (("rev_1", "OFFLINE"), ("rev_2", "APPROVED")):
+        conn.execute(
+            "INSERT INTO revisions(id, org, topic_id, version_label, state, version, created_by,"
+            " chunk_count, created_at, updated_at) VALUES (?, 'org-a', 't', 'v1', ?, 5, 'u', 3, ?, ?)",
+            (rev, state, stamp, stamp),
+        )
+    conn.execute(
+        "INSERT INTO tasks(id, org, revision_id, kind, idempotency_key, state, version,"
+        " created_by, created_at, updated_at) VALUES ('task_1', 'org-a', 'rev_2', 'PROCESS',"
+        " 'restage:rev_1:redaction-retired', 'SUCCEEDED', 3, 'u', ?, ?)",
+        (stamp, stamp),
+    )
+    conn.close()
+    KBStore(tmp_path).close()

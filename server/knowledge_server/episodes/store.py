@@ -1460,7 +1460,7 @@ def _codex_context_digests(cur: apsw.Cursor) -> None:
                     (json.dumps(ctx, ensure_ascii=False), path),
                 )
     finally:
-        cur.execute(f"PRAGMA secure_delete = {int(was)}")
+        cur.execute(f"PRAGMA secure_delete = {'FAST' if int(was) == 2 else int(was)}")
 
 
 def _legacy(cur: apsw.Cursor) -> list[str]:

@@ -146,38 +146,49 @@ _KEY_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
 _KEY_END = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 _KEY_WORD = re.compile(r"[A-Za-z0-9+/=]{16,}")
 _BASE64 = re.compile(r"[A-Za-z0-9+/=]+")
+_HEX = re.compile(r"[0-9a-fA-F]+")
 _KEY_MAX_CHARS = 16_384  # longer than a PEM key of 8,192 bits, encrypted or not
 _KEY_REST = "[REDACTED:private-key]"
+
+
+def _key_word(word: str) -> bool:
+    """A long base64 word that is not hexadecimal alone (a commit id, a checksum): a key's
+    body mixes cases and digits."""
+    return _KEY_WORD.fullmatch(word) is not None and _HEX.fullmatch(word) is None
 
 
 def _key_like(text: str) -> bool:
     """At least half of ``text``'s characters (spaces aside) are in long base64 words."""
     words = text.split()
     total = sum(len(w) for w in words)
-    return total > 0 and 2 * sum(len(w) for w in words if _KEY_WORD.fullmatch(w)) >= total
+    return total > 0 and 2 * sum(len(w) for w in words if _key_word(w)) >= total
 
 
 def _key_only(text: str) -> bool:
     """``text`` is base64 words alone, one of them long: the body of a key, nothing else."""
     words = text.split()
-    return any(_KEY_WORD.fullmatch(w) for w in words) and all(_BASE64.fullmatch(w) for w in words)
+    return any(_key_word(w) for w in words) and all(_BASE64.fullmatch(w) for w in words)
 
 
-def _open_key(text: str) -> str | None:
-    """What follows the last BEGIN line of ``text`` when no END line closes it."""
+def _open_key(text: str) -> tuple[str, bool] | None:
+    """What follows the last BEGIN line of ``text`` when no END line closes it, and
+    whether that BEGIN line stands on a line of its own (not a sentence naming it)."""
     begins = list(_KEY_BEGIN.finditer(text))
     if not begins or _KEY_END.search(text, begins[-1].end()):
         return None
-    return text[begins[-1].end() :]
+    begin = begins[-1]
+    alone = not text[: begin.start()].rsplit("\n", 1)[-1].strip()
+    return text[begin.end() :], alone
 
 
 def _key_blocks(blocks: tuple[convert.Block, ...], at: int, text: str) -> dict[int, str]:
     """The blocks after ``blocks[at]`` (a text block whose ``text`` opens a key) that are
     the key's, as their redacted text. The stretch to the END line stops at a block that
     is not text or opens a key of its own."""
-    opened = _open_key(text)
-    if opened is None:
+    found = _open_key(text)
+    if found is None:
         return {}
+    opened, alone = found
     stretch = [opened]
     size = len(opened)
     for j in range(at + 1, len(blocks)):
@@ -197,7 +208,7 @@ def _key_blocks(blocks: tuple[convert.Block, ...], at: int, text: str) -> dict[i
         stretch.append(block.text)
         size += len(block.text)
     out = {}  # no END line near: the next blocks while each is key material alone
-    if _key_only(opened):
+    if _key_only(opened) or (alone and not opened.strip()):
         for j in range(at + 1, min(len(blocks), at + 1 + _KEY_MAX_CHARS // 16)):
             if blocks[j].kind != "text" or not _key_only(blocks[j].text):
                 break

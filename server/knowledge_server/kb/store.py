@@ -241,7 +241,10 @@ def _restage_for_redaction(cur: apsw.Cursor, states: tuple[str, ...], key: str) 
         cur.execute(
             "INSERT INTO tasks(id, org, revision_id, kind, idempotency_key, state, version,"
             " created_by, created_at, updated_at)"
-            " VALUES (?, ?, ?, 'RESTAGE', ?, 'QUEUED', 1, 'server', ?, ?)",
+            " VALUES (?, ?, ?, 'RESTAGE', ?, 'QUEUED', 1, 'server', ?, ?)"
+            # A caller may have named a task with this key (ProcessRevision takes any): the
+            # step must not fail the store's opening on it.
+            " ON CONFLICT(org, idempotency_key) DO NOTHING",
             (new_id("task"), org, revision_id, f"restage:{revision_id}:{key}", stamp, stamp),
         )
 
