@@ -367,3 +367,9 @@ def test_kb_sec1_a_callers_task_key_in_the_restage_namespace_does_not_stop_the_u
     )
     conn.close()
     KBStore(tmp_path).close()
+    conn = apsw.Connection(str(tmp_path / DB_FILE))
+    applied = [r[0] for r in conn.execute("SELECT name FROM migrations ORDER BY name")]
+    tasks = conn.execute("SELECT id, revision_id, kind FROM tasks ORDER BY id").fetchall()
+    conn.close()
+    assert applied[-1] == "004_restage_retired_for_redaction"
+    assert tasks == [("task_1", "rev_2", "PROCESS")]
