@@ -144,17 +144,6 @@ class _AuditedWork:
         if action is not None:
             self._loop.call_soon_threadsafe(action)
 
-    def _append(self, targets: list[str], outcome: str) -> None:
-        self.recorded = True
-        self.app.audit.append(
-            principal=self.principal.id,
-            org=self.principal.organisation,
-            operation=self.operation,
-            targets=targets,
-            input=self.input,
-            outcome=outcome,
-        )
-
     def of(
         self, work: Callable[[ProgressFn], index_service_pb2.OperationSummary]
     ) -> Callable[[ProgressFn], index_service_pb2.OperationSummary]:
@@ -164,24 +153,21 @@ class _AuditedWork:
             try:
                 summary = work(progress)
             except Exception as exc:
-                reason = exc.reason if isinstance(exc, KnowledgeError) else "KNOWLEDGE_INTERNAL"
-                try:
-                    self._append(self.targets, reason)
-                except Exception as failed:  # noqa: BLE001 - the work's own error goes to the caller
-                    get_logger("knowledge.audit").error(
-                        "audit.append_failed",
-                        operation=self.operation,
-                        error_type=type(failed).__name__,
-                    )
+                self.recorded = True
+                self.app.append_failure(
+                    self.principal,
+                    self.operation,
+                    targets=self.targets,
+                    input=self.input,
+                    outcome=exc.reason if isinstance(exc, KnowledgeError) else "KNOWLEDGE_INTERNAL",
+                )
                 raise
             done = [*self.targets, summary.index_rev] if summary.index_rev else self.targets
+            self.recorded = True
             try:
-                self._append(done, "ok")
-            except Exception as exc:
-                full = as_storage_full(exc)
-                if full is not None:
-                    raise full from None
-                raise
+                self.app.append_event(
+                    self.principal, self.operation, targets=done, input=self.input
+                )
             finally:
                 self._done()
             return summary
@@ -682,7 +668,7 @@ class KnowledgeApp:
                 self._audit = AuditLog(self.data_path("audit.sqlite"))
             return self._audit
 
-    async def record(
+    def append_event(
         self,
         principal: Principal,
         operation: str,
@@ -692,25 +678,56 @@ class KnowledgeApp:
         outcome: str = "ok",
     ) -> AuditEvent:
         """Append one audit event for a write ``principal`` made (``input`` is hashed,
-        never stored). In a thread, and not bound to the call's deadline: the write it
-        records has happened, so its event is written even if the caller has gone."""
-        log = self.audit
-        append = functools.partial(
-            log.append,
-            principal=principal.id,
-            org=principal.organisation,
-            operation=operation,
-            targets=list(targets),
-            input=input,
-            outcome=outcome,
-        )
+        never stored), in the calling thread; a full disk is StorageFull."""
         try:
-            return await asyncio.shield(asyncio.to_thread(append))
+            return self.audit.append(
+                principal=principal.id,
+                org=principal.organisation,
+                operation=operation,
+                targets=list(targets),
+                input=input,
+                outcome=outcome,
+            )
         except Exception as exc:
             full = as_storage_full(exc)
             if full is not None:
                 raise full from None
             raise
+
+    def append_failure(
+        self,
+        principal: Principal,
+        operation: str,
+        *,
+        targets: tuple[str, ...] | list[str] = (),
+        input: object = None,
+        outcome: str,
+    ) -> None:
+        """``append_event`` for an operation that failed: the operation's own error is
+        what the caller gets, so an event that cannot be written (e.g. the disk is full,
+        which may be why the operation failed) is logged instead of replacing it."""
+        try:
+            self.append_event(principal, operation, targets=targets, input=input, outcome=outcome)
+        except Exception as exc:  # noqa: BLE001 - the operation's error goes to the caller
+            get_logger("knowledge.audit").error(
+                "audit.append_failed", operation=operation, error_type=type(exc).__name__
+            )
+
+    async def record(
+        self,
+        principal: Principal,
+        operation: str,
+        *,
+        targets: tuple[str, ...] | list[str] = (),
+        input: object = None,
+        outcome: str = "ok",
+    ) -> AuditEvent:
+        """``append_event`` in a thread, not bound to the call's deadline: the write it
+        records has happened, so its event is written even if the caller has gone."""
+        append = functools.partial(
+            self.append_event, principal, operation, targets=targets, input=input, outcome=outcome
+        )
+        return await asyncio.shield(asyncio.to_thread(append))
 
     async def record_failure(
         self,
@@ -721,15 +738,11 @@ class KnowledgeApp:
         input: object = None,
         outcome: str,
     ) -> None:
-        """``record`` for an operation that failed: the operation's own error is what the
-        caller gets, so an event that cannot be written (e.g. the disk is full, which may
-        be why the operation failed) is logged instead of replacing it."""
-        try:
-            await self.record(principal, operation, targets=targets, input=input, outcome=outcome)
-        except Exception as exc:  # noqa: BLE001 - the operation's error goes to the caller
-            get_logger("knowledge.audit").error(
-                "audit.append_failed", operation=operation, error_type=type(exc).__name__
-            )
+        """``append_failure`` in a thread, as ``record``."""
+        append = functools.partial(
+            self.append_failure, principal, operation, targets=targets, input=input, outcome=outcome
+        )
+        await asyncio.shield(asyncio.to_thread(append))
 
     def reload(self) -> None:
         """SIGHUP: re-read the licence."""
