@@ -15,6 +15,7 @@ lives in a configuration file itself.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,9 +31,29 @@ __all__ = [
     "LLMSettings",
     "LLMUnavailable",
     "make_client",
+    "without_delimiters",
 ]
 
 NOT_CONFIGURED_REASON = "LLM not configured"
+# Passes of a delimiter's substitution before the blunt one (without_delimiters): each
+# pass undoes one level of nesting, and a text nested deeper was written to get past it.
+DELIMITER_PASSES = 8
+
+
+def without_delimiters(text: str, delimiter: re.Pattern[str], blunt: re.Pattern[str]) -> str:
+    """Untrusted ``text`` for a prompt that frames it between delimiters: every match of
+    ``delimiter`` replaced by a space, until none is left (taking one out can join the
+    text around it into another: ``CHUNKCHUNK>>>>>>``). Past DELIMITER_PASSES passes (each
+    reads the whole text again) every match of ``blunt`` goes instead, in one pass after
+    which no delimiter can be left."""
+    for _ in range(DELIMITER_PASSES):
+        clean = delimiter.sub(" ", text)
+        if clean == text:
+            return clean
+        text = clean
+    return blunt.sub(" ", text)
+
+
 _RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 

@@ -39,7 +39,7 @@ import apsw
 from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2 as pb
 from knowledge_server.auth_model import Principal
 from knowledge_server.code.embed import Embedder
-from knowledge_server.docgraph.llm import LLMClient
+from knowledge_server.docgraph.llm import LLMClient, without_delimiters
 from knowledge_server.errors import DependencyUnavailable, InvalidRequest, UnknownTag
 from knowledge_server.kb.deps import Budget, Reranker, call_within, chat
 from knowledge_server.kb.deps import embed_question as _embed
@@ -85,20 +85,13 @@ _CYRILLIC = re.compile(r"[\u0400-\u04ff]")
 _DELIMITER = re.compile(r"</?\s*(evidence|question)\s*>", re.IGNORECASE)
 
 
-_DELIMITER_PASSES = 8
+# Every delimiter holds a "<": with those gone, none is left.
+_ANGLE = re.compile("<")
 
 
 def _as_data(text: str) -> str:
-    """``text`` with the prompt's delimiters taken out, until none is left (taking one
-    out can join the text around it into another: ``</</evidence>evidence>``). Past
-    _DELIMITER_PASSES passes (nesting that deep was written to get past them) every ``<``
-    goes instead, in one pass that leaves no delimiter."""
-    for _ in range(_DELIMITER_PASSES):
-        clean = _DELIMITER.sub(" ", text)
-        if clean == text:
-            return clean
-        text = clean
-    return text.replace("<", " ")
+    """``text`` with the prompt's delimiters taken out (``without_delimiters``)."""
+    return without_delimiters(text, _DELIMITER, _ANGLE)
 
 
 _FUSED_MAX = 2.0 / (RRF_K + 1)  # a chunk first in both lists
