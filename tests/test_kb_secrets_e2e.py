@@ -283,37 +283,53 @@ def test_kb_sec1_mentions_lists_and_a_second_key_in_an_end_block() -> None:
         assert not any(line in joined for line in body), (name, joined)
 
 
+STAMP = "2026-01-01T00:00:00.000000Z"
+
+
+def _upgraded_from_step_003(
+    root: Path, revisions: list[tuple[str, str]], tasks: list[tuple[str, str, str, str, str]]
+) -> tuple[list[tuple[str, str, str, str]], list[str]]:
+    """A store as step 003 left it, holding ``revisions`` ((id, state), 3 chunks each) and
+    ``tasks`` ((id, revision, kind, idempotency key, state)), opened by the current code:
+    its tasks (id, revision, kind, state) and the steps it has recorded."""
+    from knowledge_server.kb.store import DB_FILE, KBStore
+
+    KBStore(root).close()
+    conn = apsw.Connection(str(root / DB_FILE))
+    conn.execute("DELETE FROM migrations WHERE name LIKE '004%'")
+    for rev, state in revisions:
+        conn.execute(
+            "INSERT INTO revisions(id, org, topic_id, version_label, state, version, created_by,"
+            " chunk_count, created_at, updated_at) VALUES (?, 'org-a', 't', 'v1', ?, 5, 'u', 3, ?, ?)",
+            (rev, state, STAMP, STAMP),
+        )
+    for task, rev, kind, key, state in tasks:
+        conn.execute(
+            "INSERT INTO tasks(id, org, revision_id, kind, idempotency_key, state, version,"
+            " created_by, created_at, updated_at) VALUES (?, 'org-a', ?, ?, ?, ?, 3, 'u', ?, ?)",
+            (task, rev, kind, key, state, STAMP, STAMP),
+        )
+    conn.close()
+    KBStore(root).close()
+    conn = apsw.Connection(str(root / DB_FILE))
+    after = conn.execute("SELECT id, revision_id, kind, state FROM tasks ORDER BY id").fetchall()
+    applied = [r[0] for r in conn.execute("SELECT name FROM migrations ORDER BY name")]
+    conn.close()
+    return after, applied
+
+
 def test_kb_sec1_a_revision_restaged_for_redaction_and_then_retired_is_not_queued_again(
     tmp_path: Path,
 ) -> None:
     """Step 003 restaged a published revision, and its topic went offline afterwards: step
     004 (retired revisions) leaves it, where it failed on the idempotency key before and
     stopped the server from opening the store."""
-    from knowledge_server.kb.store import DB_FILE, KBStore
-
-    KBStore(tmp_path).close()
-    conn = apsw.Connection(str(tmp_path / DB_FILE))
-    conn.execute("DELETE FROM migrations WHERE name LIKE '004%'")
-    stamp = "2026-01-01T00:00:00.000000Z"
-    conn.execute(
-        "INSERT INTO revisions(id, org, topic_id, version_label, state, version, created_by,"
-        " chunk_count, created_at, updated_at)"
-        " VALUES ('rev_1', 'org-a', 'top_1', 'v1', 'OFFLINE', 5, 'u', 3, ?, ?)",
-        (stamp, stamp),
+    tasks, applied = _upgraded_from_step_003(
+        tmp_path,
+        [("rev_1", "OFFLINE")],
+        [("task_1", "rev_1", "RESTAGE", "restage:rev_1:redaction", "SUCCEEDED")],
     )
-    conn.execute(
-        "INSERT INTO tasks(id, org, revision_id, kind, idempotency_key, state, version,"
-        " created_by, created_at, updated_at) VALUES ('task_1', 'org-a', 'rev_1', 'RESTAGE',"
-        " 'restage:rev_1:redaction', 'SUCCEEDED', 3, 'server', ?, ?)",
-        (stamp, stamp),
-    )
-    conn.close()
-    KBStore(tmp_path).close()
-    conn = apsw.Connection(str(tmp_path / DB_FILE))
-    tasks = conn.execute("SELECT id, state FROM tasks ORDER BY id").fetchall()
-    applied = [r[0] for r in conn.execute("SELECT name FROM migrations ORDER BY name")]
-    conn.close()
-    assert tasks == [("task_1", "SUCCEEDED")]
+    assert tasks == [("task_1", "rev_1", "RESTAGE", "SUCCEEDED")]
     assert applied[-1] == "004_restage_retired_for_redaction"
 
 
@@ -347,29 +363,10 @@ def test_kb_sec1_a_callers_task_key_in_the_restage_namespace_does_not_stop_the_u
 ) -> None:
     """ProcessRevision takes any idempotency key, one like a restage's too: the steps that
     queue restages leave such a key be instead of failing the store's opening."""
-    from knowledge_server.kb.store import DB_FILE, KBStore
-
-    KBStore(tmp_path).close()
-    conn = apsw.Connection(str(tmp_path / DB_FILE))
-    conn.execute("DELETE FROM migrations WHERE name LIKE '004%'")
-    stamp = "2026-01-01T00:00:00.000000Z"
-    for rev, state in (("rev_1", "OFFLINE"), ("rev_2", "APPROVED")):
-        conn.execute(
-            "INSERT INTO revisions(id, org, topic_id, version_label, state, version, created_by,"
-            " chunk_count, created_at, updated_at) VALUES (?, 'org-a', 't', 'v1', ?, 5, 'u', 3, ?, ?)",
-            (rev, state, stamp, stamp),
-        )
-    conn.execute(
-        "INSERT INTO tasks(id, org, revision_id, kind, idempotency_key, state, version,"
-        " created_by, created_at, updated_at) VALUES ('task_1', 'org-a', 'rev_2', 'PROCESS',"
-        " 'restage:rev_1:redaction-retired', 'SUCCEEDED', 3, 'u', ?, ?)",
-        (stamp, stamp),
+    tasks, applied = _upgraded_from_step_003(
+        tmp_path,
+        [("rev_1", "OFFLINE"), ("rev_2", "APPROVED")],
+        [("task_1", "rev_2", "PROCESS", "restage:rev_1:redaction-retired", "SUCCEEDED")],
     )
-    conn.close()
-    KBStore(tmp_path).close()
-    conn = apsw.Connection(str(tmp_path / DB_FILE))
-    applied = [r[0] for r in conn.execute("SELECT name FROM migrations ORDER BY name")]
-    tasks = conn.execute("SELECT id, revision_id, kind FROM tasks ORDER BY id").fetchall()
-    conn.close()
     assert applied[-1] == "004_restage_retired_for_redaction"
-    assert tasks == [("task_1", "rev_2", "PROCESS")]
+    assert tasks == [("task_1", "rev_2", "PROCESS", "SUCCEEDED")]
