@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -68,6 +69,21 @@ def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+async def _scrape_once_counted(
+    port: int, name: str, **labels: str
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A scrape taken once the last call is counted: a refused call's status reaches the
+    client before the server's interceptor has counted it, and a scrape that blocked the
+    event loop kept it from doing so. The scrape runs in a thread; at most 5 s."""
+    samples = await asyncio.to_thread(_scrape, port)
+    for _ in range(250):
+        if _value(samples, name, **labels):
+            break
+        await asyncio.sleep(0.02)
+        samples = await asyncio.to_thread(_scrape, port)
+    return samples
+
+
 SEARCH = "/knowledge.v1.KnowledgeService/Search"
 
 
@@ -113,7 +129,12 @@ async def test_metrics_move_with_real_calls(tmp_path: Path) -> None:
         assert again.lanes.code == both.lanes.code
         assert not nothing.lanes.code.items
         assert big.limits.truncated
-        m = _scrape(endpoint.port)
+        m = await _scrape_once_counted(
+            endpoint.port,
+            "knowledge_rpc_calls_total",
+            method="/knowledge.v1.DocGraphService/Themes",
+            code="PERMISSION_DENIED",
+        )
     finally:
         await shutdown(rs.served, 0)
 
