@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import cast
 
 import apsw
 import numpy as np
@@ -128,7 +129,10 @@ def _matrix(conn: apsw.Connection, vtbl: str, nbytes: int) -> BitMatrix:
             hit = _cache.get(key)
             if hit is not None and hit[0] == epoch:
                 return hit[1]
-            rows = conn.execute(f"SELECT rowid, embedding FROM {vtbl}").fetchall()  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
+            rows = cast(
+                list[tuple[int, bytes]],
+                conn.execute(f"SELECT rowid, embedding FROM {vtbl}").fetchall(),  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
+            )
         matrix = BitMatrix.from_rows(rows, nbytes)
         if conn.filename:  # in-memory databases share the name ""
             _cache[key] = (epoch, matrix)

@@ -64,7 +64,8 @@ def _normalise(m: np.ndarray) -> np.ndarray:
         m = m[None, :]
     norms = np.linalg.norm(m, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
-    return (m / norms).astype(np.float32, copy=False)
+    out: np.ndarray = (m / norms).astype(np.float32, copy=False)
+    return out
 
 
 _WORD = re.compile(r"\w+")
@@ -91,7 +92,8 @@ def _mixing_matrix(dim: int) -> np.ndarray | None:
     while h.shape[0] < dim:
         h = np.kron(h, base)
     m = (h * _signs(dim, "d1")) @ (h * _signs(dim, "d2"))
-    return (m / dim).astype(np.float32)
+    out: np.ndarray = (m / dim).astype(np.float32)
+    return out
 
 
 class HashingEmbedder:

@@ -9,7 +9,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import apsw
 import numpy as np
@@ -259,11 +259,15 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
         fhash = res["hash"]
         if res["known"]:
             # Same content (touched, or left by an interrupted run): keep its chunks.
-            row = conn.execute(
-                "SELECT id FROM file_versions WHERE workspace=? AND path=? AND file_hash=?"
-                " AND chunker=?",
-                (ws, wf.path, fhash, CHUNKER_VERSION),
-            ).fetchone()
+            # The worker found this version in the store ("known"), so the row exists.
+            row = cast(
+                tuple[int],
+                conn.execute(
+                    "SELECT id FROM file_versions WHERE workspace=? AND path=? AND file_hash=?"
+                    " AND chunker=?",
+                    (ws, wf.path, fhash, CHUNKER_VERSION),
+                ).fetchone(),
+            )
             with conn:
                 conn.execute(
                     "UPDATE file_versions SET size=?, mtime_ns=? WHERE id=?",
@@ -521,7 +525,9 @@ def fill_vectors(  # noqa: C901 - one loop: gather, embed a batch, commit it, re
             update_missing()
             _log.info("code.embed.stopped", **_fill_log(embedder, done, total, started))
             raise IndexInterrupted(f"stopped after embedding {done}/{total} chunks")
-        vecs = embedder.embed([f"{p} {s}\n{t}" for _, p, s, t in batch]) if batch else []
+        vecs: np.ndarray | list[np.ndarray] = (
+            embedder.embed([f"{p} {s}\n{t}" for _, p, s, t in batch]) if batch else []
+        )
         with conn:
             for (cid, *_), v in zip(batch, vecs, strict=True):
                 blob = np.ascontiguousarray(v, dtype=np.float32).tobytes()
@@ -548,11 +554,14 @@ def fill_vectors(  # noqa: C901 - one loop: gather, embed a batch, commit it, re
             _log.info("code.embed.progress", **_fill_log(embedder, done, total, started))
 
     for fid, _ in files:
-        for cid, path, symbol, text, stored in conn.execute(
-            f"SELECT c.id, c.path, c.symbol, c.text, EXISTS(SELECT 1 FROM {vtbl}_f v"  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
-            " WHERE v.id = c.id) FROM chunks c WHERE c.file_id = ? ORDER BY c.id",
-            (fid,),
-        ).fetchall():
+        for cid, path, symbol, text, stored in cast(
+            list[tuple[int, str, str, str, int]],
+            conn.execute(
+                f"SELECT c.id, c.path, c.symbol, c.text, EXISTS(SELECT 1 FROM {vtbl}_f v"  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
+                " WHERE v.id = c.id) FROM chunks c WHERE c.file_id = ? ORDER BY c.id",
+                (fid,),
+            ).fetchall(),
+        ):
             if stored:  # embedded by a run that stopped before the file was complete
                 done += 1
                 continue

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import apsw
 import numpy as np
@@ -37,7 +37,7 @@ import numpy as np
 from knowledge_server import fts
 from knowledge_server.logs import get_logger
 
-from .store import FILE_WEIGHTS, FTS_WEIGHTS
+from .store import FILE_WEIGHTS, FTS_WEIGHTS, scalar
 from .tokenize import index_tokens
 
 __all__ = [
@@ -95,14 +95,14 @@ def state_key(conn: apsw.Connection) -> tuple[Any, ...]:
     """What a copy is valid for: the newest chunk and file version, the workspaces'
     current revisions, and the two tables' totals record (row and token counts, which
     every insert and delete changes). Read inside the caller's read transaction."""
-    return tuple(
-        conn.execute(
-            "SELECT (SELECT max(rowid) FROM chunks), (SELECT max(id) FROM file_versions),"
-            " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces),"
-            " (SELECT block FROM chunks_fts_data WHERE id = 1),"
-            " (SELECT block FROM files_fts_data WHERE id = 1)"
-        ).fetchone()
-    )
+    # A SELECT of scalar subqueries has exactly one row.
+    row = conn.execute(
+        "SELECT (SELECT max(rowid) FROM chunks), (SELECT max(id) FROM file_versions),"
+        " (SELECT group_concat(coalesce(current_rev_id, ''), ',') FROM workspaces),"
+        " (SELECT block FROM chunks_fts_data WHERE id = 1),"
+        " (SELECT block FROM files_fts_data WHERE id = 1)"
+    ).fetchone()
+    return tuple(cast(tuple[Any, ...], row))
 
 
 class Scoped(NamedTuple):
@@ -422,7 +422,7 @@ def build(
 
     with conn:
         key = state_key(conn)
-        if int(conn.execute("SELECT count(*) FROM chunks").fetchone()[0]) > MAX_CHUNKS:
+        if int(scalar(conn, "SELECT count(*) FROM chunks")) > MAX_CHUNKS:
             return None
         files = [
             tuple(map(_intern, r))
@@ -462,11 +462,11 @@ def build(
     stems = np.asarray(stem, dtype=np.int32)
     # A file version's id, content, path and chunker: its chunks are the same.
     f_keys = [(int(r[0]), f"{r[5]}\x00{r[2]}\x00{r[6]}") for r in files]
-    f_tokens = {}
-    for i, (r, k) in enumerate(zip(files, f_keys, strict=True)):
+    f_tokens: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+    for i, (r, fk) in enumerate(zip(files, f_keys, strict=True)):
         if i % BATCH_ROWS == 0 and stop():
             return None
-        held_f = f_held.get(k)
+        held_f = f_held.get(fk)
         if held_f is None:
             parts = [stems[c_tokens[ck][0]] for _, _, ck in sorted(of_file.get(int(r[0]), []))]
             body = np.concatenate(parts) if parts else np.zeros(0, np.int32)
@@ -476,7 +476,7 @@ def build(
                 return None
             path = [f_vocab.setdefault(t, len(f_vocab)) for t in tok_f(index_tokens(r[2]), False)]
             held_f = (body, np.asarray(path, dtype=np.int32))
-        f_tokens[k] = held_f
+        f_tokens[fk] = held_f
     mem = StoreMemory(
         key,
         rows,

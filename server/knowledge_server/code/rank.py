@@ -804,7 +804,7 @@ def opaque_ids(text: str) -> OpaqueIds:
     ``add``, ``bad`` or ``cafe``, are often in some file of a repository. So a file shows
     the ID only when it holds all its segments (a UUID with four or five telling groups:
     all but one)."""
-    ids = []
+    ids: list[tuple[tuple[frozenset[str], ...], int]] = []
     spans = []
     for m in _UUID.finditer(text):
         segs = tuple(
@@ -820,9 +820,9 @@ def opaque_ids(text: str) -> OpaqueIds:
         if any(a <= m.start() < b for a, b in spans):
             continue
         parts = split_uncached(m.group(0))
-        seg = frozenset(t for t in parts if telling(t)) if _is_hash(m.group(0)) else None
-        if seg:
-            ids.append(((seg,), 0))
+        hashed = frozenset(t for t in parts if telling(t)) if _is_hash(m.group(0)) else None
+        if hashed:
+            ids.append(((hashed,), 0))
         else:
             free.update(parts)
     return OpaqueIds(tuple(ids), frozenset(free))

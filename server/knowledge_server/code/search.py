@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import apsw
 import numpy as np
@@ -23,7 +23,7 @@ from knowledge_server.schema import int_array, prefix_upper
 
 from . import bitknn, memory, rank
 from .embed import Embedder, HashingEmbedder
-from .model import ChunkRecord, CodeHit, CodeSearchResult, Freshness, IndexOptions
+from .model import Capability, ChunkRecord, CodeHit, CodeSearchResult, Freshness, IndexOptions
 from .store import (
     FILE_SCORE,
     FILE_WEIGHTS,
@@ -297,11 +297,14 @@ def _scoped_stats(conn: apsw.Connection, table: str, workspaces: Sequence[str]) 
     key = (table, _scope_key(workspaces), "stats")
     held = known.get(key)
     if held is None:
-        n, tokens = conn.execute(
-            f"SELECT count(*), coalesce(sum(knowledge_docsize(d.sz)), 0) FROM {rows}"  # noqa: S608 - constants
-            f" CROSS JOIN {fts_table}_docsize d ON d.id = {row_id} WHERE {_IN_SCOPE}",
-            (_json_list(workspaces),),
-        ).fetchone()
+        n, tokens = cast(
+            tuple[int, int],
+            conn.execute(
+                f"SELECT count(*), coalesce(sum(knowledge_docsize(d.sz)), 0) FROM {rows}"  # noqa: S608 - constants
+                f" CROSS JOIN {fts_table}_docsize d ON d.id = {row_id} WHERE {_IN_SCOPE}",
+                (_json_list(workspaces),),
+            ).fetchone(),
+        )
         held = known[key] = (int(n), int(tokens))
     return held
 
@@ -341,7 +344,7 @@ def _scoped_score(
     holds ``phrases`` in that order, and its parameters: FTS5's bm25() for the whole
     store, ``knowledge_bm25`` with the workspaces' statistics (``idf``: each phrase's,
     when the caller has them)."""
-    native = (FTS_SCORE if table == "chunks" else FILE_SCORE), []
+    native: tuple[str, list[Any]] = (FTS_SCORE if table == "chunks" else FILE_SCORE), []
     if workspaces is None:
         return native
     fts_table = _SCOPED_TABLES[table][0]
@@ -550,10 +553,13 @@ def _vector(
     ids = list(dict.fromkeys([r[0] for r in rows] + [r[0] for r in also]))
     if not ids:
         return [], {}
-    found = conn.execute(
-        f"SELECT id, v FROM {vtbl}_f WHERE id IN (SELECT value FROM carray(?))",  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
-        (int_array(ids),),
-    ).fetchall()
+    found = cast(
+        list[tuple[int, bytes]],
+        conn.execute(
+            f"SELECT id, v FROM {vtbl}_f WHERE id IN (SELECT value FROM carray(?))",  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
+            (int_array(ids),),
+        ).fetchall(),
+    )
     sims: dict[int, float] = {}
     if found:
         m = np.frombuffer(b"".join(v for _, v in found), dtype=np.float32).reshape(len(found), -1)
@@ -600,7 +606,10 @@ def _vec_baseline(
     if len(_baselines) > 64:
         _baselines.clear()
     key = (conn.filename, vtbl, scope)
-    lo, hi = conn.execute(f"SELECT min(id), max(id) FROM {vtbl}_f").fetchone()  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
+    lo, hi = cast(
+        tuple[int | None, int | None],
+        conn.execute(f"SELECT min(id), max(id) FROM {vtbl}_f").fetchone(),  # noqa: S608 - vtbl is a checked vec_<hex> name (code.store)
+    )
     missing = scalar(conn, "SELECT coalesce(sum(vec_missing), 0) FROM revisions")
     state = (_store_state(conn), lo, hi, missing)
     held = _baselines.get(key)
@@ -618,14 +627,17 @@ def _vec_baseline(
             ]
             step = max(1, len(theirs) // _BASELINE_VECTORS)
             ids = theirs[::step][:_BASELINE_VECTORS]
-        elif lo is not None:
+        elif lo is not None and hi is not None:  # both or neither
             step = max(1, (int(hi) - int(lo) + 1) // _BASELINE_VECTORS)
             ids = list(range(int(lo), int(hi) + 1, step))[:_BASELINE_VECTORS]
         if ids:
-            found = conn.execute(
-                f"SELECT v FROM {vtbl}_f WHERE id IN (SELECT value FROM carray(?))",  # noqa: S608 - as above
-                (int_array(ids),),
-            ).fetchall()
+            found = cast(
+                list[tuple[bytes]],
+                conn.execute(
+                    f"SELECT v FROM {vtbl}_f WHERE id IN (SELECT value FROM carray(?))",  # noqa: S608 - as above
+                    (int_array(ids),),
+                ).fetchall(),
+            )
         m = np.frombuffer(b"".join(v for (v,) in found), dtype=np.float32).reshape(
             len(found), qvec.shape[-1]
         )
@@ -761,7 +773,8 @@ def _file_query(
     n: int,
     token: int | None,
 ) -> list[tuple[int, str, str, float]]:
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if workspaces is not None:
         where.append("w.root IN (SELECT value FROM json_each(?))")
         params.append(_json_list(workspaces))
@@ -826,10 +839,13 @@ def _file_of(conn: apsw.Connection, chunk_ids: Sequence[int]) -> dict[int, int]:
     if not chunk_ids:
         return {}
     return dict(
-        conn.execute(
-            "SELECT id, file_id FROM chunks WHERE id IN (SELECT value FROM carray(?))",
-            (int_array(chunk_ids),),
-        ).fetchall()
+        cast(
+            list[tuple[int, int]],
+            conn.execute(
+                "SELECT id, file_id FROM chunks WHERE id IN (SELECT value FROM carray(?))",
+                (int_array(chunk_ids),),
+            ).fetchall(),
+        )
     )
 
 
@@ -904,7 +920,7 @@ def _rows_by_file(
         + _scope_and(scope, "c.id IN (SELECT value FROM carray(?))"),
         [*scope[1], int_array(chunk_ids)],
     ).fetchall()
-    return {r[12]: r[:12] for r in rows}
+    return {cast(int, r[12]): r[:12] for r in rows}
 
 
 # A named line between two chunks (a blank line, a comment between definitions) is
@@ -940,10 +956,13 @@ def _texts(conn: apsw.Connection, ids: list[int]) -> dict[int, str]:
     if not ids:
         return {}
     return dict(
-        conn.execute(
-            "SELECT id, text FROM chunks WHERE id IN (SELECT value FROM carray(?))",
-            (int_array(ids),),
-        ).fetchall()
+        cast(
+            list[tuple[int, str]],
+            conn.execute(
+                "SELECT id, text FROM chunks WHERE id IN (SELECT value FROM carray(?))",
+                (int_array(ids),),
+            ).fetchall(),
+        )
     )
 
 
@@ -958,7 +977,7 @@ def _snippet(text: str, terms: list[str], chars: int) -> str:
 
 def _scope_state(
     conn: apsw.Connection, workspaces: Sequence[str] | None, embedder: Embedder | None
-) -> tuple[str, str, str | None, dict[str, str]]:
+) -> tuple[str, Capability, str | None, dict[str, str]]:
     """(index_rev label, capability, degradation reason, {root: rev}) for the scope."""
     sql = (
         "SELECT w.root, r.rev, r.embedder, r.vec_missing, r.chunks FROM workspaces w"
@@ -968,7 +987,10 @@ def _scope_state(
     if workspaces is not None:
         sql += " WHERE w.root IN (SELECT value FROM json_each(?))"
         params.append(_json_list(workspaces))
-    rows = conn.execute(sql + " ORDER BY w.root", params).fetchall()
+    rows = cast(
+        list[tuple[str, str, str | None, int, int]],
+        conn.execute(sql + " ORDER BY w.root", params).fetchall(),
+    )
     revs = {r[0]: r[1] for r in rows}
     label = rows[0][1] if len(rows) == 1 else ";".join(f"{r[0]}={r[1]}" for r in rows)
     if embedder is None:
@@ -1024,7 +1046,8 @@ class _Held:
         self.mem, self.ftid, self.ctid = mem, file_tids, chunk_tids
         # The scope's statistics (``_scoped_stats``), None for the whole store.
         stats = mem.stats(workspaces)
-        self.cs, self.fs = stats if stats is not None else (None, None)
+        self.cs: memory.Scoped | None = stats[0] if stats is not None else None
+        self.fs: memory.Scoped | None = stats[1] if stats is not None else None
 
     @classmethod
     def of(
@@ -1323,7 +1346,7 @@ def _file_ranked(  # noqa: C901 - one pass over the candidates: files, their chu
     # A file the question names with a line ("config.py:445") answers first with the
     # chunk that holds that line, whatever its words.
     lines = (
-        [(f, n) for f in order[:limit] if (n := named.line(ev[f].path, ev[f].workspace))]
+        [(f, at) for f in order[:limit] if (at := named.line(ev[f].path, ev[f].workspace))]
         if named is not None and named.lines
         else []
     )
@@ -1383,7 +1406,7 @@ def _one_state(
     """``fn`` with the store's state read once for all of the call (``_search_state``)."""
 
     @functools.wraps(fn)
-    def wrapper(conn: apsw.Connection, *args: P.args, **kwargs: P.kwargs) -> R:
+    def wrapper(conn: apsw.Connection, /, *args: P.args, **kwargs: P.kwargs) -> R:
         token = _search_state.set((conn, _store_state(conn)))
         try:
             return fn(conn, *args, **kwargs)
@@ -1473,7 +1496,11 @@ def search(
             _hit(r, 1.0 - float(r[11]), [f"vec: {1.0 - float(r[11]):.2f}"], False) for r in rows
         ]
     else:
-        vec = (embedder, vtbl, qv) if qv is not None and vtbl is not None else None
+        vec = (
+            (embedder, vtbl, qv)
+            if qv is not None and vtbl is not None and embedder is not None
+            else None
+        )
         named = rank.named_files(body)
         written = rank.written_identifiers(body)
         # A question the router sent to find_knowledge (no cue words) that reads as being

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 import apsw
 
@@ -175,10 +175,13 @@ def _fill_files_fts(cur: apsw.Cursor) -> None:
     chunks (the same text the indexer gives new versions)."""
     cur.execute(_FILES_FTS)
     cur.execute("INSERT INTO files_fts(files_fts, rank) VALUES('automerge', ?)", (FTS_AUTOMERGE,))
-    files = cur.execute("SELECT id, path FROM file_versions ORDER BY id").fetchall()
+    files = cast(
+        list[tuple[int, str]],
+        cur.execute("SELECT id, path FROM file_versions ORDER BY id").fetchall(),
+    )
     for fid, path in files:
         texts = [
-            r[0]
+            cast(str, r[0])
             for r in cur.execute(
                 "SELECT text FROM chunks WHERE file_id = ? ORDER BY start_line, id", (fid,)
             )
@@ -256,7 +259,7 @@ def open_store(path: str) -> apsw.Connection:
         conn.close()
         raise
     store_settings(conn)
-    conn.create_scalar_function("knowledge_in_set", _in_set, 2)
+    conn.create_scalar_function("knowledge_in_set", cast("apsw.ScalarProtocol", _in_set), 2)
     conn.register_fts5_function("knowledge_phrases", _phrases_found)
     fts.register_scoped_bm25(conn)
     return conn
@@ -278,6 +281,14 @@ def vec_tables(conn: apsw.Connection) -> list[str]:
     return [_vec_name(str(r[0])) for r in conn.execute("SELECT tbl FROM embedders")]
 
 
+@overload
+def vec_table_for(
+    conn: apsw.Connection, identity: str, dim: int, *, create: Literal[True]
+) -> str: ...
+@overload
+def vec_table_for(
+    conn: apsw.Connection, identity: str, dim: int, *, create: bool
+) -> str | None: ...
 def vec_table_for(conn: apsw.Connection, identity: str, dim: int, *, create: bool) -> str | None:
     """Tables holding the vectors of one embedder (one pair per identity).
 

@@ -63,9 +63,9 @@ class _Spec:
     def __init__(self, spec: pathspec.GitIgnoreSpec) -> None:
         self.spec = spec
         parts = [
-            "(?:" + p.regex.pattern.replace("(?P<ps_d>", "(") + ")"
+            "(?:" + regex.pattern.replace("(?P<ps_d>", "(") + ")"
             for p in spec.patterns
-            if getattr(p, "regex", None) is not None and p.include is not None
+            if (regex := getattr(p, "regex", None)) is not None and p.include is not None
         ]
         self.any_re = re.compile("|".join(parts)) if parts else None
 
