@@ -178,3 +178,17 @@ def test_int_array_binds_a_list_of_ids_and_refuses_an_empty_one() -> None:
     assert got == [(3,), (7,), (42,)]
     with pytest.raises(ValueError, match="at least one"):
         schema.int_array([])
+
+
+def test_one_row_reads_an_aggregate_and_refuses_a_query_without_a_row() -> None:
+    conn = apsw.Connection(":memory:")
+    conn.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v)")
+    # An aggregate over no rows still has its one row.
+    assert schema.one_row(conn, "SELECT COUNT(*), MAX(id) FROM t") == (0, None)
+    conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    assert schema.one_row(conn.cursor(), "SELECT COUNT(*), MAX(id) FROM t WHERE id > ?", (0,)) == (
+        2,
+        2,
+    )
+    with pytest.raises(LookupError, match="no row"):
+        schema.one_row(conn, "SELECT v FROM t WHERE id = ?", (3,))

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import apsw
 
@@ -351,6 +352,14 @@ class Migrations:
 def _record(cur: apsw.Cursor, name: str) -> None:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     cur.execute(f"INSERT INTO {MIGRATIONS_TABLE}(name, applied_at) VALUES (?, ?)", (name, now))  # noqa: S608 - a constant table name
+
+
+def one_row(conn: apsw.Connection | apsw.Cursor, sql: str, params: Any = ()) -> tuple[Any, ...]:
+    """The row of a query that always returns one (an aggregate without GROUP BY)."""
+    row: tuple[Any, ...] | None = conn.execute(sql, params).fetchone()
+    if row is None:
+        raise LookupError("the query returned no row")
+    return row
 
 
 def _has_table(conn: apsw.Connection | apsw.Cursor, name: str) -> bool:

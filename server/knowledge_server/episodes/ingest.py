@@ -106,7 +106,7 @@ def ingest_file(
         # Same file grown (or touched): its already-consumed head must be unchanged.
         append = _head(path, prev["head_len"])[1] == prev["head_hash"]
     try:
-        if append:
+        if append and prev is not None:  # append implies prev
             res = import_incremental(
                 fmt, path, prev["offset"], prev["line"], bool(prev["pending_newline"]), prev["ctx"]
             )

@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import apsw
 import numpy as np
@@ -34,6 +34,7 @@ from knowledge_server.schema import (
     has_schema,
     immediate,
     int_array,
+    one_row,
     open_db,
     snapshot,
 )
@@ -360,7 +361,7 @@ def _window_sql(since: datetime | None, until: datetime | None) -> tuple[str, li
 def _in_ranges(rowid: int, token: int) -> int:
     """SQL ``knowledge_in_ranges(rowid, token)``: whether ``rowid`` lies in one of the
     sorted, disjoint ranges held under ``token``."""
-    starts, ends = RANGES[token]  # type: ignore[misc]
+    starts, ends = cast(tuple[list[int], list[int]], RANGES[token])
     i = bisect.bisect_right(starts, rowid) - 1
     return int(i >= 0 and rowid <= ends[i])
 
@@ -379,8 +380,13 @@ class EpisodeStore:
         self.read_only = read_only
         self.live_minutes = live_minutes
         self.conn = open_db(path, MIGRATIONS, read_only=read_only, busy_ms=self.BUSY_MS)
-        self.conn.create_scalar_function("knowledge_in_ranges", _in_ranges, 2)
-        self.conn.create_scalar_function("knowledge_in_scope", _in_scope, 2)
+        # Typed by what the queries pass them: a rowid and a token.
+        self.conn.create_scalar_function(
+            "knowledge_in_ranges", cast("apsw.ScalarProtocol", _in_ranges), 2
+        )
+        self.conn.create_scalar_function(
+            "knowledge_in_scope", cast("apsw.ScalarProtocol", _in_scope), 2
+        )
         fts.register_scoped_bm25(self.conn)
         self._tokens = fts.tokenizer(self.conn, "unicode61", ["remove_diacritics", "2"])
         if not read_only:
@@ -610,9 +616,11 @@ class EpisodeStore:
 
     def _refresh_session(self, cur: apsw.Cursor, sid: str) -> None:
         """Recompute counts and the outcome (rule documented in docs/episodes.md)."""
-        count, last, lo, hi = cur.execute(
-            "SELECT COUNT(*), MAX(time), MIN(id), MAX(id) FROM events WHERE session_id = ?", (sid,)
-        ).fetchone()
+        count, last, lo, hi = one_row(
+            cur,
+            "SELECT COUNT(*), MAX(time), MIN(id), MAX(id) FROM events WHERE session_id = ?",
+            (sid,),
+        )
         row = cur.execute(
             "SELECT signal FROM events WHERE session_id = ? AND signal IS NOT NULL ORDER BY seq DESC LIMIT 1",
             (sid,),
@@ -759,8 +767,7 @@ class EpisodeStore:
         return conds, args
 
     def _doc_count(self) -> int:
-        row = self.conn.execute("SELECT MAX(id) FROM events").fetchone()
-        return int(row[0] or 0)
+        return int(one_row(self.conn, "SELECT MAX(id) FROM events")[0] or 0)
 
     def _doc_freqs(self, terms: list[str]) -> dict[str, int]:
         """Events containing each term. fts5vocab counts them by walking the term's posting
@@ -792,10 +799,11 @@ class EpisodeStore:
         added since, as long as no write changed stored events (``_bump_gen``) and the
         store still holds what was counted (``_history``)."""
         key = tuple(sorted(set(roots)))
-        gen, top = self.conn.execute(
+        gen, top = one_row(
+            self.conn,
             "SELECT (SELECT value FROM lane_meta WHERE key = 'stats_gen'), "
-            "(SELECT MAX(id) FROM events)"
-        ).fetchone()
+            "(SELECT MAX(id) FROM events)",
+        )
         gen, top = str(gen or 0), int(top or 0)
         name = self.conn.filename  # in-memory databases all have the name "": not remembered
         with _scope_stats_lock:
@@ -824,10 +832,11 @@ class EpisodeStore:
         from scratch without one."""
         cond, args = under_sql("s.cwd", list(roots))
         if old is None:
-            inside = self.conn.execute(
+            inside = one_row(
+                self.conn,
                 f"SELECT COALESCE(SUM(s.event_count), 0) FROM sessions s WHERE {cond}",  # noqa: S608 - conditions made here of constants and placeholders, values bound
                 args,
-            ).fetchone()[0]
+            )[0]
             rows, tokens = self._totals()
             if 2 * inside > rows:
                 # Most of the store: the index's totals less the events outside, whose
@@ -852,7 +861,7 @@ class EpisodeStore:
         """(the events with ids up to ``upto``, the session and seq of event ``upto``): what
         a ``ScopeStats`` counted up to ``upto`` remembers, to check that the store still
         holds those events before extending it (three lookups)."""
-        newer = self.conn.execute("SELECT COUNT(*) FROM events WHERE id > ?", (upto,)).fetchone()
+        newer = one_row(self.conn, "SELECT COUNT(*) FROM events WHERE id > ?", (upto,))
         last = self.conn.execute(
             "SELECT session_id, seq FROM events WHERE id = ?", (upto,)
         ).fetchone()
@@ -879,11 +888,12 @@ class EpisodeStore:
             if tokens
             else ("0", "")
         )
-        ids, total = self.conn.execute(
+        ids, total = one_row(
+            self.conn,
             f"SELECT group_concat(e.id), {summed} FROM {joined}{sizes} "  # noqa: S608 - conditions made here of constants and placeholders, values bound
             f"WHERE {ids_in} > ? AND {ids_in} <= ? AND {cond}",
             [lo, top, *args],
-        ).fetchone()
+        )
         return _id_array(ids), int(total)
 
     def _hits_in(self, stats: ScopeStats, phrase: str) -> int:
@@ -898,11 +908,12 @@ class EpisodeStore:
             upto, hits = 0, 0
         if upto < stats.upto:
             lo, hi = stats.hull
-            row = self.conn.execute(
+            row = one_row(
+                self.conn,
                 "SELECT group_concat(rowid) FROM events_fts WHERE events_fts MATCH ? "
                 "AND rowid BETWEEN ? AND ?",
                 (phrase, max(lo, upto + 1), min(hi, stats.upto)),
-            ).fetchone()
+            )
             hits += int(stats.mask[_id_array(row[0])].sum())
             if name:
                 if len(_scope_hits) >= SCOPE_HITS_CAP:
@@ -1217,19 +1228,23 @@ class EpisodeStore:
         conds, args = flt
         where = " WHERE " + " AND ".join(conds)
         total = int(
-            self.conn.execute(
+            one_row(
+                self.conn,
                 f"SELECT COALESCE(SUM(s.event_count), 0) FROM sessions s{where}",  # noqa: S608 - conditions made here of constants and placeholders, values bound
                 args,
-            ).fetchone()[0]
+            )[0]
         )
         if total == 0:
             return [], 0
         if total > self._doc_count() * RESTRICTIVE_SHARE:
             return None, total
-        rows = self.conn.execute(
-            f"SELECT s.min_event_id, s.max_event_id FROM sessions s{where} AND s.event_count > 0 ORDER BY 1",  # noqa: S608 - conditions made here of constants and placeholders, values bound
-            args,
-        ).fetchall()
+        rows = cast(
+            list[tuple[int, int]],
+            self.conn.execute(
+                f"SELECT s.min_event_id, s.max_event_id FROM sessions s{where} AND s.event_count > 0 ORDER BY 1",  # noqa: S608 - conditions made here of constants and placeholders, values bound
+                args,
+            ).fetchall(),
+        )
         ranges: list[list[int]] = []
         for lo, hi in rows:
             if ranges and lo <= ranges[-1][1] + 1:
@@ -1282,7 +1297,8 @@ class EpisodeStore:
                 continue
             sess = self._session_from_row(r[2:], now)
             sess.source_path = None  # hits are session + seq + snippet, never a file path
-            out.append(replace(h, snippet=make_snippet(r[1], needles, snippet_chars), session=sess))
+            text = cast(str, r[1])
+            out.append(replace(h, snippet=make_snippet(text, needles, snippet_chars), session=sess))
         return out
 
     def get_event(self, event_id: str, neighbours: int = 0) -> EventDetail | None:
@@ -1338,12 +1354,13 @@ class EpisodeStore:
         conds, args = flt
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
         cutoff = _time.time() - self.live_minutes * 60
-        row = self.conn.execute(
+        row = one_row(
+            self.conn,
             "SELECT COUNT(*), COALESCE(SUM(s.event_count), 0), "  # noqa: S608 - conditions made here of constants and placeholders, values bound
             "COALESCE(SUM(CASE WHEN s.persisted = 0 OR s.source_mtime >= ? THEN 1 ELSE 0 END), 0) "
             f"FROM sessions s{where}",
             [cutoff, *args],
-        ).fetchone()
+        )
         return {"sessions": row[0], "indexed_docs": row[1], "live_sessions": row[2]}
 
     def sessions(self, workspaces: Sequence[str] | None = None) -> list[SessionInfo]:
@@ -1443,7 +1460,7 @@ def _codex_context_digests(cur: apsw.Cursor) -> None:
         for r in cur.execute("SELECT path FROM sources WHERE format = 'codex' AND ctx IS NOT NULL")
     ]
     # The rows' old text is overwritten where SQLite frees it, not left in free pages.
-    (was,) = cur.execute("PRAGMA secure_delete").fetchall()[0]
+    (was,) = one_row(cur, "PRAGMA secure_delete")
     cur.execute("PRAGMA secure_delete = ON")
     try:
         for path in paths:  # one context in memory at a time

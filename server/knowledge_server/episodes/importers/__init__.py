@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from . import aider, claude_code, codex, generic, opencode
 from .base import MAX_LINE_BYTES, ImportResult, head_records
@@ -112,7 +113,7 @@ def import_full(fmt: str, path: str) -> ImportResult:
 
 
 def import_incremental(
-    fmt: str, path: str, offset: int, line: int, pending_newline: bool, ctx: dict | None
+    fmt: str, path: str, offset: int, line: int, pending_newline: bool, ctx: dict[str, Any] | None
 ) -> ImportResult:
     mod = {"claude-code": claude_code, "codex": codex, "generic": generic}[fmt]
     return plain_session_ids(

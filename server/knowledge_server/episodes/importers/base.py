@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -95,6 +95,19 @@ def cut(text: str, limit: int) -> str:
 def clean_text(text: str) -> str:
     """Cap and redact a text before it can reach the store."""
     return cut(text, MAX_TEXT) if len(text) > MAX_TEXT else redact(text)
+
+
+def dict_at(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``obj[key]`` if it is a JSON object, else an empty one (a log's fields are read as
+    they come, whatever their type)."""
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def str_at(obj: Mapping[str, Any], key: str) -> str | None:
+    """``obj[key]`` if it is a string, else None."""
+    value = obj.get(key)
+    return value if isinstance(value, str) else None
 
 
 def clean_meta(meta: dict[str, Any]) -> dict[str, Any]:

@@ -238,6 +238,7 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
     if not isinstance(msg, dict):
         raise TypeError("message is not an object")
     content = msg.get("content")
+    blocks: list[Any]
     if rtype == "assistant":
         model = msg.get("model")
         if (
@@ -281,7 +282,7 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
         return
     # user record: prompt text, slash command, or tool results
     if isinstance(content, str):
-        blocks: list[Any] = [{"type": "text", "text": content}]
+        blocks = [{"type": "text", "text": content}]
     elif isinstance(content, list):
         blocks = content
     else:

@@ -21,11 +21,13 @@ from .base import (
     clean_meta,
     clean_text,
     compact_json,
+    dict_at,
     ensure_session,
     flatten_text,
     loads,
     parse_time,
     read_jsonl,
+    str_at,
 )
 
 HARNESS = "codex"
@@ -102,16 +104,16 @@ def _output_error(payload: dict[str, Any], text: str) -> bool:
     out = payload.get("output")
     if isinstance(out, dict):
         md = out.get("metadata")
-        if isinstance(md, dict) and isinstance(md.get("exit_code"), int):
-            return md["exit_code"] != 0
+        if isinstance(md, dict) and isinstance(code := md.get("exit_code"), int):
+            return code != 0
         if out.get("success") is False:
             return True
     if isinstance(out, str) and out.startswith("{"):
         try:
             j = loads(out)
             md = j.get("metadata") if isinstance(j, dict) else None
-            if isinstance(md, dict) and isinstance(md.get("exit_code"), int):
-                return md["exit_code"] != 0
+            if isinstance(md, dict) and isinstance(code := md.get("exit_code"), int):
+                return code != 0
         except ValueError:
             pass
     m = _EXIT.search(text[:400])
@@ -218,7 +220,7 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
     if rtype in _SILENT_RECORDS:
         return
     if rtype == "compacted":
-        text = p.get("message") if isinstance(p.get("message"), str) else ""
+        text = str_at(p, "message") or ""
         if text and text.strip():
             emit("summary", text)
         return
@@ -226,9 +228,7 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
     if rtype == "response_item":
         if ptype == "message" or (ptype is None and "role" in p):
             role = str(p.get("role") or "")
-            text = flatten_text(p.get("content")) or (
-                p.get("message") if isinstance(p.get("message"), str) else ""
-            )
+            text = flatten_text(p.get("content")) or (str_at(p, "message") or "")
             if not text.strip():
                 return
             if role in ("developer", "system") or text.lstrip().startswith(
@@ -287,7 +287,7 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
             )
             return
         if ptype == "web_search_call":
-            action = p.get("action") if isinstance(p.get("action"), dict) else {}
+            action = dict_at(p, "action")
             emit(
                 "tool_use/web_search",
                 "web_search " + str(action.get("query") or ""),
@@ -317,24 +317,24 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
                     s.model = ts["model"]
             return
         if ptype in ("user_message", "agent_message"):
-            text = p.get("message") if isinstance(p.get("message"), str) else ""
+            text = str_at(p, "message") or ""
             etype = "user/message" if ptype == "user_message" else "assistant/message"
             if text.strip() and not _dup(ctx, etype, text):
                 emit(etype, text)
             return
         if ptype == "agent_reasoning":
-            text = p.get("text") if isinstance(p.get("text"), str) else ""
+            text = str_at(p, "text") or ""
             if text.strip() and not _dup(ctx, "reasoning", text):
                 emit("reasoning", text)
             return
         if ptype in ("task_complete", "turn.completed"):
-            err = p.get("error")
-            failed = isinstance(err, dict) or (isinstance(err, str) and bool(err))
+            error = p.get("error")
+            failed = isinstance(error, dict) or (isinstance(error, str) and bool(error))
             text = "task complete"
             if isinstance(p.get("last_agent_message"), str):
                 text += ": " + p["last_agent_message"]
             if failed:
-                text += "\n" + flatten_text(err)
+                text += "\n" + flatten_text(error)
             emit(
                 "system",
                 text,
@@ -353,10 +353,10 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
             )
             return
         if ptype in ("error", "stream_error"):
-            err = p.get("error")
-            text = flatten_text(err) or p.get("message") or "error"
-            if isinstance(err, dict) and err.get("kind"):
-                text = f"{err.get('kind')}: {text}"
+            error = p.get("error")
+            text = flatten_text(error) or p.get("message") or "error"
+            if isinstance(error, dict) and error.get("kind"):
+                text = f"{error.get('kind')}: {text}"
             emit(
                 "system",
                 "error: " + str(text),
@@ -394,7 +394,7 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
             )
             return
         if ptype == "mcp_tool_call_end":
-            inv = p.get("invocation") if isinstance(p.get("invocation"), dict) else {}
+            inv = dict_at(p, "invocation")
             name = f"mcp:{inv.get('server')}/{inv.get('tool')}"
             result = p.get("result")
             err = isinstance(result, dict) and (

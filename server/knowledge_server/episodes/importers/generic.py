@@ -24,10 +24,12 @@ from .base import (
     clean_meta,
     clean_text,
     cut,
+    dict_at,
     ensure_session,
     flatten_text,
     parse_time,
     read_jsonl,
+    str_at,
 )
 
 HARNESS = "generic"
@@ -97,8 +99,8 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
     if not isinstance(seq, int) or isinstance(seq, bool):
         seq = n * SEQ_STRIDE
     outcome = obj.get("outcome")
-    meta = obj.get("meta") if isinstance(obj.get("meta"), dict) else {}
-    tool_name = obj.get("tool_name") if isinstance(obj.get("tool_name"), str) else None
+    meta = dict_at(obj, "meta")
+    tool_name = str_at(obj, "tool_name")
     res.events.append(
         Event(
             session_id=sid,

@@ -22,9 +22,11 @@ from .base import (
     clean_meta,
     clean_text,
     compact_json,
+    dict_at,
     flatten_text,
     load_file,
     parse_time,
+    str_at,
 )
 
 HARNESS = "opencode"
@@ -127,15 +129,15 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
     if sid is None:
         res.problems.append(Problem("malformed", path, 1, "session id is not a plain name"))
         return res
-    t = ses.get("time") if isinstance(ses.get("time"), dict) else {}
+    t = dict_at(ses, "time")
     meta = SessionMeta(
         session_id=sid,
         harness=HARNESS,
         source_path=path,
-        cwd=ses.get("directory") if isinstance(ses.get("directory"), str) else None,
+        cwd=str_at(ses, "directory"),
         created_at=parse_time(t.get("created")),
         title=clean_text(str(ses.get("title"))[:200]) if ses.get("title") else None,
-        parent_session_id=ses.get("parentID") if isinstance(ses.get("parentID"), str) else None,
+        parent_session_id=str_at(ses, "parentID"),
     )
     if meta.parent_session_id:
         meta.is_sidechain = True
@@ -145,7 +147,7 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
     for mf in _json_files(os.path.join(root, "message", sid), root):
         m = _load(mf, res)
         if m is not None:
-            mt = m.get("time") if isinstance(m.get("time"), dict) else {}
+            mt = dict_at(m, "time")
             created = mt.get("created") if isinstance(mt.get("created"), (int, float)) else 0
             mid = _message_id(m, mf)
             if mid is None:
@@ -204,7 +206,7 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
                     res.events.append(Event(sid, seq, "reasoning", clean_text(text), ptime))
             elif ptype == "tool":
                 tool = str(p.get("tool") or "tool")
-                st = p.get("state") if isinstance(p.get("state"), dict) else {}
+                st = dict_at(p, "state")
                 res.events.append(
                     Event(
                         sid,
@@ -216,7 +218,7 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
                         meta=clean_meta({"call_id": p.get("callID")}),
                     )
                 )
-                md = st.get("metadata") if isinstance(st.get("metadata"), dict) else {}
+                md = dict_at(st, "metadata")
                 exit_code = md.get("exit")
                 err = st.get("status") == "error" or (isinstance(exit_code, int) and exit_code != 0)
                 out = flatten_text(st.get("output")) or flatten_text(st.get("error"))
@@ -234,7 +236,7 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
                         )
                     )
             elif ptype == "patch":
-                files = p.get("files") if isinstance(p.get("files"), list) else []
+                files = given if isinstance(given := p.get("files"), list) else []
                 res.events.append(
                     Event(
                         sid,
@@ -265,7 +267,7 @@ def import_file(path: str) -> ImportResult:  # noqa: C901 - one branch per messa
                     )
                 )
         if not any_text and role == "user":
-            summ = m.get("summary") if isinstance(m.get("summary"), dict) else {}
+            summ = dict_at(m, "summary")
             body = summ.get("body") or summ.get("title")
             if isinstance(body, str) and body.strip():
                 res.events.append(
