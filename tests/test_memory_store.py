@@ -346,3 +346,24 @@ def test_mem9_near_duplicates_far_apart_in_word_order_are_merged(tmp_path: Path)
     rep = m.consolidate(A, ["facts"])
     assert rep.merged == 1
     assert [(e.key, e.reason) for e in m.archived(A, "facts")] == [("second", "consolidated")]
+
+
+def test_mem9_relations_and_history_are_never_merged(tmp_path: Path) -> None:
+    """MEM-9: edges from different sources to one target, and two events of the same text,
+    are different entries: Consolidate keeps every one of them."""
+    m = _store(tmp_path)
+    for source in ("api", "worker", "billing"):
+        m.remember(A, "relations", "depends_on", f"{source} -> postgres", "postgres", 0.7)
+    m.remember(A, "history", "deploys", "deploy-mon", "deployed release to prod", 0.7)
+    m.remember(A, "history", "deploys", "deploy-tue", "deployed release to prod", 0.7)
+    m.remember(A, "facts", "db", "a", "staging database runs on port 5433", 0.8)
+    m.remember(A, "facts", "db", "b", "the staging database runs on port 5433", 0.6)
+    rep = m.consolidate(A, ["facts", "patterns", "history", "procedures", "relations"])
+    assert rep.merged == 1  # the two facts only
+    assert sorted(e.key for e in m.live(A, "relations")) == [
+        "api -> postgres",
+        "billing -> postgres",
+        "worker -> postgres",
+    ]
+    assert sorted(e.key for e in m.live(A, "history")) == ["deploy-mon", "deploy-tue"]
+    assert m.archived(A, "relations") == [] and m.archived(A, "history") == []

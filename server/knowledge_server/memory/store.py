@@ -778,14 +778,16 @@ class MemoryStore:
                     )
                     report.decayed += 1
                 confidence[e.id] = conf
-            # 2. consolidate near-duplicates within a category. Bounded: an entry is compared
+            # 2. consolidate near-duplicates within a category (statements only: a relation's
+            # value is its target, shared by edges from other sources, and two history
+            # entries of the same text are two events). Bounded: an entry is compared
             # only with the entries sharing one of its ``_RARE_WORDS`` rarest words (at most
             # ``_BUCKET`` per word, the oldest first); two values similar enough to merge share
             # most words, so they share a rare one. The better-ranked entry keeps and takes
             # the other's confirmations; the other is archived.
             alive = {e.id: e for e in current}
             by_cat: dict[str, list[Entry]] = {}
-            for e in current:
+            for e in current if store in MERGED_STORES else ():
                 by_cat.setdefault(e.category, []).append(e)
             for cat in sorted(by_cat):
                 group = by_cat[cat]  # id order
@@ -891,6 +893,8 @@ class MemoryStore:
         return [(_int(a), _int(b), str(s)) for a, b, s in rows]
 
 
+# The stores whose near-duplicate entries Consolidate merges: statements of one thing.
+MERGED_STORES = frozenset({"facts", "patterns", "procedures"})
 _RARE_WORDS = 2  # an entry's rarest words that pick its merge candidates
 _BUCKET = 64  # entries per word considered as candidates
 
