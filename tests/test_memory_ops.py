@@ -110,3 +110,33 @@ def test_rooms_left_out_by_the_limit_pass_the_output_boundary(tmp_path: Path) ->
     assert OUTSIDE in left_out
     assert not any("/srv/ws-b" in c or "ghp_" in c for c in left_out), left_out
     assert any("[REDACTED:" in c for c in left_out), left_out
+
+
+def test_a_write_and_a_restore_name_the_entries_they_archived_for_the_audit(
+    tmp_path: Path,
+) -> None:
+    """The ids an operation returns for its audit event include what the capacity manager
+    archived to make room (docs/memory.md, Audit)."""
+    ops = MemoryOps(
+        MemoryStore(tmp_path / "memory.sqlite", MemoryPolicy(max_facts=4, reclaim_headroom_pct=0.5))
+    )
+    who = _agent(tmp_path)
+    first = []
+    for i in range(4):
+        resp, _ = ops.run(
+            "remember", memory_pb2.RememberRequest(category="c", key=f"k{i}", value=f"v {i}"), who
+        )
+        assert isinstance(resp, memory_pb2.RememberResponse)
+        first.append(resp.entry.id)
+    resp, targets = ops.run(
+        "remember", memory_pb2.RememberRequest(category="c", key="k4", value="v 4"), who
+    )
+    assert isinstance(resp, memory_pb2.RememberResponse) and resp.reclaimed == 2
+    assert targets[0] == resp.entry.id and sorted(targets[1:]) == sorted(first[:2])
+    scope = memory_scope(who, "")
+    live = {f"mem:{e.id}" for e in ops.store.live(scope, "facts")}
+    restored, targets = ops.run("restore", memory_pb2.RestoreRequest(limit=2), who)
+    assert isinstance(restored, memory_pb2.RestoreResponse)
+    evicted = live - {f"mem:{e.id}" for e in ops.store.live(scope, "facts")}
+    assert len(restored.restored) == 2 and restored.reclaimed == len(evicted) == 1
+    assert sorted(targets) == sorted([e.id for e in restored.restored] + list(evicted))

@@ -367,3 +367,34 @@ def test_mem9_relations_and_history_are_never_merged(tmp_path: Path) -> None:
     ]
     assert sorted(e.key for e in m.live(A, "history")) == ["deploy-mon", "deploy-tue"]
     assert m.archived(A, "relations") == [] and m.archived(A, "history") == []
+
+
+@pytest.mark.parametrize("reclaim", [True, False])
+def test_mem6_restore_into_a_full_store_keeps_all_it_restores(
+    tmp_path: Path, reclaim: bool
+) -> None:
+    """MEM-6 / MEM-4: a restore makes room once for everything it brings back; every entry
+    it reports restored is live, and what it evicted is in the archive and reported."""
+    m = _store(tmp_path, max_facts=3, reclaim_enabled=reclaim, reclaim_headroom_pct=0.34)
+    for i in range(6):
+        m.remember(A, "facts", "c", f"k{i}", f"value {i}", 0.5)
+    assert m.count(A, "facts") + m.count(A, "facts", archived=True) == 6
+    before = {e.id for e in m.live(A, "facts")}
+    rep = m.restore(A, "facts", "", 3)
+    live = {e.id for e in m.live(A, "facts")}
+    assert len(rep.restored) == 3
+    assert {e.id for e in rep.restored} == live  # each one reported restored is live
+    assert set(rep.archived_ids) == before and rep.reclaimed == len(before)
+    assert before <= {e.id for e in m.archived(A, "facts")}
+    # more than the store holds: at most its capacity comes back
+    rep2 = m.restore(A, "facts", "", 10)
+    assert len(rep2.restored) == 3 and m.count(A, "facts") == 3
+
+
+def test_mem4_a_write_names_what_its_reclaim_archived(tmp_path: Path) -> None:
+    """MEM-4: the ids a write's reclaim archived are reported (its audit event lists them)."""
+    m = _store(tmp_path, max_facts=4, reclaim_headroom_pct=0.5)
+    ids = [m.remember(A, "facts", "c", f"k{i}", f"value {i}", 0.5).entry.id for i in range(4)]
+    w = m.remember(A, "facts", "c", "k4", "value 4", 0.5)
+    assert w.reclaimed == 2 and sorted(w.archived_ids) == ids[:2]
+    assert sorted(e.id for e in m.archived(A, "facts")) == ids[:2]

@@ -259,6 +259,7 @@ class MemoryOps:
                 self._entry(written.contradiction.previous, scope, roots)
             )
             targets.append(written.contradiction.previous.evidence_id)
+        targets.extend(f"mem:{i}" for i in written.archived_ids)
         return resp, targets
 
     def _recall(
@@ -381,7 +382,9 @@ class MemoryOps:
             reclaimed=report.reclaimed,
         )
         resp.restored.extend(self._entry(e, scope, roots) for e in report.restored)
-        return resp, [e.evidence_id for e in report.restored]
+        return resp, [e.evidence_id for e in report.restored] + [
+            f"mem:{i}" for i in report.archived_ids
+        ]
 
 
 def policy_message(policy: MemoryPolicy) -> memory_pb2.MemoryPolicy:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import apsw
 
@@ -267,7 +268,11 @@ class Written:
     entry: Entry
     outcome: str
     contradiction: Contradiction | None = None
-    reclaimed: int = 0  # entries the write's reclaim archived
+    archived_ids: tuple[int, ...] = ()  # what the write's reclaim archived to make room
+
+    @property
+    def reclaimed(self) -> int:
+        return len(self.archived_ids)
 
 
 @dataclass(frozen=True)
@@ -305,7 +310,11 @@ class RestoreReport:
     restored: list[Entry] = field(default_factory=list)
     as_history: int = 0  # restored as a superseded version: the key had a live value
     already_live: int = 0  # left in the archive: the same value is live
-    reclaimed: int = 0
+    archived_ids: list[int] = field(default_factory=list)  # reclaimed to make room
+
+    @property
+    def reclaimed(self) -> int:
+        return len(self.archived_ids)
 
 
 OMITTED_IDS = 20  # ids of cut entries an answer names, at most
@@ -386,7 +395,7 @@ class MemoryStore:
                 ),
                 current,
             )
-        reclaimed = self._make_room(conn, scope, store)
+        reclaimed = self._make_room(conn, scope, store, 1)
         # The reclaim may have archived the current entry itself (it then comes back from
         # the archive as a superseded version, since its key has a live value).
         if current is not None and self._get(conn, scope, current.id) is not None:
@@ -430,7 +439,7 @@ class MemoryStore:
             )
         entry = self._must_get(conn, scope, new_id)
         outcome = "superseded" if contradiction is not None else "created"
-        return Written(entry, outcome, contradiction, reclaimed)
+        return Written(entry, outcome, contradiction, tuple(reclaimed))
 
     @staticmethod
     def _touch(conn: apsw.Connection) -> int:
@@ -486,23 +495,27 @@ class MemoryStore:
             ).fetchone()
         return _int(row[0]) if row else 0
 
-    def _make_room(self, conn: apsw.Connection, scope: Scope, store: str) -> int:
-        """The one capacity manager: called before an entry is added to ``store``. At
-        ``len >= max`` it archives the retention order's tail down to
-        ``reclaim_target(max, reclaim_headroom_pct)`` (or, with reclaim disabled, only what
-        keeps the store at ``max`` after the new entry). Returns how many it archived."""
+    def _make_room(
+        self, conn: apsw.Connection, scope: Scope, store: str, incoming: int
+    ) -> list[int]:
+        """The one capacity manager: called before ``incoming`` entries (at most the
+        store's capacity) are added to ``store``. At ``len + incoming > max`` it archives
+        the retention order's tail down to ``reclaim_target(max, reclaim_headroom_pct)``
+        (or, with reclaim disabled, only what keeps the store at ``max`` after the new
+        entries), and always low enough for all of them. Returns the ids it archived."""
         maximum = self.policy.capacity(store)
         row = conn.execute(
             "SELECT count(*) FROM entries WHERE org = ? AND workspace = ? AND store = ?",
             (scope.org, scope.workspace, store),
         ).fetchone()
         size = _int(row[0]) if row else 0
-        if size < maximum:
-            return 0
-        keep = (
+        if size + incoming <= maximum:
+            return []
+        keep = min(
             reclaim_target(maximum, self.policy.reclaim_headroom_pct)
             if self.policy.reclaim_enabled
-            else maximum - 1
+            else maximum,
+            maximum - incoming,
         )
         self.reclaims += 1
         ids = [
@@ -510,10 +523,11 @@ class MemoryStore:
             for r in conn.execute(
                 "SELECT id FROM entries WHERE org = ? AND workspace = ? AND store = ?"  # noqa: S608 - columns, tables and placeholders from module constants; values bound
                 f" ORDER BY {RETENTION[store]} LIMIT -1 OFFSET ?",
-                (scope.org, scope.workspace, store, keep),
+                (scope.org, scope.workspace, store, max(0, keep)),
             )
         ]
-        return self._archive(conn, scope, ids, "evicted")
+        self._archive(conn, scope, ids, "evicted")
+        return ids
 
     def _archive(
         self,
@@ -847,24 +861,34 @@ class MemoryStore:
                 " workspace = ? AND store = ? ORDER BY archived_at DESC, id DESC",
                 (scope.org, scope.workspace, store),
             ).fetchall()
+            # First what comes back (at most ``limit``, and at most what the store holds),
+            # then room for all of it at once: a restored entry is never the one evicted
+            # for the next.
+            chosen: list[tuple[Any, ...]] = []
+            coming: set[tuple[str, str, str]] = set()
             for row in rows:
-                if len(report.restored) >= limit:
+                if len(chosen) >= min(limit, self.policy.capacity(store)):
                     break
                 e = _entry(row, archived=True)
                 if wanted and not wanted <= words(f"{e.category} {e.key} {e.value}"):
                     continue
-                versions = [
-                    _entry(r)
-                    for r in self.conn.execute(
-                        f"SELECT {_COLUMNS} FROM entries WHERE org = ? AND workspace = ?"  # noqa: S608 - columns, tables and placeholders from module constants; values bound
+                same = (e.category, e.key, e.value.strip().casefold())
+                live_values = {
+                    str(v).strip().casefold()
+                    for (v,) in self.conn.execute(
+                        "SELECT value FROM entries WHERE org = ? AND workspace = ?"
                         " AND store = ? AND category = ? AND key = ?",
                         (scope.org, scope.workspace, store, e.category, e.key),
                     )
-                ]
-                if any(v.value.strip().casefold() == e.value.strip().casefold() for v in versions):
+                }
+                if same[2] in live_values or same in coming:
                     report.already_live += 1
                     continue
-                report.reclaimed += self._make_room(self.conn, scope, store)
+                coming.add(same)
+                chosen.append(row)
+            report.archived_ids = self._make_room(self.conn, scope, store, len(chosen))
+            for row in chosen:
+                e = _entry(row, archived=True)
                 live = self._current(self.conn, scope, store, e.category, e.key)
                 valid_until = e.valid_until
                 if valid_until is None and live is not None:
@@ -878,9 +902,7 @@ class MemoryStore:
                     "DELETE FROM archive WHERE org = ? AND workspace = ? AND id = ?",
                     (scope.org, scope.workspace, e.id),
                 )
-                restored = self._get(self.conn, scope, e.id)
-                if restored is not None:
-                    report.restored.append(restored)
+            report.restored = [self._must_get(self.conn, scope, _int(r[0])) for r in chosen]
         return report
 
     def contradictions(self, scope: Scope) -> list[tuple[int, int, str]]:
