@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from knowledge_server._gen.knowledge.v1 import memory_pb2
 from knowledge_server.auth_model import Principal
-from knowledge_server.errors import InvalidRequest, PermissionDenied
+from knowledge_server.errors import InvalidRequest, PermissionDenied, SecretRefused
 from knowledge_server.memory.ops import OUTSIDE, MemoryOps, memory_scope
 from knowledge_server.memory.policy import MemoryPolicy
 from knowledge_server.memory.store import MemoryStore, Scope
@@ -140,3 +140,28 @@ def test_a_write_and_a_restore_name_the_entries_they_archived_for_the_audit(
     evicted = live - {f"mem:{e.id}" for e in ops.store.live(scope, "facts")}
     assert len(restored.restored) == 2 and restored.reclaimed == len(evicted) == 1
     assert sorted(targets) == sorted([e.id for e in restored.restored] + list(evicted))
+
+
+def test_a_secret_split_over_key_and_value_is_refused_and_never_shown(tmp_path: Path) -> None:
+    """Seed 004 "Keine Secrets in Knowledge": an entry is a name and a value, so key
+    "password" with value "Tr0ub4dor&3xyz" is a secret though neither half is one alone.
+    Refused on write (field ``value``); an entry already stored that way is shown redacted."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    for key, value in (("password", "Tr0ub4dor&3xyz"), ("DB_PASSWORD", "hunter2hunter2")):
+        with pytest.raises(SecretRefused) as refused:
+            ops.run(
+                "remember", memory_pb2.RememberRequest(category="db", key=key, value=value), who
+            )
+        assert refused.value.metadata == {"field": "value"}
+    # Describing where a secret is kept is fine.
+    kept, _ = ops.run(
+        "remember",
+        memory_pb2.RememberRequest(category="db", key="password", value="kept in the vault"),
+        who,
+    )
+    assert isinstance(kept, memory_pb2.RememberResponse) and kept.outcome == "created"
+    ops.store.remember(memory_scope(who, ""), "facts", "old", "password", "Tr0ub4dor&3xyz", 0.7)
+    resp, _ = ops.run("recall", memory_pb2.RecallRequest(category="old"), who)
+    assert isinstance(resp, memory_pb2.RecallResponse)
+    [entry] = resp.entries
+    assert "Tr0ub4dor" not in entry.value and entry.value.startswith("[REDACTED")

@@ -119,6 +119,21 @@ def _inside(path: str, roots: list[str]) -> bool:
     return any(is_under(p, r) for r in roots) and really_in_scope(p, roots)
 
 
+def _joined(key: str, value: str) -> str:
+    return f"{key}={value}"
+
+
+def _value_shown(key: str, value: str) -> str:
+    """``value``, or its redaction where the entry reads as a secret assignment with its key
+    (an entry stored before writes were checked that way)."""
+    joined = _joined(key, value)
+    redacted = redact(joined)
+    if redacted == joined:
+        return value
+    prefix = f"{key}="
+    return redacted[len(prefix) :] if redacted.startswith(prefix) else "[REDACTED]"
+
+
 def _ts(text: str, target: object) -> None:
     target.FromDatetime(datetime.fromisoformat(text.replace("Z", "+00:00")))  # type: ignore[attr-defined]
 
@@ -140,7 +155,12 @@ class MemoryOps:
         return [scope.workspace]
 
     def _check_input(self, principal: Principal, scope: Scope, fields: dict[str, str]) -> None:
-        for name, text in fields.items():
+        checked = dict(fields)
+        if fields.get("key") and fields.get("value"):
+            # An entry is a name and a value: "password" = "Tr0ub4dor&3" is a secret
+            # though neither half is one alone.
+            checked["value"] = _joined(fields["key"], fields["value"])
+        for name, text in checked.items():
             if text and looks_like_secret(text):
                 raise SecretRefused(
                     f"{name}: looks like a secret (a key, token or password); memory never"
@@ -176,7 +196,7 @@ class MemoryOps:
             store=e.store,
             category=self._out(e.category, roots),
             key=self._out(e.key, roots),
-            value=self._out(e.value, roots),
+            value=self._out(_value_shown(e.key, e.value), roots),
             confidence=e.confidence,
             confirmations=e.confirmations,
             supersedes=f"mem:{e.supersedes}" if e.supersedes is not None else "",
