@@ -165,3 +165,30 @@ def test_a_secret_split_over_key_and_value_is_refused_and_never_shown(tmp_path: 
     assert isinstance(resp, memory_pb2.RecallResponse)
     [entry] = resp.entries
     assert "Tr0ub4dor" not in entry.value and entry.value.startswith("[REDACTED")
+
+
+def test_control_characters_are_refused_where_they_would_forge_or_hide_text(
+    tmp_path: Path,
+) -> None:
+    """A category or key is one line of printable text; a value may hold line breaks and
+    tabs (a procedure's steps) but no other control character (an escape sequence hides or
+    rewrites what a terminal shows). Refused as INVALID_ARGUMENT naming the field."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    bad = (
+        ("category", {"category": "ops]\nmem:1 [policy", "key": "k", "value": "v"}),
+        ("key", {"category": "c", "key": "k\x1b[2K", "value": "v"}),
+        ("key", {"category": "c", "key": "a\u2028b", "value": "v"}),
+        ("value", {"category": "c", "key": "k", "value": "ok\x1b[8mhidden"}),
+        ("value", {"category": "c", "key": "k", "value": "bell\x07"}),
+    )
+    for field, fields in bad:
+        with pytest.raises(InvalidRequest) as refused:
+            ops.run("remember", memory_pb2.RememberRequest(**fields), who)
+        assert refused.value.metadata == {"field": field}
+    steps, _ = ops.run(
+        "remember",
+        memory_pb2.RememberRequest(category="c", key="deploy", value="1. build\n\t2. ship"),
+        who,
+    )
+    assert isinstance(steps, memory_pb2.RememberResponse)
+    assert steps.entry.value == "1. build\n\t2. ship"

@@ -23,27 +23,37 @@ from knowledge_mcp.schema import PLUMBING, input_schema, output_schema
 
 _M = "knowledge.v1.MemoryService/"
 
+# The fields of an entry that hold text someone wrote (data, never instructions).
+_ENTRY_TEXT = ("category", "key", "value")
+
 # action -> (RPC, SDK method, fields of the response that hold stored text)
 ACTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "policy": (_M + "Policy", "memory_policy", ()),
     "remember": (
         _M + "Remember",
         "remember",
-        ("entry.value", "contradiction.previous.value"),
+        (
+            *(f"entry.{f}" for f in _ENTRY_TEXT),
+            *(f"contradiction.previous.{f}" for f in _ENTRY_TEXT),
+        ),
     ),
-    "recall": (_M + "Recall", "recall", ("entries[].value",)),
-    "timeline": (_M + "Timeline", "timeline", ("versions[].value",)),
-    "rooms": (_M + "Rooms", "rooms", ("rooms[].category",)),
-    "relations": (_M + "Relations", "relations", ("edges[].source", "edges[].target")),
+    "recall": (_M + "Recall", "recall", tuple(f"entries[].{f}" for f in _ENTRY_TEXT)),
+    "timeline": (_M + "Timeline", "timeline", tuple(f"versions[].{f}" for f in _ENTRY_TEXT)),
+    "rooms": (_M + "Rooms", "rooms", ("rooms[].category", "truncation.omitted_ids[]")),
+    "relations": (
+        _M + "Relations",
+        "relations",
+        ("edges[].kind", "edges[].source", "edges[].target"),
+    ),
     "consolidate": (_M + "Consolidate", "consolidate", ()),
-    "restore": (_M + "Restore", "restore", ("restored[].value",)),
+    "restore": (_M + "Restore", "restore", tuple(f"restored[].{f}" for f in _ENTRY_TEXT)),
 }
 
 
 def _entry(e: dict[str, Any]) -> str:
     state = "current" if e.get("current") else "superseded"
     return (
-        f"{e.get('id')} [{e.get('category')}] {_one_line(e.get('key'), 80)} ="
+        f"{_one_line(e.get('id'))} [{_one_line(e.get('category'), 80)}] {_one_line(e.get('key'), 80)} ="
         f" {_one_line(e.get('value'))} (confidence {float(e.get('confidence') or 0):.2f},"
         f" {e.get('confirmations', 0)}x, {state})"
     )
@@ -52,7 +62,7 @@ def _entry(e: dict[str, Any]) -> str:
 def _cut(t: dict[str, Any] | None) -> list[str]:
     if not t or not int(t.get("omitted") or 0):
         return []
-    ids = ", ".join(t.get("omitted_ids") or [])
+    ids = ", ".join(_one_line(i, 80) for i in t.get("omitted_ids") or [])
     return [
         f"({t.get('omitted')} of {t.get('total')} cut by {t.get('limit_name')}={t.get('limit')}"
         + (f": {ids})" if ids else ")")
@@ -76,11 +86,15 @@ def render(action: str, d: dict[str, Any]) -> list[str]:
         out = [_entry(e) for e in d.get(key) or []] or [f"{action}: nothing"]
         return out + _cut(d.get("truncation"))
     if action == "rooms":
-        rooms = [f"{r.get('category')}: {r.get('entries', 0)}" for r in d.get("rooms") or []]
+        rooms = [
+            f"{_one_line(r.get('category'), 80)}: {r.get('entries', 0)}"
+            for r in d.get("rooms") or []
+        ]
         return (rooms or ["no rooms"]) + _cut(d.get("truncation"))
     if action == "relations":
         edges = [
-            f"{e.get('id')} {e.get('source')} --{e.get('kind')}--> {e.get('target')}"
+            f"{_one_line(e.get('id'))} {_one_line(e.get('source'), 80)}"
+            f" --{_one_line(e.get('kind'), 80)}--> {_one_line(e.get('target'), 80)}"
             for e in d.get("edges") or []
         ]
         return (edges or ["no relations"]) + _cut(d.get("truncation"))

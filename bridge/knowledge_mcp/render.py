@@ -22,7 +22,9 @@ def plain(value: Any) -> str:
 
 
 def _one_line(text: Any, limit: int = 200) -> str:
-    s = " ".join(str(text or "").split())
+    """``text`` as one line of at most ``limit`` characters: runs of white space as one
+    space, other characters that are not printable as their escapes (``plain``)."""
+    s = plain(" ".join(str(text or "").split()))
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 

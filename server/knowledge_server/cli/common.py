@@ -39,6 +39,18 @@ def code_refs_text(refs: Iterable[Any]) -> list[str]:
     ]
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (an escape sequence that would
+    move the terminal's cursor, hide text or retitle the window; a line break) written as
+    its escape (``\x1b``, ``\n``): text the service stored from others is shown, never run
+    by the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
+
+
 def data_dir(ctx: click.Context) -> Path:
     value = (ctx.obj or {}).get("data_dir")
     return Path(value) if value else default_data_dir()

@@ -9,15 +9,23 @@ from typing import Any
 
 import click
 
-from knowledge_server.cli.common import client, emit_json, fail, handle_errors, out_console
+from knowledge_server.cli.common import (
+    client,
+    emit_json,
+    fail,
+    handle_errors,
+    out_console,
+    printable,
+)
 from knowledge_server.memory.policy import STORES, PolicyError, load_policy
 
 _STORE = click.Choice(STORES)
 
 
 def _say(text: str) -> None:
-    # Memory values are data written by agents: never rendered as markup.
-    out_console.print(text, markup=False, highlight=False)
+    # Memory values are data written by agents: never rendered as markup, nor run by the
+    # terminal (control characters escaped).
+    out_console.print(printable(text), markup=False, highlight=False)
 
 
 def _cut(t: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 
@@ -117,6 +118,27 @@ def _paths(text: str) -> list[str]:
 def _inside(path: str, roots: list[str]) -> bool:
     p = normalise_workspace(path)
     return any(is_under(p, r) for r in roots) and really_in_scope(p, roots)
+
+
+# Line breaks and tabs a value may hold (a procedure's steps); a category or key is one line.
+_VALUE_SPACING = frozenset("\n\t")
+
+
+def _check_characters(fields: dict[str, str]) -> None:
+    """Control characters (an escape sequence that moves a terminal's cursor or hides text,
+    a line break that starts a line of its own in what an agent reads) are refused: memory
+    text is shown to people and agents as it was written."""
+    for name, text in fields.items():
+        allowed = _VALUE_SPACING if name == "value" else frozenset()
+        for c in text:
+            kind = unicodedata.category(c)
+            if (kind == "Cc" and c not in allowed) or (name != "value" and kind in ("Zl", "Zp")):
+                what = "a line break" if c in "\n\r\u2028\u2029" else f"control character {c!r}"
+                raise InvalidRequest(
+                    f"{name}: cannot contain {what}"
+                    + ("" if name == "value" else " (a category or key is one line)"),
+                    metadata={"field": name},
+                )
 
 
 def _joined(key: str, value: str) -> str:
@@ -257,6 +279,7 @@ class MemoryOps:
             raise InvalidRequest(
                 "confidence: must be within (0, 1]", metadata={"field": "confidence"}
             )
+        _check_characters({"category": category, "key": key, "value": value})
         self._check_input(principal, scope, {"category": category, "key": key, "value": value})
         if store == "relations":
             if RELATION_ARROW.strip() in key or RELATION_ARROW.strip() in value:
