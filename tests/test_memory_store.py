@@ -398,3 +398,20 @@ def test_mem4_a_write_names_what_its_reclaim_archived(tmp_path: Path) -> None:
     w = m.remember(A, "facts", "c", "k4", "value 4", 0.5)
     assert w.reclaimed == 2 and sorted(w.archived_ids) == ids[:2]
     assert sorted(e.id for e in m.archived(A, "facts")) == ids[:2]
+
+
+def test_mem7_recall_finds_a_word_whose_case_folding_changes_its_spelling(
+    tmp_path: Path,
+) -> None:
+    """MEM-7: a word is found as it was written, whatever case folding makes of it
+    (casefold() writes "ß" as "ss"; the word index keeps "ß"), and "ß" in a question finds
+    "SS" in capitals."""
+    m = _store(tmp_path)
+    m.remember(A, "facts", "addr", "office", "Office is in Hauptstraße 5", 0.8)
+    m.remember(A, "facts", "addr", "depot", "Depot is in der GROSSEN STRASSE 2", 0.8)
+    for query, value in (
+        ("Hauptstraße", "Office is in Hauptstraße 5"),
+        ("hauptstraße", "Office is in Hauptstraße 5"),
+        ("großen straße", "Depot is in der GROSSEN STRASSE 2"),
+    ):
+        assert [e.value for e in m.recall(A, "facts", query).entries] == [value], query

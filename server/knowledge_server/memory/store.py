@@ -579,8 +579,13 @@ class MemoryStore:
                 " JOIN entries e ON e.id = entries_words.rowid WHERE entries_words MATCH ?"
                 " AND e.org = ? AND e.workspace = ? AND e.store = ? AND e.valid_until IS NULL"
             )
+            # The index folds case as SQLite's unicode61 does, which keeps "ß" where
+            # casefold() writes "ss": it is asked for both spellings of each word.
+            spellings = sorted(
+                {s for w in _WORD.findall(query) for s in (w.lower(), w.casefold())}
+            )
             args: list[object] = [
-                " OR ".join('"' + w.replace('"', '""') + '"' for w in wanted),
+                " OR ".join('"' + w.replace('"', '""') + '"' for w in spellings),
                 scope.org,
                 scope.workspace,
                 store,
