@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 from knowledge_server._gen.knowledge.v1 import memory_pb2
 from knowledge_server.auth_model import Principal
-from knowledge_server.errors import InvalidRequest, PermissionDenied, SecretRefused
+from knowledge_server.errors import (
+    InvalidRequest,
+    PathOutsideScope,
+    PermissionDenied,
+    SecretRefused,
+)
 from knowledge_server.memory.ops import OUTSIDE, MemoryOps, memory_scope
 from knowledge_server.memory.policy import MemoryPolicy
 from knowledge_server.memory.store import MemoryStore, Scope
@@ -192,3 +197,18 @@ def test_control_characters_are_refused_where_they_would_forge_or_hide_text(
     )
     assert isinstance(steps, memory_pb2.RememberResponse)
     assert steps.entry.value == "1. build\n\t2. ship"
+
+
+def test_a_path_from_another_users_home_is_held_to_the_workspace(tmp_path: Path) -> None:
+    """The path boundary knows ``~user/`` as well as ``~/`` and ``/``: refused on write for a
+    principal held to a workspace, masked on output."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ops, who = _ops(tmp_path), _agent(ws)
+    for text in ("key file is ~root/.ssh/id_rsa", "see ~/.bashrc", "and /etc/passwd"):
+        with pytest.raises(PathOutsideScope):
+            ops.run("remember", memory_pb2.RememberRequest(category="c", key="k", value=text), who)
+    ops.store.remember(Scope("org", str(ws)), "facts", "c", "k", "in ~root/.ssh/config", 0.7)
+    resp, _ = ops.run("recall", memory_pb2.RecallRequest(), who)
+    assert isinstance(resp, memory_pb2.RecallResponse)
+    assert [e.value for e in resp.entries] == [f"in {OUTSIDE}"]

@@ -50,8 +50,9 @@ ARCHIVED_IDS = 200
 READS = ("recall", "timeline", "rooms", "relations", "policy")
 WRITES = ("remember", "consolidate", "restore")
 
-# An absolute path, or one from the home folder, inside a text (the path boundary check).
-_PATH = re.compile(r"(?<![\w.~/-])(~?/[^\s'\"`,;()<>\[\]{}]+)")
+# An absolute path, or one from a home folder (``~/``, ``~user/``), inside a text (the path
+# boundary check).
+_PATH = re.compile(r"(?<![\w.~/-])((?:~[\w.-]*)?/[^\s'\"`,;()<>\[\]{}]+)")
 OUTSIDE = "[PATH OUTSIDE WORKSPACE]"
 
 
