@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,10 +26,14 @@ from typing import Any
 import apsw
 import pytest
 from click.testing import CliRunner, Result
-from knowledge_sdk import AsyncKnowledgeClient, InvalidRequest, PermissionDenied
+from knowledge_sdk import AsyncKnowledgeClient, DeadlineExceeded, InvalidRequest, PermissionDenied
+from knowledge_server._gen.knowledge.v1 import memory_pb2
+from knowledge_server.app import _MemoryWrite
 from knowledge_server.audit import AuditLog
 from knowledge_server.auth import TokenStore
+from knowledge_server.auth_model import Principal
 from knowledge_server.cli import main as cli_main
+from knowledge_server.errors import DeadlineExceeded as KnowledgeDeadline
 from knowledge_server.runtime import build_app
 
 from tests.conftest import start_server, write_session_log
@@ -354,3 +359,50 @@ async def test_aud1_real_calls_append_events_and_verify_finds_tampering(
         assert log.verify().ok
     finally:
         log.close()
+
+
+async def test_aud2_a_write_past_its_deadline_is_audited_as_it_ended(world: World) -> None:
+    """AUD-2 (every write audited, with its ids): a Remember still waiting for the store when
+    the caller's deadline passes goes on and commits; the caller gets DEADLINE_EXCEEDED and
+    the audit log records the write as it ended (ok, with the new entry's id), not as a
+    failure without ids. A write the deadline stopped before it began is recorded with the
+    deadline's reason, and nothing is written."""
+    app = world.rs.served.app
+    lock = app.memory_ops.store._lock
+    release = threading.Event()
+
+    def hold() -> None:
+        with lock:
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    await asyncio.sleep(0.1)
+    client = world.client("a1")
+    try:
+        with pytest.raises(DeadlineExceeded):
+            await client.remember("deploy", "day", "never deploy on fridays", timeout=0.5)
+        release.set()
+        holder.join()
+        for _ in range(100):  # the write finishes in its thread once the lock is free
+            recalled = await client.recall("fridays")
+            if recalled.entries:
+                break
+            await asyncio.sleep(0.05)
+        [entry] = recalled.entries
+        last = [e for e in _events(world.data) if e["operation"] == "memory.remember"][-1]
+        assert last["outcome"] == "ok" and last["targets"] == [entry.id]
+        # Stopped before it began: the caller's side records it, and it never runs.
+        before = len(_events(world.data))
+        who = Principal("a1", "org-a", (str(world.ws_a),), "agent")
+        req = memory_pb2.RememberRequest(category="c", key="late", value="postponed indefinitely")
+        late = _MemoryWrite(app, app.memory_ops, "remember", req, who)
+        assert late.abandon() is True
+        with pytest.raises(KnowledgeDeadline):
+            late.run()
+        assert len(_events(world.data)) == before
+        assert not (await client.recall("postponed")).entries
+    finally:
+        release.set()
+        holder.join()
+        await client.close()

@@ -36,6 +36,7 @@ from knowledge_server.dispatch import run_dispatch, validate_dispatch
 from knowledge_server.docgraph.llm import make_client
 from knowledge_server.edition import LicenceView
 from knowledge_server.errors import (
+    DeadlineExceeded,
     InvalidRequest,
     KnowledgeError,
     PermissionDenied,
@@ -173,6 +174,47 @@ class _AuditedWork:
             return summary
 
         return run
+
+
+class _MemoryWrite:
+    """One memory write and its audit event, appended by the thread that runs it (see
+    ``KnowledgeApp.memory``). Exactly one event: the write's, or, when the caller's deadline
+    passed before it began, the caller's (``abandon``)."""
+
+    def __init__(
+        self, app: KnowledgeApp, ops: MemoryOps, op: str, req: Message, principal: Principal
+    ) -> None:
+        self.app, self.ops, self.op, self.req, self.principal = app, ops, op, req, principal
+        self.operation = f"memory.{op}"
+        self.input = _request_dict(req)
+        self._lock = threading.Lock()
+        self._began = False
+        self._abandoned = False
+
+    def run(self) -> Message:
+        with self._lock:
+            if self._abandoned:
+                raise DeadlineExceeded(deadline.MESSAGE)
+            self._began = True
+        try:
+            out, targets = self.ops.run(self.op, self.req, self.principal)
+        except Exception as exc:
+            outcome = exc.reason if isinstance(exc, KnowledgeError) else "KNOWLEDGE_INTERNAL"
+            self.app.append_failure(
+                self.principal, self.operation, input=self.input, outcome=outcome
+            )
+            raise
+        self.app.append_event(self.principal, self.operation, targets=targets, input=self.input)
+        return out
+
+    def abandon(self) -> bool:
+        """Called when the caller gets an error: True (and the write will never begin) if
+        it had not begun, so the caller's side records the event."""
+        with self._lock:
+            if self._began:
+                return False
+            self._abandoned = True
+            return True
 
 
 def _root_arg(value: str) -> str:
@@ -641,20 +683,26 @@ class KnowledgeApp:
 
     async def memory(self, op: str, req: Message, principal: Principal, response: type[M]) -> M:
         """One memory operation in the ``memory`` pool; every write (and every refused
-        write) appends an audit event with the ids it touched; a dry run is no write."""
+        write) appends an audit event with the ids it touched; a dry run is no write.
+
+        A write's event is appended by the thread that ran it, as soon as it ends: a write
+        still running when the caller's deadline passes finishes (the caller gets
+        DEADLINE_EXCEEDED) and is audited as it ended, with its ids. A write the deadline
+        stopped before it began is audited here with the deadline's reason."""
         ops = self.memory_ops
         # A dry run reports what consolidation would do and writes nothing (docs/memory.md).
-        writes = op in WRITES and not getattr(req, "dry_run", False)
-        try:
-            out, targets = await deadline.off_loop(ops.run, op, req, principal, pool="memory")
-        except KnowledgeError as exc:
-            if writes:
-                await self.record_failure(
-                    principal, f"memory.{op}", input=_request_dict(req), outcome=exc.reason
-                )
-            raise
-        if writes:
-            await self.record(principal, f"memory.{op}", targets=targets, input=_request_dict(req))
+        if not (op in WRITES and not getattr(req, "dry_run", False)):
+            out, _ = await deadline.off_loop(ops.run, op, req, principal, pool="memory")
+        else:
+            write = _MemoryWrite(self, ops, op, req, principal)
+            try:
+                out = await deadline.off_loop(write.run, pool="memory")
+            except KnowledgeError as exc:
+                if write.abandon():
+                    await self.record_failure(
+                        principal, write.operation, input=write.input, outcome=exc.reason
+                    )
+                raise
         if not isinstance(out, response):
             raise TypeError(f"{op} answered {type(out).__name__}, not {response.__name__}")
         return out

@@ -581,9 +581,7 @@ class MemoryStore:
             )
             # The index folds case as SQLite's unicode61 does, which keeps "ß" where
             # casefold() writes "ss": it is asked for both spellings of each word.
-            spellings = sorted(
-                {s for w in _WORD.findall(query) for s in (w.lower(), w.casefold())}
-            )
+            spellings = sorted({s for w in _WORD.findall(query) for s in (w.lower(), w.casefold())})
             args: list[object] = [
                 " OR ".join('"' + w.replace('"', '""') + '"' for w in spellings),
                 scope.org,
