@@ -103,3 +103,55 @@ def test_outbox_quota_is_validated(value: str) -> None:
 
 def test_outbox_quota_default() -> None:
     assert load_config(env={}).outbox_quota_per_principal == 100
+
+
+async def test_kd_a_repeated_commit_never_hands_over_a_package_planned_in_another_scope(
+    tmp_path: Path,
+) -> None:
+    """KD-2 / ISO: token ids are not unique across organisations. Org-a's "ci" (workspaces
+    shared + a) commits; org-b's "ci" (shared only) repeats the same commit: it gets the
+    package planned within its own scope, never org-a's with an episode of workspace a; and
+    the two do not share one outbox quota."""
+    shared, a, logs = tmp_path / "shared", tmp_path / "ws_a", tmp_path / "logs"
+    for d in (shared, a, logs):
+        d.mkdir()
+    write_session_log(logs / "s.jsonl", "sess-s", shared, "deploy the quokka service")
+    write_session_log(logs / "a.jsonl", "sess-a", a, "deploy the quokka service: codename BLUEFIN")
+    data = tmp_path / "data"
+    tokens = TokenStore(data / "tokens.json")
+    _, ci_a = tokens.create("ci", "org-a", [str(shared), str(a)], "agent")
+    _, ci_b = tokens.create("ci", "org-b", [str(shared)], "agent")
+    _, ops = tokens.create("ops", "org", None, "operator")
+    rs = await start_server(
+        tmp_path,
+        authenticate=tokens.authenticate,
+        auth="on",
+        workspaces=[str(shared), str(a)],
+        outbox_quota_per_principal=1,
+    )
+    actor = "actor:generic:root_session:sess-s"
+    try:
+        async with AsyncKnowledgeClient(rs.address, token=ops) as kc:
+            async for _ in kc.ingest_sessions([str(logs)]):
+                pass
+            async for _ in kc.rebuild_derived(full=True):
+                pass
+        async with AsyncKnowledgeClient(rs.address, token=ci_a) as kc:
+            first = await kc.dispatch("deploy the quokka service", actor_id=actor, commit=True)
+        recorded = first.handoff.context_pack.prior_episodes
+        assert any("BLUEFIN" in e.snippet for e in recorded)  # org-a's scope holds it
+        async with AsyncKnowledgeClient(rs.address, token=ci_b) as kc:
+            again = await kc.dispatch("deploy the quokka service", actor_id=actor, commit=True)
+            assert again.assignment.assignment_id == first.assignment.assignment_id
+            assert not any(
+                "BLUEFIN" in e.snippet for e in again.handoff.context_pack.prior_episodes
+            )
+            assert not any("BLUEFIN" in str(c.arguments) for c in again.handoff.tool_calls)
+            # Org-a's pending package does not count against org-b's "ci".
+            other = await kc.dispatch("deploy another thing", actor_id=actor, commit=True)
+            assert other.assignment.created is True
+        owners = sorted((p["committed_org"], p["committed_by"]) for p in _outbox(data))
+        assert owners == [("org-a", "ci"), ("org-b", "ci")]
+    finally:
+        await rs.server.stop(0)
+        rs.app.close()

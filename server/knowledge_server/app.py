@@ -32,7 +32,7 @@ from knowledge_server._gen.knowledge.v1 import (
 from knowledge_server.audit import AuditEvent, AuditLog
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.config import Config
-from knowledge_server.dispatch import run_dispatch, validate_dispatch
+from knowledge_server.dispatch import Committer, run_dispatch, validate_dispatch
 from knowledge_server.docgraph.llm import make_client
 from knowledge_server.edition import LicenceView
 from knowledge_server.errors import (
@@ -353,7 +353,7 @@ class KnowledgeApp:
                     self.config.data_dir,
                     valid,
                     scope,
-                    principal_id=principal.id,
+                    committer=Committer.of(principal.id, principal.organisation, scope),
                     outbox_quota=self.config.outbox_quota_per_principal,
                 )
             )

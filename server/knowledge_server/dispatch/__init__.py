@@ -6,6 +6,7 @@ from pathlib import Path
 
 from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, search_pb2
+from knowledge_server.dispatch.outbox import Committer
 from knowledge_server.dispatch.planner import (
     DEFAULT_OUTBOX_QUOTA,
     EXECUTION,
@@ -56,7 +57,7 @@ async def run_dispatch(
     valid: ValidDispatch,
     scope: tuple[str, ...] | None,
     *,
-    principal_id: str = "",
+    committer: Committer,
     outbox_quota: int = DEFAULT_OUTBOX_QUOTA,
 ) -> dispatch_pb2.DispatchResponse:
     """Plan; on commit also record the assignment and write the outbox package (within
@@ -65,7 +66,7 @@ async def run_dispatch(
     plan = await dispatcher.plan(valid, scope)
     if valid.dry_run:
         return plan.response
-    return await deadline.off_loop(dispatcher.commit, plan, valid, principal_id, pool="dispatch")
+    return await deadline.off_loop(dispatcher.commit, plan, valid, committer, pool="dispatch")
 
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "HANDOFF_SCHEMA",
     "REQUIRES",
     "SCHEMA",
+    "Committer",
     "Dispatcher",
     "ValidDispatch",
     "build_package",

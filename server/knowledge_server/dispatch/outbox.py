@@ -6,16 +6,21 @@ linked into place) and are written once: the first recorded package for an
 assignment stays, so a repeated or concurrent commit never changes what the lead
 harness may already have reviewed. Nothing here executes a package.
 
-A committed package also records who committed it: the top-level key ``committed_by``
-(the principal id; not a field of the package message, so readers of the package ignore
-it). The per-principal outbox quota counts the pending packages by this key.
+A committed package also records who committed it (``Committer``), in top-level keys that
+are not fields of the package message (readers of the package ignore them):
+``committed_by`` (the principal id), ``committed_org`` (its organisation) and
+``committed_scope`` (a digest of the workspaces its plan could see). The per-principal
+outbox quota counts the pending packages by id and organisation; a repeated commit is
+answered with the recorded package only when all three are the caller's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,32 @@ from knowledge_server._gen.knowledge.v1 import dispatch_pb2
 OUTBOX_DIR = "outbox"
 SUFFIX = ".json"
 COMMITTED_BY = "committed_by"
+COMMITTED_ORG = "committed_org"
+COMMITTED_SCOPE = "committed_scope"
+
+
+@dataclass(frozen=True)
+class Committer:
+    """Who commits a package: the principal's id and organisation (two tokens may share an
+    id across organisations), and a digest of the workspaces its plan could see ("*" for
+    every workspace)."""
+
+    id: str
+    org: str = ""
+    scope: str = "*"
+
+    @classmethod
+    def of(cls, principal_id: str, org: str, workspaces: Sequence[str] | None) -> Committer:
+        if workspaces is None:
+            return cls(principal_id, org, "*")
+        seen = "\n".join(sorted(set(workspaces))).encode()
+        return cls(principal_id, org, hashlib.sha256(seen).hexdigest()[:32])
+
+    def keys(self) -> dict[str, str]:
+        return {COMMITTED_BY: self.id, COMMITTED_ORG: self.org, COMMITTED_SCOPE: self.scope}
+
+    def same_principal(self, data: dict[str, Any]) -> bool:
+        return data.get(COMMITTED_BY) == self.id and data.get(COMMITTED_ORG, "") == self.org
 
 
 def outbox_dir(data_dir: Path | str) -> Path:
@@ -56,11 +87,11 @@ def parse_package(text: str) -> dispatch_pb2.HandoffPackage:
     return package
 
 
-def _file_text(package: dispatch_pb2.HandoffPackage, committed_by: str) -> str:
-    if not committed_by:
+def _file_text(package: dispatch_pb2.HandoffPackage, committer: Committer | None) -> str:
+    if committer is None:
         return package_json(package)
     data = json_format.MessageToDict(package, preserving_proto_field_name=True)
-    data[COMMITTED_BY] = committed_by
+    data.update(committer.keys())
     return json.dumps(data, ensure_ascii=False, sort_keys=True, indent=2) + "\n"
 
 
@@ -69,18 +100,23 @@ def is_recorded(directory: Path, assignment_id: str) -> bool:
     return _read(package_path(directory, assignment_id)) is not None
 
 
-def committed_by(path: Path) -> str:
-    """Who committed the package recorded at ``path`` ("" when unknown or unreadable)."""
+def committer_of(path: Path) -> Committer | None:
+    """Who committed the package recorded at ``path`` (None when unknown or unreadable)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return ""
-    who = data.get(COMMITTED_BY) if isinstance(data, dict) else None
-    return who if isinstance(who, str) else ""
+        return None
+    if not isinstance(data, dict):
+        return None
+    who, org, scope = (data.get(k) for k in (COMMITTED_BY, COMMITTED_ORG, COMMITTED_SCOPE))
+    if not (isinstance(who, str) and isinstance(org, str) and isinstance(scope, str)):
+        return None  # a package recorded before all three were (or by hand): nobody's
+    return Committer(who, org, scope)
 
 
-def pending_for(directory: Path, principal_id: str) -> int:
-    """How many packages in the outbox were committed by ``principal_id``."""
+def pending_for(directory: Path, committer: Committer) -> int:
+    """How many packages in the outbox were committed by the committer's principal (its id
+    in its organisation, whatever the workspaces)."""
     if not directory.is_dir():
         return 0
     n = 0
@@ -91,7 +127,7 @@ def pending_for(directory: Path, principal_id: str) -> int:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(data, dict) and data.get(COMMITTED_BY) == principal_id:
+        if isinstance(data, dict) and committer.same_principal(data):
             n += 1
     return n
 
@@ -101,7 +137,7 @@ def write_once(
     assignment_id: str,
     package: dispatch_pb2.HandoffPackage,
     *,
-    committed_by: str = "",
+    committer: Committer | None = None,
 ) -> tuple[Path, dispatch_pb2.HandoffPackage]:
     """Write the package unless one is already recorded; return its path and the recorded package.
 
@@ -114,7 +150,7 @@ def write_once(
     existing = _read(final)
     if existing is not None:
         return final, existing
-    text = _file_text(package, committed_by)
+    text = _file_text(package, committer)
     tmp = directory / f".{assignment_id}.{uuid.uuid4().hex}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as fh:

@@ -538,7 +538,7 @@ class Dispatcher:
 
     # -- commit -----------------------------------------------------------------------------
     def commit(
-        self, plan: Plan, v: ValidDispatch, principal_id: str = ""
+        self, plan: Plan, v: ValidDispatch, committer: outbox.Committer
     ) -> dispatch_pb2.DispatchResponse:
         """Record the plan (one assignment, idempotent) and write the package once to the outbox.
 
@@ -566,18 +566,19 @@ class Dispatcher:
         # A full disk (SQLITE_FULL, ENOSPC) answers RESOURCE_EXHAUSTED and is kept as the
         # skills lane's last error.
         with _COMMIT_LOCK, lane.storage.guard("dispatch commit"):
-            self._check_quota(assignment_id, principal_id)
+            self._check_quota(assignment_id, committer)
             # The derived lane owns derived.sqlite: it records the row on its own writer.
             row, created = lane.record_assignment(actor_id, digest, str(path))
             package = build_package(out, v, assignment_id=row.assignment_id)
             written, recorded = outbox.write_once(
-                self.outbox, row.assignment_id, package, committed_by=principal_id
+                self.outbox, row.assignment_id, package, committer=committer
             )
-            by = outbox.committed_by(written)
+            by = outbox.committer_of(written)
         # The recorded package was planned within its committer's scope: another caller
-        # repeating the commit is answered with the package planned within its own, so a
-        # package holding evidence of workspaces it cannot see never reaches it.
-        out.handoff.CopyFrom(recorded if by == principal_id else package)
+        # (another principal, the same id in another organisation, or the same principal
+        # seeing other workspaces) repeating the commit is answered with the package
+        # planned within its own, so evidence it cannot see never reaches it.
+        out.handoff.CopyFrom(recorded if by == committer else package)
         a = out.assignment
         a.assignment_id = row.assignment_id
         a.status = row.status
@@ -590,10 +591,10 @@ class Dispatcher:
             pass
         return out
 
-    def _check_quota(self, assignment_id: str, principal_id: str) -> None:
+    def _check_quota(self, assignment_id: str, committer: outbox.Committer) -> None:
         if outbox.is_recorded(self.outbox, assignment_id):
             return
-        pending = outbox.pending_for(self.outbox, principal_id)
+        pending = outbox.pending_for(self.outbox, committer)
         if pending >= self.outbox_quota:
             raise ResourceExhausted(
                 f"outbox quota reached: {self.outbox_quota} packages of this caller are pending; "
