@@ -10,6 +10,7 @@ uses when they name a catalog skill.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -437,6 +438,39 @@ def _aggregate_actors(c: Any) -> None:
     )
     c.execute("DELETE FROM actor_static")
     c.execute("DELETE FROM actor_prev")
+    _actor_workspaces(c)
+
+
+def _actor_workspaces(c: Any) -> None:
+    """An actor's workspace is where all of its sessions ran: the one folder of them, or
+    the folder that holds them all (their common path) when they ran in several, or none
+    when one of them has no folder. Scopes test it (``in_scope``): an actor is visible only
+    to a caller who sees every session it was made of, whatever order they were derived
+    in (a log may name a parent session of another workspace)."""
+    folders: dict[str, set[str | None]] = {}
+    for actor_id, cwd in c.execute(
+        "SELECT a.actor_id, sa.cwd FROM actor_session a "
+        "LEFT JOIN session_actor sa ON sa.session_id = a.session_id"
+    ):
+        folders.setdefault(actor_id, set()).add(cwd or None)
+    updates = []
+    for actor_id, seen in folders.items():
+        where: str | None = None
+        if None not in seen:
+            paths = sorted(os.path.normpath(p) for p in seen if p)
+            where = paths[0] if len(paths) == 1 else _common_folder(paths)
+        updates.append((where, actor_id))
+    c.executemany(
+        "UPDATE actor SET workspace_cwd = ? WHERE actor_id = ? AND workspace_cwd IS NOT ?",
+        [(w, a, w) for w, a in updates],
+    )
+
+
+def _common_folder(paths: Sequence[str]) -> str | None:
+    try:
+        return os.path.commonpath(paths)
+    except ValueError:  # absolute and relative paths mixed: nothing holds them all
+        return None
 
 
 def _fill_counts(ds: DerivedStore, report: RebuildReport) -> None:

@@ -296,13 +296,16 @@ class Dispatcher:
             skill,
         )
 
-    def _by_search(self, resp: search_pb2.SearchResponse) -> Choice | None:
+    def _by_search(
+        self, resp: search_pb2.SearchResponse, scope: tuple[str, ...] | None
+    ) -> Choice | None:
         if not resp.actors:
             return None
         best = resp.actors[0]
         with self._store() as store:
             info = store.actor(best.actor_id) if store is not None else None
-        if info is None:
+        # The same rule as an explicit choice: an actor out of scope is never chosen.
+        if info is None or not in_scope(info.workspace_cwd, scope):
             return None
         n_ep = sum(1 for e in best.evidence if e.lane == "episodes")
         n_sk = sum(1 for e in best.evidence if e.lane == "skills")
@@ -482,7 +485,7 @@ class Dispatcher:
             choice = await deadline.off_loop(self._by_skill, v.text, scope, pool="dispatch")
         resp = await self.coordinator.search(self._search_request(v), scope)
         if choice is None and v.actor_id is None:
-            choice = await deadline.off_loop(self._by_search, resp, pool="dispatch")
+            choice = await deadline.off_loop(self._by_search, resp, scope, pool="dispatch")
         for notice in list(resp.warnings) + list(resp.errors):
             if not any(w.code == notice.code and w.lane == notice.lane for w in warnings):
                 warnings.append(
