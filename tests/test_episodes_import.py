@@ -409,6 +409,40 @@ def test_session_and_agent_ids_with_line_breaks_are_stored_plain(tmp_path: Path)
     assert {e.session_id for e in again.events} == {plain}
 
 
+def test_titles_event_types_and_tool_names_are_stored_on_one_printable_line(
+    tmp_path: Path,
+) -> None:
+    """A session's title, an event's type, its tool and an agent type come from the log and
+    are shown on one line (the CLI's dispatch and outbox, a hand-off's description): an
+    escape sequence in one would retitle or clear the reader's terminal, a line break would
+    forge a line. White space runs become one space, other unprintable characters ``_``."""
+    log = tmp_path / "titled.jsonl"
+    rows = [
+        {
+            "session_id": "s1",
+            "role": "user",
+            "cwd": str(tmp_path),
+            "text": "first",
+            "title": "Quokka \x1b]0;PWNED\x07\x1b[2J deploy",
+            "subagent_type": "helper\x1b[8m",
+        },
+        {
+            "session_id": "s1",
+            "type": "tool_use/Bash\nexecution: executed",
+            "tool_name": "Bash\r\nfake",
+            "text": "ls",
+        },
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = import_full("generic", str(log))
+    meta = res.sessions["s1"]
+    assert meta.title == "Quokka _]0;PWNED__[2J deploy"
+    assert meta.subagent_type is None or meta.subagent_type.isprintable()
+    names = [e.event_type for e in res.events] + [e.tool_name or "" for e in res.events]
+    assert all(n.isprintable() for n in names), names
+    assert "tool_use/Bash execution: executed" in [e.event_type for e in res.events]
+
+
 GH_TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 
 

@@ -106,9 +106,9 @@ def sniff_format(path: str) -> tuple[str | None, str]:  # noqa: C901 - one probe
 
 def import_full(fmt: str, path: str) -> ImportResult:
     if fmt == "aider":
-        return plain_session_ids(aider.import_file(path))
+        return plain_fields(aider.import_file(path))
     if fmt == "opencode":
-        return plain_session_ids(opencode.import_file(path))
+        return plain_fields(opencode.import_file(path))
     return import_incremental(fmt, path, 0, 0, False, None)
 
 
@@ -116,7 +116,7 @@ def import_incremental(
     fmt: str, path: str, offset: int, line: int, pending_newline: bool, ctx: dict[str, Any] | None
 ) -> ImportResult:
     mod = {"claude-code": claude_code, "codex": codex, "generic": generic}[fmt]
-    return plain_session_ids(
+    return plain_fields(
         mod.import_file(path, offset=offset, line=line, pending_newline=pending_newline, ctx=ctx)
     )
 
@@ -136,14 +136,30 @@ def plain_session_id(value: str) -> str:
     return "".join(c if c.isprintable() else "_" for c in value[:MAX_SESSION_ID])
 
 
-def plain_session_ids(res: ImportResult) -> ImportResult:
+def plain_name(value: str) -> str:
+    """A name shown on one line (a session's title, an event type, a tool): runs of white
+    space as one space, any other character that is not printable as ``_``."""
+    if value.isprintable():
+        return value
+    return "".join(c if c.isprintable() else "_" for c in " ".join(value.split()))
+
+
+def plain_fields(res: ImportResult) -> ImportResult:
     """``res`` with its events' and sessions' ids, and the agent ids that name sidechain
-    actors, made plain (``plain_session_id``)."""
+    actors, made plain (``plain_session_id``); the names shown on one line (titles, event
+    types, tools, models, agent types) too (``plain_name``): a log's text cannot start a
+    line of its own, or send a terminal an escape sequence, where they are shown."""
     for event in res.events:
         event.session_id = plain_session_id(event.session_id)
+        event.event_type = plain_name(event.event_type)
+        if event.tool_name:
+            event.tool_name = plain_name(event.tool_name)
         agent = event.meta.get("agent_id")
         if isinstance(agent, str):
             event.meta["agent_id"] = plain_session_id(agent)
+        kind = event.meta.get("subagent_type")
+        if isinstance(kind, str):
+            event.meta["subagent_type"] = plain_name(kind)
     if any(not k.isprintable() or len(k) > MAX_SESSION_ID for k in res.sessions):
         sessions = {}
         for meta in res.sessions.values():
@@ -155,4 +171,8 @@ def plain_session_ids(res: ImportResult) -> ImportResult:
             meta.parent_session_id = plain_session_id(meta.parent_session_id)
         if meta.agent_id:
             meta.agent_id = plain_session_id(meta.agent_id)
+        for name in ("title", "model", "agent_preset", "subagent_type"):
+            value = getattr(meta, name)
+            if value:
+                setattr(meta, name, plain_name(value))
     return res
