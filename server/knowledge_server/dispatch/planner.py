@@ -36,6 +36,7 @@ from knowledge_server.derived.store import ActorInfo, DerivedStore, assignment_i
 from knowledge_server.dispatch import outbox
 from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound, ResourceExhausted
 from knowledge_server.lanes.contract import DerivedLane, EpisodeLane
+from knowledge_server.redact import redact_counted
 from knowledge_server.search.coordinator import Coordinator, count_tokens
 from knowledge_server.search.jsonlen import json_text
 from knowledge_server.search.validate import LANES, ValidSearch
@@ -72,6 +73,7 @@ class ValidDispatch:
     dry_run: bool
     request_id: str
     workspaces: tuple[str, ...]
+    secrets_redacted: int = 0  # secrets taken out of the task before anything used it
 
     @property
     def mode(self) -> str:
@@ -100,6 +102,15 @@ def _check_list(name: str, values: Sequence[str]) -> tuple[str, ...]:
         if value.strip():
             out.append(value.strip())
     return tuple(out)
+
+
+def _redacted(values: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
+    out, n = [], 0
+    for value in values:
+        text, k = redact_counted(value)
+        out.append(text)
+        n += k
+    return tuple(out), n
 
 
 def validate_dispatch(req: dispatch_pb2.DispatchRequest) -> ValidDispatch:
@@ -139,8 +150,14 @@ def validate_dispatch(req: dispatch_pb2.DispatchRequest) -> ValidDispatch:
         if not ws or "\x00" in ws or len(ws) > 4096:
             raise _bad("workspaces", "contains an empty, oversized or NUL value")
     dry_run = req.dry_run if req.HasField("dry_run") else True
+    # The task is planned, searched with, written to the outbox and quoted to the receiving
+    # actor: a secret in it (a token pasted with the task) goes nowhere.
+    text, redacted = redact_counted(text.strip())
+    acceptance, more = _redacted(acceptance)
+    constraints, most = _redacted(constraints)
     return ValidDispatch(
-        text=text.strip(),
+        secrets_redacted=redacted + more + most,
+        text=text,
         acceptance=acceptance,
         constraints=constraints,
         actor_id=actor_id or by_target,
@@ -501,6 +518,15 @@ class Dispatcher:
                     message="the derived layer (actors, skill uses) has not been built yet",
                 )
             )
+        if v.secrets_redacted:
+            warnings.append(
+                errors_pb2.Notice(
+                    code="KNOWLEDGE_SECRET_REDACTED",
+                    message=f"{_plural(v.secrets_redacted, 'secret')} in the task replaced by"
+                    " [REDACTED:<kind>] before planning; tell the receiving actor where the"
+                    " secret is kept instead",
+                )
+            )
         if choice is None:
             warnings.append(
                 errors_pb2.Notice(
@@ -645,28 +671,39 @@ def _slug(text: str, fallback: str) -> str:
 
 def _title(text: str, limit: int = 80) -> str:
     first = text.strip().splitlines()[0] if text.strip() else ""
-    return shorten(first, limit)
+    return shorten(_line(first), limit)
 
 
 def _line(value: str) -> str:
-    """An id, path or name on one line: a line break in one (an id of a store written
-    before ids were kept plain) cannot start a line of its own."""
-    return " ".join(value.split())
+    """An id, path, name, snippet or list entry on one line: runs of white space as one
+    space (a line break cannot start a line of its own, e.g. a forged ``Assignment:``), and
+    any other character that is not printable as its escape (``\x1b``), so no escape
+    sequence reaches a terminal that shows the package."""
+    s = " ".join(value.split())
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
+def _block(text: str) -> str:
+    """The task's text, whose line breaks are its own: each line after the first indented,
+    so none of them can pass for a line of the prompt's structure; escapes as ``_line``."""
+    return "\n  ".join(_line(line) for line in text.strip().splitlines())
 
 
 def render_prompt(pack: dispatch_pb2.ContextPack, assignment_id: str) -> str:
     """The task and its references as one text for the receiving actor."""
-    lines = [f"Task: {pack.goal}"]
+    lines = [f"Task: {_block(pack.goal)}"]
     if pack.acceptance:
         lines.append("Acceptance:")
-        lines.extend(f"- {a}" for a in pack.acceptance)
+        lines.extend(f"- {_line(a)}" for a in pack.acceptance)
     if pack.constraints:
         lines.append("Constraints:")
-        lines.extend(f"- {c}" for c in pack.constraints)
+        lines.extend(f"- {_line(c)}" for c in pack.constraints)
     if pack.prior_episodes:
         lines.append("Prior episodes (references; full text via GetEpisode):")
         for ep in pack.prior_episodes:
-            lines.append(f"- {_line(ep.id)}" + (f": {ep.snippet}" if ep.snippet else ""))
+            lines.append(f"- {_line(ep.id)}" + (f": {_line(ep.snippet)}" if ep.snippet else ""))
     if pack.code_refs:
         lines.append("Code (references; full text via GetChunk):")
         for ref in pack.code_refs:
@@ -721,12 +758,12 @@ def build_package(
             tool="spawn_teammate",
             arguments={
                 "name": member,
-                "description": shorten(f"Replica of {t.name} for: {title}", 200),
+                "description": shorten(f"Replica of {_line(t.name)} for: {title}", 200),
                 "prompt": prompt,
             },
         )
     else:
-        member = t.name or t.actor_id
+        member = _line(t.name or t.actor_id)
     package.tool_calls.add(
         tool="team_task_create", arguments={"title": title, "details": prompt, "owner": member}
     )
