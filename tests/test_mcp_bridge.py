@@ -596,9 +596,28 @@ def _field_path_exists(descriptor: Any, path: str) -> bool:
     field = descriptor.fields_by_name.get(head.removesuffix("[]"))
     if field is None:
         return False
-    if not rest:
-        return field.message_type is None
+    if not rest:  # a string, or a map of strings (a tool call's arguments)
+        return field.message_type is None or field.message_type.GetOptions().map_entry
     return field.message_type is not None and _field_path_exists(field.message_type, rest)
+
+
+def test_every_untrusted_mark_names_a_text_field_of_the_response() -> None:
+    for tool in TOOLS:
+        for path in tool.untrusted_fields:
+            assert _field_path_exists(tool.response, path), f"{tool.name}: {path}"
+
+
+def test_dispatch_marks_the_text_taken_from_logs_untrusted() -> None:
+    """A session's title becomes the target's name, event types become risks, and both
+    are built into the hand-off's tool-call arguments: all of it is data."""
+    marked = set(TOOLS_BY_NAME["knowledge_dispatch"].untrusted_fields)
+    assert {
+        "target.name",
+        "context_pack.risks[]",
+        "handoff.target.name",
+        "handoff.context_pack.risks[]",
+        "handoff.tool_calls[].arguments",
+    } <= marked
 
 
 def test_memory_tool_marks_every_stored_text_untrusted_and_renders_it_as_data() -> None:

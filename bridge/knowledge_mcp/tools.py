@@ -168,7 +168,17 @@ TOOLS: tuple[ToolSpec, ...] = (
         "package with references. Never executes anything. dry_run=true (default) writes nothing; "
         "dry_run=false records the plan (idempotent: the same task and actor give the same "
         "assignment).",
-        ("context_pack.prior_episodes[].snippet", "handoff.context_pack.prior_episodes[].snippet"),
+        (
+            # Text from session logs (titles, snippets, event types) and what is built of it.
+            "target.name",
+            "target.why[]",
+            "context_pack.prior_episodes[].snippet",
+            "context_pack.risks[]",
+            "handoff.target.name",
+            "handoff.context_pack.prior_episodes[].snippet",
+            "handoff.context_pack.risks[]",
+            "handoff.tool_calls[].arguments",
+        ),
         render_dispatch,
     ),
     ToolSpec(
