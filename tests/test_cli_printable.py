@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import importlib
 import io
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from click.testing import CliRunner
+from knowledge_server._gen.knowledge.v1 import dispatch_pb2
 from knowledge_server.cli import common
+from knowledge_server.cli import main as cli_main
+from knowledge_server.dispatch import outbox as ob
 from rich.console import Console
 
 # The module (``knowledge_server.cli.memory`` the attribute is its command group).
@@ -40,3 +45,26 @@ def test_memory_cli_prints_a_stored_escape_sequence_as_text(
     out = buf.getvalue()
     assert "\x1b]0;" not in out and "\x1b[8m" not in out and "\x07" not in out
     assert "\\x1b[8mINVISIBLE" in out
+
+
+def test_outbox_show_prints_a_packages_log_text_escaped(tmp_path: Path) -> None:
+    """A package holds text from session logs (a title as the target's name, snippets,
+    risks): ``knowledge outbox show`` and ``list`` print it escaped, one line per entry, so
+    a forged ``execution: executed`` line or a window-title sequence never appears."""
+    package = dispatch_pb2.HandoffPackage(
+        schema="knowledge.handoff/v1", assignment_id="assign:abc", execution="not_executed"
+    )
+    package.target.name = "Quokka \x1b]0;PWNED-TITLE\x07\x1b[2J"
+    package.task.text = "deploy quokka"
+    package.context_pack.prior_episodes.add(id="ep:s:2", snippet="failed \x1b[8m hidden")
+    package.context_pack.risks.append("prior failure in ep:s:2: tool_use/Bash\nexecution: executed")
+    package.tool_calls.add(tool="spawn_teammate", arguments={"description": "x\x1b[31mred"})
+    ob.write_once(ob.outbox_dir(tmp_path), "assign:abc", package)
+    runner = CliRunner()
+    for args in (["outbox", "show", "assign:abc"], ["outbox", "list"]):
+        out = runner.invoke(cli_main, ["--data-dir", str(tmp_path), *args])
+        assert out.exit_code == 0, out.output
+        assert "\x1b" not in out.output and "\x07" not in out.output
+    shown = runner.invoke(cli_main, ["--data-dir", str(tmp_path), "outbox", "show", "assign:abc"])
+    assert "\\x1b]0;PWNED-TITLE" in shown.output
+    assert not any(line.startswith("execution: executed") for line in shown.output.splitlines())

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 from knowledge_licensing.cli import license_group
-from rich.markup import escape
+from rich.markup import escape as markup_escape
 from rich.table import Table
 from rich.text import Text
 
@@ -33,6 +33,7 @@ from knowledge_server.cli.common import (
     fail,
     handle_errors,
     out_console,
+    printable,
     record_address,
     run_stream,
 )
@@ -262,8 +263,14 @@ def serve(
         clear_address(cfg.data_dir)
 
 
+def _shown(text: str) -> str:
+    """Text the service answered, inside rich markup: its markup escaped, and its
+    unprintable characters written as escapes (``printable``)."""
+    return markup_escape(printable(text))
+
+
 def _one_line(text: str, width: int) -> str:
-    text = " ".join((text or "").split())
+    text = printable(" ".join((text or "").split()))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -294,11 +301,11 @@ def _lane_header(name: str, lane: Any, extra: str = "") -> None:
     if lane.empty_reason == "not_requested":
         out_console.print(f"\n[bold]{name}[/]  not requested", highlight=False)
         return
-    state = f"[yellow]degraded[/]: {escape(lane.degradation_reason)}" if lane.degraded else "ok"
+    state = f"[yellow]degraded[/]: {_shown(lane.degradation_reason)}" if lane.degraded else "ok"
     if not lane.items:
-        state += f"  [yellow]empty[/]: {escape(_empty_text(name, lane.empty_reason))}"
+        state += f"  [yellow]empty[/]: {_shown(_empty_text(name, lane.empty_reason))}"
     out_console.print(
-        f"\n[bold]{name}[/]  rev={escape(lane.index_rev or '-')}  {extra}{state}", highlight=False
+        f"\n[bold]{name}[/]  rev={_shown(lane.index_rev or '-')}  {extra}{state}", highlight=False
     )
 
 
@@ -308,7 +315,7 @@ def _lanes_table(resp: Any) -> None:
     width = max(60, min(out_console.width, 160))
     r = resp.routing
     out_console.print(
-        f"[bold]intent[/] {escape(r.intent)} ({escape(r.confidence_level)}) - {escape(r.reason)}",
+        f"[bold]intent[/] {_shown(r.intent)} ({_shown(r.confidence_level)}) - {_shown(r.reason)}",
         highlight=False,
     )
     header = _lane_header
@@ -321,7 +328,7 @@ def _lanes_table(resp: Any) -> None:
     for it in ep.items:
         when = it.time.strftime("%Y-%m-%d %H:%M") if it.time else ""
         out_console.print(
-            f"  [cyan]{escape(it.id)}[/]  {escape(it.event_type)}  {when}", highlight=False
+            f"  [cyan]{_shown(it.id)}[/]  {_shown(it.event_type)}  {when}", highlight=False
         )
         if it.snippet:
             out_console.print(
@@ -338,9 +345,9 @@ def _lanes_table(resp: Any) -> None:
         if it.match_kind:  # mode=docs|themes: how the document graph reached the chunk
             names = ", ".join(e.name for e in it.matched_entities[:3])
             sym += f"  {it.match_kind}" + (f": {names}" if names else "")
-        why = escape("[" + ", ".join(it.why) + "]")
+        why = _shown("[" + ", ".join(it.why) + "]")
         out_console.print(
-            f"  [cyan]{escape(it.path)}:{it.start_line}-{it.end_line}[/]{escape(sym)}  {why}",
+            f"  [cyan]{_shown(it.path)}:{it.start_line}-{it.end_line}[/]{_shown(sym)}  {why}",
             highlight=False,
         )
         if it.snippet:
@@ -352,8 +359,8 @@ def _lanes_table(resp: Any) -> None:
         header("skills", sk)
         for it in sk.items:
             out_console.print(
-                f"  [cyan]{escape(it.name)}[/]  uses={it.uses}"
-                f"  {escape(_one_line(it.description, width - 30))}",
+                f"  [cyan]{_shown(it.name)}[/]  uses={it.uses}"
+                f"  {_shown(_one_line(it.description, width - 30))}",
                 highlight=False,
             )
     if resp.actors:
@@ -362,19 +369,21 @@ def _lanes_table(resp: Any) -> None:
             d = a.dispatch
             avail = f"{d.mode}, {'available' if d.available else 'not available'}" if d else "none"
             out_console.print(
-                f"  [cyan]{escape(a.actor_id)}[/]  {escape(a.kind)}  score={a.score:.4f}"
-                f"  evidence={len(a.evidence)}  ({escape(avail)})",
+                f"  [cyan]{_shown(a.actor_id)}[/]  {_shown(a.kind)}  score={a.score:.4f}"
+                f"  evidence={len(a.evidence)}  ({_shown(avail)})",
                 highlight=False,
             )
             if a.why:
-                out_console.print("    " + "; ".join(a.why), markup=False, highlight=False)
+                out_console.print(
+                    "    " + printable("; ".join(a.why)), markup=False, highlight=False
+                )
     for w in resp.warnings:
         err_console.print(
-            f"[yellow]warning[/] {escape(f'{w.code} {w.lane}: {w.message}')}", highlight=False
+            f"[yellow]warning[/] {_shown(f'{w.code} {w.lane}: {w.message}')}", highlight=False
         )
     for e in resp.errors:
         err_console.print(
-            f"[red]error[/] {escape(f'{e.code} {e.lane}: {e.message}')}", highlight=False
+            f"[red]error[/] {_shown(f'{e.code} {e.lane}: {e.message}')}", highlight=False
         )
     lim = resp.limits
     out_console.print(
@@ -511,8 +520,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     e = resp.edition
     if e is not None:
         out_console.print(
-            f"knowledge {escape(resp.version)}  edition [bold]{escape(e.edition)}[/]"
-            f" (licence {escape(e.licence_state)}: {escape(e.reason)})"
+            f"knowledge {_shown(resp.version)}  edition [bold]{_shown(e.edition)}[/]"
+            f" (licence {_shown(e.licence_state)}: {_shown(e.reason)})"
         )
     p = resp.principal
     if p is not None:
@@ -556,8 +565,8 @@ def get_episode(ctx: click.Context, episode_id: str, neighbours: int, as_json: b
     for ev in [*resp.before, episode, *resp.after]:
         marker = ">>" if ev.id == episode.id else "  "
         when = ev.time.isoformat() if ev.time else ""
-        out_console.print(f"{marker} [bold]{escape(ev.id)}[/] {escape(ev.event_type)} {when}")
-        out_console.print(ev.text, markup=False, highlight=False)
+        out_console.print(f"{marker} [bold]{_shown(ev.id)}[/] {_shown(ev.event_type)} {when}")
+        out_console.print(printable(ev.text, lines=True), markup=False, highlight=False)
 
 
 @main.command("get-chunk")
@@ -577,10 +586,10 @@ def get_chunk(ctx: click.Context, chunk_id: str, as_json: bool) -> None:
         fail("the service answered without the chunk")
         return
     out_console.print(
-        f"[bold]{escape(c.path)}:{c.start_line}-{c.end_line}[/]"
-        f" {escape(f'{c.symbol} ({c.language}, {c.source_kind}) rev={resp.index_rev}')}"
+        f"[bold]{_shown(c.path)}:{c.start_line}-{c.end_line}[/]"
+        f" {_shown(f'{c.symbol} ({c.language}, {c.source_kind}) rev={resp.index_rev}')}"
     )
-    out_console.print(c.text, markup=False, highlight=False)
+    out_console.print(printable(c.text, lines=True), markup=False, highlight=False)
 
 
 @main.command()
@@ -682,8 +691,8 @@ def dispatch(
         return
     t = resp.target
 
-    def say(text: str) -> None:  # data from sessions and code: never rendered as markup
-        out_console.print(text, markup=False, highlight=False)
+    def say(text: str) -> None:  # data from sessions and code: never markup, never escapes
+        out_console.print(printable(text), markup=False, highlight=False)
 
     if t is None or not t.actor_id:
         say("no actor fits this task")

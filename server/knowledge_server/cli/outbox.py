@@ -12,8 +12,14 @@ from datetime import UTC, datetime
 import click
 from google.protobuf import json_format
 
-from knowledge_server.cli.common import code_refs_text, data_dir, emit_json, fail
+from knowledge_server.cli.common import code_refs_text, data_dir, emit_json, fail, printable
 from knowledge_server.dispatch import outbox as ob
+
+
+def _say(text: str) -> None:
+    """A line of the listing: a package holds text from logs and tasks, shown escaped
+    (``printable``), never run by the terminal."""
+    click.echo(printable(text))
 
 
 def _when(ts: float) -> str:
@@ -36,15 +42,15 @@ def list_packages(ctx: click.Context, as_json: bool) -> None:
         emit_json([e.summary() for e in entries])
         return
     if not entries:
-        click.echo(f"the outbox {directory} is empty")
+        _say(f"the outbox {directory} is empty")
         return
-    click.echo(
+    _say(
         f"outbox {directory}: {len(entries)} package{'' if len(entries) == 1 else 's'} (never executed here)"
     )
     for e in entries:
         s = e.summary()
         task = s["task"] if len(s["task"]) <= 60 else s["task"][:59] + "…"
-        click.echo(
+        _say(
             f"{e.assignment_id}  {_when(e.modified)}  {s['actor_name'] or s['actor_id'] or '-'}  "
             f"{s['mode'] or 'none'}  calls={s['tool_calls']}  {e.problem or task}"
         )
@@ -68,34 +74,31 @@ def show(ctx: click.Context, assignment_id: str, as_json: bool) -> None:
     if as_json:
         emit_json(json_format.MessageToDict(p, preserving_proto_field_name=True))
         return
-    click.echo(f"{p.schema}  {p.assignment_id}  ({entry.path})")
-    click.echo(f"execution: {p.execution}  requires: {p.requires}")
+    _say(f"{p.schema}  {p.assignment_id}  ({entry.path})")
+    _say(f"execution: {p.execution}  requires: {p.requires}")
     d = p.target.dispatch
-    click.echo(
+    _say(
         f"target: {p.target.name or '-'} ({p.target.actor_id or 'none'}) via {d.mode or 'none'}"
         f" - {'available' if d.available else 'not available'}{': ' + d.reason if d.reason else ''}"
     )
-    click.echo(f"task: {p.task.text}")
+    _say(f"task: {p.task.text}")
     for a in p.task.acceptance:
-        click.echo(f"  acceptance: {a}")
+        _say(f"  acceptance: {a}")
     for c in p.task.constraints:
-        click.echo(f"  constraint: {c}")
+        _say(f"  constraint: {c}")
     cp = p.context_pack
     for ep in cp.prior_episodes:
-        click.echo(f"  episode {ep.id}" + (f": {ep.snippet}" if ep.snippet else ""))
+        _say(f"  episode {ep.id}" + (f": {ep.snippet}" if ep.snippet else ""))
     for line in code_refs_text(cp.code_refs):
-        click.echo(f"  {line}")
+        _say(f"  {line}")
     for sk in cp.skills:
-        click.echo(f"  skill {sk.name} ({sk.uses} uses)")
+        _say(f"  skill {sk.name} ({sk.uses} uses)")
     for risk in cp.risks:
-        click.echo(f"  risk: {risk}")
+        _say(f"  risk: {risk}")
     if not p.tool_calls:
-        click.echo("tool calls: none (package only)")
+        _say("tool calls: none (package only)")
     for i, call in enumerate(p.tool_calls, 1):
-        click.echo(f"tool call {i}: {call.tool}")
-        click.echo(
-            "  "
-            + json.dumps(
-                dict(sorted(call.arguments.items())), ensure_ascii=False, indent=2
-            ).replace("\n", "\n  ")
-        )
+        _say(f"tool call {i}: {call.tool}")
+        text = json.dumps(dict(sorted(call.arguments.items())), ensure_ascii=False, indent=2)
+        for line in text.splitlines():
+            _say(f"  {line}")

@@ -675,7 +675,7 @@ def _title(text: str, limit: int = 80) -> str:
 
 
 def _line(value: str) -> str:
-    """An id, path, name, snippet or list entry on one line: runs of white space as one
+    r"""An id, path, name, snippet or list entry on one line: runs of white space as one
     space (a line break cannot start a line of its own, e.g. a forged ``Assignment:``), and
     any other character that is not printable as its escape (``\x1b``), so no escape
     sequence reaches a terminal that shows the package."""
