@@ -21,7 +21,7 @@ from knowledge_sdk import AsyncKnowledgeClient, InvalidRequest, NotFound, dispat
 from knowledge_sdk import types as v1
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, search_pb2
 from knowledge_server.derived.store import DerivedStore
-from knowledge_server.dispatch import build_package, named_skills, validate_dispatch
+from knowledge_server.dispatch import build_package, named_skills, planner, validate_dispatch
 from knowledge_server.dispatch.outbox import package_json as outbox_json
 
 from tests.conftest import REPO_ROOT, start_server
@@ -538,3 +538,23 @@ async def test_cli_dispatch_prints_target_and_commit(served) -> None:  # type: i
     assert body["mode"] == "commit" and body["assignment"]["status"] == "recorded_plan"
     explicit = await asyncio.to_thread(runner.invoke, main, [*args, "--actor", FEW])
     assert explicit.exit_code == 0 and FEW in explicit.output
+
+
+def test_kd5_the_pack_budget_counts_references_not_the_task() -> None:
+    """KD-5 (docs/dispatch.md): the references part of the pack is kept within 2000
+    tokens. A long task (20 acceptance criteria of 500 characters) takes no room from the
+    references; references past the budget are cut until they fit."""
+    pack = dispatch_pb2.ContextPack(goal="deploy the quokka service", acceptance=["a" * 500] * 20)
+    for i in range(5):
+        pack.prior_episodes.add(id=f"ep:s:{i}", snippet=f"deploy the quokka service, step {i} " * 3)
+    before = [(e.id, e.snippet) for e in pack.prior_episodes]
+    planner._fit_pack(pack)
+    assert [(e.id, e.snippet) for e in pack.prior_episodes] == before
+    assert len(pack.acceptance) == 20
+    big = dispatch_pb2.ContextPack(goal="x")
+    for i in range(5):
+        big.prior_episodes.add(id=f"ep:s:{i}", snippet="word " * 2000)
+    for i in range(5):
+        big.risks.append(f"prior failure in ep:s:{i}: " + "r" * 3000)
+    planner._fit_pack(big)
+    assert planner._pack_tokens(big) <= planner.PACK_MAX_TOKENS

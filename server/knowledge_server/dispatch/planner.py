@@ -640,11 +640,19 @@ def _assignment_id(actor_id: str, digest: str) -> str:
 
 
 def _pack_tokens(pack: dispatch_pb2.ContextPack) -> int:
-    return count_tokens(json_text(pack))
+    """Tokens of the pack's references (episodes, code, skills, risks): the task itself
+    (goal, acceptance, constraints) is the caller's and is not cut to make room."""
+    refs = dispatch_pb2.ContextPack()
+    refs.prior_episodes.extend(pack.prior_episodes)
+    refs.code_refs.extend(pack.code_refs)
+    refs.skills.extend(pack.skills)
+    refs.risks.extend(pack.risks)
+    return count_tokens(json_text(refs))
 
 
 def _fit_pack(pack: dispatch_pb2.ContextPack, max_tokens: int = PACK_MAX_TOKENS) -> None:
-    """Keep the pack within ``max_tokens``: shorter snippets, then fewer references."""
+    """Keep the pack's references within ``max_tokens``: shorter snippets, then fewer
+    references."""
     if _pack_tokens(pack) <= max_tokens:
         return
     for ep in pack.prior_episodes:
