@@ -28,7 +28,7 @@ import pytest
 from click.testing import CliRunner, Result
 from knowledge_sdk import AsyncKnowledgeClient, DeadlineExceeded, InvalidRequest, PermissionDenied
 from knowledge_server._gen.knowledge.v1 import memory_pb2
-from knowledge_server.app import _MemoryWrite
+from knowledge_server.app import _AuditedWrite
 from knowledge_server.audit import AuditLog
 from knowledge_server.auth import TokenStore
 from knowledge_server.auth_model import Principal
@@ -396,7 +396,13 @@ async def test_aud2_a_write_past_its_deadline_is_audited_as_it_ended(world: Worl
         before = len(_events(world.data))
         who = Principal("a1", "org-a", (str(world.ws_a),), "agent")
         req = memory_pb2.RememberRequest(category="c", key="late", value="postponed indefinitely")
-        late = _MemoryWrite(app, app.memory_ops, "remember", req, who)
+        late = _AuditedWrite(
+            app,
+            who,
+            "memory.remember",
+            {},
+            lambda: (*app.memory_ops.run("remember", req, who), "ok"),
+        )
         assert late.abandon() is True
         with pytest.raises(KnowledgeDeadline):
             late.run()

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from knowledge_sdk import AsyncKnowledgeClient, ResourceExhausted
+from knowledge_sdk import AsyncKnowledgeClient, ResourceExhausted, Unavailable
+from knowledge_server.audit import AuditLog
 from knowledge_server.auth import TokenStore
 from knowledge_server.config import ConfigError, load_config
 from knowledge_server.derived.store import DerivedStore
@@ -152,6 +153,54 @@ async def test_kd_a_repeated_commit_never_hands_over_a_package_planned_in_anothe
             assert other.assignment.created is True
         owners = sorted((p["committed_org"], p["committed_by"]) for p in _outbox(data))
         assert owners == [("org-a", "ci"), ("org-b", "ci")]
+    finally:
+        await rs.server.stop(0)
+        rs.app.close()
+
+
+async def test_a_commit_whose_package_cannot_be_written_records_nothing_and_is_audited(
+    tmp_path: Path,
+) -> None:
+    """The outbox folder cannot be written (here a file stands in its place): the commit
+    answers UNAVAILABLE naming the outbox, leaves no assignment row, and its audit event
+    says how it ended. Once the folder can be written, the same commit records both."""
+    a, logs = tmp_path / "ws_a", tmp_path / "logs"
+    for d in (a, logs):
+        d.mkdir()
+    write_session_log(logs / "a.jsonl", "sess-a", a, "deploy the quokka service")
+    data = tmp_path / "data"
+    tokens = TokenStore(data / "tokens.json")
+    _, agent = tokens.create("agent-a", "org", [str(a)], "agent")
+    _, ops = tokens.create("ops", "org", None, "operator")
+    rs = await start_server(
+        tmp_path, authenticate=tokens.authenticate, auth="on", workspaces=[str(a)]
+    )
+    actor = "actor:generic:root_session:sess-a"
+    try:
+        async with AsyncKnowledgeClient(rs.address, token=ops) as kc:
+            async for _ in kc.ingest_sessions([str(logs)]):
+                pass
+            async for _ in kc.rebuild_derived(full=True):
+                pass
+        (data / "outbox").write_text("not a folder")
+        async with AsyncKnowledgeClient(rs.address, token=agent) as kc:
+            with pytest.raises(Unavailable) as info:
+                await kc.dispatch("deploy task one", actor_id=actor, commit=True)
+            assert "outbox" in info.value.message and "nothing was recorded" in info.value.message
+            assert _rows(data) == 0
+            log = AuditLog(data / "audit.sqlite")
+            try:
+                last = log.tail(1)[0]
+            finally:
+                log.close()
+            assert (last.operation, last.outcome) == (
+                "dispatch.commit",
+                "KNOWLEDGE_SOURCE_UNAVAILABLE",
+            )
+            (data / "outbox").unlink()
+            done = await kc.dispatch("deploy task one", actor_id=actor, commit=True)
+            assert done.assignment.created is True and _rows(data) == 1
+            assert Path(done.assignment.outbox_path).is_file()  # noqa: ASYNC240 - a small local file
     finally:
         await rs.server.stop(0)
         rs.app.close()

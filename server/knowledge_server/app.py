@@ -15,7 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -32,7 +32,7 @@ from knowledge_server._gen.knowledge.v1 import (
 from knowledge_server.audit import AuditEvent, AuditLog
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.config import Config
-from knowledge_server.dispatch import Committer, run_dispatch, validate_dispatch
+from knowledge_server.dispatch import Committer, dispatcher_for, validate_dispatch
 from knowledge_server.docgraph.llm import make_client
 from knowledge_server.edition import LicenceView
 from knowledge_server.errors import (
@@ -176,35 +176,46 @@ class _AuditedWork:
         return run
 
 
-class _MemoryWrite:
-    """One memory write and its audit event, appended by the thread that runs it (see
-    ``KnowledgeApp.memory``). Exactly one event: the write's, or, when the caller's deadline
-    passed before it began, the caller's (``abandon``)."""
+W = TypeVar("W")
+
+
+class _AuditedWrite(Generic[W]):
+    """One write and its audit event, appended by the thread that runs it, as soon as it
+    ends: a write still running when the caller's deadline passes finishes (the caller gets
+    DEADLINE_EXCEEDED) and is recorded as it ended. Exactly one event: the write's, or,
+    when the deadline passed before it began, the caller's (``abandon``). ``work`` returns
+    the answer, the ids it touched and its outcome."""
 
     def __init__(
-        self, app: KnowledgeApp, ops: MemoryOps, op: str, req: Message, principal: Principal
+        self,
+        app: KnowledgeApp,
+        principal: Principal,
+        operation: str,
+        input: dict[str, Any],
+        work: Callable[[], tuple[W, list[str], str]],
     ) -> None:
-        self.app, self.ops, self.op, self.req, self.principal = app, ops, op, req, principal
-        self.operation = f"memory.{op}"
-        self.input = _request_dict(req)
+        self.app, self.principal, self.operation, self.input = app, principal, operation, input
+        self._work = work
         self._lock = threading.Lock()
         self._began = False
         self._abandoned = False
 
-    def run(self) -> Message:
+    def run(self) -> W:
         with self._lock:
             if self._abandoned:
                 raise DeadlineExceeded(deadline.MESSAGE)
             self._began = True
         try:
-            out, targets = self.ops.run(self.op, self.req, self.principal)
+            out, targets, outcome = self._work()
         except Exception as exc:
-            outcome = exc.reason if isinstance(exc, KnowledgeError) else "KNOWLEDGE_INTERNAL"
+            reason = exc.reason if isinstance(exc, KnowledgeError) else "KNOWLEDGE_INTERNAL"
             self.app.append_failure(
-                self.principal, self.operation, input=self.input, outcome=outcome
+                self.principal, self.operation, input=self.input, outcome=reason
             )
             raise
-        self.app.append_event(self.principal, self.operation, targets=targets, input=self.input)
+        self.app.append_event(
+            self.principal, self.operation, targets=targets, input=self.input, outcome=outcome
+        )
         return out
 
     def abandon(self) -> bool:
@@ -215,6 +226,17 @@ class _MemoryWrite:
                 return False
             self._abandoned = True
             return True
+
+    async def __call__(self, pool: str) -> W:
+        """Run the write in ``pool`` within the caller's deadline; audited either way."""
+        try:
+            return await deadline.off_loop(self.run, pool=pool)
+        except KnowledgeError as exc:
+            if self.abandon():
+                await self.app.record_failure(
+                    self.principal, self.operation, input=self.input, outcome=exc.reason
+                )
+            raise
 
 
 def _root_arg(value: str) -> str:
@@ -344,29 +366,28 @@ class KnowledgeApp:
     ) -> dispatch_pb2.DispatchResponse:
         valid = validate_dispatch(req)
         scope = effective_workspaces(principal, valid.workspaces)
+        dispatcher = dispatcher_for(
+            self.coordinator,
+            self.lanes,
+            self.config.data_dir,
+            self.config.outbox_quota_per_principal,
+        )
         # Planning reads in the request pool and searches on the loop, as Search does.
         with deadline.interrupted_as_deadline():
-            resp = await deadline.awaited(
-                run_dispatch(
-                    self.coordinator,
-                    self.lanes,
-                    self.config.data_dir,
-                    valid,
-                    scope,
-                    committer=Committer.of(principal.id, principal.organisation, scope),
-                    outbox_quota=self.config.outbox_quota_per_principal,
-                )
-            )
-        if not valid.dry_run:
+            plan = await deadline.awaited(dispatcher.plan(valid, scope))
+        if valid.dry_run:
+            return plan.response
+        committer = Committer.of(principal.id, principal.organisation, scope)
+
+        def commit() -> tuple[dispatch_pb2.DispatchResponse, list[str], str]:
+            resp = dispatcher.commit(plan, valid, committer)
             assignment = resp.assignment.assignment_id if resp.HasField("assignment") else ""
-            await self.record(
-                principal,
-                "dispatch.commit",
-                targets=[assignment] if assignment else [],
-                input=_request_dict(req),
-                outcome="ok" if assignment else "no_actor",
-            )
-        return resp
+            return resp, [assignment] if assignment else [], "ok" if assignment else "no_actor"
+
+        # A commit, refused or failed, is audited like every write.
+        write = _AuditedWrite(self, principal, "dispatch.commit", _request_dict(req), commit)
+        with deadline.interrupted_as_deadline():
+            return await write("dispatch")
 
     async def get_episode(
         self, req: knowledge_service_pb2.GetEpisodeRequest, principal: Principal
@@ -694,15 +715,13 @@ class KnowledgeApp:
         if not (op in WRITES and not getattr(req, "dry_run", False)):
             out, _ = await deadline.off_loop(ops.run, op, req, principal, pool="memory")
         else:
-            write = _MemoryWrite(self, ops, op, req, principal)
-            try:
-                out = await deadline.off_loop(write.run, pool="memory")
-            except KnowledgeError as exc:
-                if write.abandon():
-                    await self.record_failure(
-                        principal, write.operation, input=write.input, outcome=exc.reason
-                    )
-                raise
+
+            def work() -> tuple[Message, list[str], str]:
+                answer, targets = ops.run(op, req, principal)
+                return answer, targets, "ok"
+
+            write = _AuditedWrite(self, principal, f"memory.{op}", _request_dict(req), work)
+            out = await write("memory")
         if not isinstance(out, response):
             raise TypeError(f"{op} answered {type(out).__name__}, not {response.__name__}")
         return out

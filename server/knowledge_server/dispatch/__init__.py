@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from knowledge_server import deadline
-from knowledge_server._gen.knowledge.v1 import dispatch_pb2, search_pb2
+from knowledge_server._gen.knowledge.v1 import search_pb2
 from knowledge_server.dispatch.outbox import Committer
 from knowledge_server.dispatch.planner import (
     DEFAULT_OUTBOX_QUOTA,
@@ -50,25 +49,6 @@ def dispatcher_for(
     )
 
 
-async def run_dispatch(
-    coordinator: Coordinator,
-    lanes: Lanes,
-    data_dir: Path,
-    valid: ValidDispatch,
-    scope: tuple[str, ...] | None,
-    *,
-    committer: Committer,
-    outbox_quota: int = DEFAULT_OUTBOX_QUOTA,
-) -> dispatch_pb2.DispatchResponse:
-    """Plan; on commit also record the assignment and write the outbox package (within
-    the committing principal's outbox quota)."""
-    dispatcher = dispatcher_for(coordinator, lanes, data_dir, outbox_quota)
-    plan = await dispatcher.plan(valid, scope)
-    if valid.dry_run:
-        return plan.response
-    return await deadline.off_loop(dispatcher.commit, plan, valid, committer, pool="dispatch")
-
-
 __all__ = [
     "EXECUTION",
     "HANDOFF_SCHEMA",
@@ -80,7 +60,6 @@ __all__ = [
     "build_package",
     "dispatcher_for",
     "named_skills",
-    "run_dispatch",
     "task_hash",
     "validate_dispatch",
 ]

@@ -34,7 +34,14 @@ from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_pb2
 from knowledge_server.derived.store import ActorInfo, DerivedStore, assignment_id_for
 from knowledge_server.dispatch import outbox
-from knowledge_server.errors import InvalidRequest, KnowledgeError, NotFound, ResourceExhausted
+from knowledge_server.errors import (
+    InvalidRequest,
+    KnowledgeError,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+    as_storage_full,
+)
 from knowledge_server.lanes.contract import DerivedLane, EpisodeLane
 from knowledge_server.redact import redact_counted
 from knowledge_server.search.coordinator import Coordinator, count_tokens
@@ -596,12 +603,23 @@ class Dispatcher:
         # skills lane's last error.
         with _COMMIT_LOCK, lane.storage.guard("dispatch commit"):
             self._check_quota(assignment_id, committer)
+            # The package first, then its row: a package that cannot be written leaves no
+            # row; a row that cannot be written after it is recorded by a repeated commit
+            # (the package stays as it is).
+            package = build_package(out, v, assignment_id=assignment_id)
+            try:
+                written, recorded = outbox.write_once(
+                    self.outbox, assignment_id, package, committer=committer
+                )
+            except OSError as exc:
+                if as_storage_full(exc) is not None:
+                    raise
+                raise Unavailable(
+                    f"the outbox cannot be written ({exc.strerror or type(exc).__name__});"
+                    " nothing was recorded"
+                ) from exc
             # The derived lane owns derived.sqlite: it records the row on its own writer.
             row, created = lane.record_assignment(actor_id, digest, str(path))
-            package = build_package(out, v, assignment_id=row.assignment_id)
-            written, recorded = outbox.write_once(
-                self.outbox, row.assignment_id, package, committer=committer
-            )
             by = outbox.committer_of(written)
         # The recorded package was planned within its committer's scope: another caller
         # (another principal, the same id in another organisation, or the same principal
