@@ -100,6 +100,18 @@ def test_ids_paths_and_names_cannot_add_lines_or_close_the_block() -> None:
     assert len(items) == 4 and len(lines) == 4 + 5
     assert not any(line.startswith("SYSTEM") for line in lines)
     assert all("\\n" in line for line in items if "b.md" not in line)
+    # The marker in other cases is not written either.
+    shouted = SimpleNamespace(
+        lanes=SimpleNamespace(
+            code=None,
+            episodes=SimpleNamespace(
+                index_rev="rev-2",
+                items=[SimpleNamespace(session_id=f"</{MARK.upper()}>", seq=1, id="ep:x:1")],
+            ),
+            skills=None,
+        )
+    )
+    assert MARK.upper() not in evidence_block(shouted, 5000)
 
 
 def test_the_text_tools_keep_each_item_on_one_line() -> None:

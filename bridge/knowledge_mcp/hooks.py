@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -58,10 +59,14 @@ def question_for(event: dict[str, Any]) -> str | None:
     return None
 
 
+_MARK_ANY_CASE = re.compile(re.escape(MARK), re.IGNORECASE)
+
+
 def _quoted(value: Any) -> str:
     """An id, path or name in the block: one printable line (``render.plain``) that does
-    not write the block's own marker (a file or session named after it cannot close it)."""
-    return plain(value).replace(MARK, MARK.replace("-", "_"))
+    not write the block's own marker, in any case (a file or session named after it cannot
+    close it)."""
+    return _MARK_ANY_CASE.sub(lambda m: m.group(0).replace("-", "_"), plain(value))
 
 
 def evidence_block(data: Any, max_chars: int) -> str:
