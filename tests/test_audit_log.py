@@ -8,12 +8,16 @@ several processes form one valid chain; AUD-8 the input is hashed, never stored.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import stat
 from pathlib import Path
 
 import apsw
 import pytest
-from knowledge_server.audit import GENESIS, AuditLog, chain_hash, input_hash
+from click.testing import CliRunner
+from knowledge_server.audit import GENESIS, KEY_FILE, AuditLog, chain_hash, input_hash
+from knowledge_server.cli import main as cli_main
 
 
 def _fill(log: AuditLog, n: int) -> None:
@@ -154,11 +158,42 @@ def test_aud8_the_input_is_hashed_never_stored(tmp_path: Path) -> None:
     ev = log.append(
         principal="alice", org="acme", operation="memory.remember", input={"text": secret}
     )
-    assert ev.input_hash == input_hash({"text": secret}) != input_hash({"text": secret + "x"})
+    assert ev.input_hash == log.input_hash({"text": secret}) != log.input_hash({"text": "x"})
     log.close()
     for f in tmp_path.iterdir():
         assert secret.encode() not in f.read_bytes()
     assert secret not in ev.to_json()
+
+
+def test_aud8_input_hashes_are_keyed_so_an_exported_log_cannot_test_guesses(
+    tmp_path: Path,
+) -> None:
+    """Without the data directory's key (``audit.key``, owner-only), an input cannot be
+    checked against its event: a refused secret's event does not let whoever holds an
+    exported log try guesses. With the key (the same data directory) the check works."""
+    log = AuditLog(tmp_path / "audit.sqlite")
+    guess = {"category": "wifi", "key": "password", "value": "winter2024"}
+    ev = log.append(
+        principal="a",
+        org="o",
+        operation="memory.remember",
+        input=guess,
+        outcome="KNOWLEDGE_SECRET_REFUSED",
+    )
+    log.close()
+    assert ev.input_hash != input_hash(guess)  # a plain SHA-256 guess does not match
+    key = tmp_path / KEY_FILE
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_bytes()) == 32
+    again = AuditLog(tmp_path / "audit.sqlite")  # the same directory, the same key
+    try:
+        assert again.input_hash(guess) == ev.input_hash
+    finally:
+        again.close()
+    other = AuditLog(tmp_path / "other" / "audit.sqlite")
+    try:
+        assert other.input_hash(guess) != ev.input_hash
+    finally:
+        other.close()
 
 
 def test_an_event_needs_an_operation(tmp_path: Path) -> None:
@@ -180,3 +215,20 @@ def test_the_app_records_a_principals_write_in_its_data_directory(tmp_path: Path
     assert (ev.seq, ev.principal, ev.org, ev.targets) == (1, "ed", "acme", ("t-1",))
     app.close()
     assert AuditLog(tmp_path / "audit.sqlite").verify().checked == 1
+
+
+def test_aud8_the_cli_checks_an_input_against_its_event(tmp_path: Path) -> None:
+    """``knowledge audit hash FILE`` gives the input_hash an event has for that input, with
+    this data directory's key."""
+    log = AuditLog(tmp_path / "audit.sqlite")
+    request = {"category": "deploy", "key": "day", "value": "never on fridays"}
+    ev = log.append(principal="a", org="o", operation="memory.remember", input=request)
+    log.close()
+    runner = CliRunner()
+    out = runner.invoke(
+        cli_main, ["--data-dir", str(tmp_path), "audit", "hash", "-"], input=json.dumps(request)
+    )
+    assert out.exit_code == 0, out.output
+    assert out.output.strip() == ev.input_hash
+    bad = runner.invoke(cli_main, ["--data-dir", str(tmp_path), "audit", "hash", "-"], input="{")
+    assert bad.exit_code != 0 and "not JSON" in bad.output

@@ -4,7 +4,9 @@ Every operation that changes what the service knows or who may use it (index, in
 dispatch commit, tokens, licence, knowledge-base state changes, memory writes) appends one
 event: when, which principal of which organisation, the operation, the ids it touched, a
 hash of its input and its outcome. Never the input itself: an event holds no query text,
-no snippets, no secrets, only ``input_hash`` (SHA-256 of the input's canonical JSON).
+no snippets, no secrets, only ``input_hash``: HMAC-SHA256 of the input's canonical JSON
+under the data directory's own key (``audit.key``), so a log that leaves the machine (an
+export) cannot be used to test guesses of what a write held, e.g. a refused secret.
 
 Tamper evidence is a hash chain. Each event's ``hash`` is SHA-256 over the previous
 event's hash and the event's own canonical fields (``seq`` included), so editing an event
@@ -26,8 +28,11 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import hmac
 import json
 import os
+import secrets
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,10 +52,13 @@ __all__ = [
     "Verification",
     "cli_principal",
     "input_hash",
+    "load_key",
     "record_cli",
 ]
 
 AUDIT_FILE = "audit.sqlite"
+KEY_FILE = "audit.key"  # the input hashes' key, next to the log (created on first use)
+_KEY_BYTES = 32
 
 # The "previous hash" of the first event.
 GENESIS = "0" * 64
@@ -87,10 +95,39 @@ def _canonical(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def input_hash(value: object) -> str:
-    """SHA-256 of a JSON-able input in canonical form (sorted keys, no spaces): the same
-    input gives the same hash on every machine. ``None`` hashes as JSON ``null``."""
-    return hashlib.sha256(_canonical(value)).hexdigest()
+def input_hash(value: object, key: bytes | None = None) -> str:
+    """HMAC-SHA256 under ``key`` of a JSON-able input in canonical form (sorted keys, no
+    spaces); SHA-256 without a key. The same input and key give the same hash on every
+    machine. ``None`` hashes as JSON ``null``."""
+    if key is None:
+        return hashlib.sha256(_canonical(value)).hexdigest()
+    return hmac.new(key, _canonical(value), hashlib.sha256).hexdigest()
+
+
+def load_key(path: Path) -> bytes:
+    """The key at ``path``, created (owner-only, written whole) if there is none. Serving
+    processes of one data directory may race to create it: one link wins and every process
+    reads that one."""
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(secrets.token_bytes(_KEY_BYTES))
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        key = path.read_bytes()
+    if len(key) != _KEY_BYTES:
+        raise ValueError(f"{path}: not an audit key ({len(key)} bytes, expected {_KEY_BYTES})")
+    return key
 
 
 @dataclass(frozen=True)
@@ -169,6 +206,13 @@ class AuditLog:
         self.path = str(path)
         self._lock = Lock()
         self._conn = open_db(self.path, MIGRATIONS, busy_ms=busy_ms, synchronous_normal=False)
+        self._key: bytes | None = None
+
+    def input_hash(self, value: object) -> str:
+        """``value``'s ``input_hash`` under this log's key (``KEY_FILE`` next to it)."""
+        if self._key is None:
+            self._key = load_key(Path(self.path).with_name(KEY_FILE))
+        return input_hash(value, self._key)
 
     def close(self) -> None:
         with self._lock:
@@ -189,7 +233,7 @@ class AuditLog:
         if not operation:
             raise ValueError("an audit event needs an operation")
         at = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-        ihash = input_hash(input)
+        ihash = self.input_hash(input)
         with self._lock, immediate(self._conn):
             last_seq, prev = _last(self._conn)
             seq = last_seq + 1

@@ -1,7 +1,10 @@
-"""`knowledge audit verify|tail|export`: the audit log of the data directory, read on the
-server's machine (docs/audit.md)."""
+"""`knowledge audit verify|tail|export|hash`: the audit log of the data directory, read on
+the server's machine (docs/audit.md)."""
 
 from __future__ import annotations
+
+import json
+from typing import TextIO
 
 import click
 
@@ -74,5 +77,23 @@ def export(ctx: click.Context, after: int) -> None:
     try:
         for event in log.events(after_seq=after):
             click.echo(event.to_json())
+    finally:
+        log.close()
+
+
+@audit.command("hash")
+@click.argument("input_file", type=click.File("r", encoding="utf-8"))
+@click.pass_context
+def hash_input(ctx: click.Context, input_file: TextIO) -> None:
+    """Print the input_hash an event has for the JSON input in INPUT_FILE (- for standard
+    input): the request as the service received it, with proto field names. Needs this
+    data directory's key (audit.key); a log exported elsewhere cannot be checked."""
+    try:
+        value = json.load(input_file)
+    except ValueError as exc:
+        fail(f"{input_file.name}: not JSON ({exc})")
+    log = _open(ctx)
+    try:
+        click.echo(log.input_hash(value))
     finally:
         log.close()
