@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import stat
 from pathlib import Path
 
@@ -232,3 +233,23 @@ def test_aud8_the_cli_checks_an_input_against_its_event(tmp_path: Path) -> None:
     assert out.output.strip() == ev.input_hash
     bad = runner.invoke(cli_main, ["--data-dir", str(tmp_path), "audit", "hash", "-"], input="{")
     assert bad.exit_code != 0 and "not JSON" in bad.output
+
+
+def test_aud8_the_key_is_made_where_hard_links_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some filesystems (network, FAT) refuse hard links: the key is then made with one
+    exclusive create, and appends go on."""
+
+    def no_links(src: object, dst: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    log = AuditLog(tmp_path / "audit.sqlite")
+    try:
+        ev = log.append(principal="a", org="o", operation="index", input={"x": 1})
+        assert ev.input_hash == log.input_hash({"x": 1})
+    finally:
+        log.close()
+    assert len((tmp_path / KEY_FILE).read_bytes()) == 32
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit.key", "audit.sqlite"]

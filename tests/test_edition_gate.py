@@ -404,7 +404,11 @@ def test_license_install_refuses_invalid_files_and_installs_a_valid_one(
     assert "installed lic-1" in out.stdout and "development key vendor-1" in out.stdout
     assert dest.read_bytes() == good.read_bytes()
     # no temporary left; the audit log holds the refused installs and this one
-    assert sorted(p.name for p in dest.parent.iterdir()) == ["audit.sqlite", "licence.json"]
+    assert sorted(p.name for p in dest.parent.iterdir()) == [
+        "audit.key",
+        "audit.sqlite",
+        "licence.json",
+    ]
     log = AuditLog(dest.parent / "audit.sqlite")
     try:
         installs = [e for e in log.events() if e.operation == "licence.install"]

@@ -32,6 +32,7 @@ import hmac
 import json
 import os
 import secrets
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -107,24 +108,16 @@ def input_hash(value: object, key: bytes | None = None) -> str:
 def load_key(path: Path) -> bytes:
     """The key at ``path``, created (owner-only, written whole) if there is none. Serving
     processes of one data directory may race to create it: one link wins and every process
-    reads that one."""
-    try:
+    reads that one (on a filesystem without hard links, one exclusive create wins, and a
+    reader waits for its bytes)."""
+    if not path.exists():
+        _create_key(path)
+    key = b""
+    for _ in range(100):
         key = path.read_bytes()
-    except FileNotFoundError:
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(secrets.token_bytes(_KEY_BYTES))
-                fh.flush()
-                os.fsync(fh.fileno())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                pass
-        finally:
-            tmp.unlink(missing_ok=True)
-        key = path.read_bytes()
+        if len(key) == _KEY_BYTES:
+            break
+        time.sleep(0.01)  # another process is writing it (no hard links here)
     if len(key) != _KEY_BYTES:
         raise ValueError(f"{path}: not an audit key ({len(key)} bytes, expected {_KEY_BYTES})")
     return key
@@ -195,6 +188,32 @@ def _row_event(row: Sequence[object]) -> AuditEvent:
 def _last(conn: apsw.Connection) -> tuple[int, str]:
     rows = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchall()
     return (cast(int, rows[0][0]), cast(str, rows[0][1])) if rows else (0, GENESIS)
+
+
+def _write_key(fd: int, key: bytes) -> None:
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(key)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _create_key(path: Path) -> None:
+    key = secrets.token_bytes(_KEY_BYTES)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    _write_key(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), key)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    except OSError:  # a filesystem without hard links: the first exclusive create wins
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            _write_key(fd, key)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class AuditLog:
