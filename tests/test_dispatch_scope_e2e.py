@@ -1,7 +1,8 @@
-"""Dispatch within the caller's workspaces, over a real server: an actor made of sessions in
-two workspaces (a log may name a parent session of another workspace) is visible only to a
-caller who sees both; never to one of them alone, after a full rebuild and after an
-incremental one alike, whether named explicitly or found by search (ISO, KD)."""
+"""Dispatch and Search within the caller's workspaces, over a real server: an actor made of
+sessions in two workspaces (a log may name a parent session of another workspace) is visible
+only to a caller who sees both; never to one of them alone, after a full rebuild and after an
+incremental one alike, whether named explicitly, listed among a search's actors or chosen by
+one (ISO, KD)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ async def _check(address: str, token: str, task: str) -> None:
     async with AsyncKnowledgeClient(address, token=token) as kc:
         with pytest.raises(NotFound):
             await kc.dispatch("anything", actor_id=ACTOR)
+        found = await kc.search(task)
+        assert ACTOR not in [a.actor_id for a in found.actors]
+        assert not any("alpha-internal-billing" in w for a in found.actors for w in a.why)
         plan = await kc.dispatch(task)
         assert plan.target is None or plan.target.actor_id != ACTOR
         assert "alpha-internal-billing" not in [s.name for s in plan.context_pack.skills]
@@ -66,6 +70,19 @@ async def test_an_actor_spanning_two_workspaces_is_seen_only_with_both(tmp_path:
         "text": "deploy the quokka service",
     }
     _log(logs / "subB.jsonl", [sub_b])
+    # A session of b's own on the same task: the actor b's dispatch should find.
+    _log(
+        logs / "rootB2.jsonl",
+        [
+            {
+                "session_id": "rootB2",
+                "seq": 1,
+                "cwd": str(b),
+                "role": "user",
+                "text": "deploy the quokka service",
+            }
+        ],
+    )
     tokens = TokenStore(tmp_path / "data" / "tokens.json")
     _, ta = tokens.create("agent-a", "org-a", [str(a)], "agent")
     _, tb = tokens.create("agent-b", "org-b", [str(b)], "agent")
@@ -82,6 +99,9 @@ async def test_an_actor_spanning_two_workspaces_is_seen_only_with_both(tmp_path:
                 pass
         await _check(rs.address, ta, "private alpha refactor")
         await _check(rs.address, tb, "deploy the quokka service")
+        async with AsyncKnowledgeClient(rs.address, token=tb) as kc:
+            plan = await kc.dispatch("deploy the quokka service")
+            assert plan.target.actor_id == "actor:generic:root_session:rootB2"
         # One more event in a's subagent session, then an incremental rebuild: the same.
         _log(logs / "subA.jsonl", [{**sub_a, "seq": 2, "text": "done", "meta": {}}], mode="a")
         async with AsyncKnowledgeClient(rs.address, token=ops) as kc:

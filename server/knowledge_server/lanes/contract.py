@@ -110,8 +110,11 @@ class DerivedLane(Lane, Reporting, Protocol):
         ...
 
     def build_actors(
-        self, resp: search_pb2.SearchResponse, v: ValidSearch
-    ) -> list[search_pb2.Actor]: ...
+        self, resp: search_pb2.SearchResponse, v: ValidSearch, scope: Scope = None
+    ) -> list[search_pb2.Actor]:
+        """The actors behind ``resp``'s items; only those whose workspace lies in
+        ``scope`` (an actor made of sessions the caller cannot all see is not one)."""
+        ...
 
     def episode_actors(self, episode_ids: Sequence[str]) -> dict[str, str]: ...
 

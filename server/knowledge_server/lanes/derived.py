@@ -248,9 +248,14 @@ class DerivedLane:
         return facts
 
     def build_actors(  # noqa: C901 - gathers each actor's evidence from both lanes, then its summary
-        self, resp: search_pb2.SearchResponse, v: ValidSearch
+        self,
+        resp: search_pb2.SearchResponse,
+        v: ValidSearch,
+        scope: tuple[str, ...] | None = None,
     ) -> list[search_pb2.Actor]:
-        """Aggregate actors from this response's items (evidence = ids in the response only)."""
+        """Aggregate actors from this response's items (evidence = ids in the response
+        only). An actor whose workspace (where all of its sessions ran) is not in ``scope``
+        is left out: its skills and outcomes are those of sessions the caller cannot see."""
         ep_items = list(resp.lanes.episodes.items)
         skill_items = list(resp.lanes.skills.items)
         if not ep_items and not skill_items:
@@ -276,7 +281,7 @@ class DerivedLane:
                 if wanted and actor_id not in wanted:
                     continue
                 info, skills = self._actor_facts(store, rev, actor_id)
-                if info is None:
+                if info is None or not in_scope(info.workspace_cwd, scope):
                     continue
                 seen: set[tuple[str, str]] = set()
                 unique = []

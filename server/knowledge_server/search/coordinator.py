@@ -75,7 +75,10 @@ class ActorHints:
     episode_actor: dict[str, str] = field(default_factory=dict)
 
 
-ActorBuilder = Callable[[search_pb2.SearchResponse, ValidSearch], Sequence[search_pb2.Actor]]
+# (response, request, the caller's workspaces or None for all) -> the actors behind it.
+ActorBuilder = Callable[
+    [search_pb2.SearchResponse, ValidSearch, tuple[str, ...] | None], Sequence[search_pb2.Actor]
+]
 
 
 class SearchObserver(Protocol):
@@ -438,7 +441,7 @@ class Coordinator:
             )
 
         if self.actor_builder is not None and resp.found:
-            resp.actors.extend(self.actor_builder(resp, v))  # inline, as above
+            resp.actors.extend(self.actor_builder(resp, v, workspaces))  # inline, as above
 
         resp.limits.requested = v.limit
         resp.limits.budget.max_tokens = v.max_tokens
