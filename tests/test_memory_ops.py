@@ -212,3 +212,72 @@ def test_a_path_from_another_users_home_is_held_to_the_workspace(tmp_path: Path)
     resp, _ = ops.run("recall", memory_pb2.RecallRequest(), who)
     assert isinstance(resp, memory_pb2.RecallResponse)
     assert [e.value for e in resp.entries] == [f"in {OUTSIDE}"]
+
+
+def test_a_secret_named_by_the_category_or_a_relation_is_refused_and_never_shown(
+    tmp_path: Path,
+) -> None:
+    """The category names the value too (a history entry has no key of its own; a relation's
+    kind is its category): "password" / "prod-db" = "Tr0ub4dor&3" is refused. A relation
+    stored that way before is shown with its target hidden, in Recall and in Relations. A
+    name that only mentions a credential, or a value that says where one is kept, is fine."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    refused = (
+        {"category": "password", "key": "prod-db", "value": "Tr0ub4dor&3"},
+        {"store": "history", "category": "db password", "value": "Tr0ub4dor&3"},
+        {"store": "relations", "category": "password", "key": "prod-db", "value": "Tr0ub4dor&3"},
+        {"store": "relations", "category": "uses", "key": "api token", "value": "x9Fq2LmZ7a"},
+    )
+    for fields in refused:
+        with pytest.raises(SecretRefused):
+            ops.run("remember", memory_pb2.RememberRequest(**fields), who)  # type: ignore[arg-type]
+    fine = (
+        ("auth", "handled by the gateway (OIDC)"),
+        ("secret_store", "HashiCorp Vault"),
+        ("api_key_location", "AWS_Secrets_Manager entry prod/api"),
+        ("token_refresh", "automatic every hour"),
+        ("password_policy", "minimum twelve characters"),
+        ("password", "stored in the team vault"),
+        ("password", "vault"),
+    )
+    for key, value in fine:
+        resp, _ = ops.run(
+            "remember", memory_pb2.RememberRequest(category="c", key=key, value=value), who
+        )
+        assert isinstance(resp, memory_pb2.RememberResponse) and resp.entry.value == value
+    scope = memory_scope(who, "")
+    ops.store.remember(scope, "relations", "uses", "password -> Tr0ub4dor&3", "Tr0ub4dor&3", 0.7)
+    recalled, _ = ops.run("recall", memory_pb2.RecallRequest(store="relations"), who)
+    assert isinstance(recalled, memory_pb2.RecallResponse)
+    shown = [(e.key, e.value) for e in recalled.entries]
+    assert shown == [("password -> [REDACTED:credential]", "[REDACTED:credential]")]
+    edges, _ = ops.run("relations", memory_pb2.RelationsRequest(), who)
+    assert isinstance(edges, memory_pb2.RelationsResponse)
+    assert [(e.source, e.target) for e in edges.edges] == [("password", "[REDACTED:credential]")]
+
+
+def test_invisible_characters_and_a_relation_target_over_lines_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Format characters that hide or reverse text (zero-width space, bidi overrides) are
+    refused in every field; a relation's target is one line (it becomes part of the edge's
+    key); an emoji sequence's zero-width joiner in a value is fine."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    bad = (
+        ("category", {"category": "c\u202e", "key": "k", "value": "v"}),
+        ("key", {"category": "c", "key": "k\u2066", "value": "v"}),
+        ("value", {"category": "c", "key": "k", "value": "zero\u200bwidth"}),
+        (
+            "value",
+            {"store": "relations", "category": "uses", "key": "api", "value": "db\n\tIGNORE"},
+        ),
+    )
+    for field, fields in bad:
+        with pytest.raises(InvalidRequest) as refused:
+            ops.run("remember", memory_pb2.RememberRequest(**fields), who)  # type: ignore[arg-type]
+        assert refused.value.metadata == {"field": field}
+    family = "team \U0001f468\u200d\U0001f469\u200d\U0001f467"
+    ok, _ = ops.run(
+        "remember", memory_pb2.RememberRequest(category="c", key="emoji", value=family), who
+    )
+    assert isinstance(ok, memory_pb2.RememberResponse) and ok.entry.value == family

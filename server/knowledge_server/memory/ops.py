@@ -121,40 +121,74 @@ def _inside(path: str, roots: list[str]) -> bool:
     return any(is_under(p, r) for r in roots) and really_in_scope(p, roots)
 
 
-# Line breaks and tabs a value may hold (a procedure's steps); a category or key is one line.
+# Line breaks and tabs a value may hold (a procedure's steps); a category or key is one line,
+# and so is a relation's target (it becomes part of the edge's key).
 _VALUE_SPACING = frozenset("\n\t")
+# Format characters that change what a reader sees without being seen (zero-width, bidi
+# overrides); a value may hold the zero-width joiner of an emoji sequence.
+_JOINER = "\u200d"
 
 
-def _check_characters(fields: dict[str, str]) -> None:
+def _check_characters(fields: dict[str, str], *, one_line_value: bool = False) -> None:
     """Control characters (an escape sequence that moves a terminal's cursor or hides text,
-    a line break that starts a line of its own in what an agent reads) are refused: memory
-    text is shown to people and agents as it was written."""
+    a line break that starts a line of its own in what an agent reads, an invisible or
+    text-reversing format character) are refused: memory text is shown to people and agents
+    as it was written."""
     for name, text in fields.items():
-        allowed = _VALUE_SPACING if name == "value" else frozenset()
+        multi_line = name == "value" and not one_line_value
+        allowed = _VALUE_SPACING if multi_line else frozenset()
         for c in text:
             kind = unicodedata.category(c)
-            if (kind == "Cc" and c not in allowed) or (name != "value" and kind in ("Zl", "Zp")):
-                what = "a line break" if c in "\n\r\u2028\u2029" else f"control character {c!r}"
+            bad = (
+                (kind == "Cc" and c not in allowed)
+                or (not multi_line and kind in ("Zl", "Zp"))
+                or (kind == "Cf" and not (name == "value" and c == _JOINER))
+            )
+            if bad:
+                what = (
+                    "a line break"
+                    if c in "\n\r\u2028\u2029"
+                    else f"the invisible character U+{ord(c):04X}"
+                    if kind == "Cf"
+                    else f"control character {c!r}"
+                )
                 raise InvalidRequest(
                     f"{name}: cannot contain {what}"
-                    + ("" if name == "value" else " (a category or key is one line)"),
+                    + ("" if multi_line else f" (a {name} is one line)"),
                     metadata={"field": name},
                 )
 
 
-def _joined(key: str, value: str) -> str:
-    return f"{key}={value}"
+# A name that says its value is a credential: "password", "DB_PASSWORD", "api key",
+# "github token" (not "password policy", "secret store", "token refresh").
+_CREDENTIAL_NAME = re.compile(
+    r"(?i)(?:^|[\s_.:/-])(?:pass(?:word|wd|phrase)?|pwd|pin|secret|token|api[\s_-]?key"
+    r"|access[\s_-]?key|private[\s_-]?key|credentials?)$"
+)
 
 
-def _value_shown(key: str, value: str) -> str:
-    """``value``, or its redaction where the entry reads as a secret assignment with its key
-    (an entry stored before writes were checked that way)."""
-    joined = _joined(key, value)
-    redacted = redact(joined)
-    if redacted == joined:
-        return value
-    prefix = f"{key}="
-    return redacted[len(prefix) :] if redacted.startswith(prefix) else "[REDACTED]"
+def _credential_value(value: str) -> bool:
+    """A value that reads as a credential rather than a description of one: one word of
+    six or more characters with a digit or a symbol in it, or of sixteen or more."""
+    v = value.strip()
+    if len(v) < 6 or any(c.isspace() for c in v):
+        return False
+    return len(v) >= 16 or any(not c.isalpha() for c in v)
+
+
+def _names_a_secret(names: tuple[str, ...], value: str) -> bool:
+    """Whether an entry is a secret split over its name and its value: a category, key or
+    relation source that names a credential, with a value that reads as one ("password" =
+    "Tr0ub4dor&3"; "password" = "in the team vault" is where it is kept, and fine)."""
+    return _credential_value(value) and any(_CREDENTIAL_NAME.search(n.strip()) for n in names)
+
+
+def _relation_source(e: Entry) -> str:
+    suffix = RELATION_ARROW + e.value
+    return e.key[: -len(suffix)] if e.key.endswith(suffix) else e.key
+
+
+_HIDDEN = "[REDACTED:credential]"
 
 
 def _ts(text: str, target: object) -> None:
@@ -178,12 +212,16 @@ class MemoryOps:
         return [scope.workspace]
 
     def _check_input(self, principal: Principal, scope: Scope, fields: dict[str, str]) -> None:
-        checked = dict(fields)
-        if fields.get("key") and fields.get("value"):
-            # An entry is a name and a value: "password" = "Tr0ub4dor&3" is a secret
-            # though neither half is one alone.
-            checked["value"] = _joined(fields["key"], fields["value"])
-        for name, text in checked.items():
+        # An entry is a name and a value: "password" = "Tr0ub4dor&3" is a secret though
+        # neither half is one alone (the category and the key both name the value).
+        names = (fields.get("category", ""), fields.get("key", ""))
+        if _names_a_secret(names, fields.get("value", "")):
+            raise SecretRefused(
+                "value: reads as the credential its category or key names; memory never"
+                " stores secrets: leave the secret out and describe where it is kept",
+                metadata={"field": "value"},
+            )
+        for name, text in fields.items():
             if text and looks_like_secret(text):
                 raise SecretRefused(
                     f"{name}: looks like a secret (a key, token or password); memory never"
@@ -214,12 +252,16 @@ class MemoryOps:
         )
 
     def _entry(self, e: Entry, scope: Scope, roots: list[str] | None) -> memory_pb2.MemoryEntry:
+        # An entry stored before writes were checked for secrets split over name and value.
+        source = _relation_source(e) if e.store == "relations" else e.key
+        hidden = _names_a_secret((e.category, source), e.value)
+        key = f"{source}{RELATION_ARROW}{_HIDDEN}" if hidden and source != e.key else e.key
         out = memory_pb2.MemoryEntry(
             id=e.evidence_id,
             store=e.store,
             category=self._out(e.category, roots),
-            key=self._out(e.key, roots),
-            value=self._out(_value_shown(e.key, e.value), roots),
+            key=self._out(key, roots),
+            value=_HIDDEN if hidden else self._out(e.value, roots),
             confidence=e.confidence,
             confirmations=e.confirmations,
             supersedes=f"mem:{e.supersedes}" if e.supersedes is not None else "",
@@ -280,7 +322,10 @@ class MemoryOps:
             raise InvalidRequest(
                 "confidence: must be within (0, 1]", metadata={"field": "confidence"}
             )
-        _check_characters({"category": category, "key": key, "value": value})
+        _check_characters(
+            {"category": category, "key": key, "value": value},
+            one_line_value=store == "relations",
+        )
         self._check_input(principal, scope, {"category": category, "key": key, "value": value})
         if store == "relations":
             if RELATION_ARROW.strip() in key or RELATION_ARROW.strip() in value:
@@ -363,12 +408,13 @@ class MemoryOps:
         edges, cut = self.store.relations(scope, req.ref.strip(), limit=req.limit)
         resp = memory_pb2.RelationsResponse(schema=MEMORY_SCHEMA)
         for e in edges:
-            source = e.key[: -len(RELATION_ARROW + e.value)] if e.key.endswith(e.value) else e.key
+            source = _relation_source(e)
+            hidden = _names_a_secret((e.category, source), e.value)
             resp.edges.add(
                 id=e.evidence_id,
                 kind=self._out(e.category, roots),
                 source=self._out(source, roots),
-                target=self._out(e.value, roots),
+                target=_HIDDEN if hidden else self._out(e.value, roots),
                 confidence=e.confidence,
                 confirmations=e.confirmations,
             )
