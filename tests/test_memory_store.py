@@ -415,3 +415,35 @@ def test_mem7_recall_finds_a_word_whose_case_folding_changes_its_spelling(
         ("großen straße", "Depot is in der GROSSEN STRASSE 2"),
     ):
         assert [e.value for e in m.recall(A, "facts", query).entries] == [value], query
+
+
+def test_mem6_a_restore_never_evicts_the_live_value_of_a_key_it_brings_back(
+    tmp_path: Path,
+) -> None:
+    """MEM-6: "an older value never replaces a live one", also when the store is full and
+    the live value is the retention order's tail: the restore makes room elsewhere."""
+    m = _store(tmp_path, max_facts=3, reclaim_enabled=False)
+    m.remember(A, "facts", "c", "k", "alpha old value", 0.1)
+    m.remember(A, "facts", "c", "x", "x value", 0.9)
+    m.remember(A, "facts", "c", "y", "y value", 0.9)
+    m.remember(A, "facts", "c", "z", "z value", 0.9)  # full: alpha (current) archived
+    m.remember(A, "facts", "c", "k", "beta new value", 0.1)  # full: x archived
+    assert [e.value for e in m.archived(A, "facts")] == ["alpha old value", "x value"]
+    rep = m.restore(A, "facts", "alpha", 10)
+    assert [e.value for e in rep.restored] == ["alpha old value"] and rep.as_history == 1
+    current = [e.value for e in m.live(A, "facts") if e.key == "k" and e.current]
+    assert current == ["beta new value"]
+
+
+def test_mem4_a_restore_that_brings_nothing_back_evicts_nothing(tmp_path: Path) -> None:
+    """MEM-4: only an entry coming in makes room. A store over its capacity (the policy's
+    maximum lowered after the writes) keeps its entries through a restore that matches
+    nothing."""
+    m = _store(tmp_path, max_facts=20)
+    for i in range(10):
+        m.remember(A, "facts", "c", f"k{i}", f"value {i}", 0.5)
+    m.close()
+    small = MemoryStore(tmp_path / "memory.sqlite", replace(MemoryPolicy(), max_facts=5))
+    rep = small.restore(A, "facts", "no such words", 10)
+    assert rep.restored == [] and rep.reclaimed == 0
+    assert small.count(A, "facts") == 10

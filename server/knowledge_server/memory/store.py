@@ -496,13 +496,19 @@ class MemoryStore:
         return _int(row[0]) if row else 0
 
     def _make_room(
-        self, conn: apsw.Connection, scope: Scope, store: str, incoming: int
+        self,
+        conn: apsw.Connection,
+        scope: Scope,
+        store: str,
+        incoming: int,
+        spare: frozenset[int] = frozenset(),
     ) -> list[int]:
         """The one capacity manager: called before ``incoming`` entries (at most the
         store's capacity) are added to ``store``. At ``len + incoming > max`` it archives
         the retention order's tail down to ``reclaim_target(max, reclaim_headroom_pct)``
         (or, with reclaim disabled, only what keeps the store at ``max`` after the new
-        entries), and always low enough for all of them. Returns the ids it archived."""
+        entries), and always low enough for all of them; the entries of ``spare`` are kept
+        while they leave room for the incoming ones. Returns the ids it archived."""
         maximum = self.policy.capacity(store)
         row = conn.execute(
             "SELECT count(*) FROM entries WHERE org = ? AND workspace = ? AND store = ?",
@@ -518,14 +524,19 @@ class MemoryStore:
             maximum - incoming,
         )
         self.reclaims += 1
-        ids = [
+        ordered = [
             _int(r[0])
             for r in conn.execute(
                 "SELECT id FROM entries WHERE org = ? AND workspace = ? AND store = ?"  # noqa: S608 - columns, tables and placeholders from module constants; values bound
-                f" ORDER BY {RETENTION[store]} LIMIT -1 OFFSET ?",
-                (scope.org, scope.workspace, store, max(0, keep)),
+                f" ORDER BY {RETENTION[store]}",
+                (scope.org, scope.workspace, store),
             )
         ]
+        kept = [i for i in ordered if i in spare]
+        if len(kept) > max(0, keep):
+            kept = []  # not room for them all: the retention order alone decides
+        others = [i for i in ordered if i not in kept]
+        ids = others[max(0, keep - len(kept)) :]
         self._archive(conn, scope, ids, "evicted")
         return ids
 
@@ -889,7 +900,18 @@ class MemoryStore:
                     continue
                 coming.add(same)
                 chosen.append(row)
-            report.archived_ids = self._make_room(self.conn, scope, store, len(chosen))
+            if not chosen:
+                return report
+            # The current values of the keys coming back stay: an older value restored
+            # never becomes current by evicting the live one.
+            live_now = {
+                e.id
+                for row in chosen
+                if (e := self._current(self.conn, scope, store, str(row[4]), str(row[5])))
+            }
+            report.archived_ids = self._make_room(
+                self.conn, scope, store, len(chosen), frozenset(live_now)
+            )
             for row in chosen:
                 e = _entry(row, archived=True)
                 live = self._current(self.conn, scope, store, e.category, e.key)
