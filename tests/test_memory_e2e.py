@@ -384,13 +384,16 @@ async def test_aud2_a_write_past_its_deadline_is_audited_as_it_ended(world: Worl
             await client.remember("deploy", "day", "never deploy on fridays", timeout=0.5)
         release.set()
         holder.join()
-        for _ in range(100):  # the write finishes in its thread once the lock is free
-            recalled = await client.recall("fridays")
-            if recalled.entries:
+        # The write finishes in its thread once the lock is free, then appends its event.
+        events: list[dict[str, Any]] = []
+        for _ in range(100):
+            if (world.data / "audit.sqlite").exists():
+                events = [e for e in _events(world.data) if e["operation"] == "memory.remember"]
+            if events:
                 break
             await asyncio.sleep(0.05)
-        [entry] = recalled.entries
-        last = [e for e in _events(world.data) if e["operation"] == "memory.remember"][-1]
+        [entry] = (await client.recall("fridays")).entries
+        last = events[-1]
         assert last["outcome"] == "ok" and last["targets"] == [entry.id]
         # Stopped before it began: the caller's side records it, and it never runs.
         before = len(_events(world.data))

@@ -905,9 +905,9 @@ class MemoryStore:
             # The current values of the keys coming back stay: an older value restored
             # never becomes current by evicting the live one.
             live_now = {
-                e.id
+                current.id
                 for row in chosen
-                if (e := self._current(self.conn, scope, store, str(row[4]), str(row[5])))
+                if (current := self._current(self.conn, scope, store, str(row[4]), str(row[5])))
             }
             report.archived_ids = self._make_room(
                 self.conn, scope, store, len(chosen), frozenset(live_now)
