@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from knowledge_sdk import AsyncKnowledgeClient, ResourceExhausted, Unavailable
+from knowledge_sdk import AsyncKnowledgeClient, NotFound, ResourceExhausted, Unavailable
 from knowledge_server.audit import AuditLog
 from knowledge_server.auth import TokenStore
 from knowledge_server.config import ConfigError, load_config
@@ -201,6 +201,35 @@ async def test_a_commit_whose_package_cannot_be_written_records_nothing_and_is_a
             done = await kc.dispatch("deploy task one", actor_id=actor, commit=True)
             assert done.assignment.created is True and _rows(data) == 1
             assert Path(done.assignment.outbox_path).is_file()  # noqa: ASYNC240 - a small local file
+    finally:
+        await rs.server.stop(0)
+        rs.app.close()
+
+
+async def test_a_commit_refused_before_its_write_is_audited(tmp_path: Path) -> None:
+    """AUD (every write audited, refused ones too): a committing Dispatch refused while it
+    is checked or planned (here: an actor that is not there) has its
+    ``dispatch.commit`` event with the refusal's reason; a dry run refused the same way is
+    no write and has none."""
+    a = tmp_path / "ws_a"
+    a.mkdir()
+    tokens = TokenStore(tmp_path / "data" / "tokens.json")
+    _, agent = tokens.create("agent-a", "org", [str(a)], "agent")
+    rs = await start_server(
+        tmp_path, authenticate=tokens.authenticate, auth="on", workspaces=[str(a)]
+    )
+    try:
+        async with AsyncKnowledgeClient(rs.address, token=agent) as kc:
+            with pytest.raises(NotFound):
+                await kc.dispatch("deploy", actor_id="actor:generic:root_session:nope", commit=True)
+            with pytest.raises(NotFound):
+                await kc.dispatch("deploy", actor_id="actor:generic:root_session:nope")
+        log = AuditLog(tmp_path / "data" / "audit.sqlite")
+        try:
+            events = [(e.operation, e.outcome) for e in log.events()]
+        finally:
+            log.close()
+        assert events == [("dispatch.commit", "KNOWLEDGE_NOT_FOUND")]
     finally:
         await rs.server.stop(0)
         rs.app.close()

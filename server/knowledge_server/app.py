@@ -364,17 +364,27 @@ class KnowledgeApp:
     async def dispatch(
         self, req: dispatch_pb2.DispatchRequest, principal: Principal
     ) -> dispatch_pb2.DispatchResponse:
-        valid = validate_dispatch(req)
-        scope = effective_workspaces(principal, valid.workspaces)
-        dispatcher = dispatcher_for(
-            self.coordinator,
-            self.lanes,
-            self.config.data_dir,
-            self.config.outbox_quota_per_principal,
-        )
-        # Planning reads in the request pool and searches on the loop, as Search does.
-        with deadline.interrupted_as_deadline():
-            plan = await deadline.awaited(dispatcher.plan(valid, scope))
+        # A commit refused or failed before its write (a bad request, an actor out of
+        # scope, the deadline while planning) is audited like the write itself.
+        commit_asked = req.HasField("dry_run") and not req.dry_run
+        try:
+            valid = validate_dispatch(req)
+            scope = effective_workspaces(principal, valid.workspaces)
+            dispatcher = dispatcher_for(
+                self.coordinator,
+                self.lanes,
+                self.config.data_dir,
+                self.config.outbox_quota_per_principal,
+            )
+            # Planning reads in the request pool and searches on the loop, as Search does.
+            with deadline.interrupted_as_deadline():
+                plan = await deadline.awaited(dispatcher.plan(valid, scope))
+        except KnowledgeError as exc:
+            if commit_asked:
+                await self.record_failure(
+                    principal, "dispatch.commit", input=_request_dict(req), outcome=exc.reason
+                )
+            raise
         if valid.dry_run:
             return plan.response
         committer = Committer.of(principal.id, principal.organisation, scope)
