@@ -114,6 +114,18 @@ def write_session_log(path: Path, session_id: str, cwd: Path, text: str) -> None
     path.write_text(json.dumps(line) + "\n")
 
 
+async def ingest_and_derive(address: str, token: str, logs: Path, *, full: bool = True) -> None:
+    """Ingest the session logs under ``logs`` and rebuild the derived layer (actors, skill
+    uses), as an operator with ``token`` does over gRPC."""
+    from knowledge_sdk import AsyncKnowledgeClient
+
+    async with AsyncKnowledgeClient(address, token=token) as kc:
+        async for _ in kc.ingest_sessions([str(logs)]):
+            pass
+        async for _ in kc.rebuild_derived(full=full):
+            pass
+
+
 def tier_of(module: str) -> str:
     return next((tier for tier, names in TIERS.items() if module in names), "unit")
 

@@ -14,7 +14,7 @@ import pytest
 from knowledge_sdk import AsyncKnowledgeClient, NotFound
 from knowledge_server.auth import TokenStore
 
-from tests.conftest import start_server
+from tests.conftest import ingest_and_derive, start_server
 
 ACTOR = "actor:generic:subagent:rootA:helper"
 
@@ -92,11 +92,7 @@ async def test_an_actor_spanning_two_workspaces_is_seen_only_with_both(tmp_path:
         tmp_path, authenticate=tokens.authenticate, auth="on", workspaces=[str(a), str(b)]
     )
     try:
-        async with AsyncKnowledgeClient(rs.address, token=ops) as kc:
-            async for _ in kc.ingest_sessions([str(logs)]):
-                pass
-            async for _ in kc.rebuild_derived(full=True):
-                pass
+        await ingest_and_derive(rs.address, ops, logs)
         await _check(rs.address, ta, "private alpha refactor")
         await _check(rs.address, tb, "deploy the quokka service")
         async with AsyncKnowledgeClient(rs.address, token=tb) as kc:
@@ -104,11 +100,7 @@ async def test_an_actor_spanning_two_workspaces_is_seen_only_with_both(tmp_path:
             assert plan.target.actor_id == "actor:generic:root_session:rootB2"
         # One more event in a's subagent session, then an incremental rebuild: the same.
         _log(logs / "subA.jsonl", [{**sub_a, "seq": 2, "text": "done", "meta": {}}], mode="a")
-        async with AsyncKnowledgeClient(rs.address, token=ops) as kc:
-            async for _ in kc.ingest_sessions([str(logs)]):
-                pass
-            async for _ in kc.rebuild_derived(full=False):
-                pass
+        await ingest_and_derive(rs.address, ops, logs, full=False)
         await _check(rs.address, ta, "private alpha refactor")
         await _check(rs.address, tb, "deploy the quokka service")
         # A caller who sees both workspaces sees the actor.

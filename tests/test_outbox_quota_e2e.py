@@ -14,7 +14,7 @@ from knowledge_server.auth import TokenStore
 from knowledge_server.config import ConfigError, load_config
 from knowledge_server.derived.store import DerivedStore
 
-from tests.conftest import start_server, write_session_log
+from tests.conftest import ingest_and_derive, start_server, write_session_log
 
 
 def _rows(data: Path) -> int:
@@ -50,11 +50,7 @@ async def test_commit_over_the_outbox_quota_is_refused_and_writes_nothing(tmp_pa
     )
     actor_a, actor_b = "actor:generic:root_session:sess-a", "actor:generic:root_session:sess-b"
     try:
-        async with AsyncKnowledgeClient(rs.address, token=ops) as kc:
-            async for _ in kc.ingest_sessions([str(logs)]):
-                pass
-            async for _ in kc.rebuild_derived(full=True):
-                pass
+        await ingest_and_derive(rs.address, ops, logs)
         async with AsyncKnowledgeClient(rs.address, token=agent_a) as kc:
             first = await kc.dispatch("deploy task one", actor_id=actor_a, commit=True)
             await kc.dispatch("deploy task two", actor_id=actor_a, commit=True)
@@ -132,11 +128,7 @@ async def test_kd_a_repeated_commit_never_hands_over_a_package_planned_in_anothe
     )
     actor = "actor:generic:root_session:sess-s"
     try:
-        async with AsyncKnowledgeClient(rs.address, token=ops) as kc:
-            async for _ in kc.ingest_sessions([str(logs)]):
-                pass
-            async for _ in kc.rebuild_derived(full=True):
-                pass
+        await ingest_and_derive(rs.address, ops, logs)
         async with AsyncKnowledgeClient(rs.address, token=ci_a) as kc:
             first = await kc.dispatch("deploy the quokka service", actor_id=actor, commit=True)
         recorded = first.handoff.context_pack.prior_episodes
@@ -177,11 +169,7 @@ async def test_a_commit_whose_package_cannot_be_written_records_nothing_and_is_a
     )
     actor = "actor:generic:root_session:sess-a"
     try:
-        async with AsyncKnowledgeClient(rs.address, token=ops) as kc:
-            async for _ in kc.ingest_sessions([str(logs)]):
-                pass
-            async for _ in kc.rebuild_derived(full=True):
-                pass
+        await ingest_and_derive(rs.address, ops, logs)
         (data / "outbox").write_text("not a folder")
         async with AsyncKnowledgeClient(rs.address, token=agent) as kc:
             with pytest.raises(Unavailable) as info:

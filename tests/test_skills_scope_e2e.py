@@ -9,7 +9,7 @@ from pathlib import Path
 from knowledge_sdk import AsyncKnowledgeClient
 from knowledge_server.auth import TokenStore
 
-from tests.conftest import start_server, write_session_log
+from tests.conftest import ingest_and_derive, start_server, write_session_log
 
 CANARY_A = "quokkaskill"
 CANARY_B = "wombatskill"
@@ -56,11 +56,8 @@ async def test_skills_and_their_counts_stay_in_the_callers_scope(tmp_path: Path)
     )
     query = f"{CANARY_A} {CANARY_B} {OWNER} canary deploys"
     try:
+        await ingest_and_derive(rs.address, ops, logs)
         async with AsyncKnowledgeClient(rs.address, token=ops) as kc:
-            async for _ in kc.ingest_sessions([str(logs)]):
-                pass
-            async for _ in kc.rebuild_derived(full=True):
-                pass
             everything = await kc.search(query, include=["skills"], limit=50)
             assert {i.name for i in everything.lanes.skills.items} == {CANARY_A, CANARY_B, OWNER}
             counts = _skills_status(await kc.get_status())
