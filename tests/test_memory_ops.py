@@ -281,3 +281,77 @@ def test_invisible_characters_and_a_relation_target_over_lines_are_refused(
         "remember", memory_pb2.RememberRequest(category="c", key="emoji", value=family), who
     )
     assert isinstance(ok, memory_pb2.RememberResponse) and ok.entry.value == family
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["SECRET_KEY", "dbPassword", "githubToken", "passwords", "password:", "GITHUB_PAT"],
+)
+def test_credential_names_in_any_spelling_are_caught(tmp_path: Path, key: str) -> None:
+    """A credential's name as code writes it (a setting, camelCase, a plural, with a colon)
+    names the value as one: refused on write, hidden on output if stored before."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    with pytest.raises(SecretRefused):
+        ops.run(
+            "remember", memory_pb2.RememberRequest(category="c", key=key, value="Tr0ub4dor&3"), who
+        )
+    ops.store.remember(memory_scope(who, ""), "facts", "c", key, "Tr0ub4dor&3", 0.7)
+    resp, _ = ops.run("recall", memory_pb2.RecallRequest(), who)
+    assert isinstance(resp, memory_pb2.RecallResponse)
+    assert [e.value for e in resp.entries] == ["[REDACTED:credential]"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("ssh private key", "./keys/deploy_ed25519"),
+        ("DB_PASSWORD", "aws-secrets-manager"),
+        ("DB_PASSWORD", "vault:kv/prod/db"),
+        ("DB_PASSWORD", "$DB_PASSWORD"),
+        ("numpy pin", "==1.26.4"),
+        ("python version pin", "3.11.7"),
+        ("gpio pin", "GPIO17"),
+        ("auth", "oauth2"),
+        ("tokenizer", "unicode61"),
+    ],
+)
+def test_where_a_credential_is_kept_and_ordinary_facts_are_stored(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    """A path, a variable, a secret manager's name or a version is where a credential is,
+    or no credential at all: stored and shown as written."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    resp, _ = ops.run(
+        "remember", memory_pb2.RememberRequest(category="c", key=key, value=value), who
+    )
+    assert isinstance(resp, memory_pb2.RememberResponse) and resp.entry.value == value
+
+
+def test_joiners_are_kept_only_where_text_needs_them_and_never_hide_a_secret(
+    tmp_path: Path,
+) -> None:
+    """The zero-width joiner is a value's only between two emoji, the non-joiner only
+    between letters; a token with a joiner inside is refused like the token itself."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    persian = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"
+    ok, _ = ops.run(
+        "remember", memory_pb2.RememberRequest(category="c", key="fa", value=persian), who
+    )
+    assert isinstance(ok, memory_pb2.RememberResponse) and ok.entry.value == persian
+    hidden = "use ghp_\u200dA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    with pytest.raises(InvalidRequest):
+        ops.run("remember", memory_pb2.RememberRequest(category="c", key="k", value=hidden), who)
+    with pytest.raises(SecretRefused):
+        ops.run(
+            "remember",
+            memory_pb2.RememberRequest(
+                category="c",
+                key="k",
+                value="\U0001f600\u200d\U0001f600 ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8",
+            ),
+            who,
+        )
+    ops.store.remember(memory_scope(who, ""), "facts", "c", "old", hidden, 0.7)
+    resp, _ = ops.run("recall", memory_pb2.RecallRequest(category="c"), who)
+    assert isinstance(resp, memory_pb2.RecallResponse)
+    assert not any("A1b2C3" in e.value for e in resp.entries)

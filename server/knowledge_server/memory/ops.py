@@ -125,8 +125,27 @@ def _inside(path: str, roots: list[str]) -> bool:
 # and so is a relation's target (it becomes part of the edge's key).
 _VALUE_SPACING = frozenset("\n\t")
 # Format characters that change what a reader sees without being seen (zero-width, bidi
-# overrides); a value may hold the zero-width joiner of an emoji sequence.
-_JOINER = "\u200d"
+# overrides) are refused, but for two a value may need: the zero-width joiner between two
+# emoji of one sequence, and the zero-width non-joiner between letters (Persian, Indic).
+_JOINER, _NON_JOINER = "\u200d", "\u200c"
+
+
+def _pictograph(c: str) -> bool:
+    o = ord(c)
+    return 0x1F000 <= o <= 0x1FAFF or 0x2600 <= o <= 0x27BF or o == 0xFE0F
+
+
+def _allowed_format(text: str, i: int) -> bool:
+    """Whether the format character at ``text[i]`` is one a value may hold where it is."""
+    c = text[i]
+    before, after = text[i - 1 : i], text[i + 1 : i + 2]
+    if not before or not after:
+        return False
+    if c == _JOINER:
+        return _pictograph(before) and _pictograph(after)
+    if c == _NON_JOINER:
+        return all(unicodedata.category(x)[0] in "LM" for x in (before, after))
+    return False
 
 
 def _check_characters(fields: dict[str, str], *, one_line_value: bool = False) -> None:
@@ -137,12 +156,12 @@ def _check_characters(fields: dict[str, str], *, one_line_value: bool = False) -
     for name, text in fields.items():
         multi_line = name == "value" and not one_line_value
         allowed = _VALUE_SPACING if multi_line else frozenset()
-        for c in text:
+        for i, c in enumerate(text):
             kind = unicodedata.category(c)
             bad = (
                 (kind == "Cc" and c not in allowed)
                 or (not multi_line and kind in ("Zl", "Zp"))
-                or (kind == "Cf" and not (name == "value" and c == _JOINER))
+                or (kind == "Cf" and not (name == "value" and _allowed_format(text, i)))
             )
             if bad:
                 what = (
@@ -159,19 +178,42 @@ def _check_characters(fields: dict[str, str], *, one_line_value: bool = False) -
                 )
 
 
-# A name that says its value is a credential: "password", "DB_PASSWORD", "api key",
-# "github token" (not "password policy", "secret store", "token refresh").
+def _visible(text: str) -> str:
+    """``text`` without its format characters: what the secret checks read (a joiner inside
+    a token would otherwise hide it from them)."""
+    if text.isprintable():
+        return text
+    return "".join(c for c in text if unicodedata.category(c) != "Cf")
+
+
+# A name that says its value is a credential: "password", "DB_PASSWORD", "dbPassword",
+# "passwords:", "SECRET_KEY", "api key", "githubToken", "GITHUB_PAT" (not "password policy",
+# "secret store", "token refresh"). Matched on the name with camelCase split into words.
 _CREDENTIAL_NAME = re.compile(
-    r"(?i)(?:^|[\s_.:/-])(?:pass(?:word|wd|phrase)?|pwd|pin|secret|token|api[\s_-]?key"
-    r"|access[\s_-]?key|private[\s_-]?key|credentials?)$"
+    r"(?:^|[\s_.:/-])(?:pass(?:word|wd|phrase)?|pwd|secret(?:[\s_-]?key)?|token|pat"
+    r"|(?:api|access|private|signing|secret)[\s_-]?key|client[\s_-]?secret|credentials?)"
+    r"s?[\s:=]*$"
+)
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+# A value that says where a credential is, not what it is: a path, an environment variable,
+# a secret manager's reference or name, a version.
+_REFERENCE = re.compile(
+    r"(?i)^(?:[~/.]|\$|%\w+%)|://|^(?:vault|op|arn|ssm|kms|gcp|azure|keychain|keyring|env)[:/]"
+    r"|vault|secrets?[\s_-]?manager|key[\s_-]?vault|keychain|keyring|1password|bitwarden|lastpass"
+    r"|^[=<>~^!]*v?\d+(?:\.\d+)+[\w.+-]*$"
 )
 
 
+def _credential_name(name: str) -> bool:
+    return bool(_CREDENTIAL_NAME.search(_CAMEL.sub(" ", name.strip()).lower()))
+
+
 def _credential_value(value: str) -> bool:
-    """A value that reads as a credential rather than a description of one: one word of
-    six or more characters with a digit or a symbol in it, or of sixteen or more."""
-    v = value.strip()
-    if len(v) < 6 or any(c.isspace() for c in v):
+    """A value that reads as a credential rather than a description or a reference of
+    one: one word of six or more characters with a digit or a symbol in it, or of sixteen
+    or more, that is not a path, a variable, a secret manager's name or a version."""
+    v = _visible(value).strip()
+    if len(v) < 6 or any(c.isspace() for c in v) or _REFERENCE.search(v):
         return False
     return len(v) >= 16 or any(not c.isalpha() for c in v)
 
@@ -179,8 +221,10 @@ def _credential_value(value: str) -> bool:
 def _names_a_secret(names: tuple[str, ...], value: str) -> bool:
     """Whether an entry is a secret split over its name and its value: a category, key or
     relation source that names a credential, with a value that reads as one ("password" =
-    "Tr0ub4dor&3"; "password" = "in the team vault" is where it is kept, and fine)."""
-    return _credential_value(value) and any(_CREDENTIAL_NAME.search(n.strip()) for n in names)
+    "Tr0ub4dor&3"; "password" = "in the team vault" is where it is kept, and fine). The
+    redactor's assignment rule is not used here: it reads "token" in "tokenizer" and "auth"
+    in "auth = oauth2", which are facts, not secrets."""
+    return _credential_value(value) and any(_credential_name(n) for n in names)
 
 
 def _relation_source(e: Entry) -> str:
@@ -222,7 +266,7 @@ class MemoryOps:
                 metadata={"field": "value"},
             )
         for name, text in fields.items():
-            if text and looks_like_secret(text):
+            if text and looks_like_secret(_visible(text)):
                 raise SecretRefused(
                     f"{name}: looks like a secret (a key, token or password); memory never"
                     " stores secrets: leave the secret out and describe where it is kept",
@@ -242,8 +286,10 @@ class MemoryOps:
 
     def _out(self, text: str, roots: list[str] | None) -> str:
         """Output boundary: redacted, and paths outside the caller's workspace masked
-        (a policy or token change may narrow what a caller sees after the write)."""
-        text = redact(text)
+        (a policy or token change may narrow what a caller sees after the write). A text
+        whose format characters hide a secret from the redactor loses them."""
+        visible = _visible(text)
+        text = redact(visible) if redact(visible) != visible else redact(text)
         if roots is None:
             return text
         return _PATH.sub(
