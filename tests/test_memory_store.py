@@ -447,3 +447,25 @@ def test_mem4_a_restore_that_brings_nothing_back_evicts_nothing(tmp_path: Path) 
     rep = small.restore(A, "facts", "no such words", 10)
     assert rep.restored == [] and rep.reclaimed == 0
     assert small.count(A, "facts") == 10
+
+
+def test_mem6_a_restore_near_capacity_brings_back_only_what_fits_beside_the_live_values(
+    tmp_path: Path,
+) -> None:
+    """MEM-6: restoring older values of keys that have live ones into a small full store
+    brings back only as many as fit beside those live values; the current value of every
+    key brought back stays current (other keys may make room, as for any write)."""
+    m = _store(tmp_path, max_facts=2, reclaim_enabled=False)
+    m.remember(A, "facts", "c", "k", "k old value", 0.5)
+    m.remember(A, "facts", "c", "j", "j old value", 0.5)
+    m.remember(A, "facts", "c", "x", "x filler", 0.9)
+    m.remember(A, "facts", "c", "y", "y filler", 0.9)
+    m.remember(A, "facts", "c", "k", "k new value", 0.5)
+    m.remember(A, "facts", "c", "j", "j new value", 0.5)
+    before = {e.key: e.value for e in m.live(A, "facts") if e.current}
+    rep = m.restore(A, "facts", "old", 10)
+    after = {e.key: e.value for e in m.live(A, "facts") if e.current}
+    restored_keys = {e.key for e in rep.restored}
+    assert rep.restored and all(after[k] == before[k] for k in restored_keys if k in before)
+    assert all(e.value.endswith("old value") for e in rep.restored)
+    assert m.count(A, "facts") <= 2

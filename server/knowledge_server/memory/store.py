@@ -533,9 +533,10 @@ class MemoryStore:
             )
         ]
         kept = [i for i in ordered if i in spare]
-        if len(kept) > max(0, keep):
+        if len(kept) + incoming > maximum:
             kept = []  # not room for them all: the retention order alone decides
-        others = [i for i in ordered if i not in kept]
+        keep = max(keep, len(kept))
+        others = [i for i in ordered if i not in spare or not kept]
         ids = others[max(0, keep - len(kept)) :]
         self._archive(conn, scope, ids, "evicted")
         return ids
@@ -880,8 +881,13 @@ class MemoryStore:
             # for the next.
             chosen: list[tuple[Any, ...]] = []
             coming: set[tuple[str, str, str]] = set()
+            # The current values of the keys coming back stay (an older value restored
+            # never becomes current by evicting the live one): what comes back and those
+            # values must fit in the store together.
+            live_now: set[int] = set()
+            capacity = self.policy.capacity(store)
             for row in rows:
-                if len(chosen) >= min(limit, self.policy.capacity(store)):
+                if len(chosen) >= limit:
                     break
                 e = _entry(row, archived=True)
                 if wanted and not wanted <= words(f"{e.category} {e.key} {e.value}"):
@@ -898,17 +904,15 @@ class MemoryStore:
                 if same[2] in live_values or same in coming:
                     report.already_live += 1
                     continue
+                current = self._current(self.conn, scope, store, e.category, e.key)
+                spared = live_now | ({current.id} if current is not None else set())
+                if len(chosen) + 1 + len(spared) > capacity:
+                    break
+                live_now = spared
                 coming.add(same)
                 chosen.append(row)
             if not chosen:
                 return report
-            # The current values of the keys coming back stay: an older value restored
-            # never becomes current by evicting the live one.
-            live_now = {
-                current.id
-                for row in chosen
-                if (current := self._current(self.conn, scope, store, str(row[4]), str(row[5])))
-            }
             report.archived_ids = self._make_room(
                 self.conn, scope, store, len(chosen), frozenset(live_now)
             )
