@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 import apsw
+import knowledge_server.audit as audit_module
 import pytest
 from click.testing import CliRunner
 from knowledge_server.audit import GENESIS, KEY_FILE, AuditLog, chain_hash, input_hash
@@ -253,3 +254,34 @@ def test_aud8_the_key_is_made_where_hard_links_are_refused(
         log.close()
     assert len((tmp_path / KEY_FILE).read_bytes()) == 32
     assert sorted(p.name for p in tmp_path.iterdir()) == ["audit.key", "audit.sqlite"]
+
+
+def test_aud8_a_key_that_could_not_be_written_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without hard links the key is created in place: if writing it fails (a full disk),
+    the empty file is removed, so the next append, once there is room, makes a whole key."""
+    real_write = audit_module._write_key
+    calls = []
+
+    def full_on_second(fd: int, key: bytes) -> None:
+        calls.append(fd)
+        if len(calls) == 2:
+            os.close(fd)
+            raise OSError(28, "No space left on device")
+        real_write(fd, key)
+
+    def no_links(src: object, dst: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    monkeypatch.setattr(audit_module, "_write_key", full_on_second)
+    log = AuditLog(tmp_path / "audit.sqlite")
+    try:
+        with pytest.raises(OSError, match="No space"):
+            log.append(principal="a", org="o", operation="index")
+        assert not (tmp_path / KEY_FILE).exists()
+        log.append(principal="a", org="o", operation="index")  # room again
+    finally:
+        log.close()
+    assert len((tmp_path / KEY_FILE).read_bytes()) == 32

@@ -8,11 +8,18 @@ import json
 from pathlib import Path
 
 import pytest
-from knowledge_sdk import AsyncKnowledgeClient, NotFound, ResourceExhausted, Unavailable
+from knowledge_sdk import (
+    AsyncKnowledgeClient,
+    InternalError,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from knowledge_server.audit import AuditLog
 from knowledge_server.auth import TokenStore
 from knowledge_server.config import ConfigError, load_config
 from knowledge_server.derived.store import DerivedStore
+from knowledge_server.dispatch import Dispatcher
 
 from tests.conftest import ingest_and_derive, start_server, write_session_log
 
@@ -218,6 +225,38 @@ async def test_a_commit_refused_before_its_write_is_audited(tmp_path: Path) -> N
         finally:
             log.close()
         assert events == [("dispatch.commit", "KNOWLEDGE_NOT_FOUND")]
+    finally:
+        await rs.server.stop(0)
+        rs.app.close()
+
+
+async def test_a_commit_that_fails_unexpectedly_while_planned_is_audited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committing Dispatch whose planning fails for an unexpected reason answers INTERNAL
+    and is still audited, as ``KNOWLEDGE_INTERNAL``."""
+
+    async def broken(self: object, v: object, scope: object) -> object:
+        raise RuntimeError("the derived store is damaged")
+
+    monkeypatch.setattr(Dispatcher, "plan", broken)
+    a = tmp_path / "ws_a"
+    a.mkdir()
+    tokens = TokenStore(tmp_path / "data" / "tokens.json")
+    _, agent = tokens.create("agent-a", "org", [str(a)], "agent")
+    rs = await start_server(
+        tmp_path, authenticate=tokens.authenticate, auth="on", workspaces=[str(a)]
+    )
+    try:
+        async with AsyncKnowledgeClient(rs.address, token=agent) as kc:
+            with pytest.raises(InternalError):
+                await kc.dispatch("deploy", commit=True)
+        log = AuditLog(tmp_path / "data" / "audit.sqlite")
+        try:
+            events = [(e.operation, e.outcome) for e in log.events()]
+        finally:
+            log.close()
+        assert events == [("dispatch.commit", "KNOWLEDGE_INTERNAL")]
     finally:
         await rs.server.stop(0)
         rs.app.close()

@@ -379,10 +379,11 @@ class KnowledgeApp:
             # Planning reads in the request pool and searches on the loop, as Search does.
             with deadline.interrupted_as_deadline():
                 plan = await deadline.awaited(dispatcher.plan(valid, scope))
-        except KnowledgeError as exc:
+        except Exception as exc:
             if commit_asked:
+                reason = exc.reason if isinstance(exc, KnowledgeError) else "KNOWLEDGE_INTERNAL"
                 await self.record_failure(
-                    principal, "dispatch.commit", input=_request_dict(req), outcome=exc.reason
+                    principal, "dispatch.commit", input=_request_dict(req), outcome=reason
                 )
             raise
         if valid.dry_run:

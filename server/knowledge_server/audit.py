@@ -211,7 +211,11 @@ def _create_key(path: Path) -> None:
         except FileExistsError:
             pass
         else:
-            _write_key(fd, key)
+            try:
+                _write_key(fd, key)
+            except BaseException:
+                path.unlink(missing_ok=True)  # ours (the exclusive create): no empty key stays
+                raise
     finally:
         tmp.unlink(missing_ok=True)
 
