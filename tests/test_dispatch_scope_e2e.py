@@ -86,7 +86,8 @@ async def test_an_actor_spanning_two_workspaces_is_seen_only_with_both(tmp_path:
     tokens = TokenStore(tmp_path / "data" / "tokens.json")
     _, ta = tokens.create("agent-a", "org-a", [str(a)], "agent")
     _, tb = tokens.create("agent-b", "org-b", [str(b)], "agent")
-    _, both = tokens.create("agent-x", "org-x", [str(tmp_path / "x")], "agent")
+    _, parent = tokens.create("agent-x", "org-x", [str(tmp_path / "x")], "agent")
+    _, both = tokens.create("agent-ab", "org-x", [str(a), str(b)], "agent")
     _, ops = tokens.create("ops", "org", None, "operator")
     rs = await start_server(
         tmp_path, authenticate=tokens.authenticate, auth="on", workspaces=[str(a), str(b)]
@@ -103,10 +104,13 @@ async def test_an_actor_spanning_two_workspaces_is_seen_only_with_both(tmp_path:
         await ingest_and_derive(rs.address, ops, logs, full=False)
         await _check(rs.address, ta, "private alpha refactor")
         await _check(rs.address, tb, "deploy the quokka service")
-        # A caller who sees both workspaces sees the actor.
-        async with AsyncKnowledgeClient(rs.address, token=both) as kc:
-            plan = await kc.dispatch("anything", actor_id=ACTOR)
-            assert plan.target.actor_id == ACTOR
+        # A caller who sees both workspaces (their parent, or each of them) sees the actor.
+        for token in (parent, both):
+            async with AsyncKnowledgeClient(rs.address, token=token) as kc:
+                plan = await kc.dispatch("anything", actor_id=ACTOR)
+                assert plan.target.actor_id == ACTOR
+                found = await kc.search("private alpha refactor")
+                assert ACTOR in [a.actor_id for a in found.actors]
     finally:
         await rs.server.stop(0)
         rs.app.close()

@@ -19,7 +19,7 @@ import apsw
 
 from knowledge_server import fts
 from knowledge_server.schema import Migrations, Step, has_schema, open_db
-from knowledge_server.workspaces import under_sql
+from knowledge_server.workspaces import in_scope, under_sql
 
 from ..episodes.model import parse_event_id
 
@@ -197,6 +197,17 @@ def workspace_clause(column: str, workspaces: Sequence[str] | None) -> tuple[str
     return under_sql(column, roots)
 
 
+def actor_in_scope(
+    info: ActorInfo, folders: frozenset[str | None], scope: Sequence[str] | None
+) -> bool:
+    """Whether a caller seeing ``scope`` (None: everything) sees every session an actor was
+    made of: its workspace (the folder holding them all) is in scope, or each of its
+    sessions' ``folders`` is (a caller of two workspaces, not of their parent)."""
+    if in_scope(info.workspace_cwd, scope):
+        return True
+    return bool(folders) and all(f is not None and in_scope(f, scope) for f in folders)
+
+
 def assignment_id_for(actor_id: str, task_hash: str) -> str:
     return "assign:" + hashlib.sha256(f"{actor_id}\0{task_hash}".encode()).hexdigest()[:24]
 
@@ -275,6 +286,22 @@ class DerivedStore:
     @staticmethod
     def _actor(row: Sequence[Any]) -> ActorInfo:
         return ActorInfo(*row)
+
+    def actor_folders(self, actor_id: str) -> frozenset[str | None]:
+        """The folders (cwds) of every session the actor was made of; None for a session
+        without one."""
+        rows = self.conn.execute(
+            "SELECT DISTINCT sa.cwd FROM actor_session a"
+            " LEFT JOIN session_actor sa ON sa.session_id = a.session_id WHERE a.actor_id = ?",
+            (actor_id,),
+        )
+        return frozenset((str(cwd) if cwd else None) for (cwd,) in rows)
+
+    def actor_visible(self, info: ActorInfo, scope: Sequence[str] | None) -> bool:
+        """``actor_in_scope`` for ``info``, its sessions' folders read when needed."""
+        return in_scope(info.workspace_cwd, scope) or actor_in_scope(
+            info, self.actor_folders(info.actor_id), scope
+        )
 
     def actor(self, actor_id: str) -> ActorInfo | None:
         row = self.conn.execute(

@@ -47,7 +47,6 @@ from knowledge_server.redact import redact_counted
 from knowledge_server.search.coordinator import Coordinator, count_tokens
 from knowledge_server.search.jsonlen import json_text
 from knowledge_server.search.validate import LANES, ValidSearch
-from knowledge_server.workspaces import in_scope
 
 SCHEMA = "knowledge.dispatch/v1"
 HANDOFF_SCHEMA = "knowledge.handoff/v1"
@@ -285,8 +284,9 @@ class Dispatcher:
     def _explicit(self, actor_id: str, scope: tuple[str, ...] | None) -> Choice:
         with self._store() as store:
             info = store.actor(actor_id) if store is not None else None
+            visible = store is not None and info is not None and store.actor_visible(info, scope)
         # Missing and not visible look the same.
-        if info is None or not in_scope(info.workspace_cwd, scope):
+        if info is None or not visible:
             raise NotFound("no such actor")
         return Choice(info, ["chosen explicitly by the caller"])
 
@@ -299,7 +299,7 @@ class Dispatcher:
             for order, name in enumerate(names):
                 for actor_id, uses in store.top_actors_for_skill(name, limit=5, workspaces=scope):
                     info = store.actor(actor_id)
-                    if info is None or not in_scope(info.workspace_cwd, scope):
+                    if info is None or not store.actor_visible(info, scope):
                         continue
                     key = (-uses, order, actor_id, name)
                     if best is None or key < best:
@@ -328,8 +328,9 @@ class Dispatcher:
         best = resp.actors[0]
         with self._store() as store:
             info = store.actor(best.actor_id) if store is not None else None
+            visible = store is not None and info is not None and store.actor_visible(info, scope)
         # The same rule as an explicit choice: an actor out of scope is never chosen.
-        if info is None or not in_scope(info.workspace_cwd, scope):
+        if info is None or not visible:
             return None
         n_ep = sum(1 for e in best.evidence if e.lane == "episodes")
         n_sk = sum(1 for e in best.evidence if e.lane == "skills")

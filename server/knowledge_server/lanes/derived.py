@@ -24,7 +24,12 @@ from knowledge_server._gen.knowledge.v1 import errors_pb2, index_service_pb2, se
 from knowledge_server.derived.build import rebuild
 from knowledge_server.derived.lane import InvalidQuery, search_skills
 from knowledge_server.derived.skills import default_roots, load_catalog
-from knowledge_server.derived.store import Assignment, DerivedStore, workspace_clause
+from knowledge_server.derived.store import (
+    Assignment,
+    DerivedStore,
+    actor_in_scope,
+    workspace_clause,
+)
 from knowledge_server.episodes.store import EpisodeStore
 from knowledge_server.lanes.common import (
     Pool,
@@ -143,7 +148,9 @@ class DerivedLane:
         # Remembered per derived revision: the actor of each episode id, and each actor's
         # facts (``store.actor``, ``store.skills_of_actor``).
         self._actor_of: RevisionMemo[str, str | None] = RevisionMemo(100_000)
-        self._facts: RevisionMemo[str, tuple[Any, list[tuple[str, int]]]] = RevisionMemo(100_000)
+        self._facts: RevisionMemo[str, tuple[Any, list[tuple[str, int]], frozenset[str | None]]] = (
+            RevisionMemo(100_000)
+        )
         self._readers: Pool[DerivedStore] = Pool(
             lambda: bound_store(DerivedStore(self.path, read_only=True))
         )
@@ -238,13 +245,18 @@ class DerivedLane:
 
     def _actor_facts(
         self, store: DerivedStore, rev: str, actor_id: str
-    ) -> tuple[Any, list[tuple[str, int]]]:
-        """(``store.actor``, ``store.skills_of_actor``) at derived revision ``rev``,
-        remembered: the same actors recur across searches, and each costs two lookups."""
+    ) -> tuple[Any, list[tuple[str, int]], frozenset[str | None]]:
+        """(``store.actor``, ``store.skills_of_actor``, ``store.actor_folders``) at derived
+        revision ``rev``, remembered: the same actors recur across searches, and each
+        costs three lookups."""
         known = self._facts.at(rev)
         facts = known.get(actor_id)
         if facts is None:
-            facts = known[actor_id] = (store.actor(actor_id), store.skills_of_actor(actor_id))
+            facts = known[actor_id] = (
+                store.actor(actor_id),
+                store.skills_of_actor(actor_id),
+                store.actor_folders(actor_id),
+            )
         return facts
 
     def build_actors(  # noqa: C901 - gathers each actor's evidence from both lanes, then its summary
@@ -280,8 +292,8 @@ class DerivedLane:
             for actor_id, ev in evidence.items():
                 if wanted and actor_id not in wanted:
                     continue
-                info, skills = self._actor_facts(store, rev, actor_id)
-                if info is None or not in_scope(info.workspace_cwd, scope):
+                info, skills, folders = self._actor_facts(store, rev, actor_id)
+                if info is None or not actor_in_scope(info, folders, scope):
                     continue
                 seen: set[tuple[str, str]] = set()
                 unique = []
