@@ -116,9 +116,10 @@ def test_remembered_actor_facts_follow_the_derived_revision(tmp_path: Path) -> N
     try:
         lane.rebuild_sync(source, True, lambda *a: None)
         with lane._readers.get() as store:
-            info, skills = lane._actor_facts(store, store.index_rev(), ROOT1)
+            info, skills, folders = lane._actor_facts(store, store.index_rev(), ROOT1)
         assert info is not None and (info.actor_id, info.kind) == (ROOT1, "root_session")
         assert dict(skills) == {"brainstorming": 1, "pdf-tools": 1, "review-helper": 1}
+        assert len(folders) == 1 and None not in folders
         # What a rebuild that dropped this actor's skill uses commits: new rows, new revision.
         with lane._writer.conn:
             lane._writer.conn.execute("DELETE FROM skill_use WHERE actor_id = ?", (ROOT1,))
