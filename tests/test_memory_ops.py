@@ -14,6 +14,7 @@ from knowledge_server.errors import (
     PermissionDenied,
     SecretRefused,
 )
+from knowledge_server.memory import ops as memory_ops
 from knowledge_server.memory.ops import OUTSIDE, MemoryOps, memory_scope
 from knowledge_server.memory.policy import MemoryPolicy
 from knowledge_server.memory.store import MemoryStore, Scope
@@ -284,18 +285,36 @@ def test_invisible_characters_and_a_relation_target_over_lines_are_refused(
 
 
 @pytest.mark.parametrize(
-    "key",
-    ["SECRET_KEY", "dbPassword", "githubToken", "passwords", "password:", "GITHUB_PAT"],
+    ("key", "value"),
+    [
+        ("SECRET_KEY", "Tr0ub4dor&3"),
+        ("dbPassword", "Tr0ub4dor&3"),
+        ("DBPassword", "Tr0ub4dor&3"),
+        ("HTTPPassword", "Tr0ub4dor&3"),
+        ("githubToken", "Tr0ub4dor&3"),
+        ("passwords", "Tr0ub4dor&3"),
+        ("password:", "Tr0ub4dor&3"),
+        ("GITHUB_PAT", "Tr0ub4dor&3"),
+        ("PIN", "482913"),
+        # Shaped like a reference, but more than one: still a password.
+        ("DB_PASSWORD", ".hunter2!x"),
+        ("DB_PASSWORD", "$ecretP4ss"),
+        ("DB_PASSWORD", "Vault2024!"),
+        ("api key", "op:Xk9#mQ2pZ"),
+        ("password", "4.2Tr0ub4dor"),
+        ("password", "~Tr0ub4dor&3"),
+        ("password", "12345678"),
+    ],
 )
-def test_credential_names_in_any_spelling_are_caught(tmp_path: Path, key: str) -> None:
+def test_credential_names_in_any_spelling_are_caught(tmp_path: Path, key: str, value: str) -> None:
     """A credential's name as code writes it (a setting, camelCase, a plural, with a colon)
-    names the value as one: refused on write, hidden on output if stored before."""
+    names the value as one: refused on write, hidden on output if stored before. A value
+    counts as a reference (a path, a variable, a secret manager's) only when all of it is
+    one."""
     ops, who = _ops(tmp_path), _agent(tmp_path)
     with pytest.raises(SecretRefused):
-        ops.run(
-            "remember", memory_pb2.RememberRequest(category="c", key=key, value="Tr0ub4dor&3"), who
-        )
-    ops.store.remember(memory_scope(who, ""), "facts", "c", key, "Tr0ub4dor&3", 0.7)
+        ops.run("remember", memory_pb2.RememberRequest(category="c", key=key, value=value), who)
+    ops.store.remember(memory_scope(who, ""), "facts", "c", key, value, 0.7)
     resp, _ = ops.run("recall", memory_pb2.RecallRequest(), who)
     assert isinstance(resp, memory_pb2.RecallResponse)
     assert [e.value for e in resp.entries] == ["[REDACTED:credential]"]
@@ -313,6 +332,12 @@ def test_credential_names_in_any_spelling_are_caught(tmp_path: Path, key: str) -
         ("gpio pin", "GPIO17"),
         ("auth", "oauth2"),
         ("tokenizer", "unicode61"),
+        ("max_tokens", "128000"),
+        ("maxTokens", "200000"),
+        ("context tokens", "1000000"),
+        ("Pat", "pat.smith@corp.com"),
+        ("reviewer pat", "@patsmith"),
+        ("api key", "op://Private/github/token"),
     ],
 )
 def test_where_a_credential_is_kept_and_ordinary_facts_are_stored(
@@ -333,11 +358,16 @@ def test_joiners_are_kept_only_where_text_needs_them_and_never_hide_a_secret(
     """The zero-width joiner is a value's only between two emoji, the non-joiner only
     between letters; a token with a joiner inside is refused like the token itself."""
     ops, who = _ops(tmp_path), _agent(tmp_path)
-    persian = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"
-    ok, _ = ops.run(
-        "remember", memory_pb2.RememberRequest(category="c", key="fa", value=persian), who
-    )
-    assert isinstance(ok, memory_pb2.RememberResponse) and ok.entry.value == persian
+    for key, text in (
+        ("fa", "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"),  # Persian, ZWNJ
+        ("si", "\u0dc1\u0dca\u200d\u0dbb\u0dd3 Lanka"),  # Sinhala conjunct, ZWJ
+        ("bird", "black bird \U0001f426\u200d\u2b1b"),
+        ("nod", "head shaking \U0001f642\u200d\u2194\ufe0f"),
+    ):
+        ok, _ = ops.run(
+            "remember", memory_pb2.RememberRequest(category="c", key=key, value=text), who
+        )
+        assert isinstance(ok, memory_pb2.RememberResponse) and ok.entry.value == text
     hidden = "use ghp_\u200dA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
     with pytest.raises(InvalidRequest):
         ops.run("remember", memory_pb2.RememberRequest(category="c", key="k", value=hidden), who)
@@ -355,3 +385,33 @@ def test_joiners_are_kept_only_where_text_needs_them_and_never_hide_a_secret(
     resp, _ = ops.run("recall", memory_pb2.RecallRequest(category="c"), who)
     assert isinstance(resp, memory_pb2.RecallResponse)
     assert not any("A1b2C3" in e.value for e in resp.entries)
+
+
+def test_a_long_value_shaped_like_a_version_is_still_a_credential(tmp_path: Path) -> None:
+    """A one-word value of 20,000 characters that starts like a version ("1.111...!") under
+    a credential's name is refused: it is no reference (the reference patterns match whole
+    values without nested repetition; bench/RESULTS.md has their cost on long values)."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    value = "1." + "1" * 20_000 + "!"
+    assert memory_ops._names_a_secret(("password",), value)
+    with pytest.raises(SecretRefused):
+        ops.run(
+            "remember", memory_pb2.RememberRequest(category="c", key="password", value=value), who
+        )
+
+
+def test_a_url_is_no_local_path_but_a_file_url_is(tmp_path: Path) -> None:
+    """The path boundary holds local paths to the workspace; ``https://host/...`` names no
+    file here and is stored as written, ``file:///etc/passwd`` names one outside."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ops, who = _ops(tmp_path), _agent(ws)
+    url = "the guide is at https://example.com/docs/deploy and op://Private/github/token"
+    ok, _ = ops.run("remember", memory_pb2.RememberRequest(category="c", key="k", value=url), who)
+    assert isinstance(ok, memory_pb2.RememberResponse) and ok.entry.value == url
+    with pytest.raises(PathOutsideScope):
+        ops.run(
+            "remember",
+            memory_pb2.RememberRequest(category="c", key="f", value="see file:///etc/passwd"),
+            who,
+        )

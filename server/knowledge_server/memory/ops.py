@@ -112,8 +112,25 @@ def check_rules(req: Message) -> None:
                 )
 
 
+# The scheme of a URL that ends right before a match of _PATH ("https:" of "https://...").
+_SCHEME_BEFORE = re.compile(r"[A-Za-z][\w+.-]*:$")
+
+
+def _local_path(text: str, m: re.Match[str]) -> str | None:
+    """The local path a match of ``_PATH`` names: itself, the path of a ``file://`` URL,
+    or None for another URL (``https://host/...`` names no file here)."""
+    path = m.group(1)
+    scheme = _SCHEME_BEFORE.search(text, 0, m.start(1))
+    if scheme is None or not path.startswith("//"):
+        return path
+    if scheme.group(0).lower() != "file:":
+        return None
+    rest = path[2:]
+    return rest[rest.index("/") :] if "/" in rest else "/"
+
+
 def _paths(text: str) -> list[str]:
-    return [m.group(1) for m in _PATH.finditer(text)]
+    return [p for m in _PATH.finditer(text) if (p := _local_path(text, m)) is not None]
 
 
 def _inside(path: str, roots: list[str]) -> bool:
@@ -130,9 +147,25 @@ _VALUE_SPACING = frozenset("\n\t")
 _JOINER, _NON_JOINER = "\u200d", "\u200c"
 
 
+# Code point ranges of emoji a joiner may join (pictographs, arrows, geometric shapes,
+# technical and miscellaneous symbols, dingbats; the emoji presentation selector).
+_PICTOGRAPHS = (
+    (0x1F000, 0x1FAFF),
+    (0x2190, 0x21FF),
+    (0x2300, 0x23FF),
+    (0x2600, 0x27BF),
+    (0x2B00, 0x2BFF),
+    (0xFE0F, 0xFE0F),
+)
+
+
 def _pictograph(c: str) -> bool:
     o = ord(c)
-    return 0x1F000 <= o <= 0x1FAFF or 0x2600 <= o <= 0x27BF or o == 0xFE0F
+    return any(lo <= o <= hi for lo, hi in _PICTOGRAPHS)
+
+
+def _letter(c: str) -> bool:
+    return unicodedata.category(c)[0] in "LM"
 
 
 def _allowed_format(text: str, i: int) -> bool:
@@ -141,10 +174,10 @@ def _allowed_format(text: str, i: int) -> bool:
     before, after = text[i - 1 : i], text[i + 1 : i + 2]
     if not before or not after:
         return False
-    if c == _JOINER:
-        return _pictograph(before) and _pictograph(after)
+    if c == _JOINER:  # an emoji sequence, or a conjunct of an Indic script (Sinhala)
+        return (_pictograph(before) and _pictograph(after)) or (_letter(before) and _letter(after))
     if c == _NON_JOINER:
-        return all(unicodedata.category(x)[0] in "LM" for x in (before, after))
+        return _letter(before) and _letter(after)
     return False
 
 
@@ -187,44 +220,75 @@ def _visible(text: str) -> str:
 
 
 # A name that says its value is a credential: "password", "DB_PASSWORD", "dbPassword",
-# "passwords:", "SECRET_KEY", "api key", "githubToken", "GITHUB_PAT" (not "password policy",
-# "secret store", "token refresh"). Matched on the name with camelCase split into words.
+# "DBPassword", "passwords:", "SECRET_KEY", "api key", "githubToken", "GITHUB_PAT" (not
+# "password policy", "secret store", "token refresh", "max_tokens"). Matched on the name
+# with camelCase split into words, lower-cased.
 _CREDENTIAL_NAME = re.compile(
-    r"(?:^|[\s_.:/-])(?:pass(?:word|wd|phrase)?|pwd|secret(?:[\s_-]?key)?|token|pat"
-    r"|(?:api|access|private|signing|secret)[\s_-]?key|client[\s_-]?secret|credentials?)"
-    r"s?[\s:=]*$"
+    r"(?:^|[\s_.:/-])(?:pass(?:word|wd|phrase)s?|pwd|secrets?|secret[\s_-]?key|token"
+    r"|(?:api|access|private|signing)[\s_-]?key|client[\s_-]?secret|credentials?"
+    r"|(?:github|gitlab|personal)[\s_-]?(?:pat|access[\s_-]?token))[\s:=]*$"
 )
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-# A value that says where a credential is, not what it is: a path, an environment variable,
-# a secret manager's reference or name, a version.
-_REFERENCE = re.compile(
-    r"(?i)^(?:[~/.]|\$|%\w+%)|://|^(?:vault|op|arn|ssm|kms|gcp|azure|keychain|keyring|env)[:/]"
-    r"|vault|secrets?[\s_-]?manager|key[\s_-]?vault|keychain|keyring|1password|bitwarden|lastpass"
-    r"|^[=<>~^!]*v?\d+(?:\.\d+)+[\w.+-]*$"
+# "PAT" alone, in capitals (a name like "Pat" is a person).
+_PAT = re.compile(r"(?:^|[\s_.:/-])PAT[\s:=]*$")
+# A PIN: a name ending in "pin" or "pin code" with four to twelve digits.
+_PIN_NAME = re.compile(r"(?:^|[\s_.:/-])pin(?:[\s_-]?code)?[\s:=]*$")
+# Names whose credentials may be digits only (a numeric password).
+_PASSWORD_NAME = re.compile(r"(?:pass(?:word|wd|phrase)|pwd)s?[\s:=]*$")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+# Values that say where a credential is, not what it is. Each must match the whole value
+# (a password that only starts like a path is still a password); none nests repetitions,
+# so a long value costs linear time.
+_PATH_VALUE = re.compile(r"(?:~[\w.-]*|\.{1,2})?/[\w./-]+")
+_VARIABLE = re.compile(r"\$\{?[A-Z_][A-Z0-9_]*\}?|%[A-Za-z_]\w*%")
+_SCHEME_REFERENCE = re.compile(
+    r"(?:vault|op|ssm|kms|gcp|azure|keychain|keyring|env|secretsmanager)"
+    r":(?://)?[\w.-]+(?:/[\w.-]+)+|arn:aws:[\w-]+:[\w-]*:\d*:[\w/+=,.@-]+"
 )
+_MANAGER_NAME = re.compile(r"[A-Za-z]+(?:[-_ ][A-Za-z]+)*")
+_MANAGER_WORDS = ("vault", "secret", "keychain", "keyring", "1password", "bitwarden", "lastpass")
+_VERSION = re.compile(r"[=<>~^!]{0,3}v?\d+(?:\.\d+){1,3}(?:[-+][0-9A-Za-z.]{1,20})?")
+_LONGEST_REFERENCE = 300
 
 
-def _credential_name(name: str) -> bool:
-    return bool(_CREDENTIAL_NAME.search(_CAMEL.sub(" ", name.strip()).lower()))
-
-
-def _credential_value(value: str) -> bool:
-    """A value that reads as a credential rather than a description or a reference of
-    one: one word of six or more characters with a digit or a symbol in it, or of sixteen
-    or more, that is not a path, a variable, a secret manager's name or a version."""
-    v = _visible(value).strip()
-    if len(v) < 6 or any(c.isspace() for c in v) or _REFERENCE.search(v):
+def _reference(v: str) -> bool:
+    """Whether ``v`` (one word) is where a credential is kept or not one at all: a path, an
+    environment variable, a secret manager's reference or name, a version."""
+    if len(v) > _LONGEST_REFERENCE:
         return False
+    return bool(
+        _PATH_VALUE.fullmatch(v)
+        or _VARIABLE.fullmatch(v)
+        or _SCHEME_REFERENCE.fullmatch(v)
+        or _VERSION.fullmatch(v)
+        or (_MANAGER_NAME.fullmatch(v) and any(w in v.lower() for w in _MANAGER_WORDS))
+    )
+
+
+def _secret_pair(name: str, value: str) -> bool:
+    """Whether ``name`` names ``value`` as a credential (see ``_names_a_secret``)."""
+    words = _CAMEL.sub(" ", name.strip())
+    lower = words.lower()
+    v = _visible(value).strip()
+    if _PIN_NAME.search(lower):
+        return v.isdigit() and 4 <= len(v) <= 12
+    if not (_CREDENTIAL_NAME.search(lower) or _PAT.search(words)):
+        return False
+    if len(v) < 6 or any(c.isspace() for c in v) or _reference(v):
+        return False
+    if v.isdigit():  # a count, a number: a credential only under a password's name
+        return bool(_PASSWORD_NAME.search(lower))
     return len(v) >= 16 or any(not c.isalpha() for c in v)
 
 
 def _names_a_secret(names: tuple[str, ...], value: str) -> bool:
     """Whether an entry is a secret split over its name and its value: a category, key or
-    relation source that names a credential, with a value that reads as one ("password" =
-    "Tr0ub4dor&3"; "password" = "in the team vault" is where it is kept, and fine). The
-    redactor's assignment rule is not used here: it reads "token" in "tokenizer" and "auth"
-    in "auth = oauth2", which are facts, not secrets."""
-    return _credential_value(value) and any(_credential_name(n) for n in names)
+    relation source that names a credential, with a value that reads as one: one word of
+    six or more characters with a digit or a symbol in it, or of sixteen or more, that is
+    not a path, a variable, a secret manager's reference or name or a version ("password"
+    = "Tr0ub4dor&3"; "password" = "in the team vault" is where it is kept, and fine); or a
+    PIN's four to twelve digits. The redactor's assignment rule is not used here: it reads
+    "token" in "tokenizer" and "auth" in "auth = oauth2", which are facts, not secrets."""
+    return any(_secret_pair(n, value) for n in names if n.strip())
 
 
 def _relation_source(e: Entry) -> str:
@@ -292,10 +356,15 @@ class MemoryOps:
         text = redact(visible) if redact(visible) != visible else redact(text)
         if roots is None:
             return text
-        return _PATH.sub(
-            lambda m: m.group(1) if _inside(os.path.expanduser(m.group(1)), roots) else OUTSIDE,
-            text,
-        )
+        shown = text
+
+        def mask(m: re.Match[str]) -> str:
+            path = _local_path(shown, m)
+            if path is None or _inside(os.path.expanduser(path), roots):
+                return m.group(1)
+            return OUTSIDE
+
+        return _PATH.sub(mask, text)
 
     def _entry(self, e: Entry, scope: Scope, roots: list[str] | None) -> memory_pb2.MemoryEntry:
         # An entry stored before writes were checked for secrets split over name and value.
