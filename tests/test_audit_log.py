@@ -285,3 +285,30 @@ def test_aud8_a_key_that_could_not_be_written_leaves_nothing_behind(
     finally:
         log.close()
     assert len((tmp_path / KEY_FILE).read_bytes()) == 32
+
+
+def test_aud8_a_key_whose_temporary_file_cannot_be_written_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while the key's temporary file is written leaves neither it nor a key;
+    the next append, with room again, makes the key."""
+    real_write = audit_module._write_key
+    calls: list[int] = []
+
+    def full_once(fd: int, key: bytes) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            os.close(fd)
+            raise OSError(28, "No space left on device")
+        real_write(fd, key)
+
+    monkeypatch.setattr(audit_module, "_write_key", full_once)
+    log = AuditLog(tmp_path / "audit.sqlite")
+    try:
+        with pytest.raises(OSError, match="No space"):
+            log.append(principal="a", org="o", operation="index")
+        assert not [p.name for p in tmp_path.iterdir() if "key" in p.name]
+        log.append(principal="a", org="o", operation="index")
+    finally:
+        log.close()
+    assert [p.name for p in tmp_path.iterdir() if "key" in p.name] == ["audit.key"]

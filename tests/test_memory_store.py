@@ -469,3 +469,24 @@ def test_mem6_a_restore_near_capacity_brings_back_only_what_fits_beside_the_live
     assert rep.restored and all(after[k] == before[k] for k in restored_keys if k in before)
     assert all(e.value.endswith("old value") for e in rep.restored)
     assert m.count(A, "facts") <= 2
+
+
+def test_mem6_a_restore_passes_over_what_does_not_fit_and_brings_back_what_does(
+    tmp_path: Path,
+) -> None:
+    """MEM-6: an old value that cannot come back beside its key's live value is passed
+    over, and the next one, whose key has none, still comes back."""
+    m = _store(tmp_path, max_facts=3, reclaim_enabled=False)
+    m.remember(A, "facts", "c", "z", "z old value", 0.1)
+    m.remember(A, "facts", "c", "j", "j old value", 0.2)
+    m.remember(A, "facts", "c", "k", "k old value", 0.3)
+    for key in ("x", "y"):
+        m.remember(A, "facts", "c", key, f"{key} filler", 0.9)
+    m.remember(A, "facts", "c", "k", "k new value", 0.9)
+    m.remember(A, "facts", "c", "j", "j new value", 0.9)
+    before = {e.key: e.value for e in m.live(A, "facts") if e.current}
+    rep = m.restore(A, "facts", "old", 10)
+    after = {e.key: e.value for e in m.live(A, "facts") if e.current}
+    assert "z old value" in [e.value for e in rep.restored]
+    assert all(after[k] == before[k] for k in {e.key for e in rep.restored} if k in before)
+    assert m.count(A, "facts") <= 3

@@ -200,24 +200,29 @@ def _write_key(fd: int, key: bytes) -> None:
 def _create_key(path: Path) -> None:
     key = secrets.token_bytes(_KEY_BYTES)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    _write_key(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), key)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    except OSError:  # a filesystem without hard links: the first exclusive create wins
+        _write_key(fd, key)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.link(tmp, path)
         except FileExistsError:
             pass
-        else:
-            try:
-                _write_key(fd, key)
-            except BaseException:
-                path.unlink(missing_ok=True)  # ours (the exclusive create): no empty key stays
-                raise
+        except OSError:  # a filesystem without hard links: the first exclusive create wins
+            _create_in_place(path, key)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _create_in_place(path: Path, key: bytes) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    try:
+        _write_key(fd, key)
+    except BaseException:
+        path.unlink(missing_ok=True)  # ours (the exclusive create): no empty key stays
+        raise
 
 
 class AuditLog:

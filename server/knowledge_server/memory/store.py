@@ -907,7 +907,7 @@ class MemoryStore:
                 current = self._current(self.conn, scope, store, e.category, e.key)
                 spared = live_now | ({current.id} if current is not None else set())
                 if len(chosen) + 1 + len(spared) > capacity:
-                    break
+                    continue  # not beside its key's live value; another may fit
                 live_now = spared
                 coming.add(same)
                 chosen.append(row)
