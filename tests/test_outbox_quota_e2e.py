@@ -5,6 +5,8 @@ repeated commits of recorded packages are not affected."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -201,11 +203,9 @@ async def test_a_commit_whose_package_cannot_be_written_records_nothing_and_is_a
         rs.app.close()
 
 
-async def test_a_commit_refused_before_its_write_is_audited(tmp_path: Path) -> None:
-    """AUD (every write audited, refused ones too): a committing Dispatch refused while it
-    is checked or planned (here: an actor that is not there) has its
-    ``dispatch.commit`` event with the refusal's reason; a dry run refused the same way is
-    no write and has none."""
+@asynccontextmanager
+async def _one_agent(tmp_path: Path) -> AsyncIterator[AsyncKnowledgeClient]:
+    """A real server with one workspace and a client of an agent held to it."""
     a = tmp_path / "ws_a"
     a.mkdir()
     tokens = TokenStore(tmp_path / "data" / "tokens.json")
@@ -215,19 +215,31 @@ async def test_a_commit_refused_before_its_write_is_audited(tmp_path: Path) -> N
     )
     try:
         async with AsyncKnowledgeClient(rs.address, token=agent) as kc:
-            with pytest.raises(NotFound):
-                await kc.dispatch("deploy", actor_id="actor:generic:root_session:nope", commit=True)
-            with pytest.raises(NotFound):
-                await kc.dispatch("deploy", actor_id="actor:generic:root_session:nope")
-        log = AuditLog(tmp_path / "data" / "audit.sqlite")
-        try:
-            events = [(e.operation, e.outcome) for e in log.events()]
-        finally:
-            log.close()
-        assert events == [("dispatch.commit", "KNOWLEDGE_NOT_FOUND")]
+            yield kc
     finally:
         await rs.server.stop(0)
         rs.app.close()
+
+
+def _audited(data: Path) -> list[tuple[str, str]]:
+    log = AuditLog(data / "audit.sqlite")
+    try:
+        return [(e.operation, e.outcome) for e in log.events()]
+    finally:
+        log.close()
+
+
+async def test_a_commit_refused_before_its_write_is_audited(tmp_path: Path) -> None:
+    """AUD (every write audited, refused ones too): a committing Dispatch refused while it
+    is checked or planned (here: an actor that is not there) has its
+    ``dispatch.commit`` event with the refusal's reason; a dry run refused the same way is
+    no write and has none."""
+    async with _one_agent(tmp_path) as kc:
+        with pytest.raises(NotFound):
+            await kc.dispatch("deploy", actor_id="actor:generic:root_session:nope", commit=True)
+        with pytest.raises(NotFound):
+            await kc.dispatch("deploy", actor_id="actor:generic:root_session:nope")
+    assert _audited(tmp_path / "data") == [("dispatch.commit", "KNOWLEDGE_NOT_FOUND")]
 
 
 async def test_a_commit_that_fails_unexpectedly_while_planned_is_audited(
@@ -240,23 +252,7 @@ async def test_a_commit_that_fails_unexpectedly_while_planned_is_audited(
         raise RuntimeError("the derived store is damaged")
 
     monkeypatch.setattr(Dispatcher, "plan", broken)
-    a = tmp_path / "ws_a"
-    a.mkdir()
-    tokens = TokenStore(tmp_path / "data" / "tokens.json")
-    _, agent = tokens.create("agent-a", "org", [str(a)], "agent")
-    rs = await start_server(
-        tmp_path, authenticate=tokens.authenticate, auth="on", workspaces=[str(a)]
-    )
-    try:
-        async with AsyncKnowledgeClient(rs.address, token=agent) as kc:
-            with pytest.raises(InternalError):
-                await kc.dispatch("deploy", commit=True)
-        log = AuditLog(tmp_path / "data" / "audit.sqlite")
-        try:
-            events = [(e.operation, e.outcome) for e in log.events()]
-        finally:
-            log.close()
-        assert events == [("dispatch.commit", "KNOWLEDGE_INTERNAL")]
-    finally:
-        await rs.server.stop(0)
-        rs.app.close()
+    async with _one_agent(tmp_path) as kc:
+        with pytest.raises(InternalError):
+            await kc.dispatch("deploy", commit=True)
+    assert _audited(tmp_path / "data") == [("dispatch.commit", "KNOWLEDGE_INTERNAL")]
