@@ -19,6 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from knowledge_server.httpcall import post_json
 from knowledge_server.textlang import STOP_WORDS
 
 from .tokenize import split_identifier, split_uncached
@@ -255,9 +256,10 @@ class OpenAIEmbedder:
         import httpx
 
         try:
-            resp = self._client.post(
+            resp = post_json(
+                self._client,
                 f"{self._base}/v1/embeddings",
-                json={"model": self._model, "input": batch},
+                {"model": self._model, "input": batch},
                 timeout=timeout,
             )
         except httpx.TimeoutException:

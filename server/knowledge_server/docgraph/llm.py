@@ -24,6 +24,8 @@ from typing import Any, Self
 
 import httpx
 
+from knowledge_server.httpcall import post_json
+
 __all__ = [
     "NOT_CONFIGURED_REASON",
     "LLMClient",
@@ -163,10 +165,7 @@ class LLMClient:
             headers["Authorization"] = f"Bearer {key}"
         self.calls += 1
         try:
-            if timeout is None:
-                resp = self._http.post(url, json=body, headers=headers)
-            else:
-                resp = self._http.post(url, json=body, headers=headers, timeout=timeout)
+            resp = post_json(self._http, url, body, timeout=timeout, headers=headers)
         except httpx.TimeoutException:
             raise LLMRetryable("timeout") from None
         except httpx.TransportError:

@@ -42,6 +42,7 @@ from knowledge_server.code.embed import (
 )
 from knowledge_server.docgraph.llm import LLMClient, LLMRetryable, LLMUnavailable
 from knowledge_server.errors import DependencyUnavailable
+from knowledge_server.httpcall import post_json
 
 __all__ = [
     "RERANK_APIS",
@@ -251,7 +252,7 @@ class HttpReranker(Reranker):
             url = f"{self._base}/rerank"
             body = {"query": query, "texts": list(documents), "raw_scores": False}
         try:
-            resp = self._client.post(url, json=body, timeout=timeout)
+            resp = post_json(self._client, url, body, timeout=timeout)
         except httpx.TimeoutException:
             raise Transient("timeout") from None
         except httpx.TransportError:
