@@ -21,7 +21,14 @@ from knowledge_sdk import types as v1
 from knowledge_sdk import upload_file
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from knowledge_server.cli.common import client, emit_json, err_console, fail, handle_errors
+from knowledge_server.cli.common import (
+    client,
+    emit_json,
+    err_console,
+    fail,
+    handle_errors,
+    printable,
+)
 
 EXPECTED = click.option(
     "--expected-version",
@@ -120,12 +127,12 @@ def _ask_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _quoted(text: str, indent: str = "    ") -> list[str]:
     """Published or generated text, quoted line by line: data, never instructions."""
-    return [f"{indent}> {line}".rstrip() for line in (text.splitlines() or [""])]
+    return [f"{indent}> {printable(line)}".rstrip() for line in (text.splitlines() or [""])]
 
 
 def _source_lines(n: int, ev: v1.KbEvidence) -> list[str]:
     return [
-        f"[{n}] {ev.citation}  score={ev.score:.3f}",
+        f"[{n}] {printable(' '.join(ev.citation.split()))}  score={ev.score:.3f}",
         f"    knowledge={ev.knowledge_id}  revision={ev.revision_id}  chunk={ev.chunk_id}",
         *_quoted(ev.content),
     ]

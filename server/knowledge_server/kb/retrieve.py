@@ -77,7 +77,11 @@ ANSWER_RULES = (
 # The template used when the organisation has no DEFAULT template and the call names none.
 BUILTIN_TEMPLATE = "Reply briefly and factually, in the language of the question."
 _TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-_MARKER = re.compile(r"\[(\d{1,4})\]")
+# A citation marker: "[1]", and the lists and ranges models also write ("[1, 3]",
+# "[2-4]", "[12345]"); with the one space before it, which goes with an invalid marker.
+_MARKER = re.compile(r"( ?)\[\s*(\d+(?:\s*[-,\u2013]\s*\d+){0,20})\s*\]")
+_MARKER_PART = re.compile(r"(\d+)(?:\s*[-\u2013]\s*(\d+))?")
+_LONGEST_RANGE = 50
 _WORD = re.compile(r"\w+", re.UNICODE)
 _CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
 _CYRILLIC = re.compile(r"[\u0400-\u04ff]")
@@ -276,17 +280,28 @@ def check_citations(answer: str, n_sources: int) -> tuple[str, pb.CitationCheck]
     removed: list[int] = []
 
     def keep(m: re.Match[str]) -> str:
-        n = int(m.group(1))
-        if 1 <= n <= n_sources:
+        numbers: list[int] = []
+        bad = False
+        for part in _MARKER_PART.finditer(m.group(2)):
+            lo = int(part.group(1)[:9])
+            hi = int(part.group(2)[:9]) if part.group(2) else lo
+            if hi < lo or hi - lo > _LONGEST_RANGE:
+                removed.append(lo)
+                bad = True
+                continue
+            numbers.extend(range(lo, hi + 1))
+        valid = [n for n in numbers if 1 <= n <= n_sources]
+        removed.extend(n for n in numbers if not 1 <= n <= n_sources)
+        for n in valid:
             if n not in cited:
                 cited.append(n)
-            return m.group(0)
-        removed.append(n)
-        return ""
+        if valid and not bad and len(valid) == len(numbers):
+            return m.group(0)  # every number names a source: the marker as written
+        if not valid:
+            return ""  # the marker and the space before it
+        return m.group(1) + "".join(f"[{n}]" for n in dict.fromkeys(valid))
 
     text = _MARKER.sub(keep, answer)
-    if removed:
-        text = re.sub(r"[ \t]{2,}", " ", text).replace(" .", ".").strip()
     if not cited:
         status = "ungrounded"
     elif removed:
@@ -518,8 +533,11 @@ class Retriever:
         system = f"{ANSWER_RULES}\n\n{template_body.strip()}"
         blocks = []
         for n, ev in enumerate(sources, 1):
+            # The citation (a topic's title and version label, as published) is quoted data
+            # like the text: inside the block, on one line.
+            citation = " ".join(_as_data(ev.citation).split())
             text = _as_data(ev.hit.chunk.text)
-            blocks.append(f"[{n}] {_as_data(ev.citation)}\n<evidence>\n{text}\n</evidence>")
+            blocks.append(f"<evidence>\n[{n}] {citation}\n{text}\n</evidence>")
         user = (
             "Evidence:\n\n"
             + "\n\n".join(blocks)

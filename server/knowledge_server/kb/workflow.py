@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,12 +118,29 @@ def _require_version(what: str, expected: int, current: int) -> None:
         raise _stale(what, expected, current)
 
 
-def _text(name: str, value: str, *, required: bool = True, limit: int = 200) -> str:
+# Characters a one-line name cannot hold: controls (line breaks among them), invisible
+# format characters, line and paragraph separators.
+_NOT_ONE_LINE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def _text(
+    name: str, value: str, *, required: bool = True, limit: int = 200, one_line: bool = False
+) -> str:
+    """``value`` stripped and checked. ``one_line``: a name shown as one line (a title, a
+    label, a key) holds no line break, control or invisible format character: it is quoted
+    in citations, prompts and listings, and must not start lines of its own there."""
     value = value.strip()
     if required and not value:
         raise InvalidRequest(f"{name}: required", metadata={"field": name})
     if len(value) > limit:
         raise InvalidRequest(f"{name}: longer than {limit} characters", metadata={"field": name})
+    if one_line and not value.isprintable():
+        bad = next((c for c in value if unicodedata.category(c) in _NOT_ONE_LINE), None)
+        if bad is not None:
+            raise InvalidRequest(
+                f"{name}: cannot contain U+{ord(bad):04X} (a {name} is one line of text)",
+                metadata={"field": name},
+            )
     return value
 
 
@@ -212,8 +230,8 @@ class Workflow:
 
     # -- topics -----------------------------------------------------------------------------
     def create_topic(self, who: Principal, knowledge_key: str, title: str) -> TopicRow:
-        key = _text("knowledge_key", knowledge_key, limit=128)
-        title = _text("title", title, limit=300)
+        key = _text("knowledge_key", knowledge_key, limit=128, one_line=True)
+        title = _text("title", title, limit=300, one_line=True)
         org = who.organisation
         topic_id = new_id("top")
         stamp = now()
@@ -257,7 +275,7 @@ class Workflow:
     ) -> RevisionRow:
         """A new DRAFT of the topic; ``based_on`` copies that revision's sources and tags
         (a correction starts from what was published), which stays as it was."""
-        label = _text("version_label", version_label, limit=64)
+        label = _text("version_label", version_label, limit=64, one_line=True)
         topic = self.topic(who, topic_id)
         org = who.organisation
         base = self.revision(who, based_on) if based_on else None
@@ -327,7 +345,7 @@ class Workflow:
         with self.store.tx() as c:
             rev = self._draft(who, revision_id, expected_version)
             label = (
-                _text("version_label", version_label, limit=64)
+                _text("version_label", version_label, limit=64, one_line=True)
                 if version_label is not None
                 else rev.version_label
             )
@@ -577,7 +595,7 @@ class Workflow:
                 "tag_code: 1-64 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit",
                 metadata={"field": "tag_code"},
             )
-        name = _text("display_name", display_name, limit=120)
+        name = _text("display_name", display_name, limit=120, one_line=True)
         stamp = now()
         with self.store.tx() as c:
             if self.store.tag(who.organisation, code) is not None:
@@ -610,7 +628,7 @@ class Workflow:
                 raise NotFound("tag not found", metadata={"field": "tag_code"})
             _require_version("tag", expected_version, tag.version)
             name = (
-                _text("display_name", display_name, limit=120)
+                _text("display_name", display_name, limit=120, one_line=True)
                 if display_name is not None
                 else tag.display_name
             )

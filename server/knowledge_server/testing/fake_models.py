@@ -42,7 +42,9 @@ _STOP = frozenset(
     "a an and are as at be by do does for from how i in is it of on or the to was what when "
     "where which who why will with".split()
 )
-_EVIDENCE = re.compile(r"^\[(\d+)\] .*?\n<evidence>\n(.*?)\n</evidence>", re.S | re.M)
+# A source in the answer prompt: its number and citation on the block's first line, then
+# its text (knowledge_server.kb.retrieve.Retriever.answer).
+_EVIDENCE = re.compile(r"^<evidence>\n\[(\d+)\] [^\n]*\n(.*?)\n</evidence>", re.S | re.M)
 
 
 def _words(text: str) -> set[str]:
