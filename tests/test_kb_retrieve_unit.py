@@ -302,3 +302,22 @@ def test_citation_lists_ranges_and_long_numbers_are_checked_and_nothing_else_rew
         text, check = check_citations(answer, n)
         assert text == expected, answer
         assert check.status == "repaired" and check.removed
+
+
+def test_a_chat_reply_that_is_not_text_is_the_chat_dependency_failing() -> None:
+    """A reply cut inside a surrogate pair (valid JSON, not UTF-8) is a malformed answer of
+    the chat dependency (UNAVAILABLE), not an internal error when the answer is sent."""
+    with FakeModelServer() as fake:
+        fake.answer_mode = "half_emoji"
+        llm = LLMClient(LLMSettings(base_url=fake.url, model="m", max_retries=0))
+        with pytest.raises(DependencyUnavailable) as err:
+            chat(
+                llm,
+                "s",
+                "<evidence>\n[1] c\nRefunds take 3 days.\n</evidence>",
+                Budget.of_ms(1000),
+                retries=2,
+            )
+        llm.close()
+        assert fake.calls["chat"] == 1  # not retried: it would answer the same
+    assert err.value.dependency == "chat" and "malformed" in err.value.cause

@@ -294,10 +294,15 @@ def chat(
 
     def attempt(timeout: float) -> str:
         try:
-            return client.chat_text_once(system, user, timeout=timeout)
+            text = client.chat_text_once(system, user, timeout=timeout)
         except LLMRetryable as exc:
             raise Transient(exc.detail) from None
         except LLMUnavailable as exc:
             raise Permanent(exc.detail) from None
+        try:
+            text.encode("utf-8")  # JSON can carry a lone surrogate (half an emoji); UTF-8 not
+        except UnicodeEncodeError:
+            raise Permanent("malformed answer (not UTF-8 text)") from None
+        return text
 
     return call_within("chat", budget, attempt, retries=retries, trace_id=trace_id)

@@ -14,7 +14,7 @@ Each endpoint ("embeddings", "rerank", "chat") has a fault mode, set in process
 "503"}``): ``ok``, ``hang`` (no answer until the fake stops or the mode changes),
 ``503`` / ``500`` / ``400`` (that status), ``flaky`` (503 on every other call),
 ``slow:<ms>`` (answers after a delay). Chat has answer modes too: ``bad_markers`` (cites
-a source that does not exist), ``no_markers``. ``calls`` counts requests per endpoint;
+a source that does not exist), ``no_markers``, ``half_emoji`` (a lone surrogate). ``calls`` counts requests per endpoint;
 ``GET /_fake/stats`` returns them.
 
     python -m knowledge_server.testing.fake_models --port 8099
@@ -203,6 +203,8 @@ class _Handler(BaseHTTPRequestHandler):
             content = f"According to the knowledge base: {sentence}"
         elif mode == "bad_markers":
             content = f"According to the knowledge base: {sentence} [1] [{len(blocks) + 7}]"
+        elif mode == "half_emoji":  # a reply cut inside a surrogate pair (valid JSON)
+            content = f"According to the knowledge base: {sentence} [1] \ud83d"
         else:
             content = f"According to the knowledge base: {sentence} [1]"
         self._send(
