@@ -13,7 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from knowledge_server.httpcall import post_json
+from knowledge_server.httpcall import post_json, without_userinfo
+from knowledge_server.kb.deps import HttpReranker
 
 ANSWER = json.dumps({"choices": [{"message": {"content": "x" * 20}}]}).encode()
 
@@ -68,3 +69,13 @@ def test_ordinary_and_compressed_answers_are_read_whole(server: str) -> None:
             resp = post_json(client, f"{server}{path}", {"q": 1}, timeout=5)
             assert resp.status_code == 200
             assert resp.json()["choices"][0]["message"]["content"] == "x" * 20
+
+
+def test_credentials_in_a_model_servers_url_are_never_kept_in_an_identity() -> None:
+    assert without_userinfo("http://svc:S3cret@10.0.0.5:8080/v") == "http://10.0.0.5:8080/v"
+    assert without_userinfo("https://models.internal:443") == "https://models.internal:443"
+    reranker = HttpReranker("http://svc:S3cret@127.0.0.1:9", "rerank-m")
+    try:
+        assert "S3cret" not in reranker.identity and reranker.label == "v1:rerank-m"
+    finally:
+        reranker.close()

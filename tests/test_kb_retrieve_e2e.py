@@ -137,6 +137,9 @@ def test_kr1_valid_evidence_is_published_citable_and_complete(world: KbWorld) ->
     scores = [s.score for s in out.sources]
     assert scores == sorted(scores, reverse=True) and scores[0] >= 0.3
     assert out.trace.score_kind == "rerank" and out.trace.reranker.startswith("v1:")
+    # Model names only: never a model server's address (seed 002).
+    assert "http" not in out.trace.reranker + out.trace.embedder
+    assert "127.0.0.1" not in out.trace.reranker + out.trace.embedder
     assert out.trace.candidates >= len(out.sources)
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-__all__ = ["MAX_ANSWER_BYTES", "post_json"]
+__all__ = ["MAX_ANSWER_BYTES", "post_json", "without_userinfo"]
 
 # The largest answer read (a chat completion or a batch of embeddings is far smaller).
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
@@ -55,3 +56,12 @@ def post_json(
         if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")
     }
     return httpx.Response(resp.status_code, headers=kept, content=content, request=resp.request)
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` without the ``user:password@`` part of its host, if any: what may be kept
+    (an identity stored with vectors) or shown."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))

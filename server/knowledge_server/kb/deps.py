@@ -42,7 +42,7 @@ from knowledge_server.code.embed import (
 )
 from knowledge_server.docgraph.llm import LLMClient, LLMRetryable, LLMUnavailable
 from knowledge_server.errors import DependencyUnavailable
-from knowledge_server.httpcall import post_json
+from knowledge_server.httpcall import post_json, without_userinfo
 
 __all__ = [
     "RERANK_APIS",
@@ -197,6 +197,7 @@ class Reranker:
     longer documents to it (and counts them) before calling."""
 
     identity: str = ""
+    label: str = ""  # the identity as callers may see it (a trace): no server address
     max_chars: int = 2000
 
     def rerank_once(
@@ -232,7 +233,8 @@ class HttpReranker(Reranker):
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._client = httpx.Client(headers=headers, transport=transport, follow_redirects=False)
-        self.identity = f"{api}:{self._base}:{model}"
+        self.identity = f"{api}:{without_userinfo(self._base)}:{model}"
+        self.label = f"{api}:{model}"  # as callers may see it: without the server's address
 
     def close(self) -> None:
         self._client.close()

@@ -403,8 +403,9 @@ class Retriever:
         s = self.settings
         org = who.organisation
         trace = pb.RetrievalTrace(
-            embedder=self.embedder.identity,
-            reranker=self.reranker.identity if self.reranker else "",
+            # Names, never a model server's address (nor the credentials in one).
+            embedder=self.embedder.label,
+            reranker=self.reranker.label if self.reranker else "",
             score_kind="rerank" if self.reranker else "fused",
             min_score=self.settings.min_rerank_score
             if self.reranker
