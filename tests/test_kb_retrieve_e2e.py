@@ -18,9 +18,11 @@ KR-9 Answer: the model sees only reranked evidence, the template and the questio
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from knowledge_sdk import (
@@ -350,5 +352,36 @@ def test_no_reranker_uses_the_fused_score_and_says_so(tmp_path: Path) -> None:
         assert out.answerable and out.trace.score_kind == "fused" and out.trace.reranker == ""
         assert 0 < out.sources[0].score <= 1
         assert not none.answerable and w.fake.calls["rerank"] == 0
+    finally:
+        w.stop()
+
+
+@pytest.mark.parametrize(("endpoint", "call"), [("rerank", "retrieve"), ("chat", "answer")])
+def test_kr3_a_topic_taken_offline_while_a_model_works_is_not_cited(
+    tmp_path: Path, endpoint: str, call: str
+) -> None:
+    """KR-3: a revision taken offline while the reranker scores it (Retrieve) or while the
+    chat model writes from it (Answer) is not cited by the answer that arrives afterwards:
+    the release is read again after each model call."""
+    w = start_world(tmp_path, "sqlite")
+    try:
+        with w.client("admin-org-a") as kc:
+            topic, rev = publish(kc, "refund", "Refund policy", "3.0", markdown=REFUND)
+        w.fake.set_fault(endpoint, "slow:1200")
+        out: dict[str, Any] = {}
+
+        def ask() -> None:
+            with w.client("agent-org-a") as kc:
+                q = "How many working days until a member refund arrives?"
+                out["resp"] = kc.kb_retrieve(q) if call == "retrieve" else kc.kb_answer(q)
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        time.sleep(0.6)  # the call is at the model now
+        with w.client("admin-org-a") as kc:
+            kc.kb_offline(topic, expected_release=rev)
+        asking.join()
+        resp = out["resp"]
+        assert not resp.answerable and not any(s.revision_id == rev for s in resp.sources)
     finally:
         w.stop()

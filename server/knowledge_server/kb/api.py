@@ -137,7 +137,16 @@ class KnowledgeBaseApi:
             step.name = "chat"
             asked = time.perf_counter()
             text = r.answer(checked.query, body, result.sources, budget, tid)
-            return _Answered(result, code, text, elapsed_ms(asked))
+            model_ms = elapsed_ms(asked)
+            # A source taken offline while the model wrote: the answer rests on it, so
+            # there is no answer to give (its markers would name what is no longer cited).
+            step.name = "metadata"
+            with r.store.reads_until(budget.deadline):
+                kept = r.still_citable(principal.organisation, result.sources, result.trace)
+            if len(kept) != len(result.sources):
+                result.sources = []
+                return _Answered(result, code, r.settings.no_evidence_reply, model_ms)
+            return _Answered(result, code, text, model_ms)
 
         done = await self._run("kb.answer", work, tid, started)
         result = done.retrieval

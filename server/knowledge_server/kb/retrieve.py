@@ -450,7 +450,29 @@ class Retriever:
         started = time.perf_counter()
         kept = self._score(req, evidence, trace, budget, trace_id)
         trace.rerank_ms = elapsed_ms(started)
-        return Retrieval(kept[: req.top_k], trace, trace_id)
+        # A revision taken offline (or replaced) while the reranker worked is not cited.
+        step.name = "metadata"
+        kept = self.still_citable(org, kept[: req.top_k], trace)
+        return Retrieval(kept, trace, trace_id)
+
+    def still_citable(
+        self, org: str, sources: Sequence[Evidence], trace: pb.RetrievalTrace
+    ) -> list[Evidence]:
+        """``sources`` whose revisions are citable now (one cheap read): the release may
+        have changed while a dependency was called. Dropped ones count in the trace."""
+        if not sources:
+            return []
+        current = self._metadata(
+            lambda: self.store.citable_revisions(org, [ev.hit.chunk.revision_id for ev in sources])
+        )
+        out = []
+        for ev in sources:
+            rev = current.get(ev.hit.chunk.revision_id)
+            if rev is None or rev.topic_id != ev.hit.chunk.topic_id or not _citable(ev.hit, rev):
+                trace.dropped_old_revision += 1
+                continue
+            out.append(ev)
+        return out
 
     def _recheck(
         self, org: str, hits: Sequence[IndexHit], trace: pb.RetrievalTrace
