@@ -4,9 +4,9 @@
 // async iterators, and failures as the typed errors of ./errors.ts.
 
 import { create, type DescMessage, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
-import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
+import { Code, createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { toKnowledgeError } from "./errors.js";
+import { DeadlineExceeded, toKnowledgeError } from "./errors.js";
 import {
   DocGraphService,
   DocRelationsRequestSchema,
@@ -132,10 +132,27 @@ function traced(call: TracedCallOptions): CallOptions {
 }
 
 function baseUrl(address: string, tls: boolean): string {
-  if (address.startsWith("http://") || address.startsWith("https://")) {
+  if (address.startsWith("http://")) {
+    if (tls) {
+      // The token would go out in clear text while the caller asked for TLS.
+      throw new Error("tls is set but the address starts with http://: use https:// or leave tls out");
+    }
+    return address;
+  }
+  if (address.startsWith("https://")) {
     return address;
   }
   return `${tls ? "https" : "http"}://${address}`;
+}
+
+/** The token as sent: trimmed, and one word of printable ASCII (a header value cannot hold
+ * anything else, and the error would quote it). */
+function checkedToken(token: string): string {
+  const t = token.trim();
+  if (t && !/^[\x21-\x7e]+$/.test(t)) {
+    throw new Error("token: not a token (it must be printable ASCII without spaces or line breaks)");
+  }
+  return t;
 }
 
 /** A client of every service (KnowledgeService, DocGraphService, IndexService,
@@ -153,7 +170,7 @@ export class KnowledgeClient {
   constructor(options: ClientOptions = {}) {
     this.address = options.address ?? process.env.KNOWLEDGE_ADDRESS ?? "127.0.0.1:50151";
     this.deadlineMs = options.deadlineMs;
-    const token = options.token ?? process.env.KNOWLEDGE_TOKEN ?? "";
+    const token = checkedToken(options.token ?? process.env.KNOWLEDGE_TOKEN ?? "");
     const tls = options.tls ?? false;
     const auth: Interceptor = (next) => async (req) => {
       if (token) {
@@ -177,9 +194,24 @@ export class KnowledgeClient {
     this.memory = createClient(MemoryService, transport);
   }
 
-  private options(call: CallOptions, unary: boolean) {
+  private options(call: CallOptions, unary: boolean, signal?: AbortSignal) {
     const deadline = call.deadlineMs ?? (unary ? this.deadlineMs : undefined);
-    return { timeoutMs: deadline, signal: call.signal, headers: call.headers };
+    if (deadline !== undefined && !(deadline > 0)) {
+      // A spent budget: the call is not sent (gRPC would read 0 as "no deadline").
+      throw new DeadlineExceeded({
+        code: Code.DeadlineExceeded,
+        message: `the deadline (${deadline} ms) has already passed; the call was not sent`,
+        reason: "",
+        metadata: {},
+        requestId: "",
+      });
+    }
+    return {
+      // gRPC's timeout header holds whole milliseconds: a fraction would fail the call.
+      timeoutMs: deadline === undefined ? undefined : Math.ceil(deadline),
+      signal: signal ?? call.signal,
+      headers: call.headers,
+    };
   }
 
   private async unary<Req extends DescMessage, Res>(
@@ -201,10 +233,24 @@ export class KnowledgeClient {
     init: MessageInitShape<Req>,
     call: CallOptions,
   ): AsyncGenerator<Res, void, undefined> {
+    // A caller that leaves the loop early (break, return, an exception) ends the stream on
+    // the wire too: the generator's finally aborts it (the underlying iterator cannot be
+    // told otherwise).
+    const controller = new AbortController();
+    const outer = call.signal;
+    const follow = () => controller.abort(outer?.reason);
+    if (outer?.aborted) {
+      controller.abort(outer.reason);
+    } else {
+      outer?.addEventListener("abort", follow, { once: true });
+    }
     try {
-      yield* run(create(schema, init), this.options(call, false));
+      yield* run(create(schema, init), this.options(call, false, controller.signal));
     } catch (err) {
       throw toKnowledgeError(err);
+    } finally {
+      outer?.removeEventListener("abort", follow);
+      controller.abort();
     }
   }
 

@@ -131,6 +131,24 @@ export function toKnowledgeError(err: unknown): KnowledgeError {
       method: refusal.method,
     });
   }
+  if (!reason && (ce.code === Code.Internal || ce.code === Code.Unknown) && fromTheNetwork(err)) {
+    // The connection failed (a TLS handshake with a plain-text server, a reset): the
+    // service was not reached, which is not a server bug.
+    return new Unavailable({ ...fields, code: Code.Unavailable });
+  }
   const cls = BY_CODE[ce.code] ?? KnowledgeError;
   return new cls(fields);
+}
+
+/** Whether ``err`` or one of its causes is a socket or TLS error of Node's. */
+function fromTheNetwork(err: unknown): boolean {
+  let seen: unknown = err;
+  for (let i = 0; i < 8 && seen instanceof Error; i += 1) {
+    const code = (seen as { code?: unknown }).code;
+    if (typeof code === "string" && /^(E[A-Z]+|ERR_(SSL|TLS)_\w+)$/.test(code)) {
+      return true;
+    }
+    seen = (seen as { cause?: unknown }).cause;
+  }
+  return false;
 }

@@ -11,6 +11,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import {
   Code,
+  DeadlineExceeded,
   EditionRefused,
   InvalidRequest,
   KnowledgeClient,
@@ -179,4 +180,48 @@ test("a deadline shorter than the call answers DeadlineExceeded", async () => {
     assert.equal((err as { code: Code }).code, Code.DeadlineExceeded);
     return true;
   });
+});
+
+test("a deadline in fractions of a millisecond is sent whole; a spent one is not sent", async () => {
+  // gRPC's timeout header holds whole milliseconds: 3333.33 ms is sent as 3334.
+  const found = await client.search(word, { deadlineMs: 10_000 / 3 });
+  assert.equal(found.schema, SEARCH_SCHEMA);
+  // And the connection serves the next timed call.
+  assert.equal((await client.search(word, { deadlineMs: 5_000 })).schema, SEARCH_SCHEMA);
+  for (const spent of [0, -5]) {
+    await assert.rejects(client.search(word, { deadlineMs: spent }), (err: unknown) => {
+      assert.ok(err instanceof DeadlineExceeded, String(err));
+      return true;
+    });
+  }
+});
+
+test("leaving a stream's loop early ends the stream on the wire", async () => {
+  const signals: AbortSignal[] = [];
+  const watching = new KnowledgeClient({
+    address,
+    token,
+    interceptors: [
+      (next) => async (req) => {
+        signals.push(req.signal);
+        return next(req);
+      },
+    ],
+  });
+  for await (const _ of watching.ingestSessions({ paths: [sessions] })) {
+    break;
+  }
+  assert.equal(signals.length, 1);
+  assert.equal(signals[0]!.aborted, true);
+});
+
+test("a token a header cannot carry, or TLS asked of an http:// address, is refused at once", () => {
+  const secret = "kn_abc\ndef";
+  assert.throws(
+    () => new KnowledgeClient({ address, token: secret }),
+    (err: unknown) => err instanceof Error && !err.message.includes("kn_abc") && /token/.test(err.message),
+  );
+  assert.throws(() => new KnowledgeClient({ address: `http://${address}`, token, tls: true }), /http:\/\//);
+  // Surrounding white space (a token read from a file) is trimmed.
+  assert.ok(new KnowledgeClient({ address, token: `${token}\n` }));
 });
