@@ -17,6 +17,7 @@ import {
   KnowledgeClient,
   SEARCH_SCHEMA,
   Unauthenticated,
+  Unavailable,
 } from "../src/index.js";
 import { DocGraphService } from "../src/gen/knowledge/v1/docgraph_pb.js";
 import { IndexService } from "../src/gen/knowledge/v1/index_service_pb.js";
@@ -224,4 +225,12 @@ test("a token a header cannot carry, or TLS asked of an http:// address, is refu
   assert.throws(() => new KnowledgeClient({ address: `http://${address}`, token, tls: true }), /http:\/\//);
   // Surrounding white space (a token read from a file) is trimmed.
   assert.ok(new KnowledgeClient({ address, token: `${token}\n` }));
+});
+
+test("TLS asked of a plain-text server is Unavailable, not a server bug", async () => {
+  const wrong = new KnowledgeClient({ address, token, tls: true, deadlineMs: 5_000 });
+  await assert.rejects(wrong.getStatus({}), (err: unknown) => {
+    assert.ok(err instanceof Unavailable, String(err));
+    return true;
+  });
 });
