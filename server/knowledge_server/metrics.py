@@ -16,6 +16,7 @@ docs/configuration.md). What is exported, all counts and timings, never text:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,10 +42,17 @@ OPERATIONS = {
 }
 
 
+_CODE = re.compile(r"[A-Z][A-Z0-9_]{2,63}")
+
+
 def reason_code(text: str) -> str:
     """The reason code of a lane's ``degradation_reason`` ("CODE" or "CODE: message"):
-    labels and attributes carry the code alone, never a message."""
-    return text.split(":", 1)[0].strip() or "unknown"
+    labels and attributes carry the code alone, never a message; a reason that does not
+    start with a code (a lane's plain sentence) is "other"."""
+    head = text.split(":", 1)[0].strip()
+    if not head:
+        return "unknown"
+    return head if _CODE.fullmatch(head) else "other"
 
 
 class _LicenceCollector(Collector):
@@ -231,14 +239,17 @@ class Metrics:
     def refused_edition(self, feature: str, method: str) -> None:
         self.edition_refusals.labels(feature, method).inc()
 
-    def operation(self, method: str, summary: Any | None, seconds: float) -> None:
+    def operation(
+        self, method: str, summary: Any | None, seconds: float, *, cancelled: bool = False
+    ) -> None:
         """An operator stream ended: ``summary`` is its ``OperationSummary`` (None when it
-        failed before one)."""
+        failed before one, or when the caller left: ``cancelled``, whose work goes on and
+        commits, so it is no failed run)."""
         op = OPERATIONS.get(method)
         if op is None:
             return
         if summary is None:
-            self.operation_runs.labels(op, "failed").inc()
+            self.operation_runs.labels(op, "cancelled" if cancelled else "failed").inc()
             return
         self.operation_runs.labels(op, "problems" if summary.problems else "ok").inc()
         for key, value in summary.counters.items():

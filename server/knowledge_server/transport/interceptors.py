@@ -323,7 +323,12 @@ class _Observed:
         if self.metrics is not None:
             self.metrics.rpc(self.method, code, seconds)
             if sent is not None:
-                self.metrics.operation(self.method, self.summary if ok else None, seconds)
+                self.metrics.operation(
+                    self.method,
+                    self.summary if ok else None,
+                    seconds,
+                    cancelled=not ok and code == "CANCELLED",
+                )
         if self.tracing is not None:
             extra = {"knowledge.messages": sent} if sent is not None else None
             self.tracing.end_rpc(self.span, self.token, code, extra)
