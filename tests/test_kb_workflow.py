@@ -335,3 +335,20 @@ def test_titles_labels_and_keys_are_one_line(wf: Workflow, field: str, make: obj
     assert wf.create_topic(EDITOR, "k4", "Política de reembolso\u00a0(2026)").title.startswith(
         "Pol"
     )
+
+
+def test_format_characters_that_are_text_are_kept_in_titles(wf: Workflow) -> None:
+    """Persian's zero-width non-joiner, an emoji sequence's joiner, a soft hyphen and
+    Hebrew's right-to-left mark are text, not controls: a title may hold them; the bidi
+    overrides that reorder what a reader sees are refused."""
+    for n, title in enumerate(
+        (
+            "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+            "Family \U0001f468\u200d\U0001f469\u200d\U0001f467",
+            "R\u00fcck\u00aderstattung",
+            "\u05de\u05d3\u05d9\u05e0\u05d9\u05d5\u05ea\u200f 2026",
+        )
+    ):
+        assert wf.create_topic(EDITOR, f"ok{n}", title).title == title
+    with pytest.raises(InvalidRequest):
+        wf.create_topic(EDITOR, "bidi", "Refund \u202epolicy")

@@ -78,8 +78,10 @@ ANSWER_RULES = (
 BUILTIN_TEMPLATE = "Reply briefly and factually, in the language of the question."
 _TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 # A citation marker: "[1]", and the lists and ranges models also write ("[1, 3]",
-# "[2-4]", "[12345]"); with the one space before it, which goes with an invalid marker.
-_MARKER = re.compile(r"( ?)\[\s*(\d+(?:\s*[-,\u2013]\s*\d+){0,20})\s*\]")
+# "[2-4]"); with the one space before it, which goes with an invalid marker. Numbers of
+# three digits at most: "[2024]", "[2020-2024]", "[2024-01-15]" or a ticket "[123456]"
+# are text, not citations.
+_MARKER = re.compile(r"( ?)\[\s*(\d{1,3}(?:\s*[-,\u2013]\s*\d{1,3}){0,20})\s*\](?!\d)")
 _MARKER_PART = re.compile(r"(\d+)(?:\s*[-\u2013]\s*(\d+))?")
 _LONGEST_RANGE = 50
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -278,30 +280,30 @@ def check_citations(answer: str, n_sources: int) -> tuple[str, pb.CitationCheck]
     left) or ungrounded (no valid marker)."""
     cited: list[int] = []
     removed: list[int] = []
+    # Marks where a marker at a line's start was removed: the space after it goes too.
+    gap = next(c for c in "\ue000\ue001\ue002\ue003" if c not in answer)
 
     def keep(m: re.Match[str]) -> str:
         numbers: list[int] = []
-        bad = False
         for part in _MARKER_PART.finditer(m.group(2)):
-            lo = int(part.group(1)[:9])
-            hi = int(part.group(2)[:9]) if part.group(2) else lo
+            lo = int(part.group(1))
+            hi = int(part.group(2)) if part.group(2) else lo
             if hi < lo or hi - lo > _LONGEST_RANGE:
-                removed.append(lo)
-                bad = True
-                continue
+                return m.group(0)  # no list of sources ("[5-1]", "[1-900]"): text
             numbers.extend(range(lo, hi + 1))
         valid = [n for n in numbers if 1 <= n <= n_sources]
         removed.extend(n for n in numbers if not 1 <= n <= n_sources)
         for n in valid:
             if n not in cited:
                 cited.append(n)
-        if valid and not bad and len(valid) == len(numbers):
+        if valid and len(valid) == len(numbers):
             return m.group(0)  # every number names a source: the marker as written
         if not valid:
-            return ""  # the marker and the space before it
+            at_line_start = not m.group(1) and (m.start() == 0 or answer[m.start() - 1] == "\n")
+            return gap if at_line_start else ""  # the marker and the space before it
         return m.group(1) + "".join(f"[{n}]" for n in dict.fromkeys(valid))
 
-    text = _MARKER.sub(keep, answer)
+    text = _MARKER.sub(keep, answer).replace(gap + " ", "").replace(gap, "")
     if not cited:
         status = "ungrounded"
     elif removed:

@@ -118,9 +118,12 @@ def _require_version(what: str, expected: int, current: int) -> None:
         raise _stale(what, expected, current)
 
 
-# Characters a one-line name cannot hold: controls (line breaks among them), invisible
-# format characters, line and paragraph separators.
-_NOT_ONE_LINE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+# Characters a one-line name cannot hold: controls (line breaks among them), line and
+# paragraph separators, and the bidi embeddings, overrides and isolates that reorder what a
+# reader sees. Other format characters are text (Persian's zero-width non-joiner, an emoji
+# sequence's joiner, a soft hyphen, Hebrew's right-to-left mark).
+_NOT_ONE_LINE = frozenset({"Cc", "Zl", "Zp"})
+_BIDI_CONTROLS = frozenset(chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A)))
 
 
 def _text(
@@ -135,7 +138,10 @@ def _text(
     if len(value) > limit:
         raise InvalidRequest(f"{name}: longer than {limit} characters", metadata={"field": name})
     if one_line and not value.isprintable():
-        bad = next((c for c in value if unicodedata.category(c) in _NOT_ONE_LINE), None)
+        bad = next(
+            (c for c in value if unicodedata.category(c) in _NOT_ONE_LINE or c in _BIDI_CONTROLS),
+            None,
+        )
         if bad is not None:
             raise InvalidRequest(
                 f"{name}: cannot contain U+{ord(bad):04X} (a {name} is one line of text)",
