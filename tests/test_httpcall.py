@@ -13,8 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from knowledge_server.httpcall import post_json, without_userinfo
-from knowledge_server.kb.deps import HttpReranker
+from knowledge_server import httpcall
+from knowledge_server.httpcall import AnswerTooLarge, post_json, without_userinfo
+from knowledge_server.kb.deps import HttpReranker, Permanent
 
 ANSWER = json.dumps({"choices": [{"message": {"content": "x" * 20}}]}).encode()
 
@@ -77,5 +78,22 @@ def test_credentials_in_a_model_servers_url_are_never_kept_in_an_identity() -> N
     reranker = HttpReranker("http://svc:S3cret@127.0.0.1:9", "rerank-m")
     try:
         assert "S3cret" not in reranker.identity and reranker.label == "v1:rerank-m"
+    finally:
+        reranker.close()
+
+
+def test_an_answer_over_the_size_limit_is_malformed_not_retried(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer larger than the limit would be as large again: AnswerTooLarge, which the
+    reranker reports as a permanent (not retried) malformed answer."""
+    monkeypatch.setattr(httpcall, "MAX_ANSWER_BYTES", 10)
+    with httpx.Client() as client:
+        with pytest.raises(AnswerTooLarge):
+            post_json(client, f"{server}/plain", {"q": 1}, timeout=5)
+    reranker = HttpReranker(server, "m")
+    try:
+        with pytest.raises(Permanent, match="too large"):
+            reranker.rerank_once("q", ["a"], 1, timeout=5)
     finally:
         reranker.close()

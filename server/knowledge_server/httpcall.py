@@ -4,9 +4,14 @@ call, not only on each network step.
 httpx's ``timeout`` bounds each step (connecting, writing, each read): a server that sends
 its answer a byte at a time, each byte within the read timeout, would hold the calling
 thread for as long as it likes, and the knowledge base's retrieval pool has two threads for
-every organisation. ``post_json`` reads the answer in chunks and gives up with
+every organisation. ``post_json`` reads the answer's body in chunks and gives up with
 ``httpx.ReadTimeout`` once ``timeout`` seconds have passed since the call began (the last
-read may take up to ``timeout`` more), so the callers' handling of a timeout applies.
+read may take up to ``timeout`` more), so the callers' handling of a timeout applies. The
+status line and headers are bounded by httpx's per-read timeout only (a server that sends
+them a byte at a time is not cut off until its body starts).
+
+An answer larger than ``MAX_ANSWER_BYTES`` is ``AnswerTooLarge``: not a transport failure,
+so the callers do not retry it.
 """
 
 from __future__ import annotations
@@ -18,10 +23,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-__all__ = ["MAX_ANSWER_BYTES", "post_json", "without_userinfo"]
+__all__ = ["MAX_ANSWER_BYTES", "AnswerTooLarge", "post_json", "without_userinfo"]
 
 # The largest answer read (a chat completion or a batch of embeddings is far smaller).
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+
+class AnswerTooLarge(Exception):
+    """A model server's answer is larger than ``MAX_ANSWER_BYTES``: it would be as large
+    again, so it is a malformed answer, not a reason to retry."""
 
 
 def post_json(
@@ -45,7 +55,7 @@ def post_json(
             chunks.append(chunk)
             size += len(chunk)
             if size > MAX_ANSWER_BYTES:
-                raise httpx.ReadError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
+                raise AnswerTooLarge(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
             if timeout is not None and time.monotonic() - started > timeout:
                 raise httpx.ReadTimeout(f"the answer did not end within {timeout:g}s")
         content = b"".join(chunks)

@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from knowledge_server.httpcall import post_json, without_userinfo
+from knowledge_server.httpcall import AnswerTooLarge, post_json, without_userinfo
 from knowledge_server.textlang import STOP_WORDS
 
 from .tokenize import split_identifier, split_uncached
@@ -275,6 +275,8 @@ class OpenAIEmbedder:
                 {"model": self._model, "input": batch},
                 timeout=timeout,
             )
+        except AnswerTooLarge:
+            raise PermanentEmbeddingError("embedding endpoint answered more than allowed") from None
         except httpx.TimeoutException:
             raise EmbeddingError(f"embedding endpoint did not answer within {timeout:g}s") from None
         except httpx.HTTPError as exc:

@@ -24,7 +24,7 @@ from typing import Any, Self
 
 import httpx
 
-from knowledge_server.httpcall import post_json
+from knowledge_server.httpcall import AnswerTooLarge, post_json
 
 __all__ = [
     "NOT_CONFIGURED_REASON",
@@ -166,6 +166,8 @@ class LLMClient:
         self.calls += 1
         try:
             resp = post_json(self._http, url, body, timeout=timeout, headers=headers)
+        except AnswerTooLarge:
+            raise LLMUnavailable("answer too large") from None
         except httpx.TimeoutException:
             raise LLMRetryable("timeout") from None
         except httpx.TransportError:

@@ -42,7 +42,7 @@ from knowledge_server.code.embed import (
 )
 from knowledge_server.docgraph.llm import LLMClient, LLMRetryable, LLMUnavailable
 from knowledge_server.errors import DependencyUnavailable
-from knowledge_server.httpcall import post_json, without_userinfo
+from knowledge_server.httpcall import AnswerTooLarge, post_json, without_userinfo
 
 __all__ = [
     "RERANK_APIS",
@@ -255,6 +255,8 @@ class HttpReranker(Reranker):
             body = {"query": query, "texts": list(documents), "raw_scores": False}
         try:
             resp = post_json(self._client, url, body, timeout=timeout)
+        except AnswerTooLarge:
+            raise Permanent("malformed answer (too large)") from None
         except httpx.TimeoutException:
             raise Transient("timeout") from None
         except httpx.TransportError:
