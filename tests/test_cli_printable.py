@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
+from knowledge_server import plain
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2
-from knowledge_server.cli import common
 from knowledge_server.cli import main as cli_main
 from knowledge_server.dispatch import outbox as ob
 from rich.console import Console
@@ -21,8 +21,8 @@ memory_cli = importlib.import_module("knowledge_server.cli.memory")
 
 
 def test_printable_escapes_control_characters_and_keeps_the_rest() -> None:
-    assert common.printable("plain text, ünïcode, 日本") == "plain text, ünïcode, 日本"
-    shown = common.printable("ok\x1b[2K\x1b]0;pwned\x07 line\nbreak\x9b")
+    assert plain.printable("plain text, ünïcode, 日本") == "plain text, ünïcode, 日本"
+    shown = plain.printable("ok\x1b[2K\x1b]0;pwned\x07 line\nbreak\x9b")
     assert shown == "ok\\x1b[2K\\x1b]0;pwned\\x07 line\\nbreak\\x9b"
     assert shown.isprintable()
 

@@ -33,7 +33,6 @@ from knowledge_server.cli.common import (
     fail,
     handle_errors,
     out_console,
-    printable,
     record_address,
     run_stream,
 )
@@ -43,6 +42,7 @@ from knowledge_server.cli.licence import install_command
 from knowledge_server.cli.mcp import mcp_command
 from knowledge_server.cli.memory import memory
 from knowledge_server.cli.outbox import outbox
+from knowledge_server.plain import printable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -39,20 +39,6 @@ def code_refs_text(refs: Iterable[Any]) -> list[str]:
     ]
 
 
-def printable(text: str, *, lines: bool = False) -> str:
-    r"""``text`` with every character that is not printable (an escape sequence that would
-    move the terminal's cursor, hide text or retitle the window; a line break) written as
-    its escape (``\x1b``, ``\n``): text the service stored from others is shown, never run
-    by the terminal. ``lines``: line breaks and tabs are kept (a whole event or chunk)."""
-    if text.isprintable():
-        return text
-    kept = "\n\t" if lines else ""
-    return "".join(
-        c if c.isprintable() or c in kept else c.encode("unicode_escape").decode("ascii")
-        for c in text
-    )
-
-
 def data_dir(ctx: click.Context) -> Path:
     value = (ctx.obj or {}).get("data_dir")
     return Path(value) if value else default_data_dir()

@@ -27,8 +27,8 @@ from knowledge_server.cli.common import (
     err_console,
     fail,
     handle_errors,
-    printable,
 )
+from knowledge_server.plain import printable
 
 EXPECTED = click.option(
     "--expected-version",

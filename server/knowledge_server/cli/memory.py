@@ -15,9 +15,9 @@ from knowledge_server.cli.common import (
     fail,
     handle_errors,
     out_console,
-    printable,
 )
 from knowledge_server.memory.policy import STORES, PolicyError, load_policy
+from knowledge_server.plain import printable
 
 _STORE = click.Choice(STORES)
 

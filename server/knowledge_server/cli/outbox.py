@@ -12,8 +12,9 @@ from datetime import UTC, datetime
 import click
 from google.protobuf import json_format
 
-from knowledge_server.cli.common import code_refs_text, data_dir, emit_json, fail, printable
+from knowledge_server.cli.common import code_refs_text, data_dir, emit_json, fail
 from knowledge_server.dispatch import outbox as ob
+from knowledge_server.plain import printable
 
 
 def _say(text: str) -> None:

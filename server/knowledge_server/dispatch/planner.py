@@ -43,6 +43,7 @@ from knowledge_server.errors import (
     as_storage_full,
 )
 from knowledge_server.lanes.contract import DerivedLane, EpisodeLane
+from knowledge_server.plain import printable
 from knowledge_server.redact import redact_counted
 from knowledge_server.search.coordinator import Coordinator, count_tokens
 from knowledge_server.search.jsonlen import json_text
@@ -706,10 +707,7 @@ def _line(value: str) -> str:
     space (a line break cannot start a line of its own, e.g. a forged ``Assignment:``), and
     any other character that is not printable as its escape (``\x1b``), so no escape
     sequence reaches a terminal that shows the package."""
-    s = " ".join(value.split())
-    if s.isprintable():
-        return s
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+    return printable(" ".join(value.split()))
 
 
 def _block(text: str) -> str:
