@@ -893,19 +893,19 @@ class MemoryStore:
                 if wanted and not wanted <= words(f"{e.category} {e.key} {e.value}"):
                     continue
                 same = (e.category, e.key, e.value.strip().casefold())
-                live_values = {
-                    str(v).strip().casefold()
-                    for (v,) in self.conn.execute(
-                        "SELECT value FROM entries WHERE org = ? AND workspace = ?"
-                        " AND store = ? AND category = ? AND key = ?",
-                        (scope.org, scope.workspace, store, e.category, e.key),
-                    )
-                }
+                # The key's versions in the store, read once: their values, and the current
+                # one's id (the newest without valid_until, as ``_current`` picks it).
+                versions = self.conn.execute(
+                    "SELECT id, value, valid_until FROM entries WHERE org = ? AND workspace = ?"
+                    " AND store = ? AND category = ? AND key = ?",
+                    (scope.org, scope.workspace, store, e.category, e.key),
+                ).fetchall()
+                live_values = {str(v).strip().casefold() for _, v, _ in versions}
                 if same[2] in live_values or same in coming:
                     report.already_live += 1
                     continue
-                current = self._current(self.conn, scope, store, e.category, e.key)
-                spared = live_now | ({current.id} if current is not None else set())
+                current = max((_int(i) for i, _, until in versions if until is None), default=None)
+                spared = live_now | ({current} if current is not None else set())
                 if len(chosen) + 1 + len(spared) > capacity:
                     continue  # not beside its key's live value; another may fit
                 live_now = spared
