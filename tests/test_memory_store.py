@@ -24,11 +24,19 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import apsw
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from knowledge_server.memory.policy import MemoryPolicy, reclaim_target
-from knowledge_server.memory.store import MemoryStore, Scope, same_value, severity
+from knowledge_server.memory.store import (
+    MIGRATIONS,
+    MemoryStore,
+    Scope,
+    same_value,
+    severity,
+)
+from knowledge_server.schema import Migrations
 
 A = Scope("org-a", "/ws/a")
 B = Scope("org-b", "/ws/a")
@@ -403,18 +411,58 @@ def test_mem4_a_write_names_what_its_reclaim_archived(tmp_path: Path) -> None:
 def test_mem7_recall_finds_a_word_whose_case_folding_changes_its_spelling(
     tmp_path: Path,
 ) -> None:
-    """MEM-7: a word is found as it was written, whatever case folding makes of it
-    (casefold() writes "ß" as "ss"; the word index keeps "ß"), and "ß" in a question finds
-    "SS" in capitals."""
+    """MEM-7: a word is found as it was written and in its other spellings: case folding
+    writes "ß" as "ss" (either finds the other, in any case), the "ﬁ" ligature is "fi", and
+    full-width letters are the ASCII ones."""
     m = _store(tmp_path)
     m.remember(A, "facts", "addr", "office", "Office is in Hauptstraße 5", 0.8)
     m.remember(A, "facts", "addr", "depot", "Depot is in der GROSSEN STRASSE 2", 0.8)
+    m.remember(A, "facts", "docs", "manual", "The manual is the ﬁrst ﬁle to read", 0.8)
+    m.remember(A, "facts", "host", "ｗｉｋｉ", "Ｗｉｋｉ runs on ＡＢＣ", 0.8)
+    office, depot = "Office is in Hauptstraße 5", "Depot is in der GROSSEN STRASSE 2"
     for query, value in (
-        ("Hauptstraße", "Office is in Hauptstraße 5"),
-        ("hauptstraße", "Office is in Hauptstraße 5"),
-        ("großen straße", "Depot is in der GROSSEN STRASSE 2"),
+        ("Hauptstraße", office),
+        ("hauptstraße", office),
+        ("hauptstrasse", office),
+        ("HAUPTSTRASSE", office),
+        ("großen straße", depot),
+        ("grossen strasse", depot),
+        ("first file", "The manual is the ﬁrst ﬁle to read"),
+        ("wiki abc", "Ｗｉｋｉ runs on ＡＢＣ"),
     ):
         assert [e.value for e in m.recall(A, "facts", query).entries] == [value], query
+    # Out to the archive (a store of one) and back by the other spelling.
+    one = _store(tmp_path / "one", max_facts=1, reclaim_enabled=False)
+    one.remember(A, "facts", "addr", "office", office, 0.1)
+    one.remember(A, "facts", "addr", "depot", depot, 0.9)
+    assert one.recall(A, "facts", "hauptstrasse").entries == []
+    assert [e.value for e in one.restore(A, "facts", "HAUPTSTRASSE", 5).restored] == [office]
+    assert [e.value for e in one.recall(A, "facts", "hauptstrasse").entries] == [office]
+
+
+def test_mem7_a_store_written_before_the_folded_word_index_is_migrated(tmp_path: Path) -> None:
+    """MEM-7 across versions: a store whose word index holds the text as written (schema
+    step 001 only) gets the folded index when opened, and its old entries are found by
+    the other spelling; writes after the step keep the index in step."""
+    path = tmp_path / "memory.sqlite"
+    conn = apsw.Connection(str(path))
+    Migrations(MIGRATIONS.store, MIGRATIONS.steps[:1]).migrate(conn, str(path))
+    conn.execute(
+        "INSERT INTO entries (org, workspace, store, category, key, value, confidence,"
+        " confirmations, created_at, updated_at, valid_from, touched)"
+        " VALUES ('o', '/ws', 'facts', 'addr', 'office', 'Office is in Hauptstraße 5', 0.8, 1,"
+        " '2026-01-01T00:00:00+00:00', '2026-01-01T00:00:00+00:00',"
+        " '2026-01-01T00:00:00+00:00', 1)"
+    )
+    conn.close()
+    m = MemoryStore(path, MemoryPolicy(), now=Clock())
+    scope = Scope("o", "/ws")
+    assert [e.key for e in m.recall(scope, "facts", "HAUPTSTRASSE").entries] == ["office"]
+    m.remember(scope, "facts", "addr", "office", "Office is in Maßstraße 1", 0.8)
+    assert [e.value for e in m.recall(scope, "facts", "massstrasse").entries] == [
+        "Office is in Maßstraße 1"
+    ]
+    assert m.recall(scope, "facts", "hauptstrasse").entries == []
 
 
 def test_mem6_a_restore_never_evicts_the_live_value_of_a_key_it_brings_back(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import threading
+import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -119,7 +120,59 @@ CREATE TRIGGER entries_words_update AFTER UPDATE OF category, key, value ON entr
 END;
 """  # noqa: S608 - columns, tables and placeholders from module constants; values bound
 
-MIGRATIONS = Migrations(DB_FILE, (Step("001_initial", _BASELINE),))
+
+def fold(text: str) -> str:
+    """``text`` as the word index and Recall compare it: NFKC (the "ﬁ" ligature is "fi",
+    full-width letters are ASCII) and case-folded ("Straße" is "strasse"), which SQLite's
+    unicode61 tokenizer does not do by itself (it keeps "ß" and "ﬁ")."""
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+
+
+def _folded(category: str, key: str, value: str) -> str:
+    """What the word index holds for an entry (``entries.folded``)."""
+    return fold(f"{category}\n{key}\n{value}")
+
+
+_FOLDED_WORDS = """
+CREATE VIRTUAL TABLE entries_words USING fts5(
+    folded, content='entries', content_rowid='id',
+    tokenize='unicode61 remove_diacritics 0'
+);
+CREATE TRIGGER entries_words_insert AFTER INSERT ON entries BEGIN
+    INSERT INTO entries_words(rowid, folded) VALUES (new.id, new.folded);
+END;
+CREATE TRIGGER entries_words_delete AFTER DELETE ON entries BEGIN
+    INSERT INTO entries_words(entries_words, rowid, folded) VALUES ('delete', old.id, old.folded);
+END;
+CREATE TRIGGER entries_words_update AFTER UPDATE OF folded ON entries BEGIN
+    INSERT INTO entries_words(entries_words, rowid, folded) VALUES ('delete', old.id, old.folded);
+    INSERT INTO entries_words(rowid, folded) VALUES (new.id, new.folded);
+END;
+INSERT INTO entries_words(entries_words) VALUES ('rebuild');
+"""
+
+
+def _index_folded_words(cur: apsw.Cursor) -> None:
+    """Step 002: the word index holds each entry's folded text (``fold``), kept in the new
+    column ``entries.folded``, so "hauptstrasse" finds "Hauptstraße" and "file" finds
+    "ﬁle"; before, it indexed category, key and value as written."""
+    cur.execute(
+        "DROP TRIGGER entries_words_insert; DROP TRIGGER entries_words_delete;"
+        " DROP TRIGGER entries_words_update; DROP TABLE entries_words;"
+        " ALTER TABLE entries ADD COLUMN folded TEXT NOT NULL DEFAULT ''"
+    )
+    rows = cur.execute("SELECT id, category, key, value FROM entries").fetchall()
+    cur.executemany(
+        "UPDATE entries SET folded = ? WHERE id = ?",
+        [(_folded(str(c), str(k), str(v)), i) for i, c, k, v in rows],
+    )
+    cur.execute(_FOLDED_WORDS)
+
+
+MIGRATIONS = Migrations(
+    DB_FILE,
+    (Step("001_initial", _BASELINE), Step("002_folded_words", _index_folded_words)),
+)
 
 # Retention order of each store, best kept first (the tail is what a reclaim archives).
 # Facts and procedures keep current entries before superseded versions; ties always end
@@ -139,7 +192,8 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 
 
 def words(text: str) -> frozenset[str]:
-    return frozenset(w.casefold() for w in _WORD.findall(text))
+    """The words of ``text``, folded (``fold``) as the word index holds them."""
+    return frozenset(_WORD.findall(fold(text)))
 
 
 def similarity(a: str, b: str) -> float:
@@ -403,8 +457,8 @@ class MemoryStore:
         supersedes = self._latest_version(conn, scope, store, category, key)
         conn.execute(
             "INSERT INTO entries (org, workspace, store, category, key, value, confidence,"
-            " confirmations, created_at, updated_at, valid_from, supersedes, touched)"
-            " VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?)",
+            " confirmations, created_at, updated_at, valid_from, supersedes, touched, folded)"
+            " VALUES (?,?,?,?,?,?,?,1,?,?,?,?,?,?)",
             (
                 scope.org,
                 scope.workspace,
@@ -418,6 +472,7 @@ class MemoryStore:
                 now,
                 supersedes,
                 self._touch(conn),
+                _folded(category, key, value),
             ),
         )
         new_id = conn.last_insert_rowid()
@@ -591,11 +646,9 @@ class MemoryStore:
                 " JOIN entries e ON e.id = entries_words.rowid WHERE entries_words MATCH ?"
                 " AND e.org = ? AND e.workspace = ? AND e.store = ? AND e.valid_until IS NULL"
             )
-            # The index folds case as SQLite's unicode61 does, which keeps "ß" where
-            # casefold() writes "ss": it is asked for both spellings of each word.
-            spellings = sorted({s for w in _WORD.findall(query) for s in (w.lower(), w.casefold())})
+            # The index holds folded text (``fold``), as ``words`` folds the question.
             args: list[object] = [
-                " OR ".join('"' + w.replace('"', '""') + '"' for w in spellings),
+                " OR ".join('"' + w.replace('"', '""') + '"' for w in wanted),
                 scope.org,
                 scope.workspace,
                 store,
@@ -755,8 +808,8 @@ class MemoryStore:
                 ).fetchall()
             with immediate(copy):
                 copy.executemany(
-                    f"INSERT INTO entries ({cols}) VALUES ({','.join('?' * 16)})",  # noqa: S608 - columns and placeholders from module constants; values bound
-                    rows,
+                    f"INSERT INTO entries ({cols}, folded) VALUES ({','.join('?' * 17)})",  # noqa: S608 - columns and placeholders from module constants; values bound
+                    [(*r, _folded(str(r[4]), str(r[5]), str(r[6]))) for r in rows],
                 )
                 self._lifecycle(copy, scope, stores, report)
         finally:
@@ -924,8 +977,14 @@ class MemoryStore:
                     valid_until = live.valid_from
                     report.as_history += 1
                 self.conn.execute(
-                    f"INSERT INTO entries ({_COLUMNS}) VALUES ({','.join('?' * 16)})",  # noqa: S608 - columns, tables and placeholders from module constants; values bound
-                    (*row[:13], valid_until, row[14], self._touch(self.conn)),
+                    f"INSERT INTO entries ({_COLUMNS}, folded) VALUES ({','.join('?' * 17)})",  # noqa: S608 - columns, tables and placeholders from module constants; values bound
+                    (
+                        *row[:13],
+                        valid_until,
+                        row[14],
+                        self._touch(self.conn),
+                        _folded(e.category, e.key, e.value),
+                    ),
                 )
                 self.conn.execute(
                     "DELETE FROM archive WHERE org = ? AND workspace = ? AND id = ?",
