@@ -323,6 +323,52 @@ def test_secrets_redacted_next_to_unicode_and_unassigned_key_words(src: str) -> 
         assert any("[REDACTED:" in c.text for c in chunks)
 
 
+def _fake_key_body(lines: int) -> list[str]:
+    """Base64-shaped lines, each unique, as a PEM key's body has them."""
+    return [
+        f"MIIJ{i:04d}" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNkZWZnaGlqa2xtbm9w"[:56]
+        for i in range(lines)
+    ]
+
+
+@pytest.mark.parametrize("path", ["deploy-notes.txt", "RUNBOOK.md", "setup.py"])
+def test_a_private_key_crossing_a_chunk_boundary_is_redacted_in_every_chunk(path: str) -> None:
+    """Secrets are never indexed: a key block longer than a window leaves no line of its
+    body in the chunk that starts after its BEGIN line, and every later line keeps its
+    number (the block's replacement keeps its line breaks)."""
+    body = _fake_key_body(50)
+    prefix = "# notes\n" if path.endswith(".md") else ""
+    head = "".join(f"setup note line {i}\n" for i in range(1, 31))
+    if path.endswith(".py"):
+        head = "".join(f"NOTE_{i} = {i}\n" for i in range(1, 31))
+        key = 'KEY = """-----BEGIN RSA PRIVATE KEY-----\n' + "\n".join(body)
+        key += '\n-----END RSA PRIVATE KEY-----"""\n'
+    else:
+        key = "-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join(body)
+        key += "\n-----END RSA PRIVATE KEY-----\n"
+    src = prefix + head + key + "".join(f"after_{i} = {i}\n" for i in range(200))
+    chunks, _, _ = chunk_file(WS, path, src)
+    assert len(chunks) > 1
+    lines = src.split("\n")
+    for c in chunks:
+        assert not any(b in c.text for b in body), (c.start_line, c.end_line)
+        assert c.text.count("\n") == c.end_line - c.start_line
+        for no, line in enumerate(c.text.split("\n"), c.start_line):
+            if line.startswith("after_"):
+                assert line == lines[no - 1]
+    assert any("[REDACTED:private-key]" in c.text for c in chunks)
+
+
+def test_a_heading_that_holds_a_secret_is_redacted_in_the_symbol() -> None:
+    """Secrets are never indexed: a Markdown heading is a chunk's symbol (searched, shown
+    with every hit and embedded), so it is redacted like the text."""
+    token = "ghp_" + "Zq8Lw3Rt9Yx2Vb7Nm4Kp1Hs6Dj0Fg5Ac3Ee7"
+    src = f"# Runbook\n\n## Deploy token {token}\n\nUse it to push.\n"
+    chunks, _, _ = chunk_file(WS, "RUNBOOK.md", src)
+    assert chunks and not any(token in c.symbol or token in c.text for c in chunks)
+    assert any("[REDACTED:github-token]" in c.symbol for c in chunks)
+
+
 def test_form_feed_does_not_shift_line_numbers() -> None:
     src = "x = 1\n\x0c\ndef f():\n    pass\n"
     chunks, _, _ = chunk_file(WS, "ff.py", src)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from knowledge_server import redact as redact_mod
 from knowledge_server.code import _redact_gate as gate
-from knowledge_server.redact import RULES, Rule, redact
+from knowledge_server.redact import RULES, Rule, redact, redact_counted
 
 _AWS_SECRET = "Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcdEFGH"
 
@@ -62,7 +62,10 @@ def test_every_rule_is_covered_by_the_gate(rule: Rule) -> None:
     assert gate._may_hold_secret(text)
     assert gate.redact_text(text) == redact(text)
     lines = gate.redact_lines(text.split("\n"))
-    assert lines is None if rule.multiline else lines == redact(text).split("\n")
+    assert lines == redact_counted(text, keep_lines=True)[0].split("\n")
+    assert len(lines) == text.count("\n") + 1
+    if not rule.multiline:
+        assert lines == redact(text).split("\n")
 
 
 def test_a_rule_without_a_trigger_is_refused() -> None:
@@ -133,8 +136,8 @@ def test_the_gate_never_changes_what_redact_returns(pieces: list[str]) -> None:
     text = "".join(pieces)
     assert gate.redact_text(text) == redact(text)
     lines = gate.redact_lines(text.split("\n"))
-    if lines is not None:
-        assert "\n".join(lines) == redact(text)
+    assert "\n".join(lines) == redact_counted(text, keep_lines=True)[0]
+    assert len(lines) == text.count("\n") + 1
 
 
 @pytest.mark.parametrize(

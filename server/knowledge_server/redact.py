@@ -270,9 +270,11 @@ SOURCE_FILE_EXCEPTIONS: tuple[str, ...] = tuple(
 )
 
 
-def redact_counted(text: str, code: bool = False) -> tuple[str, int]:
+def redact_counted(text: str, code: bool = False, *, keep_lines: bool = False) -> tuple[str, int]:
     """Return ``text`` with every recognised secret replaced, and how many were. ``code``:
-    the text is a programming language's source (_is_code)."""
+    the text is a programming language's source (_is_code). ``keep_lines``: a replaced
+    secret that spans lines (a private key block) leaves its line breaks after the marker,
+    so the text keeps its line count and every line after it its number."""
     if not text:
         return text, 0
     count = 0
@@ -294,6 +296,8 @@ def redact_counted(text: str, code: bool = False) -> tuple[str, int]:
                 return m.group(0)
             count += 1
             marker = f"[REDACTED:{rule.kind}]"
+            if keep_lines:
+                marker += "\n" * value.count("\n")
             if rule.group == 0:
                 return marker
             start, end = m.span(rule.group)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from knowledge_server.redact import RULES, redact
+from knowledge_server.redact import RULES, redact, redact_counted
 
 # Checked on case-folded text with `in`, which is far cheaper than a regex alternation.
 _LITERALS = tuple(dict.fromkeys(lit for rule in RULES for lit in rule.literals))
@@ -69,20 +69,21 @@ _HOT = _by_first_char(_LITERALS + _WORDS)
 _NO_VALUE = re.compile(r"[\s\"':=]*\Z")
 
 
-def redact_lines(lines: list[str], code: bool = False) -> list[str] | None:
+def redact_lines(lines: list[str], code: bool = False) -> list[str]:
     """Redact a file given as lines, keeping the line count.
 
     Only lines holding one of the gate literals (plus the lines up to the next one
     holding more than blanks, quotes and ``=`` or ``:``, where a value may follow
     ``key`` and ``=`` across line breaks) go
-    through ``redact``: every rule's match starts on such a line. Returns None when a
-    replacement would change the line count (a multi-line private key), so the
-    caller can redact its chunks one by one instead.
+    through ``redact``: every rule's match starts on such a line. A file that may hold a
+    secret spanning lines (a private key block) is redacted whole, each replaced block
+    leaving its line breaks: redacting chunk by chunk would miss the part of a block in a
+    chunk that starts after its ``BEGIN`` line.
     """
     text = "\n".join(lines)
     folded = text.casefold()
     if any(lit in folded for lit in _SPANNING):
-        return None
+        return redact_counted(text, code, keep_lines=True)[0].split("\n")
     positions = sorted({m.start() for pattern in _HOT for m in pattern.finditer(folded)})
     if not positions:
         return lines
@@ -111,11 +112,7 @@ def redact_lines(lines: list[str], code: bool = False) -> list[str] | None:
         seg = "\n".join(lines[a : b + 1])
         if not _may_hold_secret(seg):  # e.g. a key word that is not assigned: "for key in d"
             continue
-        red = redact(seg, code)
-        if red == seg:
-            continue
-        parts = red.split("\n")
-        if len(parts) != b - a + 1:
-            return None
-        out[a : b + 1] = parts
+        red = redact_counted(seg, code, keep_lines=True)[0]
+        if red != seg:
+            out[a : b + 1] = red.split("\n")
     return out

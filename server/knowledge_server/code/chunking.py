@@ -33,7 +33,7 @@ __all__ = [
 # Bump when chunk boundaries, the languages given, what is read from a file's text
 # (generated_header, cli_options) or what redaction keeps of it change: it is part of every revision
 # fingerprint, so the next index run reads and cuts every file again.
-CHUNKER_VERSION = "code-chunker-8"
+CHUNKER_VERSION = "code-chunker-9"
 
 _EXT_LANG = {
     ".py": "python",
@@ -732,10 +732,7 @@ def chunk_file(
     code = language in _GRAMMARS
     red_lines = redact_lines(lines, code)
     for sp in spans:
-        if red_lines is not None:
-            body = "\n".join(red_lines[sp.start : sp.end + 1])
-        else:
-            body = redact_text("\n".join(lines[sp.start : sp.end + 1]), code)
+        body = "\n".join(red_lines[sp.start : sp.end + 1])
         content_hash = hashlib.sha1(
             body.encode("utf-8", "surrogatepass"), usedforsecurity=False
         ).hexdigest()
@@ -750,7 +747,8 @@ def chunk_file(
                 sp.start + 1,
                 sp.end + 1,
                 sp.kind,
-                sp.symbol[:200],
+                # A symbol is written text (a Markdown heading), redacted like the body.
+                redact_text(sp.symbol, code)[:200],
                 language,
                 content_hash,
                 body,
