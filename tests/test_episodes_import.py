@@ -606,3 +606,56 @@ def test_a_line_read_in_pieces_keeps_offsets_and_line_numbers(
     )
     again = generic.import_file(str(log))
     assert [e.seq for e in more.events] == [e.seq for e in again.events][-1:]
+
+
+def test_a_secret_quoted_inside_a_tool_input_is_redacted(tmp_path: Path) -> None:
+    """Secrets in session logs are never indexed: a tool input is stored as JSON, where a
+    quote inside a string is escaped (``PASSWORD=\\"...\\"``), which the rules did not read as
+    a quote. Claude Code's input is an object; Codex's ``arguments`` a JSON string."""
+    secret = "S3cretPassw0rd"
+    command = f'export DB_PASSWORD="{secret}" && ./migrate'
+    content = 'db:\n  password: "hunter2secret"\n  api_key: "k-0123456789abcdef"\n'
+    record = {
+        "type": "assistant",
+        "sessionId": "s1",
+        "cwd": str(tmp_path),
+        "message": {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": command}},
+                {
+                    "type": "tool_use",
+                    "id": "t2",
+                    "name": "Write",
+                    "input": {"file_path": "/w/config.yml", "content": content},
+                },
+            ],
+        },
+    }
+    log = tmp_path / "s1.jsonl"
+    log.write_text(json.dumps(record) + "\n")
+    events = claude_code.import_file(str(log)).events
+    assert len(events) == 2
+    for e in events:
+        assert secret not in e.text and "hunter2secret" not in e.text, e.text
+        assert "k-0123456789abcdef" not in e.text and "[REDACTED:" in e.text
+        assert secret not in json.dumps(e.meta)
+    codex_records = [
+        {"type": "session_meta", "payload": {"id": "c1", "cwd": "/w"}},
+        {
+            "type": "response_item",
+            "payload": {
+                "type": "function_call",
+                "name": "shell",
+                "call_id": "k1",
+                "arguments": json.dumps(
+                    {"command": ["bash", "-lc", f'export API_TOKEN="{secret}"; make']}
+                ),
+            },
+        },
+    ]
+    rollout = tmp_path / "rollout-c1.jsonl"
+    rollout.write_text("".join(json.dumps(r) + "\n" for r in codex_records))
+    (call,) = codex.import_file(str(rollout)).events
+    assert secret not in call.text and "[REDACTED:" in call.text, call.text
+    assert call.text.startswith('shell {"command":["bash","-lc","export API_TOKEN=')

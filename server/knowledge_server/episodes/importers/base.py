@@ -120,16 +120,40 @@ def clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(v, (int, float, bool)):
             out[k] = v
         else:
-            out[k] = redact(cut(json.dumps(v, ensure_ascii=False), 500))
+            out[k] = redact(cut(json.dumps(redacted_strings(v), ensure_ascii=False), 500))
     return out
 
 
-def compact_json(value: Any, limit: int = 4000) -> str:
+def redacted_strings(value: Any) -> Any:
+    """``value`` (a JSON value) with each string in it redacted. Dumped as JSON, a string's
+    quotes are escaped (``export PASSWORD=\\"...\\"``), which the rules do not read as
+    quotes: the strings are redacted before they are dumped, and the dumped text again for
+    what only its structure shows (``"password": "..."``)."""
     if isinstance(value, str):
-        return cut(value, limit)
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redacted_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redacted_strings(v) for v in value]
+    return value
+
+
+def compact_json(value: Any, limit: int = 4000) -> str:
+    """A tool's input as one line of JSON, its strings redacted (``redacted_strings``). A
+    string that holds a JSON object or array (Codex's ``arguments``) is read as one."""
+    if isinstance(value, str):
+        if not value.lstrip().startswith(("{", "[")):
+            return cut(value, limit)
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return cut(value, limit)
     try:
-        return cut(json.dumps(value, ensure_ascii=False, separators=(",", ":")), limit)
-    except (TypeError, ValueError):
+        return cut(
+            json.dumps(redacted_strings(value), ensure_ascii=False, separators=(",", ":")),
+            limit,
+        )
+    except (TypeError, ValueError, RecursionError):
         return cut(str(value), limit)
 
 
