@@ -659,3 +659,54 @@ def test_a_secret_quoted_inside_a_tool_input_is_redacted(tmp_path: Path) -> None
     (call,) = codex.import_file(str(rollout)).events
     assert secret not in call.text and "[REDACTED:" in call.text, call.text
     assert call.text.startswith('shell {"command":["bash","-lc","export API_TOKEN=')
+
+
+def _lines(path: Path, cwd: Path, texts: list[str], session_id: str | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"role": "user", "text": t, "cwd": str(cwd)} for t in texts]
+    for r in rows:
+        if session_id:
+            r["session_id"] = session_id
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_two_workspaces_logs_of_one_name_stay_two_sessions(tmp_path: Path) -> None:
+    """Workspace isolation: a generic log without session ids is the session of its file.
+    Two projects' ``session.jsonl`` were one session (the stem): the second's first lines
+    were dropped as duplicates and its third was found in the first project."""
+    a, b = tmp_path / "ws-a", tmp_path / "ws-b"
+    _lines(a / "logs" / "session.jsonl", a, ["alpha one", "alpha two"])
+    _lines(b / "logs" / "session.jsonl", b, ["bravo one", "bravo two", "bravo secretplan three"])
+    store = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    try:
+        report = ingest(store, [str(a / "logs"), str(b / "logs")])
+        assert (report.events_added, report.events_duplicate) == (5, 0)
+        assert report.sessions_conflicting == 0
+        assert [h.snippet for h in store.search("secretplan", workspaces=[str(a)])] == []
+        assert len(store.search("bravo", workspaces=[str(b)])) == 3
+        assert len({s.session_id for s in store.sessions()}) == 2
+    finally:
+        store.close()
+
+
+def test_a_log_naming_another_workspaces_session_is_left_out(tmp_path: Path) -> None:
+    """Workspace isolation: a session belongs to its first writer's directory tree. A log
+    from an unrelated directory naming the same session id is left out and counted
+    (``sessions_conflicting``); one from a directory below it (an agent that changed
+    directory) is the same session's."""
+    a, b = tmp_path / "ws-a", tmp_path / "ws-b"
+    _lines(a / "logs" / "one.jsonl", a, ["alpha one"], session_id="shared")
+    _lines(b / "logs" / "two.jsonl", b, ["pad", "planted secretplan"], session_id="shared")
+    _lines(a / "sub" / "logs" / "three.jsonl", a / "sub", ["x", "y", "alpha later"], "shared")
+    store = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    try:
+        first = ingest(store, [str(a / "logs")])
+        planted = ingest(store, [str(b / "logs")])
+        assert (planted.events_added, planted.sessions_conflicting) == (0, 1)
+        assert store.search("secretplan", workspaces=[str(a)]) == []
+        later = ingest(store, [str(a / "sub" / "logs")])
+        assert (later.events_added, later.sessions_conflicting) == (2, 0)
+        assert first.events_added == 1
+        assert len(store.search("alpha", workspaces=[str(a)])) == 2
+    finally:
+        store.close()

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from knowledge_server.errors import as_storage_full
-from knowledge_server.workspaces import in_scope, is_under
+from knowledge_server.workspaces import in_scope, is_under, stored_cwd
 
 from .discover import default_roots, discover, files_under, log_unit
 from .importers import INCREMENTAL_FORMATS, import_full, import_incremental, sniff_format
@@ -51,6 +51,31 @@ def _within(store: EpisodeStore, res: ImportResult, scope: Sequence[str]) -> int
         res.sessions = {k: v for k, v in res.sessions.items() if k not in outside}
         res.events = [e for e in res.events if e.session_id not in outside]
     return len(outside)
+
+
+def _conflicting(store: EpisodeStore, res: ImportResult, path: str) -> int:
+    """Leave out the sessions of ``res`` that another file holds for another directory
+    tree; returns how many. A session belongs to the workspace of its first writer:
+    another log naming the same session id from an unrelated directory (two projects'
+    ``session.jsonl`` without a session id, or a planted id) would otherwise put its text
+    into that workspace, and its lines that collide on ``seq`` would be lost as
+    duplicates. The session's own file, and a directory above or below the stored one
+    (an agent that changed directory), are the same session's."""
+    claimed = {sid: stored_cwd(m.cwd) for sid, m in res.sessions.items() if m.cwd}
+    if not claimed:
+        return 0
+    owners = store.session_owners(claimed)
+    other = set()
+    for sid, cwd in claimed.items():
+        held, source = owners.get(sid, (None, None))
+        if not held or not cwd or source == path:
+            continue
+        if not (is_under(cwd, held) or is_under(held, cwd)):
+            other.add(sid)
+    if other:
+        res.sessions = {k: v for k, v in res.sessions.items() if k not in other}
+        res.events = [e for e in res.events if e.session_id not in other]
+    return len(other)
 
 
 def sample_path() -> str:
@@ -115,6 +140,7 @@ def ingest_file(
     except OSError as exc:
         report.errors.append(f"{path}: {type(exc).__name__}")
         return report
+    report.sessions_conflicting += _conflicting(store, res, path)
     if scope is not None:
         report.sessions_out_of_scope += _within(store, res, scope)
     head_len, head_hash = _head(path, HEAD_BYTES) if fmt != "opencode" else (0, "")

@@ -83,6 +83,8 @@ class IngestReport:
     sessions_touched: int = 0
     # Sessions a scoped ingest left out: their workspace lies outside its scope.
     sessions_out_of_scope: int = 0
+    # Sessions a file claims whose stored workspace is another one (``ingest._conflicting``).
+    sessions_conflicting: int = 0
     malformed: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
     # "path:line: reason" of each line skipped for being over the line limit.
@@ -102,6 +104,7 @@ class IngestReport:
         self.events_removed += other.events_removed
         self.sessions_touched += other.sessions_touched
         self.sessions_out_of_scope += other.sessions_out_of_scope
+        self.sessions_conflicting += other.sessions_conflicting
         self.malformed.extend(other.malformed)
         self.unknown.extend(other.unknown)
         self.oversized.extend(other.oversized)

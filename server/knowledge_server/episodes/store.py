@@ -457,6 +457,23 @@ class EpisodeStore:
                 out[sid] = cwd
         return out
 
+    def session_owners(
+        self, session_ids: Iterable[str]
+    ) -> dict[str, tuple[str | None, str | None]]:
+        """The stored ``cwd`` and first ``source_path`` of each of ``session_ids`` that
+        already has a session row (both the first writer's)."""
+        out: dict[str, tuple[str | None, str | None]] = {}
+        ids = sorted(set(session_ids))
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            marks = ",".join("?" * len(part))
+            for sid, cwd, source in self.conn.execute(
+                f"SELECT session_id, cwd, source_path FROM sessions WHERE session_id IN ({marks})",  # noqa: S608 - only placeholders are formatted in, values bound
+                part,
+            ):
+                out[sid] = (cwd, source)
+        return out
+
     def source_state(self, path: str) -> dict[str, Any] | None:
         row = self.conn.execute(
             "SELECT format, size, mtime, inode, offset, line, pending_newline, head_len, head_hash, ctx, sessions "

@@ -336,6 +336,7 @@ class EpisodesLane:
         summary.counters["lines_oversized"] = len(report.oversized)
         summary.counters["files_skipped"] = len(report.skipped)
         summary.counters["sessions_out_of_scope"] = report.sessions_out_of_scope
+        summary.counters["sessions_conflicting"] = report.sessions_conflicting
         summary.counters["sample_ingested"] = int(sample is not None)
         for loc in report.malformed[:200]:
             summary.problems.add(code="MALFORMED_RECORD", message=loc)
@@ -351,6 +352,13 @@ class EpisodesLane:
                 lane=self.name,
                 message=f"{report.sessions_out_of_scope} session(s) left out: their working "
                 "directory lies outside the workspaces this principal may manage",
+            )
+        if report.sessions_conflicting:
+            summary.problems.add(
+                code="SESSION_CONFLICT",
+                lane=self.name,
+                message=f"{report.sessions_conflicting} session(s) left out: a log names a "
+                "session id that another working directory's session already has",
             )
         for err in report.errors[:50]:
             summary.problems.add(code="FILE_FAILED", message=err)

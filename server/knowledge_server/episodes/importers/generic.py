@@ -14,6 +14,7 @@ Line fields (only ``text`` plus ``role`` or ``event_type`` are needed)::
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any
 
@@ -51,7 +52,11 @@ def import_file(
     ctx: dict[str, Any] | None = None,
 ) -> ImportResult:
     if not ctx:
-        ctx = {"stem": os.path.splitext(os.path.basename(path))[0]}
+        # Without a session_id a line belongs to its file's session: the stem, told apart
+        # from other files of that name ("session.jsonl" in two projects) by its path.
+        digest = hashlib.sha256(os.path.realpath(path).encode("utf-8", "surrogatepass"))
+        stem = os.path.splitext(os.path.basename(path))[0]
+        ctx = {"stem": f"{stem}-{digest.hexdigest()[:10]}"}
     return read_jsonl(
         path, _handle, offset=offset, line=line, pending_newline=pending_newline, ctx=ctx
     )
