@@ -710,3 +710,84 @@ def test_a_log_naming_another_workspaces_session_is_left_out(tmp_path: Path) -> 
         assert len(store.search("alpha", workspaces=[str(a)])) == 2
     finally:
         store.close()
+
+
+def test_a_lone_surrogate_in_a_log_costs_one_character_not_the_file(tmp_path: Path) -> None:
+    """Nothing lost on bad input: JSON allows a lone UTF-16 surrogate escape (JavaScript
+    writes one for a string cut inside an emoji), which no UTF-8 text can hold; the store
+    refused the whole file. It is now U+FFFD, and the rest of the file is imported."""
+    log = tmp_path / "0a1b2c3d-0000-4000-8000-000000000001.jsonl"
+    lines = [
+        {
+            "type": "user",
+            "sessionId": "s1",
+            "cwd": str(tmp_path),
+            "message": {"role": "user", "content": "fix the login"},
+        },
+        {
+            "type": "assistant",
+            "sessionId": "s1",
+            "cwd": str(tmp_path),
+            "message": {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "cut here \ud83d"}],
+            },
+        },
+    ]
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert '\\ud83d"' in log.read_text()
+    store = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    try:
+        report = ingest(store, [str(log)])
+        assert report.errors == [] and report.events_added == 2
+        (hit,) = store.search("cut", workspaces=[str(tmp_path)])
+        assert "\ufffd" in hit.snippet and len(store.search("login")) == 1
+    finally:
+        store.close()
+
+
+def test_a_touched_file_keeps_its_pending_newline(tmp_path: Path) -> None:
+    """seq never shifts: a last line without its newline is consumed when it parses, and
+    the newline that completes it is not a line. A file touched before the newline came
+    forgot that, so the lines after it were numbered one more than a fresh read gives."""
+    log = tmp_path / "log.jsonl"
+
+    def line(text: str) -> str:
+        return json.dumps({"session_id": "s", "role": "user", "text": text, "cwd": str(tmp_path)})
+
+    log.write_text(line("first") + "\n" + line("second"))
+    store = EpisodeStore(str(tmp_path / "a.sqlite"))
+    fresh = EpisodeStore(str(tmp_path / "b.sqlite"))
+    try:
+        ingest(store, [str(log)])
+        st = os.stat(log)
+        os.utime(log, (st.st_atime, st.st_mtime + 5))
+        ingest(store, [str(log)])
+        state = store.source_state(str(log))
+        assert state is not None and state["pending_newline"]
+        with log.open("a") as fh:
+            fh.write("\n" + line("third") + "\n")
+        ingest(store, [str(log)])
+        ingest(fresh, [str(log)])
+        assert [h.id for h in store.search("third")] == [h.id for h in fresh.search("third")]
+    finally:
+        store.close()
+        fresh.close()
+
+
+def test_a_seq_sqlite_cannot_store_falls_back_to_the_line(tmp_path: Path) -> None:
+    """One odd record never stops a file: a ``seq`` of 2**63 or more failed the whole file
+    (OverflowError at the store); it is numbered by its line like a line without one."""
+    log = tmp_path / "big.jsonl"
+    rows = [
+        {"session_id": "s", "role": "user", "text": "huge seq", "seq": 2**64},
+        {"session_id": "s", "role": "user", "text": "next line"},
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    try:
+        report = ingest(store, [str(log)])
+        assert report.errors == [] and report.events_added == 2
+    finally:
+        store.close()
+    assert [e.seq for e in generic.import_file(str(log)).events] == [1000, 2000]

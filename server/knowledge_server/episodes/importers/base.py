@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,12 +25,37 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 HEAD_SCAN_BYTES = 2 * MAX_LINE_BYTES
 
 
+# A ``\uXXXX`` escape of a UTF-16 surrogate: JSON allows a lone one (JavaScript writes
+# it for a string cut inside an emoji), and it decodes to a character no UTF-8 text holds.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (keys too) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_surrogates(v) for v in value]
+    return value
+
+
 def loads(data: str | bytes) -> Any:
     """``json.loads``, with a document nested too deeply to parse refused as ValueError as
     any other invalid JSON (the parser raises RecursionError at about a thousand levels:
-    one such line in a log stopped the whole ingest)."""
+    one such line in a log stopped the whole ingest), and lone surrogates replaced by
+    U+FFFD (one made the store refuse the whole file)."""
     try:
-        return json.loads(data)
+        value = json.loads(data)
+        escaped = (
+            _SURROGATE_ESCAPE_BYTES.search(data)
+            if isinstance(data, bytes)
+            else _SURROGATE_ESCAPE.search(data)
+        )
+        return _without_surrogates(value) if escaped else value
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 
@@ -145,8 +171,8 @@ def compact_json(value: Any, limit: int = 4000) -> str:
         if not value.lstrip().startswith(("{", "[")):
             return cut(value, limit)
         try:
-            value = json.loads(value)
-        except (ValueError, RecursionError):
+            value = loads(value)
+        except ValueError:
             return cut(value, limit)
     try:
         return cut(
@@ -261,6 +287,8 @@ def read_jsonl(
             head = fh.read(2)
             pos += 2 if head.startswith(b"\r\n") else 1 if head.startswith(b"\n") else 0
             fh.seek(pos)
+            # The newline has not come yet (the file was only touched): still pending.
+            res.pending_newline = not head
         while True:
             raw = fh.readline(MAX_LINE_BYTES + 2)
             if not raw:

@@ -101,8 +101,8 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
     if not isinstance(text, str):
         text = flatten_text(obj.get("content") if "content" in obj else obj.get("message"))
     seq = obj.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool):
-        seq = n * SEQ_STRIDE
+    if not isinstance(seq, int) or isinstance(seq, bool) or not -(2**63) <= seq < 2**63:
+        seq = n * SEQ_STRIDE  # none, or not a number SQLite can store
     outcome = obj.get("outcome")
     meta = dict_at(obj, "meta")
     tool_name = str_at(obj, "tool_name")
