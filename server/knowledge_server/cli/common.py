@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from knowledge_server.config import default_data_dir
+from knowledge_server.plain import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -170,7 +171,7 @@ def run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
                     description=f"{title}: {p.phase}",
                     completed=p.done,
                     total=p.total or None,
-                    current=(p.current or "")[-50:],
+                    current=printable((p.current or "")[-50:]),
                 )
             elif ev.summary is not None:
                 summary = ev.summary
@@ -190,6 +191,6 @@ def run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
         highlight=False,
     )
     for p in summary.problems[:20]:  # they name files: printed as text, never as markup
-        err_console.print(f"  {p.code}: {p.message}", markup=False, highlight=False)
+        err_console.print(f"  {p.code}: {printable(p.message)}", markup=False, highlight=False)
     if len(summary.problems) > 20:
         err_console.print(f"  ... and {len(summary.problems) - 20} more")

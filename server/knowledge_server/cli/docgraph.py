@@ -8,6 +8,14 @@ import click
 from knowledge_sdk import types as v1
 
 from knowledge_server.cli.common import client, emit_json, handle_errors, run_stream
+from knowledge_server.plain import printable
+
+
+def _echo(line: str, err: bool = False) -> None:
+    """One line of output: what the graph holds is document text (titles, entity names,
+    summaries), so a control character in it is written as its escape (``printable``),
+    never sent to the terminal."""
+    click.echo(printable(line), err=err)
 
 
 def _addr(a: Any) -> str:
@@ -16,13 +24,13 @@ def _addr(a: Any) -> str:
 
 def _envelope(resp: Any) -> None:
     if not resp.collected:
-        click.echo(f"not collected: {resp.reason}")
+        _echo(f"not collected: {resp.reason}")
     elif not resp.found:
-        click.echo(f"nothing found{': ' + resp.reason if resp.reason else ''}")
-    click.echo(f"op={resp.op} rev={resp.index_rev or '-'} capability={resp.capability}", err=True)
+        _echo(f"nothing found{': ' + resp.reason if resp.reason else ''}")
+    _echo(f"op={resp.op} rev={resp.index_rev or '-'} capability={resp.capability}", err=True)
     for p in resp.layer_provenance or []:
         # Which build answered: model, prompt versions, fingerprint, time (for an auditor).
-        click.echo(
+        _echo(
             f"layer {p.workspace}: model={p.model} prompts={','.join(p.prompt_versions)} "
             f"fingerprint={p.fingerprint[:12]} built_at={p.built_at}",
             err=True,
@@ -56,9 +64,9 @@ def themes(ctx: click.Context, scope: str, limit: int, as_json: bool) -> None:
             f"{e.name} ({_addr(e.addresses[0]) if e.addresses else '-'})"
             for e in t.top_entities[:5]
         )
-        click.echo(f"{t.theme_id[:12]}  {t.title}  size={t.size}  {ents}")
+        _echo(f"{t.theme_id[:12]}  {t.title}  size={t.size}  {ents}")
         if t.summary:
-            click.echo(f"    {t.summary}")
+            _echo(f"    {t.summary}")
 
 
 @docgraph.command()
@@ -79,7 +87,7 @@ def neighbors(
         return emit_json(resp)
     _envelope(resp)
     for n in resp.neighbors:
-        click.echo(
+        _echo(
             f"{'  ' * (n.depth - 1)}{n.name} [{n.kind}] {n.relation} w={n.weight:g} {_addr(n.address)}"
         )
 
@@ -103,7 +111,7 @@ def relations(ctx: click.Context, doc: str, entity: str, limit: int, as_json: bo
     for r in resp.relations:
         via = ", ".join(e.name for e in r.via_entities[:5])
         cites = ", ".join(_addr(c) for c in r.citations[:3])
-        click.echo(f"{r.from_} -> {r.to} [{r.kind}] via {via}  {cites}")
+        _echo(f"{r.from_} -> {r.to} [{r.kind}] via {via}  {cites}")
 
 
 @docgraph.command()
@@ -118,16 +126,16 @@ def overview(ctx: click.Context, limit: int, as_json: bool) -> None:
     if as_json:
         return emit_json(resp)
     _envelope(resp)
-    click.echo(
+    _echo(
         f"documents={resp.documents} chunks={resp.chunks} entities={resp.entities} relations={resp.relations} "
         f"themes={resp.themes} summaries={resp.summaries}"
     )
     if resp.degraded:
-        click.echo(f"degraded: {resp.degradation_reason}")
+        _echo(f"degraded: {resp.degradation_reason}")
     for t in resp.top_themes:
-        click.echo(f"  theme {t.title} (size {t.size})  {_addr(t.address)}")
+        _echo(f"  theme {t.title} (size {t.size})  {_addr(t.address)}")
     for e in resp.top_entities:
-        click.echo(
+        _echo(
             f"  entity {e.name} [{e.kind}] mentions={e.mentions}  {_addr(e.addresses[0]) if e.addresses else '-'}"
         )
 
@@ -145,13 +153,13 @@ def search_levels(ctx: click.Context, query: str, limit: int, as_json: bool) -> 
     if as_json:
         return emit_json(resp)
     _envelope(resp)
-    click.echo(
+    _echo(
         f"high: {', '.join(resp.high_level)} | low: {', '.join(resp.low_level)}"
         + (f"  (degraded: {resp.degradation_reason})" if resp.degraded else "")
     )
     for h in resp.items:
         ents = ", ".join(e.name for e in h.matched_entities[:5])
-        click.echo(f"  {_addr(h.address)} [{h.match_kind}] {h.score:.3f}  {ents}")
+        _echo(f"  {_addr(h.address)} [{h.match_kind}] {h.score:.3f}  {ents}")
 
 
 @docgraph.command()

@@ -43,7 +43,8 @@ def _print(msg: betterproto2.Message, as_json: bool, line: str) -> None:
     if as_json:
         emit_json(msg)
     else:
-        click.echo(line)
+        # Titles, labels and answers are the knowledge base's text: escapes are shown.
+        click.echo(printable(line, lines=True))
 
 
 def _rev_line(r: v1.KbRevision | None) -> str:
@@ -511,7 +512,7 @@ def revision_process(
     if as_json:
         emit_json(last or task)
     else:
-        click.echo(_task_line(last or task))
+        click.echo(printable(_task_line(last or task)))
     if last is not None and last.state != "SUCCEEDED":
         raise SystemExit(1)
 
