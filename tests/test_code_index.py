@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from knowledge_server.code import CodeIndex, HashingEmbedder, IndexOptions
+from knowledge_server.code import indexer as indexer_mod
 from knowledge_server.code import search as search_mod
 from knowledge_server.code.store import open_store, vec_table_for, vec_tables
 
@@ -579,3 +580,54 @@ def test_vector_table_names_are_checked_before_they_reach_sql(tmp_path: Path) ->
     with pytest.raises(ValueError, match="not a vector table name"):
         vec_tables(conn)
     conn.close()
+
+
+def test_a_file_unreadable_once_is_read_on_the_next_run(
+    index: CodeIndex, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing lost: a file that could not be read (permissions) was remembered as skipped
+    with its size and mtime, and ``chmod`` changes neither, so it was never indexed again.
+    Only skips decided by content (binary, encoding) are remembered."""
+    billing = ws / "billing.py"
+    billing.write_text("def compute_invoice_total(items):\n    return sum(items)\n")
+    if os.geteuid() != 0:
+        billing.chmod(0)
+    else:  # root reads any file: the read fails as it does for another user
+        real = indexer_mod.read_text
+
+        def unreadable(abspath: str, beneath: str | None = None) -> tuple[str | None, bytes, str]:
+            if abspath.endswith("billing.py"):
+                return None, b"", "unreadable"
+            return real(abspath, beneath)
+
+        monkeypatch.setattr(indexer_mod, "read_text", unreadable)
+    first = index.index_workspace(str(ws))
+    assert first.files_skipped.get("unreadable") == 1
+    assert not index.search("compute_invoice_total", check_fresh=False).hits
+    billing.chmod(0o644)
+    monkeypatch.undo()
+    again = index.index_workspace(str(ws))
+    assert "unreadable" not in again.files_skipped and again.files_indexed == 1
+    (hit, *_) = index.search("compute_invoice_total", check_fresh=False).hits
+    assert hit.path.endswith("billing.py")
+
+
+def test_a_full_run_reads_a_file_whose_size_and_mtime_were_kept(index: CodeIndex, ws: Path) -> None:
+    """``IndexWorkspace(full=true)`` re-reads every file: a copy that keeps size and
+    modification time (``cp -p``, ``rsync -t``) is invisible to the incremental run, and
+    ``--full`` was not passed on, so the stale text stayed."""
+    rates = ws / "rates.py"
+    rates.write_text("def alpha_rate():\n    return 1\n")
+    index.index_workspace(str(ws))
+    st = rates.stat()
+    rates.write_text("def omega_rate():\n    return 1\n")  # same length
+    os.utime(rates, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert index.index_workspace(str(ws)).unchanged
+    assert not any(
+        "omega_rate" in h.snippet for h in index.search("omega_rate", check_fresh=False).hits
+    )
+    rep = index.index_workspace(str(ws), full=True)
+    assert rep.files_indexed == 1 and not rep.unchanged
+    snippets = [h.snippet for h in index.search("omega_rate", check_fresh=False).hits]
+    assert any("def omega_rate" in t for t in snippets)
+    assert not any("def alpha_rate" in t for t in snippets)

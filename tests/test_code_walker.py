@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from knowledge_server.code.indexer import _prepare
 from knowledge_server.code.model import IndexOptions
-from knowledge_server.code.walker import read_text, walk_workspace
+from knowledge_server.code.walker import MAX_DEPTH, read_text, walk_workspace
 
 
 def _write(root: Path, rel: str, data: str | bytes) -> None:
@@ -137,3 +139,44 @@ def test_indexer_reads_walked_files_beneath_their_root(tmp_path: Path) -> None:
     (ws / "src" / "pkg").mkdir(parents=True)
     (ws / "src" / "pkg" / "mod.py").write_text("def mine():\n    return 1\n")
     assert not _prepare(job).get("skip")
+
+
+def test_an_ignore_file_that_is_a_link_or_a_fifo_is_not_read(tmp_path: Path) -> None:
+    """Links are not followed, also for ``.gitignore`` and ``.git/info/exclude``: a link to
+    a file outside the workspace decided what was indexed, and one to a FIFO blocked the
+    walk (and the index run, holding the writer's lock) until something wrote to it."""
+    outside = tmp_path / "outside.ignore"
+    outside.write_text("*.py\n")
+    ws = tmp_path / "ws"
+    (ws / ".git" / "info").mkdir(parents=True)
+    (ws / "a.py").write_text("x = 1\n")
+    (ws / ".gitignore").symlink_to(outside)
+    (ws / ".git" / "info" / "exclude").symlink_to(outside)
+    assert [f.path for f in walk_workspace(str(ws)).files] == ["a.py"]
+    (ws / ".gitignore").unlink()
+    fifo = ws / ".gitignore"
+    os.mkfifo(fifo)
+    with ThreadPoolExecutor(1) as pool:
+        walking = pool.submit(walk_workspace, str(ws))
+        try:
+            files = [f.path for f in walking.result(timeout=20).files]
+        finally:
+            if not walking.done():  # release a walk blocked on the FIFO before failing
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                os.close(fd)
+    assert files == ["a.py"]
+
+
+def test_a_tree_deeper_than_the_walk_goes_is_counted_not_fatal(tmp_path: Path) -> None:
+    """A tree 1,100 folders deep (paths still under PATH_MAX) raised RecursionError and no
+    file of the workspace could be indexed; folders past ``MAX_DEPTH`` are counted as
+    ``too_deep`` and the rest is walked."""
+    ws = tmp_path / "ws"
+    deep = ws.joinpath(*["d"] * (MAX_DEPTH + 50))
+    deep.mkdir(parents=True)
+    (deep / "bottom.py").write_text("x = 1\n")
+    (ws / "top.py").write_text("y = 2\n")
+    (ws.joinpath(*["d"] * 50) / "mid.py").write_text("z = 3\n")
+    res = walk_workspace(str(ws))
+    assert res.skipped["too_deep"] == 1
+    assert sorted(f.path.rsplit("/", 1)[-1] for f in res.files) == ["mid.py", "top.py"]

@@ -59,6 +59,7 @@ class CodeIndex:
         options: IndexOptions | None = None,
         vector_progress: ProgressCallback | None = None,
         should_stop: StopCheck | None = None,
+        full: bool = False,
     ) -> IndexReport:
         return _indexer.index_workspace(
             self.conn,
@@ -68,6 +69,7 @@ class CodeIndex:
             options=options or self.options,
             vector_progress=vector_progress,
             should_stop=should_stop,
+            full=full,
         )
 
     def fill_vectors(

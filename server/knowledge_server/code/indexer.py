@@ -141,6 +141,10 @@ def _write_batch(conn: apsw.Connection, workspace: str, batch: list[dict[str, An
             )
 
 
+# Skips decided by a file's content, remembered with its size and mtime (``skipped_files``).
+CONTENT_SKIPS = frozenset({"binary", "encoding"})
+
+
 def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by size+mtime, read, chunk, write, drop); splitting it scatters one transaction plan
     conn: apsw.Connection,
     root: str,
@@ -150,12 +154,15 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
     options: IndexOptions | None = None,
     vector_progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
+    full: bool = False,
 ) -> IndexReport:
     """Index ``root`` into a new revision (committed in one transaction), then embed its
     new chunks. ``progress_callback`` follows the walked files, ``vector_progress`` the
     embedded chunks. A provider that fails after its retries leaves the revision
     lexical-only (``vectors_error``; the next run fills them); ``should_stop`` ends the
-    embedding between two batches with ``IndexInterrupted``."""
+    embedding between two batches with ``IndexInterrupted``. ``full``: every file is read
+    again, even one whose size and modification time are unchanged (a copy that kept
+    them, ``cp -p``, ``rsync -t``); chunks of a content already stored are still reused."""
     opts = options or IndexOptions()
     ws = normalise_root(root)
     t0 = time.perf_counter()
@@ -176,7 +183,7 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
         (ws,),
     ).fetchone()
     prev_files: dict[str, tuple[int, int, int, str]] = {}
-    if prev is not None:
+    if prev is not None and not full:
         for fid, path, size, mtime_ns, fhash in conn.execute(
             "SELECT f.id, f.path, f.size, f.mtime_ns, f.file_hash FROM rev_file rf"
             " JOIN file_versions f ON f.id = rf.file_id WHERE rf.rev_id = ? AND f.chunker = ?",
@@ -201,12 +208,15 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
             pending.clear()
 
     # Files whose size+mtime match the previous revision are reused without being read,
-    # and so are files skipped last time for their content (binary, encoding).
+    # and so are files skipped last time for their content (binary, encoding). A file
+    # that could not be read (permissions) is tried again on every run: making it readable
+    # changes neither its size nor its modification time.
     known_skips = {
         path: (size, mtime_ns, reason)
         for path, size, mtime_ns, reason in conn.execute(
             "SELECT path, size, mtime_ns, reason FROM skipped_files WHERE workspace = ?", (ws,)
         )
+        if reason in CONTENT_SKIPS and not full
     }
     to_read = []
     for wf in walk.files:
@@ -254,7 +264,8 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
         res = next(results)
         if "skip" in res:
             skipped[res["skip"]] += 1
-            new_skips.append((ws, wf.path, wf.size, wf.mtime_ns, res["skip"]))
+            if res["skip"] in CONTENT_SKIPS:
+                new_skips.append((ws, wf.path, wf.size, wf.mtime_ns, res["skip"]))
             continue
         fhash = res["hash"]
         if res["known"]:

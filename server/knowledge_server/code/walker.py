@@ -70,12 +70,28 @@ class _Spec:
         self.any_re = re.compile("|".join(parts)) if parts else None
 
 
-def _load_spec(path: str) -> _Spec | None:
+# The most of an ignore file read (git's own are a few kilobytes).
+MAX_IGNORE_BYTES = 1024 * 1024
+
+
+def _load_spec(root: str, path: str) -> _Spec | None:
+    """The patterns of the ignore file ``path`` below ``root``: a regular file inside the
+    workspace only. A link (to a file outside, which would decide what is indexed) or a
+    FIFO (which would block the run while it holds the writer's lock) is not read."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
+        fd = _open_beneath(root, path, os.O_NONBLOCK)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_IGNORE_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    lines = data.decode("utf-8", errors="replace").splitlines()
     lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
     return _Spec(pathspec.GitIgnoreSpec.from_lines(lines)) if lines else None
 
@@ -94,6 +110,27 @@ def _ignored(specs: list[tuple[str, _Spec]], rel: str, is_dir: bool) -> bool:
     return False
 
 
+def _entry_stat(entry: os.DirEntry[str], result: WalkResult) -> os.stat_result | None:
+    """The entry's own status (a link's, not its target's), or None, counted as skipped,
+    for a name that is not printable or an entry that cannot be read."""
+    if not entry.name.isprintable():
+        # A line break or control character in a name would break the one-line
+        # ``path:start-end`` addresses every answer quotes (and could forge lines of its
+        # own in the evidence agents read).
+        result.skipped["unprintable_name"] += 1
+        return None
+    try:
+        return entry.stat(follow_symlinks=False)
+    except OSError:
+        result.skipped["unreadable"] += 1
+        return None
+
+
+# Folders deeper than this below the root are not walked (``too_deep``): real trees are far
+# shallower, and the walk recurses once per level.
+MAX_DEPTH = 200
+
+
 def walk_workspace(  # noqa: C901 - one branch per kind of entry skipped (link, ignored, secret, too large)
     root: str,
     *,
@@ -107,13 +144,13 @@ def walk_workspace(  # noqa: C901 - one branch per kind of entry skipped (link, 
     specs: list[tuple[str, _Spec]] = []
     if extra_ignore:
         specs.append(("", _Spec(pathspec.GitIgnoreSpec.from_lines(list(extra_ignore)))))
-    exclude = _load_spec(os.path.join(root, ".git", "info", "exclude"))
+    exclude = _load_spec(root, os.path.join(root, ".git", "info", "exclude"))
     if exclude is not None:
         specs.append(("", exclude))
 
-    def visit(dir_abs: str, dir_rel: str) -> None:
+    def visit(dir_abs: str, dir_rel: str, depth: int) -> None:
         pushed = False
-        gi = _load_spec(os.path.join(dir_abs, ".gitignore"))
+        gi = _load_spec(root, os.path.join(dir_abs, ".gitignore"))
         if gi is not None:
             specs.append((dir_rel, gi))
             pushed = True
@@ -125,16 +162,8 @@ def walk_workspace(  # noqa: C901 - one branch per kind of entry skipped (link, 
         for entry in entries:
             name = entry.name
             rel = f"{dir_rel}/{name}" if dir_rel else name
-            if not name.isprintable():
-                # A line break or control character in a name would break the one-line
-                # ``path:start-end`` addresses every answer quotes (and could forge lines
-                # of its own in the evidence agents read).
-                result.skipped["unprintable_name"] += 1
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                result.skipped["unreadable"] += 1
+            st = _entry_stat(entry, result)
+            if st is None:
                 continue
             if stat.S_ISLNK(st.st_mode):
                 # Links may leave the workspace or loop; the target is indexed where it lives.
@@ -146,7 +175,10 @@ def walk_workspace(  # noqa: C901 - one branch per kind of entry skipped (link, 
                 if _ignored(specs, rel, True):
                     result.skipped["gitignored"] += 1
                     continue
-                visit(entry.path, rel)
+                if depth >= MAX_DEPTH:
+                    result.skipped["too_deep"] += 1
+                    continue
+                visit(entry.path, rel, depth + 1)
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
@@ -163,7 +195,7 @@ def walk_workspace(  # noqa: C901 - one branch per kind of entry skipped (link, 
         if pushed:
             specs.pop()
 
-    visit(root, "")
+    visit(root, "", 0)
     return result
 
 
@@ -171,11 +203,12 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
-def _open_beneath(root: str, abspath: str) -> int:
+def _open_beneath(root: str, abspath: str, flags: int = 0) -> int:
     """Open ``abspath`` for reading by walking down from ``root`` one component at a time,
     each opened relative to its parent's descriptor with ``O_NOFOLLOW``: a link at any
     depth (a folder swapped for a link since the walk, not only the last component) is
-    not followed, so the file opened is the one inside ``root``."""
+    not followed, so the file opened is the one inside ``root``. ``flags`` are added to
+    the last component's (``O_NONBLOCK``: a FIFO opens without waiting for a writer)."""
     rel = os.path.relpath(abspath, root)
     parts = rel.split(os.sep)
     if rel == "." or any(p in ("", ".", "..") for p in parts):
@@ -186,7 +219,7 @@ def _open_beneath(root: str, abspath: str) -> int:
             below = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = below
-        return os.open(parts[-1], os.O_RDONLY | _NOFOLLOW, dir_fd=fd)
+        return os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | flags, dir_fd=fd)
     finally:
         os.close(fd)
 
@@ -199,10 +232,14 @@ def read_text(abspath: str, beneath: str | None = None) -> tuple[str | None, byt
     either (:func:`_open_beneath`)."""
     try:
         if beneath is not None:
-            fd = _open_beneath(beneath, abspath)
+            fd = _open_beneath(beneath, abspath, os.O_NONBLOCK)
         else:
-            fd = os.open(abspath, os.O_RDONLY | _NOFOLLOW)
+            fd = os.open(abspath, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as fh:
+            # Swapped for a FIFO or a device since the walk: not read (it could block
+            # the run, or never end).
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None, b"", "unreadable"
             raw = fh.read()
     except OSError:
         return None, b"", "unreadable"

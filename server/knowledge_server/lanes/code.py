@@ -418,6 +418,7 @@ class CodeLane:
                     vector_progress=lambda d, t, p: progress("embed", d, t, p),
                     options=options,
                     should_stop=self._cancel.is_set,
+                    full=full,
                 )
             except IndexInterrupted as exc:
                 raise Unavailable(f"the server is stopping; indexing {exc}") from None
