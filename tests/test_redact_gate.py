@@ -18,6 +18,7 @@ _AWS_SECRET = "Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcdEFGH"
 # One text per rule kind holding a secret of that kind (values are made up).
 EXAMPLES = {
     "private-key": "x\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----\n",
+    "private-key-base64": "  tls.key: LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0tCk1JSUV2UUlCQURBTkJna3Fo\n",
     "aws-access-key": "id: AKIAZ3QX7LMN4PRS2TUV in the log",
     "aws-secret-key": "aws_secret_access_key = Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcdEFGH",
     "github-token": "push with ghp_Zq9vLmX2pR7tK4wBZq9vLmX2pR7tK4wBabcd now",

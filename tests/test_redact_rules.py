@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -186,3 +187,27 @@ def test_episode_text_is_redacted_with_the_same_rules(tmp_path: Path) -> None:
     for event, (_, value, kept) in zip(res.events, GAPS.values(), strict=True):
         assert value not in event.text and kept in event.text
         assert value not in json.dumps(event.meta)
+
+
+@pytest.mark.parametrize("kind", ["", "RSA ", "EC ", "DSA ", "OPENSSH ", "ENCRYPTED ", "PGP "])
+def test_a_base64_written_private_key_is_redacted(kind: str) -> None:
+    """Keys are never indexed: a PEM private key written in base64 as a whole (a Kubernetes
+    Secret's ``tls.key``, a kubeconfig's ``client-key-data``) has no ``BEGIN`` line to match,
+    and its field names name no secret; it was stored as written. A certificate (public)
+    written the same way is kept."""
+    block = "PGP PRIVATE KEY BLOCK" if kind == "PGP " else f"{kind}PRIVATE KEY"
+    pem = f"-----BEGIN {block}-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END {block}-----\n"
+    encoded = base64.b64encode(pem.encode()).decode()
+    cert = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIDdzCCAl+gAwIBAgIE\n").decode()
+    manifest = (
+        "apiVersion: v1\nkind: Secret\ntype: kubernetes.io/tls\ndata:\n"
+        f"  tls.crt: {cert}\n  tls.key: {encoded}\n"
+    )
+    kubeconfig = f"users:\n- name: admin\n  user:\n    client-key-data: {encoded}\n"
+    for text in (manifest, kubeconfig):
+        red = redact(text)
+        assert encoded not in red and encoded[30:60] not in red
+        assert "[REDACTED:private-key-base64]" in red
+        chunks, _, _ = chunk_file("/ws", "deploy/ingress-tls.yaml", text)
+        assert not any(encoded[30:60] in c.text for c in chunks)
+    assert cert in redact(manifest)

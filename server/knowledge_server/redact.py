@@ -12,6 +12,7 @@ context, a false negative leaks a credential.
 
 from __future__ import annotations
 
+import base64
 import re
 from dataclasses import dataclass
 
@@ -64,6 +65,15 @@ class Rule:
             raise ValueError(f"redaction rule {self.kind!r}: a multi-line rule needs literals")
 
 
+# A PEM private key written in base64 as a whole (a Kubernetes Secret's ``tls.key``, a
+# kubeconfig's ``client-key-data``): the start of the encoded header of each key type, cut
+# at a whole group of four characters so it does not depend on what follows.
+_PEM_TYPES = ("", "RSA ", "EC ", "DSA ", "OPENSSH ", "ENCRYPTED ", "PGP ")
+_PEM_BASE64_STARTS = tuple(
+    base64.b64encode(header[: len(header) // 3 * 3]).decode("ascii")
+    for header in (f"-----BEGIN {kind}PRIVATE KEY".encode("ascii") for kind in _PEM_TYPES)
+)
+
 # Key words of the assignment-shaped rules: ``api_key = ...``, ``"password": ...``.
 _ASSIGNED_WORDS = ("key", "secret", "passw", "pwd", "token", "auth")
 
@@ -77,6 +87,15 @@ RULES: tuple[Rule, ...] = (
         ),
         literals=("private key",),
         multiline=True,
+    ),
+    Rule(
+        "private-key-base64",
+        re.compile(
+            r"(?<![A-Za-z0-9+/])(?:"
+            + "|".join(map(re.escape, _PEM_BASE64_STARTS))
+            + r")[A-Za-z0-9+/]*={0,2}"
+        ),
+        literals=("ls0tls1crudjti",),
     ),
     Rule(
         "aws-access-key",
