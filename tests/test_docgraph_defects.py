@@ -70,7 +70,9 @@ def _fails(check: Callable[..., Any], *args: Any) -> None:
 def test_entities_checks_catch_a_dropped_mention_check(tmp_path, fake, monkeypatch):
     """Defect: the mention check removed (every mention "found" at offset 0)."""
     real = extract_mod._find
-    monkeypatch.setattr(extract_mod, "_find", lambda hay, needle: max(0, real(hay, needle)))
+    monkeypatch.setattr(
+        extract_mod, "_find", lambda hay, needle: real(hay, needle) or (0, len(needle))
+    )
     _fails(entities.test_validation_accepts_only_mentions_found_in_text)
     _fails(
         entities.test_invalid_llm_answers_are_rejected_and_counted,

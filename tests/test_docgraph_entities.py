@@ -16,6 +16,7 @@ from knowledge_server.docgraph.llm import LLMClient, LLMSettings
 from knowledge_server.docgraph.model import (
     DocChunk,
     entity_id_for,
+    line_span,
     norm_name,
     quote_hash,
 )
@@ -369,3 +370,34 @@ def test_fenced_json_is_read_and_garbage_is_counted():
     for garbage in ("", "not json", "[1, 2]", '{"entities": 3}', "```\n{\n```"):
         res = validate_extraction(chunk, garbage, ExtractionSettings())
         assert res.mentions == [] and res.counters["malformed_json"] == 1
+
+
+def test_llm_offsets_point_at_the_text_after_letters_that_lower_casing_lengthens() -> None:
+    """Every fact has an exact address: mention and evidence spans were found in
+    ``text.lower()``, which is longer than the text after each "İ", so the stored span (and
+    its lines and quote hash) pointed at other text."""
+    text = "İSTANBUL İZMİR İĞDIR İNEGÖL sets the Gas Limit\nThe Gas Limit caps the Base Fee here\n"
+    chunk = DocChunk("c1", "tr.md", 10, 11, text, "markdown", "doc", "h")
+    answer = json.dumps(
+        {
+            "entities": [
+                {"name": "Gas Limit", "kind": "concept", "mention": "gas limit"},
+                {"name": "Base Fee", "kind": "concept", "mention": "Base Fee"},
+            ],
+            "relations": [
+                {
+                    "src": "Gas Limit",
+                    "dst": "Base Fee",
+                    "kind": "uses",
+                    "evidence": "the gas limit caps the base fee",
+                }
+            ],
+        }
+    )
+    res = validate_extraction(chunk, answer, ExtractionSettings())
+    gas, fee = res.mentions
+    assert text[gas.char_start : gas.char_end] == "Gas Limit"
+    assert text[fee.char_start : fee.char_end] == "Base Fee"
+    (rel,) = res.relations
+    assert text[rel.char_start : rel.char_end] == "The Gas Limit caps the Base Fee"
+    assert line_span(chunk, fee.char_start, fee.char_end) == (11, 11)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -120,8 +121,14 @@ def extraction_cache_key(
     return "extract:" + hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
-def _find(text_lower: str, needle: str) -> int:
-    return text_lower.find(needle.lower()) if needle else -1
+def _find(text: str, needle: str) -> tuple[int, int] | None:
+    """Where ``needle`` first occurs in ``text``, case ignored: its start and end in
+    ``text`` itself. Offsets found in ``text.lower()`` pointed elsewhere once a letter
+    before them changed length when lower-cased ("İ" is two characters)."""
+    if not needle:
+        return None
+    m = re.search(re.escape(needle), text, re.IGNORECASE)
+    return (m.start(), m.end()) if m else None
 
 
 def unfence(content: str) -> str:
@@ -153,7 +160,6 @@ def validate_extraction(chunk: DocChunk, content: str, settings: ExtractionSetti
         c["malformed_json"] += 1
         return res
     text = chunk.text
-    low = text.lower()
     accepted: dict[str, tuple[str, str]] = {}  # norm name -> (name, kind); first kind wins
     seen_keys: set[tuple[str, str]] = set()
     for e in ents:
@@ -175,11 +181,11 @@ def validate_extraction(chunk: DocChunk, content: str, settings: ExtractionSetti
         if redact(name) != name:
             c["redacted_name"] += 1  # a secret is never an entity name
             continue
-        pos = _find(low, mention)
-        if pos < 0:
+        span = _find(text, mention)
+        if span is None:
             c["mention_not_found"] += 1
             continue
-        if _find(low, name) < 0 and _find(mention.lower(), norm) < 0:
+        if _find(text, name) is None and _find(mention, norm) is None:
             c["name_not_in_text"] += 1
             continue
         if (norm, kind) in seen_keys:
@@ -190,7 +196,7 @@ def validate_extraction(chunk: DocChunk, content: str, settings: ExtractionSetti
             continue
         seen_keys.add((norm, kind))
         accepted.setdefault(norm, (name, kind))
-        res.mentions.append(MentionFact(name, kind, chunk.chunk_id, pos, pos + len(mention), "llm"))
+        res.mentions.append(MentionFact(name, kind, chunk.chunk_id, *span, "llm"))
         c["entity_accepted"] += 1
     seen_rel: set[tuple[str, str, str, int]] = set()
     for r in rels:
@@ -208,10 +214,11 @@ def validate_extraction(chunk: DocChunk, content: str, settings: ExtractionSetti
         if s is None or d is None or s == d:
             c["relation_unknown_entity"] += 1
             continue
-        pos = _find(low, ev.strip())  # type: ignore[union-attr]
-        if pos < 0 or not ev.strip():  # type: ignore[union-attr]
+        found = _find(text, ev.strip())  # type: ignore[union-attr]
+        if found is None:
             c["evidence_not_found"] += 1
             continue
+        pos, end = found
         key = (norm_name(s[0]) + "|" + s[1], norm_name(d[0]) + "|" + d[1], kind, pos)
         if key in seen_rel:
             c["duplicate_relation"] += 1
@@ -220,7 +227,6 @@ def validate_extraction(chunk: DocChunk, content: str, settings: ExtractionSetti
             c["relation_over_cap"] += 1
             continue
         seen_rel.add(key)
-        end = pos + len(ev.strip())  # type: ignore[union-attr]
         res.relations.append(
             RelationFact(s[0], s[1], d[0], d[1], kind, chunk.chunk_id, pos, end, "llm")
         )
