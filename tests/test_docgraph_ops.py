@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from knowledge_server.docgraph.build import DocGraphBuilder
+from knowledge_server.docgraph.build import BuildSettings, DocGraphBuilder
 from knowledge_server.docgraph.llm import LLMClient, LLMSettings
+from knowledge_server.docgraph.model import chunk_markdown_file
 from knowledge_server.docgraph.ops import INVALID_REQUEST, OPS, DocGraphOps
 from knowledge_server.docgraph.sample import load_markdown_chunks, write_sample_corpus
 from knowledge_server.docgraph.store import DocGraphStore
@@ -269,3 +270,25 @@ def test_workspaces_have_separate_layers(tmp_path, fake):
     assert none["collected"] is False and none["index_rev"] is None
     # Rebuilding a with the same input stays a no-op although b was built in between.
     assert builder.build(load_markdown_chunks(tmp_path / "a"), workspace="/ws/a").noop
+
+
+def test_a_question_ending_in_a_full_stop_finds_the_entity_it_names(tmp_path):
+    """A question is a sentence: its last word came with the full stop ("base_fee_per_gas."),
+    since names may hold dots, and the entity it names was not found (search_levels without
+    a model, and the graph match of Search mode=docs)."""
+    (tmp_path / "eip-1559.md").write_text(
+        "---\neip: 1559\ntitle: Fee market change\n---\n\n# Specification\n\n"
+        "The `base_fee_per_gas` is computed per block; see EIP-2718.\n\n## Rationale\n\n"
+        "The `base_fee_per_gas` MUST NOT be negative. EIP-2718 envelopes carry it.\n"
+    )
+    store = DocGraphStore(tmp_path / "data")
+    DocGraphBuilder(store, None, BuildSettings(use_llm=False)).build(
+        chunk_markdown_file(tmp_path, "eip-1559.md"), workspace="/ws"
+    )
+    ops = DocGraphOps(store, None, workspace="/ws")
+    for question in ("Explain base_fee_per_gas.", "What does this say about EIP-2718."):
+        plain = question.rstrip(".")
+        assert ops.search_levels(question)["low_level"] == ops.search_levels(plain)["low_level"]
+        assert ops.search_levels(question)["found"], question
+        asked = ops._match_chunks(question, "docs", 10)["items"]
+        assert asked and asked == ops._match_chunks(plain, "docs", 10)["items"], question

@@ -55,10 +55,10 @@ _MENTIONS_OF = (
 
 
 def _query_words(query: str) -> list[str]:
-    """The words of a query that may name something (no stop or request words)."""
-    return sorted(
-        {w.lower() for w in _WORD.findall(query) if len(w) >= 3 and w.lower() not in _STOP}
-    )
+    """The words of a query that may name something (no stop or request words), without
+    the sentence's punctuation at their end ("Explain EIP-2718." asks about "eip-2718")."""
+    found = (w.rstrip(".-").lower() for w in _WORD.findall(query))
+    return sorted({w for w in found if len(w) >= 3 and w not in _STOP})
 
 
 def _addr(path: str, start: int, end: int, chunk_id: str | None = None) -> dict[str, Any]:
