@@ -17,10 +17,12 @@ from typing import Any
 
 import grpc
 import pytest
+from click.testing import CliRunner
 from google.rpc import error_details_pb2, status_pb2
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused, RPCError
 from knowledge_server._gen.knowledge.v1 import docgraph_pb2, errors_pb2, index_service_pb2
 from knowledge_server.audit import AuditLog
+from knowledge_server.cli import main as cli_main
 
 from tests.conftest import (
     REPO_ROOT,
@@ -431,3 +433,33 @@ def test_the_removed_keys_dir_setting_is_refused(tmp_path: Path) -> None:
     cfg_file.write_text(f'licence_keys_dir = "{tmp_path}"\n')
     with pytest.raises(ConfigError, match="no longer supported"):
         load_config(cfg_file, env={})
+
+
+def test_docgraph_build_root_is_the_callers_folder(
+    tmp_path: Path, licence_vendor: LicenceVendor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``knowledge docgraph build --root .`` builds the folder the command runs in, as
+    ``knowledge index .`` indexes it: the path went to the server unresolved, which read
+    "." as its own working directory (an unindexed one, or the wrong workspace)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "guide.md").write_text("# Guide\n\nUse `alpha_param` with `beta_param`.\n")
+    licence_vendor.install(tmp_path / "data")
+    dev_dir = dev_keys(tmp_path / "data")["licence_dev_keys_dir"]
+    proc = serve_process(tmp_path / "data", env_extra={"KNOWLEDGE_LICENCE_DEV_KEYS_DIR": dev_dir})
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip().rsplit(" ", 1)[1]
+        monkeypatch.chdir(ws)
+        runner = CliRunner()
+        env = {"KNOWLEDGE_ADDRESS": address, "KNOWLEDGE_DATA_DIR": str(tmp_path / "data")}
+        indexed = runner.invoke(cli_main, ["index", ".", "--json"], env=env)
+        assert indexed.exit_code == 0, indexed.output
+        built = runner.invoke(
+            cli_main, ["docgraph", "build", "--root", ".", "--structural-only", "--json"], env=env
+        )
+        assert built.exit_code == 0, built.output
+        assert "has not been indexed" not in built.output
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -163,7 +164,12 @@ def search_levels(ctx: click.Context, query: str, limit: int, as_json: bool) -> 
 
 
 @docgraph.command()
-@click.option("--root", default="", help="Workspace root (default: every indexed workspace).")
+@click.option(
+    "--root",
+    default="",
+    help="Workspace root, a path on this machine as `knowledge index` takes it (default: every "
+    "indexed workspace).",
+)
 @click.option(
     "--estimate", is_flag=True, help="Only estimate chunks and LLM calls; change nothing."
 )
@@ -184,7 +190,8 @@ def build(
 ) -> None:
     """Build (or resume building) the document graph layer."""
     req = v1.BuildDocGraphRequest(
-        root=root,
+        # Resolved here, as `knowledge index` does: "." is this shell's folder, not the server's.
+        root=str(Path(root).resolve()) if root else "",
         estimate=estimate,
         max_chunks=max_chunks,
         budget_seconds=budget_seconds,
