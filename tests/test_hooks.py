@@ -12,6 +12,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import pytest
 from knowledge_mcp.hooks import MARK, evidence_block, question_for
 
 from tests.conftest import REPO_ROOT
@@ -186,3 +187,32 @@ def test_silent_when_the_service_is_down() -> None:
         f"127.0.0.1:{port}", "1", {"hook_event_name": "UserPromptSubmit", "prompt": "x"}
     )
     assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
+
+
+@pytest.mark.parametrize("timeout", ["-1", "nan", "1e308", "inf", "0"])
+def test_a_misconfigured_time_limit_leaves_the_hook_silent_not_failing(timeout: str) -> None:
+    """The hook never fails the prompt: a time limit that is negative, not a number or too
+    large for the alarm made it exit 1 with a traceback; it is brought into range."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _took, done = _hook(
+        f"127.0.0.1:{port}", timeout, {"hook_event_name": "UserPromptSubmit", "prompt": "x"}
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_an_unknown_option_is_not_exit_2() -> None:
+    """Exit 2 from a UserPromptSubmit hook blocks the user's prompt in Claude Code: an
+    option the hook does not know (a wrapper's typo) is ignored, not refused with 2."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KNOWLEDGE_")}
+    env.update(PYTHONPATH=PYPATH, KNOWLEDGE_ADDRESS="127.0.0.1:1", KNOWLEDGE_HOOK_TIMEOUT="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "knowledge_mcp.hooks", "--format", "yaml"],
+        input="{}",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")

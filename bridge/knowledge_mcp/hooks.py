@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from knowledge_sdk import ConnectionSettings, KnowledgeClient
 
@@ -38,11 +39,29 @@ MAX_STDIN = 1 << 20
 MAX_QUESTION = 2000
 
 
-def _number(name: str, default: float) -> float:
+def _number(name: str, default: float, lowest: float, highest: float) -> float:
+    """A setting from the environment, brought into ``lowest``..``highest``; the default
+    when it is not a number (``nan`` included): a misconfigured hook still answers or is
+    silent, never an error in front of the user's prompt."""
     try:
-        return float(os.environ.get(name) or default)
+        value = float(os.environ.get(name) or default)
     except ValueError:
         return default
+    if math.isnan(value):
+        return default
+    return min(max(value, lowest), highest)
+
+
+def _timeout() -> float:
+    return _number("KNOWLEDGE_HOOK_TIMEOUT", 2.0, 0.1, 60.0)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A command line the hook cannot read is the default one, not exit 2 (Claude Code
+    blocks the prompt on exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
 
 
 def question_for(event: dict[str, Any]) -> str | None:
@@ -119,30 +138,31 @@ def run(event: dict[str, Any]) -> str:
     question = question_for(event)
     if not question:
         return ""
-    timeout = _number("KNOWLEDGE_HOOK_TIMEOUT", 2.0)
-    settings = ConnectionSettings.from_env(timeout=timeout)
+    settings = ConnectionSettings.from_env(timeout=_timeout())
     with KnowledgeClient(settings=settings) as kc:
         resp = kc.search(
             question,
-            limit=int(_number("KNOWLEDGE_HOOK_LIMIT", 5)),
+            limit=int(_number("KNOWLEDGE_HOOK_LIMIT", 5, 1, 50)),
             # The service's budget covers its whole answer (snippets, sessions); the block
             # keeps ids and locations only and is cut to its own size below.
             max_tokens=2000,
             snippet_chars=80,
         )
-    return evidence_block(resp, int(_number("KNOWLEDGE_HOOK_MAX_CHARS", 1500)))
+    return evidence_block(resp, int(_number("KNOWLEDGE_HOOK_MAX_CHARS", 1500, 200, 20000)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="knowledge-hook",
         description="Print a compact evidence block for a harness event read as JSON on stdin.",
     )
     parser.add_argument("--format", choices=("json", "text"), default="json")
-    args = parser.parse_args(argv)
-    limit = _number("KNOWLEDGE_HOOK_TIMEOUT", 2.0)
+    try:
+        fmt = parser.parse_args(argv).format
+    except ValueError:
+        fmt = "json"
     signal.signal(signal.SIGALRM, _expire)
-    signal.setitimer(signal.ITIMER_REAL, limit + 0.5)
+    signal.setitimer(signal.ITIMER_REAL, _timeout() + 0.5)
     try:
         event = json.loads(sys.stdin.read(MAX_STDIN) or "{}")
         if not isinstance(event, dict):
@@ -154,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.setitimer(signal.ITIMER_REAL, 0)
     if not block:
         return 0
-    if args.format == "text":
+    if fmt == "text":
         sys.stdout.write(block + "\n")
         return 0
     name = event.get("hook_event_name") or "UserPromptSubmit"
