@@ -791,3 +791,37 @@ def test_a_seq_sqlite_cannot_store_falls_back_to_the_line(tmp_path: Path) -> Non
     finally:
         store.close()
     assert [e.seq for e in generic.import_file(str(log)).events] == [1000, 2000]
+
+
+def test_codex_keeps_a_prompt_asked_twice_and_drops_only_event_copies(tmp_path: Path) -> None:
+    """Only an ``event_msg`` copy of a ``response_item`` message is a duplicate: a prompt
+    sent twice within a few turns (a legacy rollout has no ``event_msg`` copies) lost its
+    second turn."""
+
+    def item(role: str, text: str) -> dict[str, object]:
+        kind = "input_text" if role == "user" else "output_text"
+        return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+
+    legacy = tmp_path / "rollout-2025-01-01-legacy.jsonl"
+    lines = [
+        {"id": "legacy-1", "timestamp": "2025-01-01T00:00:00Z", "instructions": "", "cwd": "/w"},
+        item("user", "run the tests again"),
+        item("assistant", "3 failures in test_api.py"),
+        item("user", "run the tests again"),
+        item("assistant", "all green now"),
+    ]
+    legacy.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    texts = [e.text for e in codex.import_file(str(legacy)).events]
+    assert texts.count("run the tests again") == 2 and len(texts) == 4
+    # The enveloped form: each turn as a response_item and its event_msg copy, in either order.
+    env = tmp_path / "rollout-c2.jsonl"
+    records = [{"type": "session_meta", "payload": {"id": "c2", "cwd": "/w"}}]
+    for n in range(2):
+        as_item = {"type": "response_item", "payload": item("user", "run the tests again")}
+        as_event = {
+            "type": "event_msg",
+            "payload": {"type": "user_message", "message": "run the tests again"},
+        }
+        records += [as_item, as_event] if n == 0 else [as_event, as_item]
+    env.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert [e.text for e in codex.import_file(str(env)).events] == ["run the tests again"] * 2

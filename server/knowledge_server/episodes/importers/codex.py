@@ -86,16 +86,23 @@ def _sess(res: ImportResult, ctx: dict[str, Any], path: str) -> SessionMeta:
     return ensure_session(res, ctx["session"], HARNESS, path)
 
 
-def _dup(ctx: dict[str, Any], role: str, text: str) -> bool:
-    # A digest, not the text: the context is stored with the file's state, and the text
-    # is not redacted yet. A context stored before kept the texts: they become digests of
-    # the same keys, so a repeat is still found.
-    key = recent_digests([role + "\x00" + text.strip()[:2000]])[0]
+def _dup(ctx: dict[str, Any], role: str, text: str, source: str) -> bool:
+    """True when this message copies one of the other kind among the last 8: a
+    ``response_item`` (``source`` "item") and its ``event_msg`` copy ("event"), in either
+    order. Two messages of one kind are two turns (a prompt asked again; a legacy file has
+    no ``event_msg`` copies), never duplicates."""
+    # Digests, not the text: the context is stored with the file's state, and the text
+    # is not redacted yet. A context stored before kept untagged keys (either kind); a
+    # repeat of one is still found.
+    body = role + "\x00" + text.strip()[:2000]
+    other = "event" if source == "item" else "item"
+    mine, theirs, untagged = recent_digests([f"{source}\x00{body}", f"{other}\x00{body}", body])
     recent: list[str] = ctx.setdefault("recent", [])
-    if key in recent:
-        recent.remove(key)
-        return True
-    recent.append(key)
+    for key in (theirs, untagged):
+        if key in recent:
+            recent.remove(key)
+            return True
+    recent.append(mine)
     del recent[:-8]
     return False
 
@@ -239,7 +246,7 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
             if _real(p.get("model")) and not s.model:
                 s.model = p["model"]
             etype = "assistant/message" if role == "assistant" else "user/message"
-            if not _dup(ctx, etype, text):
+            if not _dup(ctx, etype, text, "item"):
                 emit(etype, text)
             return
         if ptype == "reasoning":
@@ -319,12 +326,12 @@ def _handle(obj: dict[str, Any], n: int, ctx: dict[str, Any], res: ImportResult,
         if ptype in ("user_message", "agent_message"):
             text = str_at(p, "message") or ""
             etype = "user/message" if ptype == "user_message" else "assistant/message"
-            if text.strip() and not _dup(ctx, etype, text):
+            if text.strip() and not _dup(ctx, etype, text, "event"):
                 emit(etype, text)
             return
         if ptype == "agent_reasoning":
             text = str_at(p, "text") or ""
-            if text.strip() and not _dup(ctx, "reasoning", text):
+            if text.strip() and not _dup(ctx, "reasoning", text, "event"):
                 emit("reasoning", text)
             return
         if ptype in ("task_complete", "turn.completed"):
