@@ -825,3 +825,38 @@ def test_codex_keeps_a_prompt_asked_twice_and_drops_only_event_copies(tmp_path: 
         records += [as_item, as_event] if n == 0 else [as_event, as_item]
     env.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert [e.text for e in codex.import_file(str(env)).events] == ["run the tests again"] * 2
+
+
+def test_sessions_a_scoped_ingest_left_out_are_read_by_the_next_ingest(tmp_path: Path) -> None:
+    """Nothing lost: a scoped operator's ingest leaves out the sessions outside its
+    workspaces but recorded their files as read, so the server's own ingest of the same
+    folder skipped them and they were never indexed for anyone."""
+    ws = tmp_path / "ws-b"
+    logs = ws / "logs"
+    logs.mkdir(parents=True)
+    (logs / "s1.jsonl").write_text(
+        json.dumps(
+            {"session_id": "s1", "role": "user", "text": "deploy the canary", "cwd": str(ws)}
+        )
+        + "\n"
+        + json.dumps({"session_id": "s3", "role": "user", "text": "canary notes", "cwd": "/srv/x"})
+        + "\n"
+    )
+    (logs / "s2.jsonl").write_text(
+        json.dumps(
+            {"session_id": "s2", "role": "user", "text": "rotate canary keys", "cwd": "/srv/o"}
+        )
+        + "\n"
+    )
+    store = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    try:
+        scoped = ingest(store, [str(logs)], scope=[str(ws)])
+        assert (scoped.events_added, scoped.sessions_out_of_scope) == (1, 2)
+        everything = ingest(store, [str(logs)])
+        assert (
+            everything.files_reimported == 2
+        )  # read again from the start, in one transaction each
+        assert sorted(h.id.split(":")[1] for h in store.search("canary")) == ["s1", "s2", "s3"]
+        assert ingest(store, [str(logs)]).files_changed == 0  # now read whole
+    finally:
+        store.close()

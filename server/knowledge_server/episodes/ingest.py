@@ -141,8 +141,8 @@ def ingest_file(
         report.errors.append(f"{path}: {type(exc).__name__}")
         return report
     report.sessions_conflicting += _conflicting(store, res, path)
-    if scope is not None:
-        report.sessions_out_of_scope += _within(store, res, scope)
+    left_out = _within(store, res, scope) if scope is not None else 0
+    report.sessions_out_of_scope += left_out
     head_len, head_hash = _head(path, HEAD_BYTES) if fmt != "opencode" else (0, "")
     state = {
         "size": size,
@@ -156,6 +156,11 @@ def ingest_file(
         "ctx": res.ctx,
         "sessions_prev": prev["sessions"] if (prev and append) else [],
     }
+    if left_out:
+        # Read for a scope that left sessions out: recorded as not yet read whole, so the
+        # next ingest (the server's own, another operator's) reads the file again from its
+        # start instead of taking it as consumed.
+        state.update(size=-1, head_hash="")
     added, dup, touched = store.apply_file(
         path, fmt, reset=not append, events=res.events, sessions=res.sessions, state=state
     )
