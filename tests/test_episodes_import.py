@@ -20,6 +20,7 @@ from knowledge_server.episodes.importers import (
     import_incremental,
     opencode,
 )
+from knowledge_server.episodes.ingest import ingest_changed
 from knowledge_server.episodes.model import SEQ_STRIDE
 
 # Minimum events expected per real file (relative to data/sessions); chosen well below
@@ -858,5 +859,37 @@ def test_sessions_a_scoped_ingest_left_out_are_read_by_the_next_ingest(tmp_path:
         )  # read again from the start, in one transaction each
         assert sorted(h.id.split(":")[1] for h in store.search("canary")) == ["s1", "s2", "s3"]
         assert ingest(store, [str(logs)]).files_changed == 0  # now read whole
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_a_moved_log_keeps_its_session(tmp_path: Path, live: bool) -> None:
+    """Nothing lost: a log moved within the watched folders (Codex archives a rollout into
+    ``archived_sessions/``) brought only duplicates from its new path, and the old path's
+    rows were then deleted as a vanished file's, for good. The rows move with the file."""
+    sessions, archived = tmp_path / "sessions", tmp_path / "archived_sessions"
+    sessions.mkdir()
+    archived.mkdir()
+    old = sessions / "rollout-a.jsonl"
+    rows = [
+        {"session_id": "c1", "role": "user", "text": "apply the patch", "cwd": str(tmp_path)},
+        {"session_id": "c1", "role": "assistant", "text": "patch applied", "cwd": str(tmp_path)},
+    ]
+    old.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    roots = [str(sessions), str(archived)]
+    store = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    try:
+        assert ingest(store, roots).events_added == 2
+        new = archived / old.name
+        old.rename(new)
+        if live:
+            ingest_changed(store, [str(new), str(old)], roots)
+        else:
+            ingest(store, roots)
+        assert len(store.search("patch")) == 2
+        assert ingest(store, roots).events_added == 0
+        assert len(store.search("patch")) == 2
+        assert store.source_state(str(new)) is not None
     finally:
         store.close()

@@ -516,6 +516,7 @@ class EpisodeStore:
         rotation or a whole-file format). Returns (added, duplicates, touched session ids).
         """
         added = dup = 0
+        dup_keys: list[tuple[str, int]] = []
         with self.conn:
             cur = self.conn.cursor()
             old_sessions: list[str] = []
@@ -549,6 +550,8 @@ class EpisodeStore:
                     added += 1
                 else:
                     dup += 1
+                    dup_keys.append((ev.session_id, ev.seq))
+            self._adopt_moved(cur, path, dup_keys)
             touched = sorted(set(sessions) | {e.session_id for e in events} | set(old_sessions))
             for sid in touched:
                 self._refresh_session(cur, sid)
@@ -581,6 +584,31 @@ class EpisodeStore:
             if added or reset or sessions:
                 self._bump_rev(cur)
         return added, dup, touched
+
+    def _adopt_moved(self, cur: apsw.Cursor, path: str, keys: list[tuple[str, int]]) -> None:
+        """Events this file brings that are stored already from a file that no longer
+        exists are this file's now: the log was moved (Codex archives a rollout into
+        ``archived_sessions/``, a project folder is renamed). Left to the old path, they
+        were deleted with it once its absence was noticed, and the new file, recorded as
+        read, never brought them back."""
+        owners: dict[str, list[tuple[Any, Any]]] = {}
+        for i in range(0, len(keys), 400):
+            part = keys[i : i + 400]
+            marks = ",".join("(?,?)" for _ in part)
+            for sid, seq, source in cur.execute(
+                f"SELECT session_id, seq, source_path FROM events WHERE (session_id, seq) IN (VALUES {marks})",  # noqa: S608 - only placeholders are formatted in, values bound
+                [v for key in part for v in key],
+            ).fetchall():
+                if source != path:
+                    owners.setdefault(str(source), []).append((sid, seq))
+        for source, moved in owners.items():
+            if os.path.lexists(source):
+                continue  # another live file holds them (a duplicate, not a move)
+            cur.executemany(
+                "UPDATE events SET source_path = ? WHERE session_id = ? AND seq = ? AND source_path = ?",
+                [(path, sid, seq, source) for sid, seq in moved],
+            )
+            cur.execute("UPDATE sessions SET source_path = ? WHERE source_path = ?", (path, source))
 
     def _merge_session(self, cur: apsw.Cursor, m: SessionMeta, mtime: float | None) -> None:
         # First writer wins for identity fields (cwd, created_at keeps the minimum); later
