@@ -431,3 +431,35 @@ def test_a_slow_graph_match_keeps_the_text_matches(
     finally:
         dg.close()
         code.close()
+
+
+async def test_search_docs_keeps_to_the_paths_filter(tmp_path: Path) -> None:
+    """``filters.paths`` restricts the documents lane to paths under its prefixes: the
+    chunks the graph brings (not the text match) came from every folder."""
+    ws = tmp_path / "ws"
+
+    def doc(title: str, a: str, b: str) -> str:
+        return (
+            f"# {title}\n\n## One\n\nThe `{a}` value goes with `{b}`.\n\n"
+            f"## Two\n\nAgain `{a}` and `{b}` together.\n\n## Three\n\nFinally `{a}`, `{b}`.\n"
+        )
+
+    for rel, text in {
+        "docs/guide.md": doc("Alpha Guide", "zorblatt_rate", "zorblatt_cap"),
+        "other/notes.md": doc("Alpha Notes", "zorblatt_rate", "frobnic_limit"),
+    }.items():
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text(text)
+    rs = await _server(tmp_path, ws)
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            await _index_and_build(kc, ws, structural_only=True)
+            query = "zorblatt_rate frobnic_limit"
+            for mode in ("docs", "themes"):
+                every = await kc.search(query, mode=mode, include=["code"])
+                assert any(i.path.startswith("other/") for i in every.lanes.code.items), mode
+                kept = await kc.search(query, mode=mode, include=["code"], paths=["docs/"])
+                paths = [i.path for i in kept.lanes.code.items]
+                assert paths and all(p.startswith("docs/") for p in paths), (mode, paths)
+    finally:
+        await rs.server.stop(0)

@@ -818,7 +818,13 @@ class GraphDocsLane:
     def _merge(self, result: LaneResult, match: dict[str, Any], q: LaneQuery) -> LaneResult:
         lane = cast(search_pb2.CodeLane, result.lane)  # the documents lane is a code lane
         lexical = list(lane.items)
-        graph_items: list[dict[str, Any]] = match["items"]
+        # ``filters.paths`` holds for what the graph brings as it does for the text match
+        # (a path starting with one of the prefixes, as the code lane reads them).
+        graph_items: list[dict[str, Any]] = [
+            gi
+            for gi in match["items"]
+            if not q.paths or any(str(gi["path"]).startswith(p) for p in q.paths)
+        ]
         by_chunk = {(i["workspace"], i["chunk_id"]): i for i in graph_items}
         rrf: dict[tuple[str, str], float] = {}
         for rank, it in enumerate(lexical, 1):
