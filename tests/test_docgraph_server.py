@@ -463,3 +463,33 @@ async def test_search_docs_keeps_to_the_paths_filter(tmp_path: Path) -> None:
                 assert paths and all(p.startswith("docs/") for p in paths), (mode, paths)
     finally:
         await rs.server.stop(0)
+
+
+async def test_a_model_that_never_answers_does_not_hold_the_graphs_threads(tmp_path: Path) -> None:
+    """A search's graph match asks the model for keywords; one left to finish when the
+    lane stopped waiting sat in the call for the endpoint's whole time limit (and its
+    retries) on one of the graph pool's two threads, so two searches left every later
+    DocGraph call, even one that needs no model, queued past its deadline. The keyword
+    call now ends with the search's time."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "guide.md").write_text(
+        "# Guide\n\n## A\n\n`alpha_x` with `beta_y`.\n\n## B\n\n`alpha_x`.\n"
+    )
+    with socket.socket() as hole:  # accepts connections, never answers
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)
+        url = f"http://127.0.0.1:{hole.getsockname()[1]}"
+        rs = await _server(tmp_path, ws, llm_url=url, llm_model="m", llm_timeout_seconds=60.0)
+        try:
+            async with AsyncKnowledgeClient(rs.address) as kc:
+                await _index_and_build(kc, ws, structural_only=True)
+                for query in ("alpha_x", "beta_y", "alpha_x beta_y"):
+                    found = await kc.search(query, mode="docs", include=["code"], timeout=10)
+                    assert found.lanes.code.items, query
+                themes = await kc.themes(timeout=10)
+                assert themes.collected
+                overview = await kc.global_overview(timeout=10)
+                assert overview.collected
+        finally:
+            await rs.server.stop(0)

@@ -191,16 +191,27 @@ class LLMClient:
         retries inside its own budget)."""
         return self.send_once(self._body(system, user, json_mode=False), timeout=timeout)
 
-    def chat_json(self, system: str, user: str) -> str:
-        """One chat completion asking for a JSON object; returns the message content."""
+    def chat_json(self, system: str, user: str, *, until: float | None = None) -> str:
+        """One chat completion asking for a JSON object; returns the message content.
+        ``until`` (a ``time.monotonic()`` instant): every attempt, retry and wait ends by
+        then (a caller answering a search has that long, not the endpoint's minutes)."""
         s = self.settings
         body = self._body(system, user, json_mode=True)
         last = "no attempt"
         for attempt in range(s.max_retries + 1):
             if attempt:
-                self._sleep(s.backoff_seconds * (2 ** (attempt - 1)))
+                pause = s.backoff_seconds * (2 ** (attempt - 1))
+                if until is not None and time.monotonic() + pause >= until:
+                    break
+                self._sleep(pause)
+            timeout = None
+            if until is not None:
+                timeout = min(s.timeout_seconds, until - time.monotonic())
+                if timeout <= 0:
+                    last = "timeout"
+                    break
             try:
-                return self.send_once(body)
+                return self.send_once(body, timeout=timeout)
             except LLMRetryable as exc:
                 last = exc.detail
         raise LLMUnavailable(last)

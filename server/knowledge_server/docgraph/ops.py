@@ -752,7 +752,9 @@ class DocGraphOps:
             degraded=degraded,
         )
 
-    def _match_chunks(self, query: str, level: str, limit: int) -> dict[str, Any]:
+    def _match_chunks(
+        self, query: str, level: str, limit: int, until: float | None = None
+    ) -> dict[str, Any]:
         """Chunks a query reaches through the graph, for ``Search mode=docs|themes``.
 
         Keywords: the LLM's two levels when one is configured (cached); otherwise the query's
@@ -772,7 +774,7 @@ class DocGraphOps:
             reason = state["reason"]
         if self.llm is not None:
             try:
-                answer = self._keywords(self.llm, query)
+                answer = self._keywords(self.llm, query, until)
             except LLMUnavailable as exc:
                 answer, reason = None, f"{exc.reason}; query words used as keywords"
             if answer is not None:
@@ -789,7 +791,9 @@ class DocGraphOps:
         items = low + [c for c in high if c["chunk_id"] not in seen]
         return {"collected": True, "reason": reason, "items": items}
 
-    def _keywords(self, llm: LLMClient, query: str) -> dict[str, list[str]] | None:
+    def _keywords(
+        self, llm: LLMClient, query: str, until: float | None = None
+    ) -> dict[str, list[str]] | None:
         normq = " ".join(query.lower().split())
         qhash = hashlib.sha256(normq.encode("utf-8")).hexdigest()
         model = llm.settings.identity
@@ -798,7 +802,7 @@ class DocGraphOps:
             # What _keywords stored below: validated lists of strings.
             return cast(dict[str, list[str]], json.loads(cached))
         system, user = keywords_messages(redact(query))
-        content = llm.chat_json(system, user)
+        content = llm.chat_json(system, user, until=until)
         try:
             obj = json.loads(unfence(content))
             result = {

@@ -654,17 +654,26 @@ class DocGraphLane:
             )
 
     def match_sync(
-        self, query: str, level: str, scope: tuple[str, ...] | None, limit: int
+        self,
+        query: str,
+        level: str,
+        scope: tuple[str, ...] | None,
+        limit: int,
+        until: float | None = None,
     ) -> dict[str, Any]:
         """Chunks every layer in scope reaches for ``query`` (``DocGraphOps._match_chunks``),
         merged by score, then workspace, path and line; ``built`` is false when no layer in
-        scope is collected."""
+        scope is collected. ``until`` bounds the model's keyword call (``time.monotonic()``):
+        a search that stopped waiting does not hold a thread of the graph's pool for the
+        endpoint's minutes."""
         items: list[dict[str, Any]] = []
         reasons: list[str] = []
         built = False
         with self._readers.get() as store:
             for ws in self._workspaces(store, scope):
-                ans = DocGraphOps(store, self._llm, workspace=ws)._match_chunks(query, level, limit)
+                ans = DocGraphOps(store, self._llm, workspace=ws)._match_chunks(
+                    query, level, limit, until
+                )
                 if not ans["collected"]:
                     continue
                 built = True
@@ -770,6 +779,7 @@ class GraphDocsLane:
                     q.docs_mode,
                     q.workspaces,
                     q.top_k,
+                    None if wait is None else time.monotonic() + wait,
                     pool="docgraph",
                 )
             )
