@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from knowledge_server.docgraph.build import BuildSettings, DocGraphBuilder
 from knowledge_server.docgraph.llm import LLMClient, LLMSettings
-from knowledge_server.docgraph.model import DocChunk
+from knowledge_server.docgraph.model import DocChunk, chunk_markdown_file
 from knowledge_server.docgraph.ops import DocGraphOps
 from knowledge_server.docgraph.sample import load_markdown_chunks, write_sample_corpus
 from knowledge_server.docgraph.store import DocGraphStore
@@ -216,3 +217,45 @@ def test_model_identity_enters_the_fingerprint(tmp_path, corpus):
     prov = DocGraphOps(store).themes()["provenance"]
     assert prov["model"] == "local:fake-model:v2" and prov["fingerprint"] == reports[2].fingerprint
     assert "docgraph-summary/2" in prov["prompt_versions"]
+
+
+_FEES = """# Fee Market
+
+## Base fee
+
+The `base_fee_per_gas` uses the `gas_target` of the Fee Market Change.
+
+## Adjust
+
+The `base_fee_per_gas` moves toward the `gas_target` each block. Fee Market Change requires it.
+
+## Burn
+
+The `base_fee_per_gas` is burned; the `gas_target` is half the Gas Limit Value.
+"""
+
+
+def test_summaries_survive_a_rename_and_a_second_workspace(tmp_path):
+    """A summary cites the chunk ids it was offered; the cache key held the chunks' content
+    only, so after a rename (new ids, same text), or for the same documents in another
+    workspace, the cached answer cited ids no longer offered and every summary was
+    rejected, for good: the rejected answer stayed cached, even through a forced build."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "fees.md").write_text(_FEES)
+    (ws / "renamed-fees.md").write_text(_FEES)
+    with FakeLLMServer() as fake:
+        store = DocGraphStore(tmp_path / "data.sqlite")
+        builder = DocGraphBuilder(store, _client(fake.url), BuildSettings())
+        first = builder.build(chunk_markdown_file(ws, "fees.md"), workspace="/ws")
+        assert first.summaries >= 1
+        renamed = builder.build(chunk_markdown_file(ws, "renamed-fees.md"), workspace="/ws")
+        assert renamed.summaries == first.summaries
+        assert renamed.counters.get("summary_rejected", 0) == 0
+        other = [
+            dataclasses.replace(c, chunk_id="ws2:" + c.chunk_id)
+            for c in chunk_markdown_file(ws, "fees.md")
+        ]
+        elsewhere = builder.build(other, workspace="/other-ws")
+        assert elsewhere.summaries == first.summaries
+        assert elsewhere.counters.get("summary_rejected", 0) == 0

@@ -364,10 +364,12 @@ class DocGraphBuilder:
                 for _, cid in ranked
             ]
             names = [entity_meta[e].norm_name for e, _ in theme.members]
+            # The answer cites the chunks by the ids and addresses offered: a renamed file,
+            # or the same documents in another workspace, offers others (the key holds them).
             key = "summary:" + _h(
                 [
                     theme.theme_id,
-                    [by_id[c].content_hash for c, _, _ in citable],
+                    [(by_id[c].content_hash, c, where) for c, where, _ in citable],
                     s.max_quote_chars,
                     self.model_identity,
                     SUMMARY_PROMPT_VERSION,
@@ -375,13 +377,13 @@ class DocGraphBuilder:
                 ]
             )
             content = self.store.cache_get(key)
+            cached = content is not None
             if content is None:
                 system, user = summary_messages(theme.title, names, citable)
                 try:
                     content = llm.chat_json(system, user)
                 except LLMUnavailable as exc:
                     return out, "unavailable", exc.reason
-                self.store.cache_put(key, content)
             allowed = {cid for cid, _, _ in citable}
             try:
                 obj = json.loads(unfence(content))
@@ -397,8 +399,12 @@ class DocGraphBuilder:
             except (ValueError, KeyError, TypeError):
                 ok = False
             if not ok:
+                # Not kept: a rejected answer served from the cache would be rejected on
+                # every build, even a forced one, and never asked again.
                 counters["summary_rejected"] += 1
                 continue
+            if not cached:
+                self.store.cache_put(key, content)
             citations = [
                 {
                     "chunk_id": c,
