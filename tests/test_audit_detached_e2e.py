@@ -26,13 +26,15 @@ def _gated(real: Callable[..., Any], gate: threading.Event, fail: bool) -> Calla
     """The lane's index_sync, held at its start until ``gate`` opens (after the caller has
     gone); with ``fail``, it then raises instead of indexing."""
 
-    def run(root: str, full: bool, progress: Callable[[str, int, int, str], None]) -> Any:
+    def run(
+        root: str, full: bool, progress: Callable[[str, int, int, str], None], within: Any = None
+    ) -> Any:
         progress("walk", 0, 1, "")
         if not gate.wait(30):
             raise TimeoutError("the test never opened the gate")
         if fail:
             raise RuntimeError("disk went away")
-        return real(root, full, progress)
+        return real(root, full, progress, within)
 
     return run
 
@@ -120,8 +122,10 @@ async def test_aud9_streams_ending_together_open_the_audit_log_once(
     real = lane.index_sync
     together = threading.Barrier(2)
 
-    def at_once(root: str, full: bool, progress: Callable[[str, int, int, str], None]) -> Any:
-        out = real(root, full, progress)
+    def at_once(
+        root: str, full: bool, progress: Callable[[str, int, int, str], None], within: Any = None
+    ) -> Any:
+        out = real(root, full, progress, within)
         together.wait(10)
         return out
 

@@ -595,10 +595,12 @@ def test_a_file_unreadable_once_is_read_on_the_next_run(
     else:  # root reads any file: the read fails as it does for another user
         real = indexer_mod.read_text
 
-        def unreadable(abspath: str, beneath: str | None = None) -> tuple[str | None, bytes, str]:
+        def unreadable(
+            abspath: str, beneath: str | None = None, root_id: tuple[int, int] | None = None
+        ) -> tuple[str | None, bytes, str]:
             if abspath.endswith("billing.py"):
                 return None, b"", "unreadable"
-            return real(abspath, beneath)
+            return real(abspath, beneath, root_id)
 
         monkeypatch.setattr(indexer_mod, "read_text", unreadable)
     first = index.index_workspace(str(ws))

@@ -150,3 +150,35 @@ def test_mode_docs_weighs_documents_like_code_however_the_question_reads(tmp_pat
         assert first("Fix how a URL is joined", stated=True) == "docs/urls.md"
     finally:
         code.close()
+
+
+def test_a_root_pointed_elsewhere_after_the_scope_check_is_refused(tmp_path: Path) -> None:
+    """Workspace isolation by real paths: IndexWorkspace checked the root's real path, then,
+    after waiting for the writer's lock, walked whatever the name pointed to by then; a
+    scoped operator whose folder was swapped for a link into another tenant's tree got that
+    tree indexed under its own root. The folder the indexer opens is checked again."""
+    from functools import partial
+
+    from knowledge_server.errors import PermissionDenied
+    from knowledge_server.lanes.code import CodeLane
+    from knowledge_server.workspaces import real_path_in_scope, really_in_scope
+
+    a, b = tmp_path / "x" / "ws-a", tmp_path / "x" / "ws-b"
+    (a / "sub").mkdir(parents=True)
+    (b / "src").mkdir(parents=True)
+    (a / "sub" / "mine.py").write_text("def tenant_a_fn():\n    return 1\n")
+    (b / "src" / "secret_algo.py").write_text("def zebrafinch_pricing_model():\n    return 42\n")
+    scope = [str(a)]
+    assert really_in_scope(str(a / "sub"), scope)  # what the service checks on the request
+    shutil.rmtree(a / "sub")
+    (a / "sub").symlink_to(b / "src")  # then, while the request waits for the lock
+    code = CodeLane(tmp_path / "data")
+    try:
+        with pytest.raises(PermissionDenied):
+            code.index_sync(
+                str(a / "sub"), False, lambda *a: None, partial(real_path_in_scope, scope=scope)
+            )
+        assert not code._writer.search("zebrafinch_pricing_model", check_fresh=False).hits
+        code.index_sync(str(a), False, lambda *a: None, partial(real_path_in_scope, scope=scope))
+    finally:
+        code.close()

@@ -133,7 +133,7 @@ def test_read_beneath_the_root_follows_no_folder_link(tmp_path: Path) -> None:
 
 def test_indexer_reads_walked_files_beneath_their_root(tmp_path: Path) -> None:
     ws, abspath = _swapped(tmp_path)
-    job = (abspath, "src/pkg/mod.py", str(ws), (), IndexOptions())
+    job = (abspath, "src/pkg/mod.py", str(ws), (), IndexOptions(), None)
     assert _prepare(job) == {"skip": "unreadable"}
     (ws / "src").unlink()
     (ws / "src" / "pkg").mkdir(parents=True)
@@ -180,3 +180,26 @@ def test_a_tree_deeper_than_the_walk_goes_is_counted_not_fatal(tmp_path: Path) -
     res = walk_workspace(str(ws))
     assert res.skipped["too_deep"] == 1
     assert sorted(f.path.rsplit("/", 1)[-1] for f in res.files) == ["mid.py", "top.py"]
+
+
+def test_a_read_refuses_a_root_swapped_after_the_walk(tmp_path: Path) -> None:
+    """Every read opens the root the walk read (its device and inode), not another folder
+    put under its name since: the files then read would be another tree's."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("x = 1\n")
+    walk = walk_workspace(str(ws))
+    assert walk.root_id is not None
+    (wf,) = walk.files
+    assert read_text(wf.abspath, beneath=str(ws), root_id=walk.root_id)[0] == "x = 1\n"
+    ws.rename(tmp_path / "old")
+    ws.mkdir()
+    (ws / "a.py").write_text("other = 2\n")
+    assert read_text(wf.abspath, beneath=str(ws), root_id=walk.root_id) == (None, b"", "unreadable")
+
+
+def test_a_root_that_is_gone_walks_to_nothing(tmp_path: Path) -> None:
+    """A workspace folder deleted since it was indexed: the freshness check walks it and
+    finds no file, counted as unreadable, rather than failing."""
+    res = walk_workspace(str(tmp_path / "gone"))
+    assert res.files == [] and res.skipped["unreadable"] == 1

@@ -59,7 +59,12 @@ from knowledge_server.memory.store import MemoryStore
 from knowledge_server.search.coordinator import Coordinator
 from knowledge_server.search.lanes import Lane, NotReadyLane
 from knowledge_server.search.validate import validate_search
-from knowledge_server.workspaces import is_under, normalise_workspace, really_in_scope
+from knowledge_server.workspaces import (
+    is_under,
+    normalise_workspace,
+    real_path_in_scope,
+    really_in_scope,
+)
 
 M = TypeVar("M", bound=Message)
 
@@ -525,8 +530,11 @@ class KnowledgeApp:
             # principal's workspaces is outside them (the walker then never follows links).
             if scope is not None and not really_in_scope(root, scope):
                 raise PermissionDenied("root: outside the workspaces this principal may manage")
+            # Asked again of the folder the indexer opens, under its lock: the name may be
+            # pointed elsewhere in between.
+            within = None if scope is None else functools.partial(real_path_in_scope, scope=scope)
             async for event in run_with_progress(
-                audited.of(lambda progress: code.index_sync(root, req.full, progress))
+                audited.of(lambda progress: code.index_sync(root, req.full, progress, within))
             ):
                 yield event
             return

@@ -52,6 +52,12 @@ def really_in_scope(path: str, scope: Sequence[str] | None) -> bool:
     return any(is_under(real, os.path.realpath(r)) for r in scope)
 
 
+def real_path_in_scope(real: str, scope: Sequence[str]) -> bool:
+    """``real`` (a path with every link resolved, e.g. of an open folder) lies under the
+    real path of one of the ``scope`` roots."""
+    return any(is_under(real, os.path.realpath(r)) for r in scope)
+
+
 def under_sql(column: str, roots: Sequence[str]) -> tuple[str, list[str]]:
     """SQL true where ``column`` (a path) ``is_under`` one of ``roots`` (normalised): equal
     to a root, or in the range of the strings starting with ``root + "/"``

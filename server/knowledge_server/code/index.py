@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Self
 
 from . import indexer as _indexer
@@ -60,6 +60,7 @@ class CodeIndex:
         vector_progress: ProgressCallback | None = None,
         should_stop: StopCheck | None = None,
         full: bool = False,
+        within: Callable[[str], bool] | None = None,
     ) -> IndexReport:
         return _indexer.index_workspace(
             self.conn,
@@ -70,6 +71,7 @@ class CodeIndex:
             vector_progress=vector_progress,
             should_stop=should_stop,
             full=full,
+            within=within,
         )
 
     def fill_vectors(

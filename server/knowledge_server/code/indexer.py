@@ -8,7 +8,7 @@ import operator
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import apsw
@@ -62,10 +62,13 @@ _INSERT_CHUNK = (
 )
 
 
-def _prepare(job: tuple[str, str, str, tuple[str, ...], IndexOptions]) -> dict[str, Any]:
+_Job = tuple[str, str, str, tuple[str, ...], IndexOptions, tuple[int, int] | None]
+
+
+def _prepare(job: _Job) -> dict[str, Any]:
     """Read, hash, chunk and tokenise one file (runs in a worker process for large runs)."""
-    abspath, rel, ws, known_hashes, opts = job
-    text, raw, reason = read_text(abspath, beneath=ws)
+    abspath, rel, ws, known_hashes, opts, root_id = job
+    text, raw, reason = read_text(abspath, beneath=ws, root_id=root_id)
     if text is None:
         return {"skip": reason}
     fhash = hashlib.sha256(raw).hexdigest()
@@ -85,9 +88,7 @@ def _prepare(job: tuple[str, str, str, tuple[str, ...], IndexOptions]) -> dict[s
     }
 
 
-def _results(
-    jobs: list[tuple[str, str, str, tuple[str, ...], IndexOptions]], opts: IndexOptions
-) -> Iterator[dict[str, Any]]:
+def _results(jobs: list[_Job], opts: IndexOptions) -> Iterator[dict[str, Any]]:
     workers = opts.workers or min(4, os.cpu_count() or 1)
     if workers <= 1 or len(jobs) < 64:
         for job in jobs:
@@ -155,6 +156,7 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
     vector_progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
     full: bool = False,
+    within: Callable[[str], bool] | None = None,
 ) -> IndexReport:
     """Index ``root`` into a new revision (committed in one transaction), then embed its
     new chunks. ``progress_callback`` follows the walked files, ``vector_progress`` the
@@ -162,7 +164,9 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
     lexical-only (``vectors_error``; the next run fills them); ``should_stop`` ends the
     embedding between two batches with ``IndexInterrupted``. ``full``: every file is read
     again, even one whose size and modification time are unchanged (a copy that kept
-    them, ``cp -p``, ``rsync -t``); chunks of a content already stored are still reused."""
+    them, ``cp -p``, ``rsync -t``); chunks of a content already stored are still reused.
+    ``within``: the caller's scope, asked about the real path of the folder opened as the
+    root (``walker.RootOutside`` when it answers no)."""
     opts = options or IndexOptions()
     ws = normalise_root(root)
     t0 = time.perf_counter()
@@ -172,6 +176,7 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
         max_file_bytes=opts.max_file_bytes,
         skip_secret_files=opts.skip_secret_files,
         extra_ignore=opts.extra_ignore,
+        within=within,
     )
     timings["walk"] = (time.perf_counter() - t0) * 1000
     skipped: Counter[str] = Counter(walk.skipped)
@@ -242,7 +247,10 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
             (ws, CHUNKER_VERSION),
         ):
             known.setdefault(path, []).append(fh)
-    jobs = [(wf.abspath, wf.path, ws, tuple(known.get(wf.path, ())), opts) for wf in to_read]
+    jobs = [
+        (wf.abspath, wf.path, ws, tuple(known.get(wf.path, ())), opts, walk.root_id)
+        for wf in to_read
+    ]
     results = _results(jobs, opts)
 
     for done, wf in enumerate(walk.files, 1):

@@ -28,7 +28,8 @@ from knowledge_server.code.model import (
 )
 from knowledge_server.code.search import check_freshness
 from knowledge_server.code.store import is_binary, vec_table_for
-from knowledge_server.errors import InvalidRequest, NotFound, Unavailable
+from knowledge_server.code.walker import RootOutside
+from knowledge_server.errors import InvalidRequest, NotFound, PermissionDenied, Unavailable
 from knowledge_server.lanes.common import (
     Pool,
     ProgressFn,
@@ -396,13 +397,24 @@ class CodeLane:
 
     # -- indexing ------------------------------------------------------------------------
     def index_sync(
-        self, root: str, full: bool, progress: ProgressFn
+        self,
+        root: str,
+        full: bool,
+        progress: ProgressFn,
+        within: Callable[[str], bool] | None = None,
     ) -> index_service_pb2.OperationSummary:
+        """Index ``root``; ``within`` (a scoped caller's workspaces) is asked about the real
+        path of the folder the indexer opens, under the writer's lock: a root re-pointed
+        after the caller's check is refused (``PermissionDenied``)."""
         with self.storage.guard("index"):
-            return self._index_sync(root, full, progress)
+            return self._index_sync(root, full, progress, within)
 
     def _index_sync(
-        self, root: str, full: bool, progress: ProgressFn
+        self,
+        root: str,
+        full: bool,
+        progress: ProgressFn,
+        within: Callable[[str], bool] | None = None,
     ) -> index_service_pb2.OperationSummary:
         started = time.perf_counter()
         if not Path(root).is_dir():
@@ -419,9 +431,14 @@ class CodeLane:
                     options=options,
                     should_stop=self._cancel.is_set,
                     full=full,
+                    within=within,
                 )
             except IndexInterrupted as exc:
                 raise Unavailable(f"the server is stopping; indexing {exc}") from None
+            except RootOutside:
+                raise PermissionDenied(
+                    "root: outside the workspaces this principal may manage"
+                ) from None
         self.refresh_freshness([report.workspace])
         summary = operation_summary(
             report,

@@ -91,7 +91,11 @@ class CodeLane(Lane, Reporting, DocumentSource, Protocol):
     ) -> knowledge_service_pb2.GetChunkResponse: ...
 
     def index_sync(
-        self, root: str, full: bool, progress: ProgressFn
+        self,
+        root: str,
+        full: bool,
+        progress: ProgressFn,
+        within: Callable[[str], bool] | None = None,
     ) -> index_service_pb2.OperationSummary: ...
 
 
