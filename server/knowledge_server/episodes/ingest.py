@@ -140,9 +140,11 @@ def ingest_file(
     except OSError as exc:
         report.errors.append(f"{path}: {type(exc).__name__}")
         return report
-    report.sessions_conflicting += _conflicting(store, res, path)
+    # A scoped ingest first leaves out what lies outside its scope (a session another
+    # workspace holds among it), then any ingest what another file holds elsewhere.
     left_out = _within(store, res, scope) if scope is not None else 0
     report.sessions_out_of_scope += left_out
+    report.sessions_conflicting += _conflicting(store, res, path)
     head_len, head_hash = _head(path, HEAD_BYTES) if fmt != "opencode" else (0, "")
     state = {
         "size": size,
