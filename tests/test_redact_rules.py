@@ -211,3 +211,55 @@ def test_a_base64_written_private_key_is_redacted(kind: str) -> None:
         chunks, _, _ = chunk_file("/ws", "deploy/ingress-tls.yaml", text)
         assert not any(encoded[30:60] in c.text for c in chunks)
     assert cert in redact(manifest)
+
+
+def test_code_after_a_lone_key_header_is_kept() -> None:
+    """Redaction never blanks ordinary code: a key header without a key (a parser's
+    ``startswith``, BEGIN and END constants far apart) ran the key rule to the END line or
+    the end of the file, and the file is redacted whole, so every later function of the
+    module was stored as empty lines."""
+    handlers = "".join(
+        f"def handler_{i}(request):\n    value = request.get('k{i}')\n    return value\n\n"
+        for i in range(30)
+    )
+    lone = f'def is_pem(text):\n    return text.startswith("-----BEGIN RSA PRIVATE KEY-----")\n\n{handlers}'
+    apart = (
+        'BEGIN = "-----BEGIN PRIVATE KEY-----"\n\n'
+        + handlers
+        + 'END = "-----END PRIVATE KEY-----"\n'
+    )
+    for src in (lone, apart):
+        chunks, _, _ = chunk_file("/ws", "pem.py", src)
+        kept = {c.symbol for c in chunks if "return value" in c.text}
+        assert kept >= {f"handler_{i}" for i in range(30)}, sorted(kept)[:5]
+    # A real block, in code or escaped in JSON, is still redacted whole, and so is a
+    # truncated one (no END line): its body lines.
+    body = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nYWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4"
+    for text in (
+        f'KEY = """-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----"""\n',
+        json.dumps({"key": f"-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----\n"}),
+        f"notes\n-----BEGIN RSA PRIVATE KEY-----\n{body}\n(truncated)\n",
+    ):
+        red = redact(text)
+        assert "MIIEvQ" not in red and "YWJjZGVm" not in red and "[REDACTED:private-key]" in red
+
+
+def test_a_base64_key_wrapped_or_bundled_is_redacted_whole() -> None:
+    """``base64 tls.key`` wraps at 76 columns (a YAML ``|`` block holds it so), and a
+    certificate-and-key bundle puts the key's header mid-way: the rule took the first line
+    of the one and missed the other."""
+    pem = (
+        "-----BEGIN PRIVATE KEY-----\n"
+        + "\n".join(
+            f"MIIEvQIBADANBgkqhkiG9w0BAQEFAASC{i:04d}abcdefghijklmnopqrstuv" for i in range(20)
+        )
+        + "\n-----END PRIVATE KEY-----\n"
+    )
+    one = base64.b64encode(pem.encode()).decode()
+    wrapped = [one[i : i + 76] for i in range(0, len(one), 76)]
+    yaml = "data:\n  tls.key: |\n" + "".join(f"    {line}\n" for line in wrapped) + "type: tls\n"
+    red = redact(yaml)
+    assert not any(line in red for line in wrapped) and red.endswith("type: tls\n")
+    cert = "-----BEGIN CERTIFICATE-----\nMIIBszCCARygAwIBAgIUZm9v\n-----END CERTIFICATE-----\n"
+    bundle = base64.b64encode((cert + pem).encode()).decode()
+    assert bundle not in redact(f"  tls.pem: {bundle}\n")

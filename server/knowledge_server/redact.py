@@ -65,37 +65,56 @@ class Rule:
             raise ValueError(f"redaction rule {self.kind!r}: a multi-line rule needs literals")
 
 
+# What a private key block's body holds between its BEGIN and END lines.
+_PEM_BODY = r"[A-Za-z0-9+/=\s\"'`\\,;]|(?:Proc-Type|DEK-Info|Version|Comment|Hash):[^\n]*"
+# Without an END line: the rest of the header's line that only closes a string, then each
+# following line (a written or an escaped line break) that is a key's: a run of base64 or
+# an armour header.
+_PEM_LINES = (
+    r"[\"'`\\,;]*(?:[ \t]*(?:\r?\n|\\r?\\n)[ \t\"'`+]*"
+    r"(?:[A-Za-z0-9+/=]{16,}|(?:Proc-Type|DEK-Info|Version|Comment|Hash):[^\n]*)"
+    r"[ \t\"'`\\,;+]*)*"
+)
 # A PEM private key written in base64 as a whole (a Kubernetes Secret's ``tls.key``, a
-# kubeconfig's ``client-key-data``): the start of the encoded header of each key type, cut
-# at a whole group of four characters so it does not depend on what follows.
-_PEM_TYPES = ("", "RSA ", "EC ", "DSA ", "OPENSSH ", "ENCRYPTED ", "PGP ")
-_PEM_BASE64_STARTS = tuple(
-    base64.b64encode(header[: len(header) // 3 * 3]).decode("ascii")
-    for header in (f"-----BEGIN {kind}PRIVATE KEY".encode("ascii") for kind in _PEM_TYPES)
+# kubeconfig's ``client-key-data``, a certificate-and-key bundle): "PRIVATE KEY" encoded
+# at each of the three alignments a text can put it in, cut to whole groups of four.
+_PRIVATE_KEY_BASE64 = tuple(
+    base64.b64encode(part[: len(part) // 3 * 3]).decode("ascii")
+    for part in (b"PRIVATE KEY"[j:] for j in range(3))
 )
 
 # Key words of the assignment-shaped rules: ``api_key = ...``, ``"password": ...``.
 _ASSIGNED_WORDS = ("key", "secret", "passw", "pwd", "token", "auth")
 
 RULES: tuple[Rule, ...] = (
+    # A key block: the header, then what a key's body holds (base64, line breaks written
+    # or escaped, quotes and "+" of a string split in code, armour headers) up to the END
+    # line; without an END line within that, the body-like text after the header. Code or
+    # prose after a lone header (a parser's `startswith("-----BEGIN ... KEY-----")`) is
+    # not part of it: the whole file is redacted at once (``keep_lines``), so a rule
+    # running to the end of the text would blank every line after such a header.
     Rule(
         "private-key",
         re.compile(
-            r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
-            r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
-            re.DOTALL,
+            r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
+            r"(?:(?:" + _PEM_BODY + r")*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
+            r"|" + _PEM_LINES + r")"
         ),
         literals=("private key",),
         multiline=True,
     ),
+    # The run of base64 that holds it, and the lines that continue it (wrapped at 64 or 76
+    # columns, indented in a YAML block).
     Rule(
         "private-key-base64",
         re.compile(
-            r"(?<![A-Za-z0-9+/])(?:"
-            + "|".join(map(re.escape, _PEM_BASE64_STARTS))
+            r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]*(?:"
+            + "|".join(map(re.escape, _PRIVATE_KEY_BASE64))
             + r")[A-Za-z0-9+/]*={0,2}"
+            r"(?:[ \t]*\r?\n[ \t]*[A-Za-z0-9+/]+={0,2}(?=[ \t]*(?:\r?\n|\Z)))*"
         ),
-        literals=("ls0tls1crudjti",),
+        literals=tuple(p.casefold() for p in _PRIVATE_KEY_BASE64),
+        multiline=True,
     ),
     Rule(
         "aws-access-key",

@@ -33,7 +33,7 @@ __all__ = [
 # Bump when chunk boundaries, the languages given, what is read from a file's text
 # (generated_header, cli_options) or what redaction keeps of it change: it is part of every revision
 # fingerprint, so the next index run reads and cuts every file again.
-CHUNKER_VERSION = "code-chunker-10"
+CHUNKER_VERSION = "code-chunker-11"
 
 _EXT_LANG = {
     ".py": "python",
