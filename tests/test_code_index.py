@@ -633,3 +633,22 @@ def test_a_full_run_reads_a_file_whose_size_and_mtime_were_kept(index: CodeIndex
     snippets = [h.snippet for h in index.search("omega_rate", check_fresh=False).hits]
     assert any("def omega_rate" in t for t in snippets)
     assert not any("def alpha_rate" in t for t in snippets)
+
+
+def test_what_a_full_run_read_stays_in_the_next_incremental_one(index: CodeIndex, ws: Path) -> None:
+    """A full run reads a file remembered as binary (it became text with the same size and
+    mtime); its skip record stayed, so the next incremental run skipped it again and the
+    file left the index."""
+    notes = ws / "notes.txt"
+    text = b"def omega_rate():\n    return 1\n"
+    notes.write_bytes(b"\0" * len(text))
+    assert index.index_workspace(str(ws)).files_skipped.get("binary") == 1
+    st = notes.stat()
+    notes.write_bytes(text)
+    os.utime(notes, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert "binary" not in index.index_workspace(str(ws), full=True).files_skipped
+    again = index.index_workspace(str(ws))
+    assert "binary" not in again.files_skipped
+    assert any(
+        "omega_rate" in h.snippet for h in index.search("omega_rate", check_fresh=False).hits
+    )

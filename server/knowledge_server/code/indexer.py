@@ -216,12 +216,16 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
     # and so are files skipped last time for their content (binary, encoding). A file
     # that could not be read (permissions) is tried again on every run: making it readable
     # changes neither its size nor its modification time.
-    known_skips = {
+    recorded_skips = {
         path: (size, mtime_ns, reason)
         for path, size, mtime_ns, reason in conn.execute(
             "SELECT path, size, mtime_ns, reason FROM skipped_files WHERE workspace = ?", (ws,)
         )
-        if reason in CONTENT_SKIPS and not full
+    }
+    known_skips = {
+        path: skip
+        for path, skip in recorded_skips.items()
+        if skip[2] in CONTENT_SKIPS and not full
     }
     to_read = []
     for wf in walk.files:
@@ -318,7 +322,9 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
             flush()
     flush()
     walked = {wf.path for wf in walk.files}
-    gone = [p for p in known_skips if p not in walked or p in {wf.path for wf in to_read}]
+    # Rows of files gone or read again (a full run reads every file: its skips replace all).
+    read_again = {wf.path for wf in to_read}
+    gone = [p for p in recorded_skips if p not in walked or p in read_again]
     if new_skips or gone:
         with conn:
             conn.executemany(
