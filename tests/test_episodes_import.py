@@ -893,3 +893,28 @@ def test_a_moved_log_keeps_its_session(tmp_path: Path, live: bool) -> None:
         assert store.source_state(str(new)) is not None
     finally:
         store.close()
+
+
+def test_a_log_without_a_directory_cannot_join_another_workspaces_session(tmp_path: Path) -> None:
+    """Workspace isolation: the conflict check looked only at logs that name a directory,
+    so a log without one joined the session another project's file holds, and its text
+    was found in that project; read first, it gave the session to whichever file came
+    next. Either way the second file's session is left out and counted."""
+    a, b = tmp_path / "ws-a", tmp_path / "ws-b"
+    _lines(a / "logs" / "one.jsonl", a, ["alpha one"], session_id="shared")
+    planted = b / "logs" / "two.jsonl"
+    planted.parent.mkdir(parents=True)
+    planted.write_text(
+        "".join(
+            json.dumps({"role": "user", "text": t, "session_id": "shared"}) + "\n"
+            for t in ("pad", "planted secretplan")
+        )
+    )
+    for order in ([a, b], [b, a]):
+        store = EpisodeStore(str(tmp_path / f"{order[0].name}.sqlite"))
+        try:
+            reports = [ingest(store, [str(ws / "logs")]) for ws in order]
+            assert sum(r.sessions_conflicting for r in reports) == 1
+            assert store.search("secretplan", workspaces=[str(a)]) == []
+        finally:
+            store.close()

@@ -56,22 +56,27 @@ def _within(store: EpisodeStore, res: ImportResult, scope: Sequence[str]) -> int
 def _conflicting(store: EpisodeStore, res: ImportResult, path: str) -> int:
     """Leave out the sessions of ``res`` that another file holds for another directory
     tree; returns how many. A session belongs to the workspace of its first writer:
-    another log naming the same session id from an unrelated directory (two projects'
-    ``session.jsonl`` without a session id, or a planted id) would otherwise put its text
-    into that workspace, and its lines that collide on ``seq`` would be lost as
-    duplicates. The session's own file, and a directory above or below the stored one
-    (an agent that changed directory), are the same session's."""
-    claimed = {sid: stored_cwd(m.cwd) for sid, m in res.sessions.items() if m.cwd}
-    if not claimed:
+    another log naming the same session id from an unrelated directory, or without any
+    (two projects' ``session.jsonl`` without a session id, a planted id), would otherwise
+    put its text into that workspace (or, first, lend its text to the next file's), and
+    its lines that collide on ``seq`` would be lost as duplicates. The session's own
+    file, a file that replaced a vanished one (moved), a directory above or below the
+    stored one (an agent that changed directory), and two files that both name no
+    directory are the same session's."""
+    if not res.sessions:
         return 0
-    owners = store.session_owners(claimed)
+    owners = store.session_owners(res.sessions)
     other = set()
-    for sid, cwd in claimed.items():
+    for sid, meta in res.sessions.items():
         held, source = owners.get(sid, (None, None))
-        if not held or not cwd or source == path:
+        if source is None or source == path or not os.path.lexists(source):
             continue
-        if not (is_under(cwd, held) or is_under(held, cwd)):
-            other.add(sid)
+        cwd = stored_cwd(meta.cwd)
+        if held and cwd and (is_under(cwd, held) or is_under(held, cwd)):
+            continue
+        if not held and not cwd:
+            continue
+        other.add(sid)
     if other:
         res.sessions = {k: v for k, v in res.sessions.items() if k not in other}
         res.events = [e for e in res.events if e.session_id not in other]
