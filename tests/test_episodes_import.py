@@ -918,3 +918,20 @@ def test_a_log_without_a_directory_cannot_join_another_workspaces_session(tmp_pa
             assert store.search("secretplan", workspaces=[str(a)]) == []
         finally:
             store.close()
+
+
+def test_meta_nested_hundreds_deep_does_not_cost_the_line(tmp_path: Path) -> None:
+    """One odd record never stops a file, nor is lost for its ``meta``: meta nested a few
+    hundred levels (within what the JSON reader takes) made the redaction of its strings
+    run out of stack, and the line was dropped as malformed."""
+    log = tmp_path / "s.jsonl"
+    deep = "[" * 700 + '"x"' + "]" * 700
+    log.write_text(
+        json.dumps({"session_id": "s", "role": "user", "text": "one"})
+        + "\n"
+        + '{"session_id": "s", "role": "user", "text": "deep", "meta": {"k": '
+        + deep
+        + "}}\n"
+    )
+    res = generic.import_file(str(log))
+    assert [e.text for e in res.events] == ["one", "deep"] and not res.problems

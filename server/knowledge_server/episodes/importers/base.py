@@ -146,7 +146,11 @@ def clean_meta(meta: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(v, (int, float, bool)):
             out[k] = v
         else:
-            out[k] = redact(cut(json.dumps(redacted_strings(v), ensure_ascii=False), 500))
+            try:
+                v = redacted_strings(v)
+            except RecursionError:
+                pass  # nested past Python's stack: the dumped text is still redacted below
+            out[k] = redact(cut(json.dumps(v, ensure_ascii=False), 500))
     return out
 
 
