@@ -223,9 +223,7 @@ def index_workspace(  # noqa: C901 - the indexing pipeline in order (reuse by si
         )
     }
     known_skips = {
-        path: skip
-        for path, skip in recorded_skips.items()
-        if skip[2] in CONTENT_SKIPS and not full
+        path: skip for path, skip in recorded_skips.items() if skip[2] in CONTENT_SKIPS and not full
     }
     to_read = []
     for wf in walk.files:
