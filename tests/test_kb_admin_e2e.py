@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from knowledge_sdk import (
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidRequest,
     KnowledgeClient,
@@ -553,3 +554,48 @@ def test_the_cli_drives_a_revision_with_json_output(world: World) -> None:
         ],
     )
     assert stale.exit_code == 1 and "KNOWLEDGE_STALE_VERSION" in stale.output
+
+
+def test_a_write_that_outlives_its_caller_is_audited_as_it_ended(world: World) -> None:
+    """Every write audited, once, as it ended: a write waiting for the store (another
+    writer holds it) committed after its caller's deadline had passed, and was recorded
+    as failed (DEADLINE_EXCEEDED, no target); the event is now appended by the thread that
+    ran the write. Whichever way the race goes, every topic stored has its ``ok`` event
+    naming it, and a failure is only recorded for a write that never began."""
+    import time
+
+    import apsw
+
+    kb_db = world.app.config.data_dir / "kb.sqlite"
+    with world.client("editor") as kc:
+        kc.kb_list_topics()  # the store exists
+        before = len(list(world.app.audit.events()))
+        holder = apsw.Connection(str(kb_db))
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(DeadlineExceeded):
+                kc.kb_create_topic("k-outlived", "T", timeout=0.5)
+        finally:
+            time.sleep(0.5)
+            holder.execute("COMMIT")
+            holder.close()
+        keys: dict[str, str] = {}
+        for _ in range(100):  # the write finishes in its thread once the store is free
+            keys = {t.knowledge_key: t.id for t in kc.kb_list_topics().topics}
+            if "k-outlived" in keys:
+                break
+            time.sleep(0.1)
+
+    def created() -> list[Any]:
+        events = list(world.app.audit.events())[before:]
+        return [e for e in events if e.operation == "kb.topic.create"]
+
+    for _ in range(100):  # its event follows the commit, from the same thread
+        if created():
+            break
+        time.sleep(0.1)
+    events = created()
+    if "k-outlived" in keys:
+        assert [(e.outcome, list(e.targets)) for e in events] == [("ok", [keys["k-outlived"]])]
+    else:  # never began: the caller's event, and nothing stored
+        assert [e.outcome for e in events] == ["KNOWLEDGE_DEADLINE_EXCEEDED"]

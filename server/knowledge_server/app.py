@@ -320,7 +320,11 @@ class KnowledgeApp:
         self._closing = False
         # The knowledge base (kb/): None when this deployment has none.
         self.kb = kb
-        self._kb_admin = KnowledgeBaseAdmin(kb, self.record) if kb is not None else None
+        self._kb_admin = (
+            KnowledgeBaseAdmin(kb, self.record, self.append_event, self.append_failure)
+            if kb is not None
+            else None
+        )
         if retriever is None and kb is not None:
             retriever = retriever_from_config(config, kb)
         # Retrieve / Answer over the knowledge base's published releases (kb/api.py).

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import kb_admin_pb2 as pb
 from knowledge_server.auth_model import Principal
 from knowledge_server.errors import (
+    DeadlineExceeded,
     IllegalTransition,
     InvalidRequest,
     KnowledgeError,
@@ -67,6 +69,40 @@ class Recorder(Protocol):
         input: object = None,
         outcome: str = "ok",
     ) -> Awaitable[object]: ...
+
+
+class Appender(Protocol):
+    """Appends one audit event in the calling thread (``KnowledgeApp.append_event``; the
+    ``append_failure`` form logs an event it cannot write instead of raising)."""
+
+    def __call__(
+        self,
+        principal: Principal,
+        operation: str,
+        *,
+        targets: tuple[str, ...] | list[str] = (),
+        input: object = None,
+        outcome: str,
+    ) -> object: ...
+
+
+class _Began:
+    """Whether a write has begun in its thread, or was abandoned by its caller before it
+    could (then it never begins): exactly one side records its audit event."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._began = self._abandoned = False
+
+    def begin(self) -> bool:
+        with self._lock:
+            self._began = not self._abandoned
+            return self._began
+
+    def abandon(self) -> bool:
+        with self._lock:
+            self._abandoned = not self._began
+            return self._abandoned
 
 
 # -- rows as messages ---------------------------------------------------------------------
@@ -207,6 +243,15 @@ Op = Callable[[Any, Principal], tuple[Message, Audit | None]]
 _TARGET_FIELDS = ("revision_id", "topic_id", "task_id", "feedback_id", "tag_code", "template_code")
 
 
+def _targets(req: Message) -> list[str]:
+    """The ids a request names (what a failed write's audit event points at)."""
+    return [
+        str(getattr(req, f))
+        for f in _TARGET_FIELDS
+        if f in req.DESCRIPTOR.fields_by_name and getattr(req, f)
+    ]
+
+
 def _audit_input(req: Message) -> object:
     if isinstance(req, pb.UploadSourceRequest):
         return {
@@ -224,9 +269,13 @@ def _audit_input(req: Message) -> object:
 class KnowledgeBaseAdmin:
     """The admin RPCs over one :class:`KnowledgeBase`; ``record`` appends audit events."""
 
-    def __init__(self, kb: KnowledgeBase, record: Recorder) -> None:
+    def __init__(
+        self, kb: KnowledgeBase, record: Recorder, append: Appender, append_failure: Appender
+    ) -> None:
         self.kb = kb
         self.record = record
+        self.append = append
+        self.append_failure = append_failure
         self.wf = kb.workflow
         self.queue = kb.queue
         self.ops: dict[str, Op] = {
@@ -267,33 +316,56 @@ class KnowledgeBaseAdmin:
         )
 
     async def call(self, op: str, req: Message, principal: Principal) -> Message:
-        """Run ``op`` in the knowledge-base pool; audit it when it is a write."""
+        """Run ``op`` in the knowledge-base pool; a write is audited by the thread that runs
+        it, as soon as it ends: one that outlives its caller (deadline passed, call
+        cancelled) still commits, and is recorded as it ended, not as the caller's error
+        nor not at all."""
         self.kb.worker.start()  # on this loop, once: the queue is served where RPCs are
-        try:
+        write = op in self.writes
+        began = _Began()
+
+        def run() -> Message:
+            if write and not began.begin():
+                raise DeadlineExceeded(deadline.MESSAGE)
             try:
-                resp, audit = await deadline.off_loop(self.ops[op], req, principal, pool="kb")
+                resp, audit = self.ops[op](req, principal)
             except Exception as exc:
                 full = as_storage_full(exc)  # SQLITE_FULL, ENOSPC: not an internal error
-                if full is None or isinstance(exc, KnowledgeError):
+                err = full if full is not None and not isinstance(exc, KnowledgeError) else exc
+                if write:
+                    reason = err.reason if isinstance(err, KnowledgeError) else "KNOWLEDGE_INTERNAL"
+                    self.append_failure(
+                        principal,
+                        _operation(op),
+                        targets=_targets(req),
+                        input=_audit_input(req),
+                        outcome=reason,
+                    )
+                if err is exc:
                     raise
-                raise full from None
+                raise err from None
+            if audit is not None:
+                self.append(
+                    principal,
+                    audit.operation,
+                    targets=audit.targets,
+                    input=audit.input,
+                    outcome="ok",
+                )
+            return resp
+
+        try:
+            resp = await deadline.off_loop(run, pool="kb")
         except KnowledgeError as err:
-            if op in self.writes:
-                targets = [
-                    str(getattr(req, f))
-                    for f in _TARGET_FIELDS
-                    if f in req.DESCRIPTOR.fields_by_name and getattr(req, f)
-                ]
+            if write and began.abandon():  # never began: the caller's side records it
                 await self.record(
                     principal,
                     _operation(op),
-                    targets=targets,
+                    targets=_targets(req),
                     input=_audit_input(req),
                     outcome=err.reason,
                 )
             raise
-        if audit is not None:
-            await self.record(principal, audit.operation, targets=audit.targets, input=audit.input)
         if op in ("ProcessRevision", "RetryTask"):
             self.kb.worker.wake()
         return resp
