@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -317,31 +318,62 @@ def test_knowledge_mcp_execs_the_bridge_with_the_group_options(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`knowledge mcp` keeps working for harness configs: it becomes `python -m
-    knowledge_mcp` with the connection options of the command or of the `knowledge` group."""
-    seen: list[list[str]] = []
+    knowledge_mcp` with the connection options of the command or of the `knowledge` group;
+    the token goes in the bridge's environment, never on its command line."""
+    seen: list[tuple[list[str], dict[str, str]]] = []
 
-    def fake_execv(path: str, argv: list[str]) -> None:
-        seen.append([path, *argv])
+    def fake_execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        seen.append(([path, *argv], env))
 
-    monkeypatch.setattr(os, "execv", fake_execv)
+    monkeypatch.setattr(os, "execve", fake_execve)
     result = CliRunner().invoke(
         cli_main, ["--address", "10.0.0.1:1", "mcp", "--token", "t0k", "--timeout", "4"]
     )
     assert result.exit_code == 0, result.output
-    assert seen == [
-        [
-            sys.executable,
-            sys.executable,
-            "-m",
-            "knowledge_mcp",
-            "--address",
-            "10.0.0.1:1",
-            "--token",
-            "t0k",
-            "--timeout",
-            "4.0",
-        ]
+    ((argv, env),) = seen
+    assert argv == [
+        sys.executable,
+        sys.executable,
+        "-m",
+        "knowledge_mcp",
+        "--address",
+        "10.0.0.1:1",
+        "--timeout",
+        "4.0",
     ]
+    assert env["KNOWLEDGE_TOKEN"] == "t0k"
+
+
+def test_the_bridges_command_line_never_holds_the_token(tmp_path: Path) -> None:
+    """A bearer token on a command line is readable by every local user (``ps``,
+    ``/proc/<pid>/cmdline``) for as long as the process runs: ``knowledge mcp`` put the
+    token of ``KNOWLEDGE_TOKEN`` on the bridge's. A real exec, read from /proc."""
+    token = "kn_" + "SECRET" * 7
+    env = {**os.environ, "PYTHONPATH": PATH, "KNOWLEDGE_TOKEN": token}
+    env["KNOWLEDGE_ADDRESS"] = "127.0.0.1:1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "knowledge_server.cli", "mcp"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        cmdline = b""
+        for _ in range(600):  # until the command became the bridge (the exec)
+            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            if b"knowledge_mcp" in cmdline:
+                break
+            time.sleep(0.05)
+        assert b"knowledge_mcp" in cmdline
+        assert token.encode() not in cmdline
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        assert f"KNOWLEDGE_TOKEN={token}".encode() in environ.split(b"\0")
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.terminate()
+        proc.wait(10)
 
 
 # --- real stdio sessions -----------------------------------------------------------------------

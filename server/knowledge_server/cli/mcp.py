@@ -17,15 +17,21 @@ import click
 BRIDGE_MODULE = "knowledge_mcp"
 
 
-def bridge_argv(address: str | None, token: str | None, timeout: float | None) -> list[str]:
+def bridge_exec(
+    address: str | None, token: str | None, timeout: float | None
+) -> tuple[list[str], dict[str, str]]:
+    """The bridge's command line and environment. The token goes in the environment
+    (``KNOWLEDGE_TOKEN``), never on the command line, which every local user can read
+    (``ps``, ``/proc/<pid>/cmdline``) for as long as the bridge runs."""
     argv = [sys.executable, "-m", BRIDGE_MODULE]
     if address:
         argv += ["--address", address]
-    if token:
-        argv += ["--token", token]
     if timeout:
         argv += ["--timeout", str(timeout)]
-    return argv
+    env = dict(os.environ)
+    if token:
+        env["KNOWLEDGE_TOKEN"] = token
+    return argv, env
 
 
 @click.command("mcp")
@@ -56,7 +62,7 @@ def mcp_command(
             "(or 'knowledge-service[mcp]')"
         )
     parent = ctx.find_root().obj if isinstance(ctx.find_root().obj, dict) else {}
-    argv = bridge_argv(
+    argv, env = bridge_exec(
         address or parent.get("address"),
         token or parent.get("token"),
         timeout or parent.get("timeout"),
@@ -64,4 +70,4 @@ def mcp_command(
     sys.stdout.flush()
     sys.stderr.flush()
     # The bridge replaces this process (same stdio); argv[0] is the interpreter running us.
-    os.execv(argv[0], argv)  # noqa: S606 - an argument list, no shell involved
+    os.execve(argv[0], argv, env)  # noqa: S606 - an argument list, no shell involved
