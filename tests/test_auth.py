@@ -304,3 +304,24 @@ def test_token_create_cli_takes_capabilities(tmp_path: Path) -> None:
         [*base[1:], "--role", "agent", "--capability", "kb.admin", "--data-dir", str(tmp_path)],
     )
     assert bad.exit_code != 0 and "cannot hold 'kb.admin'" in bad.output
+
+
+def test_a_token_write_the_audit_log_cannot_record_changes_nothing(tmp_path: Path) -> None:
+    """Every write audited: ``token create`` wrote the token file first and the event
+    after, so with an audit log that cannot be written it left a working operator token
+    no event records (its value never printed), and ``revoke`` an unrecorded revocation.
+    The log is opened first: a one-line error, and the token file as it was."""
+    runner = CliRunner()
+    create = ["create", "--id", "a", "--org", "o", "--role", "agent", "--all-workspaces"]
+    made = runner.invoke(tokens_group, [*create, "--json", "--data-dir", str(tmp_path)])
+    assert made.exit_code == 0, made.output
+    token_id = json.loads(made.output)["token_id"]
+    tokens = tmp_path / "tokens.json"
+    before = tokens.read_bytes()
+    (tmp_path / "audit.sqlite").rename(tmp_path / "audit.moved")
+    (tmp_path / "audit.sqlite").mkdir()  # cannot be opened as a database
+    for args in (create, ["revoke", token_id]):
+        out = runner.invoke(tokens_group, [*args, "--data-dir", str(tmp_path)])
+        assert out.exit_code == 1 and "audit log cannot be written" in out.output, out.output
+        assert "Traceback" not in out.output
+        assert tokens.read_bytes() == before

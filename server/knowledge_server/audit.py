@@ -35,11 +35,12 @@ import secrets
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from threading import Lock
-from typing import cast
+from typing import Protocol, cast
 
 import apsw
 
@@ -50,8 +51,10 @@ __all__ = [
     "GENESIS",
     "AuditEvent",
     "AuditLog",
+    "CliRecorder",
     "Verification",
     "cli_principal",
+    "cli_recorder",
     "input_hash",
     "load_key",
     "record_cli",
@@ -389,6 +392,49 @@ def cli_principal() -> str:
     return f"cli:{user}"
 
 
+class CliRecorder(Protocol):
+    def __call__(
+        self,
+        operation: str,
+        *,
+        org: str,
+        targets: Sequence[str] = (),
+        input: object = None,
+        outcome: str = "ok",
+    ) -> AuditEvent: ...
+
+
+@contextmanager
+def cli_recorder(data_dir: Path | str) -> Iterator[CliRecorder]:
+    """The audit log of ``data_dir`` for one CLI write, opened (with its key) before the
+    write changes anything: a log that cannot be written stops the write instead of
+    leaving it unrecorded. Yields ``record(operation, org=..., ...)``."""
+    log = AuditLog(Path(data_dir) / AUDIT_FILE)
+    try:
+        log.input_hash(None)  # reads (or creates) the key now, not after the write
+
+        def record(
+            operation: str,
+            *,
+            org: str,
+            targets: Sequence[str] = (),
+            input: object = None,
+            outcome: str = "ok",
+        ) -> AuditEvent:
+            return log.append(
+                principal=cli_principal(),
+                org=org,
+                operation=operation,
+                targets=targets,
+                input=input,
+                outcome=outcome,
+            )
+
+        yield record
+    finally:
+        log.close()
+
+
 def record_cli(
     data_dir: Path | str,
     operation: str,
@@ -399,15 +445,5 @@ def record_cli(
     outcome: str = "ok",
 ) -> AuditEvent:
     """Append one event for a CLI write to ``<data_dir>/audit.sqlite``."""
-    log = AuditLog(Path(data_dir) / AUDIT_FILE)
-    try:
-        return log.append(
-            principal=cli_principal(),
-            org=org,
-            operation=operation,
-            targets=targets,
-            input=input,
-            outcome=outcome,
-        )
-    finally:
-        log.close()
+    with cli_recorder(data_dir) as record:
+        return record(operation, org=org, targets=targets, input=input, outcome=outcome)

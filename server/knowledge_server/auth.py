@@ -27,7 +27,7 @@ from typing import Any
 
 import click
 
-from knowledge_server.audit import record_cli
+from knowledge_server.audit import CliRecorder, cli_recorder
 from knowledge_server.auth_model import CAPABILITIES, ROLE_RIGHTS, Principal
 from knowledge_server.logs import get_logger
 from knowledge_server.workspaces import normalise_workspace as _normalise
@@ -531,31 +531,50 @@ def create_command(
     if bool(workspaces) == all_workspaces:
         raise click.UsageError("give --workspace PATH (repeatable) or --all-workspaces")
     store = _store_from(ctx, data_dir)
-    try:
-        token_id, plain = store.create(
-            principal_id,
-            organisation,
-            None if all_workspaces else list(workspaces),
-            role,
-            capabilities or None,
-        )
-    except (ValueError, TokenStoreError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    info = next(t for t in store.list() if t.token_id == token_id)
-    # The token itself is never part of the event: the input hashed is the principal.
-    record_cli(
-        store.path.parent,
-        "token.create",
-        org=organisation,
-        targets=[token_id],
-        input=principal_to_dict(info.principal),
-    )
+    with _audited(store) as record:
+        try:
+            token_id, plain = store.create(
+                principal_id,
+                organisation,
+                None if all_workspaces else list(workspaces),
+                role,
+                capabilities or None,
+            )
+        except (ValueError, TokenStoreError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+        info = next(t for t in store.list() if t.token_id == token_id)
+        try:
+            # The token itself is never part of the event: the input hashed is the principal.
+            record(
+                "token.create",
+                org=organisation,
+                targets=[token_id],
+                input=principal_to_dict(info.principal),
+            )
+        except Exception:
+            store.revoke(token_id)  # an unrecorded token is not left working
+            raise
     if as_json:
         click.echo(json.dumps({**info.to_dict(), "token": plain}, sort_keys=True))
         return
     click.echo(f"token id: {token_id}")
     click.echo(f"token:    {plain}")
     click.echo("Store the token now: only its hash is kept and it cannot be shown again.")
+
+
+@contextlib.contextmanager
+def _audited(store: TokenStore) -> Iterator[CliRecorder]:
+    """The audit log for a token write, opened before the token file changes: a log that
+    cannot be written stops the write (a one-line error, nothing changed)."""
+    try:
+        with cli_recorder(store.path.parent) as record:
+            yield record
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of the log is told the same way
+        raise click.ClickException(
+            f"the audit log cannot be written ({type(exc).__name__}): nothing was changed"
+        ) from None
 
 
 @tokens_group.command("list")
@@ -591,18 +610,24 @@ def list_command(ctx: click.Context, as_json: bool, data_dir: Path | None) -> No
 def revoke_command(ctx: click.Context, token_id: str, data_dir: Path | None) -> None:
     """Revoke a token by id; running servers stop accepting it on their next call."""
     store = _store_from(ctx, data_dir)
-    try:
-        holder = next((t.principal for t in store.list() if t.token_id == token_id), None)
-        removed = store.revoke(token_id)
-    except TokenStoreError as exc:
-        raise click.ClickException(str(exc)) from None
-    if not removed or holder is None:
-        raise click.ClickException(f"no token with id {token_id}")
-    record_cli(
-        store.path.parent,
-        "token.revoke",
-        org=holder.organisation,
-        targets=[token_id],
-        input={"token_id": token_id},
-    )
+    with _audited(store) as record:
+        try:
+            holder = next((t.principal for t in store.list() if t.token_id == token_id), None)
+            removed = store.revoke(token_id)
+        except TokenStoreError as exc:
+            raise click.ClickException(str(exc)) from None
+        if not removed or holder is None:
+            raise click.ClickException(f"no token with id {token_id}")
+        try:
+            record(
+                "token.revoke",
+                org=holder.organisation,
+                targets=[token_id],
+                input={"token_id": token_id},
+            )
+        except Exception as exc:  # noqa: BLE001 - the revocation stands; say it was not recorded
+            raise click.ClickException(
+                f"revoked {token_id}, but its audit event could not be written "
+                f"({type(exc).__name__})"
+            ) from None
     click.echo(f"revoked {token_id}")
