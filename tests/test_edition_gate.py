@@ -463,3 +463,17 @@ def test_docgraph_build_root_is_the_callers_folder(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_a_licence_install_the_audit_log_cannot_record_installs_nothing(
+    tmp_path: Path, licence_vendor: LicenceVendor
+) -> None:
+    """Every write audited: the licence file was replaced before its event was appended, so
+    an audit log that cannot be written left an installed licence no event records."""
+    dev_dir = licence_vendor.trust(tmp_path / "dev-keys")
+    good = tmp_path / "good.json"
+    good.write_bytes(licence_vendor.issue())
+    (tmp_path / "data" / "audit.sqlite").mkdir(parents=True)  # cannot be opened as a database
+    out = _cli(tmp_path, "license", "install", str(good), dev_dir=dev_dir)
+    assert out.exit_code == 2 and "audit log cannot be written" in out.stderr, out.stderr
+    assert not (tmp_path / "data" / "licence.json").exists()

@@ -8,6 +8,7 @@ development keys of ``licence_dev_keys_dir``.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
@@ -19,7 +20,7 @@ from knowledge_licensing import (
     load_trusted_keys,
 )
 
-from knowledge_server.audit import input_hash, record_cli
+from knowledge_server.audit import cli_recorder, input_hash
 from knowledge_server.cli.common import fail
 from knowledge_server.config import ConfigError, load_config
 
@@ -61,33 +62,42 @@ def install_command(ctx: click.Context, licence_file: Path, config_file: Path | 
         fail(f"cannot read {licence_file}: {exc.strerror or exc}", EXIT_ERROR)
         return
     dest = cfg.effective_licence_file
-    try:
-        status = install_licence(data, dest, keys.ring)
-    except OSError as exc:
-        fail(f"cannot write {dest}: {exc.strerror or exc}", EXIT_ERROR)
-        return
-    if status.state is not LicenceState.VALID or status.licence is None:
-        record_cli(
-            cfg.data_dir,
+    with contextlib.ExitStack() as stack:
+        try:
+            # Opened before the licence file changes: a log that cannot be written stops
+            # the install instead of leaving it unrecorded.
+            record = stack.enter_context(cli_recorder(cfg.data_dir))
+        except Exception as exc:  # noqa: BLE001 - any failure of the log is told the same way
+            fail(
+                f"the audit log cannot be written ({type(exc).__name__}): nothing was installed",
+                EXIT_ERROR,
+            )
+            return
+        try:
+            status = install_licence(data, dest, keys.ring)
+        except OSError as exc:
+            fail(f"cannot write {dest}: {exc.strerror or exc}", EXIT_ERROR)
+            return
+        if status.state is not LicenceState.VALID or status.licence is None:
+            record(
+                "licence.install",
+                org="local",
+                input={"sha256": input_hash(data.hex())},
+                outcome=f"refused:{status.state.name}",
+            )
+            fail(
+                f"refused {licence_file}: the licence is not valid "
+                f"({status.state.name}: {keys.describe(status)}); nothing was installed. "
+                "Licence files come from the vendor; see docs/licensing.md",
+                EXIT_INVALID,
+            )
+            return
+        lic = status.licence
+        record(
             "licence.install",
-            org="local",
-            input={"sha256": input_hash(data.hex())},
-            outcome=f"refused:{status.state.name}",
+            org=lic.licensee,
+            targets=[lic.licence_id],
+            input={"licence_id": lic.licence_id, "edition": lic.edition},
         )
-        fail(
-            f"refused {licence_file}: the licence is not valid "
-            f"({status.state.name}: {keys.describe(status)}); nothing was installed. "
-            "Licence files come from the vendor; see docs/licensing.md",
-            EXIT_INVALID,
-        )
-        return
-    lic = status.licence
-    record_cli(
-        cfg.data_dir,
-        "licence.install",
-        org=lic.licensee,
-        targets=[lic.licence_id],
-        input={"licence_id": lic.licence_id, "edition": lic.edition},
-    )
     click.echo(f"installed {lic.licence_id} ({keys.describe(status)}) -> {dest}")
     click.echo("a running server picks it up within a second (or on SIGHUP)")
