@@ -352,3 +352,33 @@ def test_format_characters_that_are_text_are_kept_in_titles(wf: Workflow) -> Non
         assert wf.create_topic(EDITOR, f"ok{n}", title).title == title
     with pytest.raises(InvalidRequest):
         wf.create_topic(EDITOR, "bidi", "Refund \u202epolicy")
+
+
+def test_a_rollback_never_brings_back_a_release_the_topic_went_offline_past(wf: Workflow) -> None:
+    """Governance: a rollback restores what the current release replaced. Published v1,
+    v2 (v1 SUPERSEDED), offline, then v3: v3 replaced nothing, yet the rollback published
+    v1 again (the newest SUPERSEDED revision anywhere in the history), text the operator
+    had retired, unreviewed. Two rollbacks in a row still step back one release each."""
+    first = _processed(wf, "t")
+    topic_id = wf.revision(EDITOR, first).topic_id
+
+    def next_release(based_on: str, label: str) -> str:
+        rev = wf.create_revision(EDITOR, topic_id, label, based_on=based_on)
+        _force_state(wf, rev.id, "PROCESSED")
+        return rev.id
+
+    wf.publish(EDITOR, first, wf.revision(EDITOR, first).version, "")
+    second = next_release(first, "2.0")
+    wf.publish(EDITOR, second, wf.revision(EDITOR, second).version, first)
+    third = next_release(second, "3.0")
+    wf.publish(EDITOR, third, wf.revision(EDITOR, third).version, second)
+    wf.rollback(EDITOR, topic_id, third)  # back to the second
+    assert wf.store.published_revision_ids("org-a") == {second}
+    wf.offline(EDITOR, topic_id, second)  # the first is still SUPERSEDED
+    assert wf.revision(EDITOR, first).state == "SUPERSEDED"
+    fourth = next_release(second, "4.0")
+    wf.publish(EDITOR, fourth, wf.revision(EDITOR, fourth).version, "")
+    with pytest.raises(IllegalTransition):
+        wf.rollback(EDITOR, topic_id, fourth)
+    assert wf.store.published_revision_ids("org-a") == {fourth}
+    assert wf.revision(EDITOR, first).state == "SUPERSEDED"

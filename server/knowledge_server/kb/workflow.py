@@ -549,8 +549,10 @@ class Workflow:
         return Published(rev.topic_id, prev, rev.id, tuple(changed))
 
     def rollback(self, who: Principal, topic_id: str, expected_release: str) -> Published:
-        """The current release becomes ROLLED_BACK and the release it replaced (the most
-        recent SUPERSEDED revision of the topic) is published again."""
+        """The current release becomes ROLLED_BACK and the release its publishing replaced
+        (still SUPERSEDED) is published again. A release published after the topic was
+        taken offline replaced nothing: there is nothing to restore (an older revision the
+        operator retired is not brought back by it)."""
         topic = self.topic(who, topic_id)
         with self.store.tx() as c:
             current = self._expect_release(topic.org, topic.id, expected_release)
@@ -559,14 +561,20 @@ class Workflow:
                     "release: the topic has no release to roll back",
                     metadata={"state": "", "target": "ROLLED_BACK"},
                 )
-            restore = ""
-            for rev_id, _prev, _action, _who, _at in reversed(
-                self.store.release_history(topic.org, topic.id)
-            ):
-                cand = self.store.revision(topic.org, rev_id)
-                if cand is not None and cand.state == "SUPERSEDED":
-                    restore = cand.id
-                    break
+            # What the current release's publishing replaced (a release restored by an
+            # earlier rollback keeps what its own publishing replaced).
+            replaced = next(
+                (
+                    prev
+                    for rev_id, prev, action, _who, _at in reversed(
+                        self.store.release_history(topic.org, topic.id)
+                    )
+                    if rev_id == current and action == "publish"
+                ),
+                "",
+            )
+            cand = self.store.revision(topic.org, replaced) if replaced else None
+            restore = cand.id if cand is not None and cand.state == "SUPERSEDED" else ""
             if not restore:
                 raise IllegalTransition(
                     "release: no earlier release of this topic to restore; take it offline instead",
