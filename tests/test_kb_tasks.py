@@ -337,3 +337,38 @@ def test_reconcile_drops_orphans_requeues_missing_and_is_idempotent(tmp_path: Pa
     assert kb.store.revision("org-a", rev_id).state == "PROCESSED"  # type: ignore[union-attr]
     final = kb.reconcile("org-a", "test")
     assert final.dropped == {} and final.requeued == {} and final.already_queued == []
+
+
+def test_a_cancelled_task_never_strands_its_revision(tmp_path: Path) -> None:
+    """Nothing lost on failure: a failed task retried and cancelled before it ran left its
+    revision FAILED with no way out (RetryTask refused a CANCELLED task, ProcessRevision a
+    FAILED revision), and one queued again after a crash and cancelled left it PROCESSING
+    for good. A cancelled task is retried, and a PROCESSING revision becomes FAILED."""
+    import socket
+
+    embedder = FailingEmbedder("request timed out")
+    kb = _kb(tmp_path, embedder=embedder)
+    rev_id = _approved(kb)
+    task = kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version).task  # type: ignore[union-attr]
+    _run_all(kb)
+    failed = kb.store.task("org-a", task.id)
+    assert failed is not None and failed.state == "FAILED"
+    queued = kb.queue.retry(ED, task.id, failed.version)
+    cancelled = kb.queue.cancel(ED, task.id, queued.version)
+    assert kb.store.revision("org-a", rev_id).state == "FAILED"  # type: ignore[union-attr]
+    embedder.fail = False
+    kb.queue.retry(ED, task.id, cancelled.version)
+    _run_all(kb)
+    assert kb.store.revision("org-a", rev_id).state == "PROCESSED"  # type: ignore[union-attr]
+    # Queued again after a crash (revision PROCESSING), then cancelled.
+    second = _approved(kb, "k2")
+    crashed = kb.queue.enqueue(ED, second, kb.store.revision("org-a", second).version).task  # type: ignore[union-attr]
+    assert kb.queue.claim(f"{socket.gethostname()}:{_dead_pid()}:abcd") is not None
+    (resumed,) = KnowledgeBase(tmp_path, index=kb.index, embedder=HashingEmbedder()).queue.recover()
+    assert kb.store.revision("org-a", second).state == "PROCESSING"  # type: ignore[union-attr]
+    stopped = kb.queue.cancel(ED, crashed.id, kb.store.task("org-a", crashed.id).version)  # type: ignore[union-attr]
+    revision = kb.store.revision("org-a", second)
+    assert revision is not None and revision.state == "FAILED" and revision.failure == "cancelled"
+    kb.queue.retry(ED, crashed.id, stopped.version)
+    _run_all(kb)
+    assert kb.store.revision("org-a", second).state == "PROCESSED"  # type: ignore[union-attr]

@@ -4,7 +4,7 @@ A task is enqueued with an idempotency key (the same key twice is one task, run 
 claimed by one serving process (``BEGIN IMMEDIATE``: two processes never claim the same
 task), and holds a lease it renews at every progress step. Task states::
 
-    QUEUED -> RUNNING -> SUCCEEDED | FAILED      FAILED -> QUEUED (manual retry)
+    QUEUED -> RUNNING -> SUCCEEDED | FAILED      FAILED, CANCELLED -> QUEUED (manual retry)
     QUEUED -> CANCELLED                          (cancel: only a task not started)
 
 A task left RUNNING by a process that died (its process is gone from this host, or its
@@ -162,9 +162,9 @@ class TaskQueue:
         with self.store.tx() as c:
             task = self.get(who, task_id)
             self._expect(task, expected_version)
-            if task.state != "FAILED":
+            if task.state not in ("FAILED", "CANCELLED"):
                 raise IllegalTransition(
-                    f"task: only a FAILED task is retried, this one is {task.state}",
+                    f"task: only a FAILED or CANCELLED task is retried, this one is {task.state}",
                     metadata={"state": task.state, "target": "QUEUED"},
                 )
             self._refuse_active(task.org, task.revision_id)
@@ -190,6 +190,16 @@ class TaskQueue:
                 " WHERE org = ? AND id = ? AND version = ? AND state = 'QUEUED'",
                 (now(), task.org, task.id, expected_version),
             )
+            if task.kind == "PROCESS":
+                # A task queued again to resume (its revision PROCESSING) leaves the revision
+                # FAILED ("cancelled"), where RetryTask or a new ProcessRevision can take it;
+                # left PROCESSING, nothing could.
+                c.execute(
+                    "UPDATE revisions SET state = 'FAILED', failure = 'cancelled',"
+                    " version = version + 1, updated_at = ?"
+                    " WHERE org = ? AND id = ? AND state = 'PROCESSING'",
+                    (now(), task.org, task.revision_id),
+                )
         return self.get(who, task_id)
 
     @staticmethod
