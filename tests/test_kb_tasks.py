@@ -372,3 +372,33 @@ def test_a_cancelled_task_never_strands_its_revision(tmp_path: Path) -> None:
     kb.queue.retry(ED, crashed.id, stopped.version)
     _run_all(kb)
     assert kb.store.revision("org-a", second).state == "PROCESSED"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("name", "body"),
+    [("empty.md", b""), ("blank.txt", b"   \n\n  \t\n"), ("front.md", b"---\ntitle: x\n---\n")],
+)
+def test_a_revision_without_text_fails_instead_of_publishing_nothing(
+    tmp_path: Path, name: str, body: bytes
+) -> None:
+    """A source with no text (empty, a scan without a text layer) was PROCESSED with 0
+    chunks and could be published over a real release, which then answered nothing. The
+    task fails with ``no_text`` and the revision cannot be published."""
+    kb = _kb(tmp_path)
+    wf = kb.workflow
+    topic = wf.create_topic(ED, "x", "X")
+    rev = wf.create_revision(ED, topic.id, "1")
+    part = kb.store.upload_dir / "up_x.part"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    part.write_bytes(body)
+    sha, size = kb.store.keep_blob(part)
+    rev, _ = wf.add_file_source(
+        ED, rev.id, rev.version, file_name=name, media_type="", sha256=sha, size=size
+    )
+    rev = wf.submit(ED, rev.id, rev.version)
+    rev = wf.approve(REV, rev.id, rev.version)
+    task = kb.queue.enqueue(ED, rev.id, rev.version).task
+    _run_all(kb)
+    out = kb.store.task("org-a", task.id)
+    assert out is not None and (out.state, out.error_category) == ("FAILED", "no_text")
+    assert kb.store.revision("org-a", rev.id).state == "FAILED"  # type: ignore[union-attr]

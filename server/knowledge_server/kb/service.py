@@ -197,6 +197,12 @@ class KnowledgeBase:
             tags=rev.tags,
             sources=per_source,
         )
+        if not chunks:
+            # Published, it would replace the topic's release with nothing retrievable.
+            raise _TaskFailed(
+                "no_text",
+                "the sources hold no text (empty, or a scan without a text layer)",
+            )
         self.queue.progress(task, "chunk", len(sources), len(sources), len(chunks))
         vectors = self._embed(task, chunks)
         self.queue.progress(task, "stage", len(chunks), len(chunks), len(chunks))
