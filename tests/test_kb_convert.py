@@ -429,3 +429,17 @@ def test_the_configured_docling_serve_converts_what_the_local_converters_do_not(
     assert doc.blocks and _Docling.uploads  # the server received the file
     with pytest.raises(ConfigError, match="kb_docling_url"):
         load_config(env={}, overrides={"data_dir": str(tmp_path), "kb_docling_url": "ftp://x"})
+
+
+def test_the_converter_takes_what_the_upload_limit_admits(tmp_path: Path) -> None:
+    """``kb_max_source_mib`` above 32 was accepted by uploads, but the converter kept its
+    own 32 MiB limit, so every such file failed processing (``too_large``)."""
+    from knowledge_server.config import load_config
+    from knowledge_server.runtime import kb_converter
+
+    cfg = load_config(env={}, overrides={"data_dir": str(tmp_path), "kb_max_source_mib": 64})
+    conv = kb_converter(cfg)
+    assert conv.limits.max_bytes == 64 * 1024 * 1024  # what Converter.convert checks
+    small = load_config(env={}, overrides={"data_dir": str(tmp_path), "kb_max_source_mib": 1})
+    with pytest.raises(SourceTooLarge):
+        kb_converter(small).convert(Source(name="a.md", data=b"x" * (1024 * 1024 + 1)))

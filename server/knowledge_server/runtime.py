@@ -26,7 +26,7 @@ from knowledge_server.code.embed import E5Embedder, Embedder, HashingEmbedder, O
 from knowledge_server.code.model import IndexOptions
 from knowledge_server.config import Config, ConfigError
 from knowledge_server.edition import EditionState, LicenceView
-from knowledge_server.kb.convert import Converter, DoclingServeClient
+from knowledge_server.kb.convert import Converter, ConvertLimits, DoclingServeClient
 from knowledge_server.kb.index.factory import IndexSettings, open_index
 from knowledge_server.kb.service import KnowledgeBase
 from knowledge_server.lanes.code import CodeLane
@@ -197,15 +197,19 @@ def kb_index_settings(config: Config) -> IndexSettings:
 
 def kb_converter(config: Config) -> Converter:
     """The knowledge base's converters: the local ones, and Docling Serve when
-    ``kb_docling_url`` names one (its key from the variable ``kb_docling_key_env`` names)."""
+    ``kb_docling_url`` names one (its key from the variable ``kb_docling_key_env`` names).
+    They take sources as large as an upload may be (``kb_max_source_mib``): a file the
+    upload accepted is not refused by its conversion."""
+    limits = ConvertLimits(max_bytes=config.kb_max_source_mib * 1024 * 1024)
     if not config.kb_docling_url:
-        return Converter()
+        return Converter(limits=limits)
     key = os.environ.get(config.kb_docling_key_env, "") if config.kb_docling_key_env else ""
     return Converter(
         docling=DoclingServeClient(
             config.kb_docling_url, api_key=key, timeout_s=config.kb_docling_timeout_s
         ),
         docling_for=frozenset(t.lower() for t in config.kb_docling_for),
+        limits=limits,
     )
 
 
