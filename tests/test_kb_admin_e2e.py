@@ -599,3 +599,29 @@ def test_a_write_that_outlives_its_caller_is_audited_as_it_ended(world: World) -
         assert [(e.outcome, list(e.targets)) for e in events] == [("ok", [keys["k-outlived"]])]
     else:  # never began: the caller's event, and nothing stored
         assert [e.outcome for e in events] == ["KNOWLEDGE_DEADLINE_EXCEEDED"]
+
+
+def test_an_upload_of_a_file_that_shrinks_stops_with_an_error(world: World, tmp_path: Path) -> None:
+    """A file rewritten shorter while ``upload_file`` sends it: the pieces after its new
+    end were empty and never final, so the upload looped for ever. It stops with an
+    error, and the revision gains no source."""
+    notes = tmp_path / "notes.md"
+    notes.write_bytes(b"# Notes\n\n" + b"x" * (64 * 1024))
+
+    calls = []
+
+    def shrink(sent: int, total: int) -> None:
+        calls.append(sent)
+        if sent == 8192:
+            os.truncate(notes, 10_000)
+        assert len(calls) < 100, "the upload never ends"
+
+    with world.client("editor") as kc:
+        topic = kc.kb_create_topic("shrinking", "Shrinking").topic
+        assert topic is not None
+        rev = kc.kb_create_revision(topic.id, "1.0").revision
+        assert rev is not None
+        with pytest.raises(OSError, match="changed while it was uploaded"):
+            upload_file(kc, rev.id, rev.version, notes, piece_bytes=4096, progress=shrink)
+        got = kc.kb_get_revision(rev.id)
+        assert not list(got.sources)

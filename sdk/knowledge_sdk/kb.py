@@ -26,7 +26,8 @@ def upload_file(
     progress: Callable[[int, int], None] | None = None,
 ) -> v1.UploadSourceResponse:
     """Upload a whole file as a source of a DRAFT revision, in pieces; the last call adds
-    it (checked against ``expected_version``). ``progress(sent, total)`` after each piece."""
+    it (checked against ``expected_version``). ``progress(sent, total)`` after each piece.
+    A file that shrinks during the upload is ``OSError`` (the source is not added)."""
     path = Path(path)
     total = path.stat().st_size
     name = file_name or path.name
@@ -35,6 +36,13 @@ def upload_file(
     with path.open("rb") as fh:
         while True:
             data = fh.read(piece_bytes)
+            if not data and sent < total:
+                # Shorter than when it was measured: the file changed under the upload
+                # (sending nothing more would never end it).
+                raise OSError(
+                    f"{path}: the file changed while it was uploaded ({total} bytes at the "
+                    f"start, {sent} read); nothing was added"
+                )
             final = sent + len(data) >= total
             resp = client.kb_upload_source_piece(
                 revision_id,
