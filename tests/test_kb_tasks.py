@@ -364,7 +364,8 @@ def test_a_cancelled_task_never_strands_its_revision(tmp_path: Path) -> None:
     second = _approved(kb, "k2")
     crashed = kb.queue.enqueue(ED, second, kb.store.revision("org-a", second).version).task  # type: ignore[union-attr]
     assert kb.queue.claim(f"{socket.gethostname()}:{_dead_pid()}:abcd") is not None
-    (resumed,) = KnowledgeBase(tmp_path, index=kb.index, embedder=HashingEmbedder()).queue.recover()
+    recovered = KnowledgeBase(tmp_path, index=kb.index, embedder=HashingEmbedder()).queue.recover()
+    assert [t.id for t in recovered] == [crashed.id]
     assert kb.store.revision("org-a", second).state == "PROCESSING"  # type: ignore[union-attr]
     stopped = kb.queue.cancel(ED, crashed.id, kb.store.task("org-a", crashed.id).version)  # type: ignore[union-attr]
     revision = kb.store.revision("org-a", second)
