@@ -403,3 +403,110 @@ def test_a_revision_without_text_fails_instead_of_publishing_nothing(
     out = kb.store.task("org-a", task.id)
     assert out is not None and (out.state, out.error_category) == ("FAILED", "no_text")
     assert kb.store.revision("org-a", rev.id).state == "FAILED"  # type: ignore[union-attr]
+
+
+def test_a_worker_that_lost_its_task_writes_nothing_more(tmp_path: Path) -> None:
+    """A task recovered from a worker (its lease ran out) and claimed by another: the
+    first one's late outcome was written over the second's run, so the task said FAILED
+    while its revision was PROCESSED. Outcomes are written by the owner only."""
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version)  # type: ignore[union-attr]
+    first = kb.queue.claim("host:1:first")
+    assert first is not None
+    with kb.store.tx() as c:  # its lease ran out (a step longer than the lease, a pause)
+        c.execute("UPDATE tasks SET lease_until = 0 WHERE id = ?", (first.id,))
+    assert [t.id for t in kb.queue.recover()] == [first.id]
+    second = kb.queue.claim("host:1:second")
+    assert second is not None and second.id == first.id
+    kb.queue.fail(first, "converter_timeout", "late")
+    kb.queue.progress(first, "embed", 1, 2)
+    assert not kb.queue.renew(first)
+    row = kb.store.task("org-a", first.id)
+    assert row is not None and (row.state, row.owner, row.step) == (
+        "RUNNING",
+        second.owner,
+        "start",
+    )
+    kb.process_task(second)
+    done = kb.store.task("org-a", first.id)
+    assert done is not None and done.state == "SUCCEEDED"
+    assert kb.store.revision("org-a", rev_id).state == "PROCESSED"  # type: ignore[union-attr]
+
+
+def test_a_step_longer_than_the_lease_is_not_run_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease was renewed only between steps: a conversion longer than it (Docling
+    may take minutes) looked like a dead worker's task, and another serving process ran
+    it a second time. The worker now renews it while the step runs."""
+    from knowledge_server.kb import tasks as tasks_mod
+
+    monkeypatch.setattr(tasks_mod, "LEASE_SECONDS", 0.6)
+    # Seen from another serving process, this one is alive: only its lease can tell.
+    monkeypatch.setattr(tasks_mod, "_owner_gone", lambda owner: False)
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    task = kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version).task  # type: ignore[union-attr]
+    other = KnowledgeBase(tmp_path, index=kb.index, embedder=HashingEmbedder())
+    recovered: list[object] = []
+
+    def slow(claimed: object) -> None:
+        import time
+
+        for _ in range(8):  # one long step, four leases long, while another process looks
+            time.sleep(0.3)
+            recovered.extend(other.queue.recover())
+        kb.process_task(claimed)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        worker = tasks_mod.Worker(kb.queue, slow, poll_seconds=0.05)
+        worker.start()
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            row = kb.store.task("org-a", task.id)
+            if row is not None and row.state in ("SUCCEEDED", "FAILED"):
+                break
+        await worker.stop()
+
+    asyncio.run(run())
+    done = kb.store.task("org-a", task.id)
+    assert recovered == []
+    assert done is not None and (done.state, done.attempts) == ("SUCCEEDED", 1)
+
+
+def test_a_task_its_worker_could_not_finish_is_taken_up_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write error while a task ended (a full disk) left it RUNNING until the server
+    restarted: recovery ran only when a worker started. An idle worker now recovers
+    tasks whose lease ran out, so the task runs again and ends."""
+    from knowledge_server.kb import tasks as tasks_mod
+
+    monkeypatch.setattr(tasks_mod, "LEASE_SECONDS", 0.3)
+    monkeypatch.setattr(tasks_mod, "RECOVER_SECONDS", 0.2)
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    task = kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version).task  # type: ignore[union-attr]
+    runs: list[int] = []
+
+    def crash_once(claimed: object) -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            raise OSError(28, "No space left on device")
+        kb.process_task(claimed)  # type: ignore[arg-type]
+
+    async def run() -> None:
+        worker = tasks_mod.Worker(kb.queue, crash_once, poll_seconds=0.05)
+        worker.start()
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            row = kb.store.task("org-a", task.id)
+            if row is not None and row.state in ("SUCCEEDED", "FAILED"):
+                break
+        await worker.stop()
+
+    asyncio.run(run())
+    done = kb.store.task("org-a", task.id)
+    assert len(runs) == 2
+    assert done is not None and (done.state, done.attempts) == ("SUCCEEDED", 2)

@@ -2,13 +2,16 @@
 
 A task is enqueued with an idempotency key (the same key twice is one task, run once),
 claimed by one serving process (``BEGIN IMMEDIATE``: two processes never claim the same
-task), and holds a lease it renews at every progress step. Task states::
+task), and holds a lease it renews at every progress step and, while a step runs, every
+third of the lease (``Worker._run_task``); only the holder writes the task's progress and
+outcome. Task states::
 
     QUEUED -> RUNNING -> SUCCEEDED | FAILED      FAILED, CANCELLED -> QUEUED (manual retry)
     QUEUED -> CANCELLED                          (cancel: only a task not started)
 
 A task left RUNNING by a process that died (its process is gone from this host, or its
-lease ran out) is recovered when a worker starts: queued again to resume (staging is an
+lease ran out) is recovered when a worker starts, and every ``RECOVER_SECONDS`` while it is
+idle: queued again to resume (staging is an
 idempotent replace, so a resumed task starts its steps over), or failed with the category
 ``interrupted`` after ``MAX_ATTEMPTS`` starts. The topic's published release is never
 touched by processing: a task stages chunks that no reader sees until a publish.
@@ -34,11 +37,20 @@ from knowledge_server.kb.store import KBStore, TaskRow, must, new_id, now
 from knowledge_server.kb.workflow import check_transition
 from knowledge_server.logs import get_logger
 
-__all__ = ["LEASE_SECONDS", "MAX_ATTEMPTS", "TaskQueue", "Worker", "owner_identity"]
+__all__ = [
+    "LEASE_SECONDS",
+    "MAX_ATTEMPTS",
+    "RECOVER_SECONDS",
+    "TaskQueue",
+    "Worker",
+    "owner_identity",
+]
 
 log = get_logger("knowledge.kb.tasks")
 
 LEASE_SECONDS = 60.0
+# How often an idle worker recovers tasks whose lease ran out (see ``Worker._recover``).
+RECOVER_SECONDS = 30.0
 MAX_ATTEMPTS = 3
 ACTIVE = ("QUEUED", "RUNNING")
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -258,9 +270,40 @@ class TaskQueue:
         with self.store.tx() as c:
             c.execute(
                 "UPDATE tasks SET step = ?, done = ?, total = ?, chunks = COALESCE(?, chunks),"
-                " lease_until = ?, updated_at = ? WHERE org = ? AND id = ? AND state = 'RUNNING'",
-                (step, done, total, chunks, time.time() + LEASE_SECONDS, now(), task.org, task.id),
+                " lease_until = ?, updated_at = ? WHERE org = ? AND id = ? AND state = 'RUNNING'"
+                " AND owner = ?",
+                (
+                    step,
+                    done,
+                    total,
+                    chunks,
+                    time.time() + LEASE_SECONDS,
+                    now(),
+                    task.org,
+                    task.id,
+                    task.owner,
+                ),
             )
+
+    def renew(self, task: TaskRow) -> bool:
+        """Extend the lease of a task this worker still runs (its heartbeat while a long
+        step runs: a conversion may take minutes); False when it is no longer its own."""
+        with self.store.tx() as c:
+            c.execute(
+                "UPDATE tasks SET lease_until = ? WHERE org = ? AND id = ? AND state = 'RUNNING'"
+                " AND owner = ?",
+                (time.time() + LEASE_SECONDS, task.org, task.id, task.owner),
+            )
+            return bool(c.changes())
+
+    def _owned(self, task: TaskRow) -> bool:
+        """The task is still RUNNING for the owner that claimed it (``task.owner``): a
+        worker whose task was recovered and claimed elsewhere writes nothing more."""
+        row = self.store.task(task.org, task.id)
+        owned = row is not None and row.state == "RUNNING" and row.owner == task.owner
+        if not owned:
+            log.warning("kb.task_lost", task_id=task.id)
+        return owned
 
     def record_embed_call(
         self, task: TaskRow, model: str, texts: int, ms: float, failure: str = ""
@@ -276,6 +319,8 @@ class TaskQueue:
         """The task and (for PROCESS) its revision end together: PROCESSED.
         ``secrets_redacted``: secrets replaced in the sources' text before indexing."""
         with self.store.tx() as c:
+            if not self._owned(task):
+                return
             if task.kind == "PROCESS":
                 c.execute(
                     "UPDATE revisions SET state = 'PROCESSED', chunk_count = ?, embed_model = ?,"
@@ -297,6 +342,8 @@ class TaskQueue:
 
     def fail(self, task: TaskRow, category: str, message: str) -> None:
         with self.store.tx() as c:
+            if not self._owned(task):
+                return
             if task.kind == "PROCESS":
                 c.execute(
                     "UPDATE revisions SET state = 'FAILED', failure = ?, version = version + 1,"
@@ -388,16 +435,18 @@ class Worker:
             self._task = None
 
     async def _run(self) -> None:
+        await self._recover()
         try:
-            recovered = await asyncio.to_thread(self.queue.recover)
-            if recovered:
-                log.info("kb.tasks_recovered", tasks=len(recovered))
             if self.on_start is not None:
                 await asyncio.to_thread(self.on_start)
         except Exception as exc:  # noqa: BLE001 - the worker goes on with the queue as it is
             log.error("kb.recover_failed", error_type=type(exc).__name__)
         wake = self._wake or asyncio.Event()
+        recover_at = time.monotonic() + RECOVER_SECONDS
         while True:
+            if time.monotonic() >= recover_at:
+                await self._recover()
+                recover_at = time.monotonic() + RECOVER_SECONDS
             try:
                 task = await asyncio.to_thread(self.queue.claim, self.owner)
             except Exception as exc:  # noqa: BLE001 - a busy or full store: try again later
@@ -412,7 +461,33 @@ class Worker:
                 continue
             log.info("kb.task_started", task_id=task.id, kind=task.kind, attempt=task.attempts)
             try:
-                await asyncio.shield(asyncio.to_thread(self.process, task))
+                await self._run_task(task)
             except Exception as exc:  # noqa: BLE001 - e.g. a full disk while failing the task: the lease recovers it
                 log.error("kb.task_crashed", task_id=task.id, error_type=type(exc).__name__)
                 await asyncio.sleep(self.poll_seconds)
+
+    async def _run_task(self, task: TaskRow) -> None:
+        """``process(task)`` in a thread, its lease renewed every third of it meanwhile: a
+        step that takes longer than the lease (a long conversion) is not taken for a dead
+        worker's and run a second time elsewhere."""
+        running = asyncio.ensure_future(asyncio.to_thread(self.process, task))
+        while True:
+            done, _ = await asyncio.wait({running}, timeout=LEASE_SECONDS / 3)
+            if done:
+                running.result()
+                return
+            try:
+                await asyncio.to_thread(self.queue.renew, task)
+            except Exception as exc:  # noqa: BLE001 - a busy store: the next beat tries again
+                log.error("kb.lease_renew_failed", task_id=task.id, error_type=type(exc).__name__)
+
+    async def _recover(self) -> None:
+        """Queue again the tasks whose worker is gone or whose lease ran out: at start, and
+        every ``RECOVER_SECONDS`` while idle (a task this process could not finish, e.g.
+        on a full disk, is taken up again without a restart)."""
+        try:
+            recovered = await asyncio.to_thread(self.queue.recover)
+            if recovered:
+                log.info("kb.tasks_recovered", tasks=len(recovered))
+        except Exception as exc:  # noqa: BLE001 - the worker goes on with the queue as it is
+            log.error("kb.recover_failed", error_type=type(exc).__name__)
