@@ -722,3 +722,35 @@ def test_kb_idx_18_a_text_ranking_by_sql_is_the_one_in_memory_and_others_move_no
     finally:
         alone.close()
         shared.close()
+
+
+def test_milvus_restaging_a_visible_revision_never_leaves_it_without_rows(tmp_path: Path) -> None:
+    """A revision staged again while it is published (reconcile, an upgrade step) was
+    deleted first and inserted after: an insert that failed (Milvus unavailable) left the
+    release with no rows, so Retrieve found nothing for it. The new rows now replace the
+    old ones by key, and only the rows past the new last chunk are deleted after."""
+    idx = _milvus_opener(tmp_path)()
+    try:
+        three = [_chunk("o", "r1", n, f"refund text {n}") for n in range(3)]
+        idx.stage("o", "r1", three, [_unit(n) for n in range(3)])
+        assert idx.revision_counts("o") == {("o", "r1"): 3}
+
+        def unavailable(*args: object, **kwargs: object) -> None:
+            raise ConnectionError("Milvus unavailable")
+
+        client = idx.client  # type: ignore[attr-defined]
+        real = client.upsert, client.insert
+        client.upsert = client.insert = unavailable  # every way of writing rows fails
+        try:
+            with pytest.raises(ConnectionError):
+                idx.stage("o", "r1", three, [_unit(n) for n in range(3)])
+        finally:
+            client.upsert, client.insert = real
+        assert idx.revision_counts("o") == {("o", "r1"): 3}
+        two = [_chunk("o", "r1", n, f"new refund text {n}") for n in range(2)]
+        idx.stage("o", "r1", two, [_unit(n) for n in range(2)])
+        assert idx.revision_counts("o") == {("o", "r1"): 2}
+        got = idx.get_chunks("o", ["r1:0", "r1:1", "r1:2"])
+        assert sorted(c.text for c in got) == ["new refund text 0", "new refund text 1"]
+    finally:
+        idx.close()

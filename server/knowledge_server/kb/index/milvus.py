@@ -244,16 +244,20 @@ class MilvusRetrievalIndex:
                     "tags": list(chunk.tags),
                 }
             )
-        # No count first (drop_revision's): one call less per revision staged.
-        self.client.delete(
-            self.collection,
-            filter=f"org == {_literal(org)} and revision_id == {_literal(revision_id)}",
-            timeout=self.timeout_s,
-        )
+        # The new rows replace the old ones by key first (a chunk's key is its revision and
+        # ordinal), then the rows past the new last ordinal go: a revision staged again while
+        # it is visible (reconcile, an upgrade) keeps rows at every moment, and a failure
+        # half-way leaves the old rows, not none.
         for start in range(0, len(rows), _INSERT_BATCH):
-            self.client.insert(
+            self.client.upsert(
                 self.collection, rows[start : start + _INSERT_BATCH], timeout=self.timeout_s
             )
+        self.client.delete(
+            self.collection,
+            filter=f"org == {_literal(org)} and revision_id == {_literal(revision_id)}"
+            f" and ordinal > {max((c.ordinal for c in chunks), default=-1)}",
+            timeout=self.timeout_s,
+        )
         # Seal the new rows into indexed segments: searches over growing (unflushed)
         # segments took 0.5-1 s in Milvus Lite at 1,400 chunks, 15-30 ms once flushed.
         self.client.flush(self.collection, timeout=self.timeout_s)
