@@ -396,14 +396,18 @@ def milvus_world(tmp_path: Path) -> Iterator[tuple[KbWorld, _MilvusProcess]]:
 
 def _unavailable_within_budget(kc: KnowledgeClient, call: str = "kb_retrieve") -> Unavailable:
     started = time.monotonic()
-    with pytest.raises(Unavailable) as err:
-        getattr(kc, call)(REFUND_Q, trace_id="t-index")
+    try:
+        out = getattr(kc, call)(REFUND_Q, trace_id="t-index")
+    except Unavailable as exc:
+        err = exc
+    else:  # what it answered instead, to tell how (this has failed once in many runs)
+        pytest.fail(f"{call} answered with the index stopped: {out}")
     took = time.monotonic() - started
     assert took < BUDGET_S + SLACK_S, took
-    assert err.value.reason == "KNOWLEDGE_DEPENDENCY_UNAVAILABLE"
-    assert err.value.metadata["dependency"] == "index"
-    assert err.value.metadata["trace_id"] == "t-index"
-    return err.value
+    assert err.reason == "KNOWLEDGE_DEPENDENCY_UNAVAILABLE"
+    assert err.metadata["dependency"] == "index"
+    assert err.metadata["trace_id"] == "t-index"
+    return err
 
 
 def test_kr6i_milvus_stopped_is_unavailable_within_the_budget_and_recovers(
