@@ -439,7 +439,9 @@ def test_a_step_longer_than_the_lease_is_not_run_twice(
 ) -> None:
     """The lease was renewed only between steps: a conversion longer than it (Docling
     may take minutes) looked like a dead worker's task, and another serving process ran
-    it a second time. The worker now renews it while the step runs."""
+    it a second time. The worker now renews it while the step runs, from a thread of its
+    own: with the event loop's shared threads all busy (operator streams hold them for
+    minutes), renewals queued behind them never came."""
     from knowledge_server.kb import tasks as tasks_mod
 
     monkeypatch.setattr(tasks_mod, "LEASE_SECONDS", 0.6)
@@ -460,13 +462,21 @@ def test_a_step_longer_than_the_lease_is_not_run_twice(
         kb.process_task(claimed)  # type: ignore[arg-type]
 
     async def run() -> None:
+        import time
+        from concurrent.futures import ThreadPoolExecutor
+
+        shared = ThreadPoolExecutor(max_workers=2)
+        asyncio.get_running_loop().set_default_executor(shared)
         worker = tasks_mod.Worker(kb.queue, slow, poll_seconds=0.05)
         worker.start()
+        await asyncio.sleep(0.2)  # claimed; then the loop's shared threads are all taken
+        hold = asyncio.gather(*(asyncio.to_thread(time.sleep, 3) for _ in range(2)))
         for _ in range(200):
             await asyncio.sleep(0.05)
             row = kb.store.task("org-a", task.id)
             if row is not None and row.state in ("SUCCEEDED", "FAILED"):
                 break
+        await hold
         await worker.stop()
 
     asyncio.run(run())
@@ -510,3 +520,32 @@ def test_a_task_its_worker_could_not_finish_is_taken_up_again(
     done = kb.store.task("org-a", task.id)
     assert len(runs) == 2
     assert done is not None and (done.state, done.attempts) == ("SUCCEEDED", 2)
+
+
+def test_a_heartbeat_after_recovery_read_the_tasks_keeps_the_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recovery judged the leases on the rows it had read before it wrote: a renewal that
+    came in between did not save the task, which was queued again beside its live run.
+    The lease is judged again in the transaction that re-queues."""
+    from knowledge_server.kb import tasks as tasks_mod
+
+    monkeypatch.setattr(tasks_mod, "_owner_gone", lambda owner: False)  # another process
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version)  # type: ignore[union-attr]
+    claimed = kb.queue.claim("host:1:live")
+    assert claimed is not None
+    with kb.store.tx() as c:  # a late heartbeat: the lease has just run out
+        c.execute("UPDATE tasks SET lease_until = 0 WHERE id = ?", (claimed.id,))
+    listed = kb.store.tasks_in_state
+
+    def then_a_beat(state: str) -> object:
+        rows = listed(state)
+        assert kb.queue.renew(claimed)  # the heartbeat lands after the list was read
+        return rows
+
+    monkeypatch.setattr(kb.store, "tasks_in_state", then_a_beat)
+    assert kb.queue.recover() == []
+    row = kb.store.task("org-a", claimed.id)
+    assert row is not None and (row.state, row.owner) == ("RUNNING", "host:1:live")

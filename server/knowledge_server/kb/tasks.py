@@ -27,8 +27,10 @@ import contextvars
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from knowledge_server.auth_model import Principal
@@ -204,8 +206,8 @@ class TaskQueue:
             )
             if task.kind == "PROCESS":
                 # A task queued again to resume (its revision PROCESSING) leaves the revision
-                # FAILED ("cancelled"), where RetryTask or a new ProcessRevision can take it;
-                # left PROCESSING, nothing could.
+                # FAILED ("cancelled"), where RetryTask of this task takes it up; left
+                # PROCESSING, nothing could.
                 c.execute(
                     "UPDATE revisions SET state = 'FAILED', failure = 'cancelled',"
                     " version = version + 1, updated_at = ?"
@@ -365,13 +367,18 @@ class TaskQueue:
         """Tasks left RUNNING by a process that is gone: queued again to resume, or
         FAILED (``interrupted``) once they have been started ``MAX_ATTEMPTS`` times."""
         recovered = []
-        for task in self.store.tasks_in_state("RUNNING"):
-            if not (_owner_gone(task.owner) or task.lease_until < time.time()):
-                continue
-            if task.attempts >= MAX_ATTEMPTS:
-                self.fail(task, "interrupted", "the process running it stopped, too often")
-            else:
-                with self.store.tx() as c:
+        for candidate in self.store.tasks_in_state("RUNNING"):
+            with self.store.tx() as c:
+                # Judged again on the row as it is now, in the transaction that changes it:
+                # a heartbeat that came after the list was read keeps its task.
+                task = self.store.task(candidate.org, candidate.id)
+                if task is None or task.state != "RUNNING" or task.owner != candidate.owner:
+                    continue
+                if not (_owner_gone(task.owner) or task.lease_until < time.time()):
+                    continue
+                if task.attempts >= MAX_ATTEMPTS:
+                    self.fail(task, "interrupted", "the process running it stopped, too often")
+                else:
                     c.execute(
                         "UPDATE tasks SET state = 'QUEUED', step = 'resumed', owner = '',"
                         " lease_until = 0, version = version + 1, updated_at = ?"
@@ -401,6 +408,9 @@ class Worker:
         self.on_start = on_start
         self.poll_seconds = poll_seconds
         self.owner = owner_identity()
+        # The task's own thread: never queued behind the loop's other work (operator
+        # streams hold the shared pool's threads for minutes).
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-task")
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -467,19 +477,26 @@ class Worker:
                 await asyncio.sleep(self.poll_seconds)
 
     async def _run_task(self, task: TaskRow) -> None:
-        """``process(task)`` in a thread, its lease renewed every third of it meanwhile: a
-        step that takes longer than the lease (a long conversion) is not taken for a dead
-        worker's and run a second time elsewhere."""
-        running = asyncio.ensure_future(asyncio.to_thread(self.process, task))
-        while True:
-            done, _ = await asyncio.wait({running}, timeout=LEASE_SECONDS / 3)
-            if done:
-                running.result()
-                return
-            try:
-                await asyncio.to_thread(self.queue.renew, task)
-            except Exception as exc:  # noqa: BLE001 - a busy store: the next beat tries again
-                log.error("kb.lease_renew_failed", task_id=task.id, error_type=type(exc).__name__)
+        """``process(task)`` on this worker's own thread, its lease renewed every third of
+        it meanwhile by a thread of its own: a step longer than the lease (a long
+        conversion) is not taken for a dead worker's and run a second time elsewhere,
+        however busy the event loop's shared threads are. The beats go on for as long as
+        the work runs, also after the loop stopped waiting for it."""
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(LEASE_SECONDS / 3):
+                try:
+                    self.queue.renew(task)
+                except Exception as exc:  # noqa: BLE001 - a busy store: the next beat tries again
+                    log.error(
+                        "kb.lease_renew_failed", task_id=task.id, error_type=type(exc).__name__
+                    )
+
+        threading.Thread(target=beat, name="kb-lease", daemon=True).start()
+        running = asyncio.get_running_loop().run_in_executor(self._executor, self.process, task)
+        running.add_done_callback(lambda _: done.set())
+        await asyncio.shield(running)
 
     async def _recover(self) -> None:
         """Queue again the tasks whose worker is gone or whose lease ran out: at start, and
