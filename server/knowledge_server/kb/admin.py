@@ -49,7 +49,7 @@ from knowledge_server.kb.store import (
     now,
 )
 from knowledge_server.kb.tasks import TERMINAL
-from knowledge_server.kb.workflow import Published
+from knowledge_server.kb.workflow import Published, one_line_text
 
 __all__ = ["CHUNK_BYTES", "KnowledgeBaseAdmin", "Recorder"]
 
@@ -475,9 +475,9 @@ class KnowledgeBaseAdmin:
                 metadata={"state": rev.state},
             )
         if not req.upload_id:
-            name = os.path.basename(req.file_name.strip())
-            if not name:
-                raise InvalidRequest("file_name: required", metadata={"field": "file_name"})
+            # Shown in listings, citations and prompts as one line: no line break or
+            # control character, as titles.
+            name = one_line_text("file_name", os.path.basename(req.file_name.strip()))
             docling = self.kb.converter.docling is not None
             media = pipeline.media_type_of(name, req.media_type, docling=docling)
             if media is None:

@@ -60,6 +60,7 @@ __all__ = [
     "TRANSITIONS",
     "Workflow",
     "check_transition",
+    "one_line_text",
 ]
 
 STATES = (
@@ -148,6 +149,12 @@ def _text(
                 metadata={"field": name},
             )
     return value
+
+
+def one_line_text(name: str, value: str, limit: int = 255) -> str:
+    """A required name shown on one line (a source's file name): ``_text`` with
+    ``one_line``."""
+    return _text(name, value, limit=limit, one_line=True)
 
 
 @dataclass(frozen=True)
