@@ -81,3 +81,51 @@ def test_entries_of_a_passed_revision_leave_the_cache() -> None:
     assert len(co._cache) == 4
     assert _ask(co, "code question", ["code"]).lanes.code.items[0].id == "chunk:2"
     assert len(co._cache) == 4  # the code entries of revision 1 went, revision 2's came
+
+
+def test_kc12_an_answer_with_a_failed_lane_is_not_replayed() -> None:
+    """KC-12: an answer is served again only while it is still the answer. One where a lane
+    timed out (a cold first read) was cached whole, and every identical search got the
+    timeout again, the lane never asked, until some lane's revision moved."""
+
+    class Episodes:
+        name = "episodes"
+
+        def revision(self) -> str:
+            return "ep-r1"
+
+        async def search(self, q: LaneQuery) -> LaneResult:
+            lane = search_pb2.EpisodesLane(source="x", index_rev="ep-r1")
+            lane.items.add(id="ev:1", session_id="s1", score=1.0)
+            return LaneResult(lane=lane)
+
+    class Code:
+        name = "code"
+        calls = 0
+
+        def revision(self) -> str:
+            return "code-r1"
+
+        async def search(self, q: LaneQuery) -> LaneResult:
+            Code.calls += 1
+            if Code.calls == 1:
+                await asyncio.sleep(0.5)  # longer than the lane's timeout, once
+            lane = search_pb2.CodeLane(source="x", capability="full", index_rev="code-r1")
+            lane.items.add(id="chunk:1", workspace="/w", path="a.py", score=1.0)
+            return LaneResult(lane=lane)
+
+    coord = Coordinator({"episodes": Episodes(), "code": Code()}, timeout_ms=100)
+    v = validate_search(
+        search_pb2.SearchRequest(
+            schema="knowledge.search/v1", query="how to deploy", include=["episodes", "code"]
+        )
+    )
+
+    async def ask() -> search_pb2.SearchResponse:
+        return await coord.search(v, None)
+
+    first = asyncio.run(ask())
+    assert [e.code for e in first.errors] == ["KNOWLEDGE_LANE_TIMEOUT"]
+    second = asyncio.run(ask())
+    assert not second.errors and [i.path for i in second.lanes.code.items] == ["a.py"]
+    assert Code.calls == 2

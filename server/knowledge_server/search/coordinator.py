@@ -246,8 +246,10 @@ class Coordinator:
             started,
             (dict(zip(names, revs, strict=True)) if revs is not None else {}),
         )
-        if key is not None and resp.found:
-            # Stored before the budget is applied: a hit differs in request id, times and
+        if key is not None and resp.found and not resp.errors:
+            # A lane that timed out or failed this once is not replayed to the next asker
+            # (the lanes' own cache keeps the answers that came). Stored before the budget
+            # is applied: a hit differs in request id, times and
             # trace, and is fitted afresh unless those take exactly the room they took
             # here (see _answer_again); so the fitted form is kept too.
             stored = search_pb2.SearchResponse()
