@@ -102,3 +102,71 @@ def test_llm_identity_and_transport_bounds_reach_the_llm_port(tmp_path: Path) ->
         with pytest.raises(ConfigError) as info:
             load_config(env={**env, key: value})
         assert key.removeprefix("KNOWLEDGE_").lower() in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("grace_seconds", "-3"),
+        ("grace_seconds", "nan"),
+        ("grace_seconds", "inf"),
+        ("kb_docling_timeout_s", "nan"),
+        ("lane_timeout_ms", "250.9"),
+    ],
+)
+def test_a_number_that_would_misbehave_later_is_refused(
+    tmp_path: Path, setting: str, value: str
+) -> None:
+    """A negative grace cancelled the calls in flight at once when the server stopped;
+    ``nan`` passed every range check (every comparison with it is false) and was logged as
+    bare NaN; 250.9 became 250 without a word. Each is refused, naming the setting."""
+    with pytest.raises(ConfigError, match=setting):
+        load_config(
+            env={f"KNOWLEDGE_{setting.upper()}": value}, overrides={"data_dir": str(tmp_path)}
+        )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[sever]\nlane_timeout_ms = 5\n", "unknown table"),
+        ("[server]\n[server.lanes]\nlane_timeout_ms = 5\n", "unknown table"),
+        ("lane_timeout_ms = 300\n[server]\nlane_timeout_ms = 400\n", "top level and under"),
+    ],
+)
+def test_a_config_file_never_ignores_a_setting(tmp_path: Path, text: str, message: str) -> None:
+    """docs/configuration.md: unknown keys in the file are refused, not ignored. A mistyped
+    table, a table inside [server], and top-level keys beside a [server] table were all
+    ignored without a word."""
+    path = tmp_path / "knowledge.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, env={}, overrides={"data_dir": str(tmp_path)})
+    path.write_text("lane_timeout_ms = 300\n[server]\nworkers = 2\n")
+    cfg = load_config(path, env={}, overrides={"data_dir": str(tmp_path)})
+    assert (cfg.lane_timeout_ms, cfg.workers) == (300, 2)  # read from both places
+
+
+def test_serve_with_a_data_dir_it_cannot_create_is_one_line(tmp_path: Path) -> None:
+    """A data directory that cannot be created (a path under a file) crashed `serve` with
+    a traceback (exit 1); it is a configuration error: one line, exit 2."""
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "KNOWLEDGE_DATA_DIR": str(blocker / "data"),
+        "KNOWLEDGE_CONFIG": "",
+        "PYTHONPATH": ":".join(sys.path),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "knowledge_server.cli", "serve", "--listen", "127.0.0.1:0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "data_dir" in out.stderr and "Traceback" not in out.stderr

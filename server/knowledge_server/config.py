@@ -9,7 +9,9 @@ came from.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
+import tempfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -259,11 +261,14 @@ def _coerce(name: str, value: Any, source: str) -> Any:
                 raise TypeError("expected a list of paths")
             return tuple(items)
         if name in _INT_FIELDS:
-            if isinstance(value, bool):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise TypeError("expected an integer")
             return int(value)
         if name in _FLOAT_FIELDS:
-            return float(value)
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError(f"expected a finite number, not {value!r}")
+            return number
         if name in _BOOL_FIELDS:
             if isinstance(value, bool):
                 return value
@@ -298,6 +303,11 @@ _INT_RANGES = {
 }
 
 
+# Number settings with an inclusive range (a negative grace would cancel the calls in
+# flight at once when the server stops).
+_FLOAT_RANGES = {"grace_seconds": (0, 3600)}
+
+
 def _validate_llm(cfg: Config) -> None:
     if not 0.1 <= cfg.llm_timeout_seconds <= 3600:
         raise ConfigError(
@@ -310,8 +320,10 @@ def _validate_llm(cfg: Config) -> None:
 def _validate_kb(cfg: Config) -> None:
     if cfg.kb_docling_url and not cfg.kb_docling_url.startswith(("http://", "https://")):
         raise ConfigError(f"kb_docling_url: {cfg.kb_docling_url!r} is not an http(s) URL")
-    if cfg.kb_docling_timeout_s <= 0:
-        raise ConfigError("kb_docling_timeout_s: must be positive")
+    if not 0 < cfg.kb_docling_timeout_s <= 86_400:
+        raise ConfigError(
+            f"kb_docling_timeout_s: {cfg.kb_docling_timeout_s} is out of range (0, 86400]"
+        )
     if cfg.retrieve_default_top_k > cfg.retrieve_max_top_k:
         raise ConfigError(
             f"retrieve_default_top_k: {cfg.retrieve_default_top_k} is above "
@@ -339,7 +351,7 @@ def _validate(cfg: Config) -> Config:
     _validate_kb(cfg)
     if cfg.max_file_bytes < 1024:
         raise ConfigError("max_file_bytes: must be at least 1024")
-    for name, (low, high) in _INT_RANGES.items():
+    for name, (low, high) in (_INT_RANGES | _FLOAT_RANGES).items():
         value = getattr(cfg, name)
         if not low <= value <= high:
             raise ConfigError(f"{name}: {value} is out of range {low}..{high}")
@@ -429,6 +441,19 @@ def check_workspaces(cfg: Config) -> None:
             raise ConfigError(f"workspaces: {ws} is not a directory")
 
 
+def check_data_dir(cfg: Config) -> None:
+    """Raise ConfigError when the data directory cannot be created or written (``serve``
+    checks this at start, for a one-line error instead of a traceback)."""
+    try:
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=cfg.data_dir, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"data_dir: {cfg.data_dir} cannot be created or written ({exc.strerror or exc})"
+        ) from None
+
+
 # Settings that no longer exist, with what replaced them: naming them is an error rather
 # than silently ignored, since the old meaning (trust these keys) no longer holds.
 _REMOVED = {
@@ -462,11 +487,9 @@ def load_config(
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
-        table = raw.get("server", raw)
+        table = _server_table(raw, path)
         memory_tables = raw.get("memory")
         for key, value in table.items():
-            if isinstance(value, dict):
-                continue
             _refuse_removed(key, f"config file {path}")
             if key not in names:
                 raise ConfigError(f"config file {path}: unknown setting {key!r}")
@@ -487,6 +510,32 @@ def load_config(
         values[key] = _coerce(key, value, "command line")
     values["memory"] = _memory_policy(memory_tables, env, path)
     return _validate(Config(**values))
+
+
+def _server_table(raw: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The server's settings of a TOML file: its top-level keys and those of ``[server]``
+    together. A table other than ``[server]`` and ``[memory]`` (a typo such as
+    ``[sever]``), a table inside ``[server]``, or a key given at both places is refused:
+    a setting the file holds is never silently ignored."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            if key not in ("server", "memory"):
+                raise ConfigError(f"config file {path}: unknown table [{key}]")
+            continue
+        out[key] = value
+    server = raw.get("server", {})
+    if not isinstance(server, dict):
+        raise ConfigError(f"config file {path}: server must be a table")
+    for key, value in server.items():
+        if isinstance(value, dict):
+            raise ConfigError(f"config file {path}: unknown table [server.{key}]")
+        if key in out:
+            raise ConfigError(
+                f"config file {path}: {key!r} is given at the top level and under [server]"
+            )
+        out[key] = value
+    return out
 
 
 def _memory_policy(tables: Any, env: Mapping[str, str], path: Path | None) -> MemoryPolicy:

@@ -190,7 +190,12 @@ def serve(
     """
     # The server's runtime (stores, tree-sitter, numpy) is imported by `serve` alone, so
     # the client commands (search, status, ...) start without loading it.
-    from knowledge_server.config import ConfigError, check_workspaces, load_config
+    from knowledge_server.config import (
+        ConfigError,
+        check_data_dir,
+        check_workspaces,
+        load_config,
+    )
     from knowledge_server.logs import configure_logging
     from knowledge_server.runtime import (
         build_app,
@@ -227,6 +232,7 @@ def serve(
         # Before anything is opened: a missing workspace or a busy port stops here (and
         # the server listening there keeps its stores and its DATA_DIR/server.json).
         check_workspaces(cfg)
+        check_data_dir(cfg)
         check_port_free(cfg.listen)
         app = build_app(cfg)
         authenticate = build_authenticator(cfg)
