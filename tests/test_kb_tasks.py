@@ -549,3 +549,58 @@ def test_a_heartbeat_after_recovery_read_the_tasks_keeps_the_task(
     assert kb.queue.recover() == []
     row = kb.store.task("org-a", claimed.id)
     assert row is not None and (row.state, row.owner) == ("RUNNING", "host:1:live")
+
+
+def test_a_worker_started_again_never_runs_its_own_task_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose loop ended while its task still ran on the task thread, started
+    again on a new loop: its recovery took the task for a dead process's (the owner is
+    this process) and ran it a second time. Its heartbeat also went on after the work had
+    ended, renewing the lease for ever, and the task thread outlived the worker."""
+    import threading
+    import time
+
+    from knowledge_server.kb import tasks as tasks_mod
+
+    monkeypatch.setattr(tasks_mod, "LEASE_SECONDS", 0.3)
+    before = set(threading.enumerate())
+    kb = _kb(tmp_path)
+    rev_id = _approved(kb)
+    task = kb.queue.enqueue(ED, rev_id, kb.store.revision("org-a", rev_id).version).task  # type: ignore[union-attr]
+    runs: list[int] = []
+
+    def slow(claimed: object) -> None:
+        runs.append(1)
+        time.sleep(1.0)
+        kb.process_task(claimed)  # type: ignore[arg-type]
+
+    worker = tasks_mod.Worker(kb.queue, slow, poll_seconds=0.05)
+
+    async def briefly() -> None:
+        worker.start()
+        await asyncio.sleep(0.3)  # claimed, running on the task thread
+        await worker.stop()
+
+    async def longer() -> None:
+        worker.start()
+        await asyncio.sleep(2.0)
+        await worker.stop()
+
+    asyncio.run(briefly())
+    asyncio.run(longer())
+    for _ in range(50):
+        row = kb.store.task("org-a", task.id)
+        if row is not None and row.state == "SUCCEEDED":
+            break
+        time.sleep(0.1)
+    assert len(runs) == 1
+    done = kb.store.task("org-a", task.id)
+    assert done is not None and (done.state, done.attempts) == ("SUCCEEDED", 1)
+    time.sleep(0.3)
+    left = [
+        t.name
+        for t in threading.enumerate()
+        if t not in before and t.name.startswith(("kb-lease", "kb-task"))
+    ]
+    assert left == []

@@ -363,11 +363,14 @@ class TaskQueue:
             (state, state, category, message[:300], now(), task.org, task.id),
         )
 
-    def recover(self) -> list[TaskRow]:
+    def recover(self, running: frozenset[str] = frozenset()) -> list[TaskRow]:
         """Tasks left RUNNING by a process that is gone: queued again to resume, or
-        FAILED (``interrupted``) once they have been started ``MAX_ATTEMPTS`` times."""
+        FAILED (``interrupted``) once they have been started ``MAX_ATTEMPTS`` times.
+        ``running``: the ids of tasks the caller's own worker still runs (left alone)."""
         recovered = []
         for candidate in self.store.tasks_in_state("RUNNING"):
+            if candidate.id in running:
+                continue
             with self.store.tx() as c:
                 # Judged again on the row as it is now, in the transaction that changes it:
                 # a heartbeat that came after the list was read keeps its task.
@@ -408,9 +411,13 @@ class Worker:
         self.on_start = on_start
         self.poll_seconds = poll_seconds
         self.owner = owner_identity()
-        # The task's own thread: never queued behind the loop's other work (operator
-        # streams hold the shared pool's threads for minutes).
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-task")
+        # The task's own thread (made by ``start``, let go by ``halt``/``stop``): never
+        # queued behind the loop's other work (operator streams hold the shared pool's
+        # threads for minutes).
+        self._executor: ThreadPoolExecutor | None = None
+        # Tasks this worker runs right now (a thread may outlive the loop that started it):
+        # its own recovery never takes them, although their owner is this process.
+        self._running: set[str] = set()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -418,6 +425,8 @@ class Worker:
         """Start on the running loop (once; again after the previous loop ended)."""
         if self._task is not None and not self._task.done():
             return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-task")
         self._wake = asyncio.Event()
         # A context of its own: started from an RPC, it must not carry that call's
         # request id and principal into its logs.
@@ -434,6 +443,7 @@ class Worker:
         running in its thread finishes there or, its process gone, is recovered later."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        self._let_go()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -443,6 +453,13 @@ class Worker:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """The task thread ends when its task does (``start`` makes another)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
 
     async def _run(self) -> None:
         await self._recover()
@@ -481,21 +498,39 @@ class Worker:
         it meanwhile by a thread of its own: a step longer than the lease (a long
         conversion) is not taken for a dead worker's and run a second time elsewhere,
         however busy the event loop's shared threads are. The beats go on for as long as
-        the work runs, also after the loop stopped waiting for it."""
+        the work runs, also after the loop stopped waiting for it, and end with it (or
+        when the task is no longer this worker's)."""
         done = threading.Event()
 
         def beat() -> None:
             while not done.wait(LEASE_SECONDS / 3):
                 try:
-                    self.queue.renew(task)
+                    if not self.queue.renew(task):
+                        return
                 except Exception as exc:  # noqa: BLE001 - a busy store: the next beat tries again
                     log.error(
                         "kb.lease_renew_failed", task_id=task.id, error_type=type(exc).__name__
                     )
 
+        def run() -> None:
+            try:
+                self.process(task)
+            finally:
+                done.set()
+                self._running.discard(task.id)
+
+        self._running.add(task.id)
         threading.Thread(target=beat, name="kb-lease", daemon=True).start()
-        running = asyncio.get_running_loop().run_in_executor(self._executor, self.process, task)
-        running.add_done_callback(lambda _: done.set())
+        executor = self._executor
+        if executor is None:  # halted in between: the loop's own threads
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-task")
+            self._executor = executor
+        try:
+            running = asyncio.get_running_loop().run_in_executor(executor, run)
+        except RuntimeError:  # the executor was let go meanwhile
+            self._running.discard(task.id)
+            done.set()
+            raise
         await asyncio.shield(running)
 
     async def _recover(self) -> None:
@@ -503,7 +538,7 @@ class Worker:
         every ``RECOVER_SECONDS`` while idle (a task this process could not finish, e.g.
         on a full disk, is taken up again without a restart)."""
         try:
-            recovered = await asyncio.to_thread(self.queue.recover)
+            recovered = await asyncio.to_thread(self.queue.recover, frozenset(self._running))
             if recovered:
                 log.info("kb.tasks_recovered", tasks=len(recovered))
         except Exception as exc:  # noqa: BLE001 - the worker goes on with the queue as it is
