@@ -170,3 +170,39 @@ def test_serve_with_a_data_dir_it_cannot_create_is_one_line(tmp_path: Path) -> N
     )
     assert out.returncode == 2, out.stderr
     assert "data_dir" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_serve_on_a_busy_port_creates_no_data_directory(tmp_path: Path) -> None:
+    """A refused start changes nothing: `serve` on a port in use checked the data
+    directory first, creating it (and its parents) before it refused."""
+    import socket
+    import subprocess
+    import sys
+
+    data = tmp_path / "new" / "data"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "KNOWLEDGE_DATA_DIR": str(data),
+            "KNOWLEDGE_CONFIG": "",
+            "PYTHONPATH": ":".join(sys.path),
+        }
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "knowledge_server.cli",
+                "serve",
+                "--listen",
+                f"127.0.0.1:{port}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 2, out.stderr
+    assert not (tmp_path / "new").exists()

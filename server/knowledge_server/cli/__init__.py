@@ -232,8 +232,8 @@ def serve(
         # Before anything is opened: a missing workspace or a busy port stops here (and
         # the server listening there keeps its stores and its DATA_DIR/server.json).
         check_workspaces(cfg)
+        check_port_free(cfg.listen)  # first: a refused start creates no data directory
         check_data_dir(cfg)
-        check_port_free(cfg.listen)
         app = build_app(cfg)
         authenticate = build_authenticator(cfg)
     except ConfigError as exc:
