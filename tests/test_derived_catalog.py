@@ -128,3 +128,31 @@ def test_a_file_link_leaving_its_root_is_a_problem_not_a_skill(tmp_path: Path) -
         assert [(Path(p.path).parent.name, p.reason) for p in cat.problems] == [
             ("borrowed", "a link to a file outside its root")
         ]
+
+
+@pytest.mark.parametrize(
+    "front",
+    [
+        "name: bad-date\ndescription: d\nupdated: 2024-02-30\n",
+        "name: bad-int\ndescription: d\nv: !!int abc\n",
+        "name: bad-float\ndescription: d\nv: !!float abc\n",
+        "name: deep\ndescription: d\nv: " + "[" * 3000 + "]" * 3000 + "\n",
+        # A few hundred bytes whose aliases multiply the description a billion times.
+        "name: lol\n"
+        + 'a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+        + "".join(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 9))
+        + "description: *a8\n",
+    ],
+)
+def test_one_odd_skill_file_is_its_own_problem(tmp_path: Path, front: str) -> None:
+    """One SKILL.md a YAML type refuses (a date that does not exist, ``!!int abc``),
+    nested past the stack, or whose aliases expand to gigabytes once written out, raised
+    out of the catalog and stopped every rebuild (or ran out of memory on a 467-byte
+    file). It is reported as that file's problem; the others load."""
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "SKILL.md").write_text("---\nname: good\ndescription: fine\n---\nbody\n")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "SKILL.md").write_text("---\n" + front + "---\nbody\n")
+    catalog = load_catalog([str(tmp_path)])
+    assert [s.name for s in catalog.skills] == ["good"]
+    assert len(catalog.problems) == 1

@@ -88,16 +88,33 @@ def _front_matter(text: str) -> tuple[dict[str, object] | None, str]:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 2}" if mark is not None else ""
         return None, f"front matter is not valid YAML{where}"
+    except (ValueError, RecursionError, OverflowError):
+        # A value the YAML types refuse (``updated: 2024-02-30``, ``!!int abc``) or nesting
+        # past the stack: one file's problem, never the whole catalog's.
+        return None, "front matter holds a value YAML cannot read"
     if not isinstance(data, dict):
         return None, "front matter is not a mapping"
     return data, ""
 
 
+# Most items of a list a text field may be written as (``description: [a, b]``).
+_MAX_TEXT_ITEMS = 64
+
+
 def _text(value: object) -> str | None:
+    """A text field: a string, a number or a short list of them. Anything else (a mapping,
+    nested lists, aliases that multiply a value a billion times once written out) is no
+    text: None, and the file is reported."""
     if value is None:
         return None
     if isinstance(value, (list, tuple)):
+        if len(value) > _MAX_TEXT_ITEMS or not all(
+            isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value
+        ):
+            return None
         value = "\n".join(str(v) for v in value)
+    elif not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        return None
     out = str(value).strip()
     return out or None
 
