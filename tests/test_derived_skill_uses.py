@@ -139,3 +139,33 @@ def test_no_session_text_in_db(built) -> None:  # type: ignore[no-untyped-def]
     blob = Path(ds.path).read_bytes()
     for phrase in (b"zebra-quokka", b"review finished", b"report.pdf", b"All planned"):
         assert phrase not in blob
+
+
+def test_used_by_evidence_is_from_the_callers_workspaces(tmp_path: Path) -> None:
+    """Workspace isolation: an actor whose sessions lie in two workspaces (a root session's
+    subagents, one run in each) was given, as a scoped caller's ``used_by`` evidence, its
+    latest use in the other workspace; the count was scoped, the episode id was not."""
+    from knowledge_server.derived import search_skills
+
+    a, b = tmp_path / "A", tmp_path / "B"
+    (a / ".claude" / "skills" / "deploy").mkdir(parents=True)
+    b.mkdir()
+    (a / ".claude" / "skills" / "deploy" / "SKILL.md").write_text(
+        "---\nname: deploy\ndescription: deploy things\n---\n"
+    )
+    data = tmp_path / "d"
+    data.mkdir()
+    store = DerivedStore(str(data))
+    rebuild(EpisodeStore(str(data)), store, [str(a / ".claude" / "skills")])
+    actor = "actor:claude-code:subagent:root1:Explore"
+    with store.conn:
+        for sid, ws, seq, day in (("root1/agent-a", a, 3, 1), ("root1/agent-b", b, 7, 2)):
+            store.conn.execute(
+                "INSERT INTO session_actor VALUES (?, ?, 'claude-code', ?)", (sid, actor, str(ws))
+            )
+            store.conn.execute(
+                "INSERT INTO skill_use VALUES (?, 'deploy', ?, ?, ?, ?, 'success', 'skill_tool')",
+                (actor, f"ep:{sid}:{seq}", sid, seq, f"2026-01-0{day}T00:00:00.000000Z"),
+            )
+    (hit,) = search_skills(store, "deploy", scope=[str(a)], workspaces=[str(a)])
+    assert hit.uses == 1 and hit.used_by == [(actor, "ep:root1/agent-a:3")]

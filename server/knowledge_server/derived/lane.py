@@ -211,15 +211,18 @@ def _uses(
     )
     if not n or used_by_limit <= 0:
         return n, []
-    # Most active actors first; for each its latest use as the evidence episode.
+    # Most active actors first; for each its latest use as the evidence episode, among the
+    # uses the caller may see (the same conditions: an actor's latest use in another
+    # workspace is not evidence for this one).
     rows = store.conn.execute(
-        f"SELECT u.actor_id, COUNT(*) AS k, MAX(u.time), "  # noqa: S608 - conditions made here of constants and placeholders, values bound
-        f"(SELECT u2.episode_id FROM skill_use u2 WHERE u2.skill = u.skill AND u2.actor_id = u.actor_id "
-        f"ORDER BY u2.time DESC, u2.session_id DESC, u2.seq DESC LIMIT 1) "
-        f"{base} GROUP BY u.actor_id ORDER BY k DESC, u.actor_id LIMIT ?",
+        "SELECT actor_id, k, episode_id FROM (SELECT u.actor_id AS actor_id,"  # noqa: S608 - conditions made here of constants and placeholders, values bound
+        " u.episode_id AS episode_id, COUNT(*) OVER (PARTITION BY u.actor_id) AS k,"
+        " ROW_NUMBER() OVER (PARTITION BY u.actor_id"
+        " ORDER BY u.time DESC, u.session_id DESC, u.seq DESC) AS rn "
+        f"{base}) WHERE rn = 1 ORDER BY k DESC, actor_id LIMIT ?",
         [name, *args, int(used_by_limit)],
     ).fetchall()
-    return n, [(str(r[0]), str(r[3])) for r in rows]
+    return n, [(str(r[0]), str(r[2])) for r in rows]
 
 
 __all__ = ["InvalidQuery", "SkillHit", "fts_expression", "search_skills"]
