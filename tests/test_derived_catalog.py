@@ -156,3 +156,30 @@ def test_one_odd_skill_file_is_its_own_problem(tmp_path: Path, front: str) -> No
     catalog = load_catalog([str(tmp_path)])
     assert [s.name for s in catalog.skills] == ["good"]
     assert len(catalog.problems) == 1
+
+
+def test_a_skills_folder_linked_into_another_workspace_lists_its_skills_there(
+    tmp_path: Path,
+) -> None:
+    """Workspace isolation: a workspace whose ``.claude/skills`` is a link to another
+    tenant's listed that tenant's skills under its own path, so its principals found them
+    (and the owner lost them to the duplicate check). A skill is listed under the path it
+    really lies in."""
+    from knowledge_server.derived import DerivedStore, rebuild, search_skills
+    from knowledge_server.derived.skills import default_roots
+    from knowledge_server.episodes import EpisodeStore
+
+    c, d = tmp_path / "tenantC", tmp_path / "tenantD"
+    (d / ".claude" / "skills" / "payroll").mkdir(parents=True)
+    (d / ".claude" / "skills" / "payroll" / "SKILL.md").write_text(
+        "---\nname: payroll-runbook\ndescription: tenant D private payroll runbook\n---\n"
+    )
+    (c / ".claude").mkdir(parents=True)
+    (c / ".claude" / "skills").symlink_to(d / ".claude" / "skills", target_is_directory=True)
+    data = tmp_path / "data"
+    data.mkdir()
+    store = DerivedStore(str(data))
+    rebuild(EpisodeStore(str(data)), store, default_roots([str(c), str(d)]))
+    assert search_skills(store, "payroll", scope=[str(c)], workspaces=[str(c)]) == []
+    (hit,) = search_skills(store, "payroll", scope=[str(d)], workspaces=[str(d)])
+    assert hit.path == os.path.realpath(d / ".claude" / "skills" / "payroll" / "SKILL.md")

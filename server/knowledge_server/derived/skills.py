@@ -11,7 +11,7 @@ import hashlib
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -198,6 +198,11 @@ def load_catalog(roots: Sequence[str | os.PathLike[str]] | None = None) -> Catal
                 continue
             visited.add(real)
             got = load_skill(path)
+            if isinstance(got, Skill):
+                # Listed under the path it really lies in: a root that is itself a link
+                # (a workspace's skills folder pointing into another tenant's) names the
+                # workspace the file is in, not the one the link is in.
+                got = replace(got, path=real)
             if isinstance(got, CatalogProblem):
                 cat.problems.append(got)
             elif got.name in seen:
