@@ -672,3 +672,17 @@ def test_memory_tool_marks_every_stored_text_untrusted_and_renders_it_as_data() 
         "relations", {"edges": [{"id": "mem:2", "source": "a\nmem:9", "kind": "k", "target": "t"}]}
     )
     assert len(edges) == 1 and "\n" not in edges[0]
+
+
+def test_search_marks_every_text_a_catalog_or_a_document_wrote_as_untrusted() -> None:
+    """Untrusted text is data: a skill's path is made of folder names anyone can write (a
+    line break, an instruction), and an entity's name in mode=docs is document text; both
+    reach the agent in knowledge_search's answer, and were not among its marked fields.
+    Each path named here also exists in the response message."""
+    search = TOOLS_BY_NAME["knowledge_search"]
+    for path in ("lanes.skills.items[].path", "lanes.code.items[].matched_entities[].name"):
+        assert path in search.untrusted_fields, path
+        message = search.response
+        for part in path.split("."):
+            field = message.fields_by_name[part.removesuffix("[]")]
+            message = field.message_type or message
