@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from datetime import datetime
 from pathlib import Path
@@ -169,3 +170,37 @@ def test_used_by_evidence_is_from_the_callers_workspaces(tmp_path: Path) -> None
             )
     (hit,) = search_skills(store, "deploy", scope=[str(a)], workspaces=[str(a)])
     assert hit.uses == 1 and hit.used_by == [(actor, "ep:root1/agent-a:3")]
+
+
+def test_a_session_rewritten_in_place_is_derived_again(tmp_path: Path) -> None:
+    """Nothing stale: a session log rewritten in place (same lines and times, the Skill
+    call now naming another skill) was imported again, but the incremental rebuild kept
+    its old skill use: the session's signature held nothing of its events."""
+    fixtures = Path(__file__).parent / "fixtures" / "derived"
+    shutil.copytree(fixtures / "logs", tmp_path / "logs")
+    data = tmp_path / "d"
+    data.mkdir()
+    eps = EpisodeStore(str(data))
+    ingest(eps, [str(tmp_path / "logs")])
+    store = DerivedStore(str(data))
+    rebuild(eps, store, [str(fixtures / "skills")])
+    log = tmp_path / "logs" / "proj" / "sess-skill-1.jsonl"
+    text = log.read_text()
+    changed = text.replace('"skill": "brainstorming"', '"skill": "pdf-tools"    ')
+    assert len(changed) == len(text) and changed != text
+    st = log.stat()
+    log.write_text(changed)
+    os.utime(log, (st.st_atime, st.st_mtime + 5))
+    ingest(eps, [str(tmp_path / "logs")])
+    rebuild(eps, store, [str(fixtures / "skills")])
+    fresh_dir = tmp_path / "fresh"
+    fresh_dir.mkdir()
+    fresh_eps = EpisodeStore(str(fresh_dir))
+    ingest(fresh_eps, [str(tmp_path / "logs")])
+    fresh = DerivedStore(str(fresh_dir))
+    rebuild(fresh_eps, fresh, [str(fixtures / "skills")], full=True)
+
+    def uses(s: DerivedStore) -> list[tuple[str, str, str]]:
+        return sorted((u.skill, u.episode_id, u.via) for u in s.skill_uses())
+
+    assert uses(store) == uses(fresh)

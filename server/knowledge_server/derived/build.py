@@ -266,6 +266,7 @@ def _signature(s: SessionInfo, actor_id: str) -> str:
             _iso(s.last_event_at),
             _iso(s.created_at),
             s.outcome,
+            s.max_event_id,
         ]
     )
 

@@ -138,6 +138,10 @@ class SessionInfo:
     source_path: str | None
     event_count: int
     last_event_at: datetime | None
+    # The newest event row's id: a session's events imported again (a log rewritten in
+    # place) get new rows, so the derived layer sees the change even when nothing else
+    # about the session did.
+    max_event_id: int | None = None
 
 
 @dataclass(slots=True)

@@ -155,7 +155,7 @@ CREATE TABLE lane_meta (key TEXT PRIMARY KEY, value TEXT);
 _SESSION_COLS = (
     "session_id, harness, cwd, created_at, model, agent_preset, title, outcome, persisted, parent_session_id, "
     "agent_id, is_sidechain, subagent_type, spawn_depth, forked_from_id, source_path, event_count, "
-    "last_event_at, source_mtime"
+    "last_event_at, source_mtime, max_event_id"
 )
 # The same columns read through the alias ``s`` (queries that join sessions to events).
 _S_SESSION_COLS = ", ".join("s." + c.strip() for c in _SESSION_COLS.split(","))
@@ -772,6 +772,7 @@ class EpisodeStore:
             source_path=r[15],
             event_count=r[16] or 0,
             last_event_at=_dt(r[17]),
+            max_event_id=r[19],
         )
 
     def _filters(
