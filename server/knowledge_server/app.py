@@ -201,15 +201,11 @@ class _AuditedWrite(Generic[W]):
     ) -> None:
         self.app, self.principal, self.operation, self.input = app, principal, operation, input
         self._work = work
-        self._lock = threading.Lock()
-        self._began = False
-        self._abandoned = False
+        self._gate = deadline.BeganGate()
 
     def run(self) -> W:
-        with self._lock:
-            if self._abandoned:
-                raise DeadlineExceeded(deadline.MESSAGE)
-            self._began = True
+        if not self._gate.begin():
+            raise DeadlineExceeded(deadline.MESSAGE)
         try:
             out, targets, outcome = self._work()
         except Exception as exc:
@@ -226,11 +222,7 @@ class _AuditedWrite(Generic[W]):
     def abandon(self) -> bool:
         """Called when the caller gets an error: True (and the write will never begin) if
         it had not begun, so the caller's side records the event."""
-        with self._lock:
-            if self._began:
-                return False
-            self._abandoned = True
-            return True
+        return self._gate.abandon()
 
     async def __call__(self, pool: str) -> W:
         """Run the write in ``pool`` within the caller's deadline; audited either way."""

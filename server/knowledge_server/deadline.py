@@ -66,6 +66,28 @@ def _pool(name: str) -> concurrent.futures.ThreadPoolExecutor:
 MESSAGE = "the call's deadline passed before the answer was ready"
 
 
+class BeganGate:
+    """Whether a write run by ``off_loop`` has begun in its thread, or was abandoned by its
+    caller before it could (it then never begins): exactly one side records the write's
+    audit event, the thread that ran it or the caller that gave up on it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._began = self._abandoned = False
+
+    def begin(self) -> bool:
+        """In the worker thread, first: True if the write may run (not abandoned)."""
+        with self._lock:
+            self._began = not self._abandoned
+            return self._began
+
+    def abandon(self) -> bool:
+        """On the caller's error: True (and the write never begins) if it had not begun."""
+        with self._lock:
+            self._abandoned = not self._began
+            return self._abandoned
+
+
 def remaining() -> float | None:
     """Seconds left before the current call's deadline (may be negative); None = none."""
     deadline = REQUEST_DEADLINE.get()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -84,25 +83,6 @@ class Appender(Protocol):
         input: object = None,
         outcome: str,
     ) -> object: ...
-
-
-class _Began:
-    """Whether a write has begun in its thread, or was abandoned by its caller before it
-    could (then it never begins): exactly one side records its audit event."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._began = self._abandoned = False
-
-    def begin(self) -> bool:
-        with self._lock:
-            self._began = not self._abandoned
-            return self._began
-
-    def abandon(self) -> bool:
-        with self._lock:
-            self._abandoned = not self._began
-            return self._abandoned
 
 
 # -- rows as messages ---------------------------------------------------------------------
@@ -322,7 +302,7 @@ class KnowledgeBaseAdmin:
         nor not at all."""
         self.kb.worker.start()  # on this loop, once: the queue is served where RPCs are
         write = op in self.writes
-        began = _Began()
+        began = deadline.BeganGate()
 
         def run() -> Message:
             if write and not began.begin():
