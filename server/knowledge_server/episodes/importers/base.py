@@ -32,15 +32,21 @@ _SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def _map_strings(value: Any, fn: Callable[[str], str], *, keys: bool = False) -> Any:
+    """``value`` (a JSON value) with ``fn`` applied to each string in it (``keys``: the
+    objects' keys too)."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {(fn(k) if keys else k): _map_strings(v, fn, keys=keys) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, fn, keys=keys) for v in value]
+    return value
+
+
 def _without_surrogates(value: Any) -> Any:
     """``value`` with every lone surrogate in its strings (keys too) replaced by U+FFFD."""
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_without_surrogates(v) for v in value]
-    return value
+    return _map_strings(value, lambda text: _SURROGATE.sub("\ufffd", text), keys=True)
 
 
 def loads(data: str | bytes) -> Any:
@@ -159,13 +165,7 @@ def redacted_strings(value: Any) -> Any:
     quotes are escaped (``export PASSWORD=\\"...\\"``), which the rules do not read as
     quotes: the strings are redacted before they are dumped, and the dumped text again for
     what only its structure shows (``"password": "..."``)."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {k: redacted_strings(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redacted_strings(v) for v in value]
-    return value
+    return _map_strings(value, redact)
 
 
 def compact_json(value: Any, limit: int = 4000) -> str:
