@@ -445,17 +445,7 @@ class EpisodeStore:
     def session_cwds(self, session_ids: Iterable[str]) -> dict[str, str | None]:
         """The stored ``cwd`` of each of ``session_ids`` that already has a session row
         (the first writer's: ``_merge_session`` never replaces a stored cwd)."""
-        out: dict[str, str | None] = {}
-        ids = sorted(set(session_ids))
-        for i in range(0, len(ids), 500):
-            part = ids[i : i + 500]
-            marks = ",".join("?" * len(part))
-            for sid, cwd in self.conn.execute(
-                f"SELECT session_id, cwd FROM sessions WHERE session_id IN ({marks})",  # noqa: S608 - only placeholders are formatted in, values bound
-                part,
-            ):
-                out[sid] = cwd
-        return out
+        return {sid: cwd for sid, (cwd, _source) in self.session_owners(session_ids).items()}
 
     def session_owners(
         self, session_ids: Iterable[str]
