@@ -76,6 +76,15 @@ def _run_all(kb: KnowledgeBase) -> None:
         kb.process_task(task)
 
 
+async def _until_ended(kb: KnowledgeBase, task_id: str) -> None:
+    """Wait (10 s at most) for a task a worker runs to end."""
+    for _ in range(200):
+        await asyncio.sleep(0.05)
+        row = kb.store.task("org-a", task_id)
+        if row is not None and row.state in ("SUCCEEDED", "FAILED"):
+            return
+
+
 def test_same_idempotency_key_runs_once(tmp_path: Path) -> None:
     kb = _kb(tmp_path)
     rev_id = _approved(kb)
@@ -471,11 +480,7 @@ def test_a_step_longer_than_the_lease_is_not_run_twice(
         worker.start()
         await asyncio.sleep(0.2)  # claimed; then the loop's shared threads are all taken
         hold = asyncio.gather(*(asyncio.to_thread(time.sleep, 3) for _ in range(2)))
-        for _ in range(200):
-            await asyncio.sleep(0.05)
-            row = kb.store.task("org-a", task.id)
-            if row is not None and row.state in ("SUCCEEDED", "FAILED"):
-                break
+        await _until_ended(kb, task.id)
         await hold
         await worker.stop()
 
@@ -509,11 +514,7 @@ def test_a_task_its_worker_could_not_finish_is_taken_up_again(
     async def run() -> None:
         worker = tasks_mod.Worker(kb.queue, crash_once, poll_seconds=0.05)
         worker.start()
-        for _ in range(200):
-            await asyncio.sleep(0.05)
-            row = kb.store.task("org-a", task.id)
-            if row is not None and row.state in ("SUCCEEDED", "FAILED"):
-                break
+        await _until_ended(kb, task.id)
         await worker.stop()
 
     asyncio.run(run())
