@@ -411,7 +411,7 @@ class Worker:
         self.on_start = on_start
         self.poll_seconds = poll_seconds
         self.owner = owner_identity()
-        # The task's own thread (made by ``start``, let go by ``halt``/``stop``): never
+        # The task's own thread (made by ``_run_task``, let go by ``halt``/``stop``): never
         # queued behind the loop's other work (operator streams hold the shared pool's
         # threads for minutes).
         self._executor: ThreadPoolExecutor | None = None
@@ -425,8 +425,6 @@ class Worker:
         """Start on the running loop (once; again after the previous loop ended)."""
         if self._task is not None and not self._task.done():
             return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-task")
         self._wake = asyncio.Event()
         # A context of its own: started from an RPC, it must not carry that call's
         # request id and principal into its logs.
@@ -456,7 +454,7 @@ class Worker:
         self._let_go()
 
     def _let_go(self) -> None:
-        """The task thread ends when its task does (``start`` makes another)."""
+        """The task thread ends when its task does (the next task makes another)."""
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
@@ -521,13 +519,11 @@ class Worker:
 
         self._running.add(task.id)
         threading.Thread(target=beat, name="kb-lease", daemon=True).start()
-        executor = self._executor
-        if executor is None:  # halted in between: the loop's own threads
-            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-task")
-            self._executor = executor
+        if self._executor is None:  # made here, let go by halt/stop
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-task")
         try:
-            running = asyncio.get_running_loop().run_in_executor(executor, run)
-        except RuntimeError:  # the executor was let go meanwhile
+            running = asyncio.get_running_loop().run_in_executor(self._executor, run)
+        except RuntimeError:  # let go by a halt from another thread meanwhile
             self._running.discard(task.id)
             done.set()
             raise
