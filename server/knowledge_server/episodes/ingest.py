@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from knowledge_server.errors import as_storage_full
 from knowledge_server.workspaces import in_scope, is_under, stored_cwd
@@ -31,20 +31,21 @@ ProgressCallback = Callable[[int, int, str], None]
 Scope = Sequence[str] | None
 
 
-def _within(store: EpisodeStore, res: ImportResult, scope: Sequence[str]) -> int:
+Owners = Mapping[str, tuple[str | None, str | None]]
+
+
+def _within(res: ImportResult, scope: Sequence[str], owners: Owners) -> int:
     """Keep only the sessions of ``res`` that belong to ``scope``; returns how many were
     dropped. A log is untrusted data: its ``cwd`` (or its session id, naming a session
     another workspace already holds) would otherwise put a scoped operator's text into
     another tenant's workspace. A session belongs where its stored cwd says (the first
-    writer's, which a later file never replaces), else where this file's cwd says."""
+    writer's, which a later file never replaces), else where this file's cwd says.
+    ``owners``: the stored cwd and first file of the sessions the store holds."""
     ids = set(res.sessions) | {e.session_id for e in res.events}
-    if not ids:
-        return 0
-    stored = store.session_cwds(ids)
     outside = set()
     for sid in ids:
         meta = res.sessions.get(sid)
-        cwd = stored.get(sid) or (meta.cwd if meta is not None else None)
+        cwd = owners.get(sid, (None, None))[0] or (meta.cwd if meta is not None else None)
         if not in_scope(cwd, scope):
             outside.add(sid)
     if outside:
@@ -53,7 +54,7 @@ def _within(store: EpisodeStore, res: ImportResult, scope: Sequence[str]) -> int
     return len(outside)
 
 
-def _conflicting(store: EpisodeStore, res: ImportResult, path: str) -> int:
+def _conflicting(res: ImportResult, path: str, owners: Owners) -> int:
     """Leave out the sessions of ``res`` that another file holds for another directory
     tree; returns how many. A session belongs to the workspace of its first writer:
     another log naming the same session id from an unrelated directory, or without any
@@ -63,9 +64,6 @@ def _conflicting(store: EpisodeStore, res: ImportResult, path: str) -> int:
     file, a file that replaced a vanished one (moved), a directory above or below the
     stored one (an agent that changed directory), and two files that both name no
     directory are the same session's."""
-    if not res.sessions:
-        return 0
-    owners = store.session_owners(res.sessions)
     other = set()
     for sid, meta in res.sessions.items():
         held, source = owners.get(sid, (None, None))
@@ -147,9 +145,12 @@ def ingest_file(
         return report
     # A scoped ingest first leaves out what lies outside its scope (a session another
     # workspace holds among it), then any ingest what another file holds elsewhere.
-    left_out = _within(store, res, scope) if scope is not None else 0
+    # The sessions' stored workspace and first file, read once for both checks.
+    ids = set(res.sessions) | {e.session_id for e in res.events}
+    owners = store.session_owners(ids) if ids else {}
+    left_out = _within(res, scope, owners) if scope is not None else 0
     report.sessions_out_of_scope += left_out
-    report.sessions_conflicting += _conflicting(store, res, path)
+    report.sessions_conflicting += _conflicting(res, path, owners)
     head_len, head_hash = _head(path, HEAD_BYTES) if fmt != "opencode" else (0, "")
     state = {
         "size": size,
