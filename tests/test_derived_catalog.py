@@ -81,14 +81,30 @@ def test_a_fifo_or_an_oversized_skill_file_is_a_problem_not_opened(tmp_path: Pat
     assert reasons["huge"].startswith("file too large (")
 
 
-def test_duplicate_names_first_root_wins(tmp_path: Path) -> None:
-    for root in ("a", "b"):
-        d = tmp_path / root / "s"
+def test_duplicate_names_within_a_root_first_path_wins(tmp_path: Path) -> None:
+    for folder in ("s1", "s2"):
+        d = tmp_path / "a" / folder
         d.mkdir(parents=True)
-        (d / "SKILL.md").write_text(f"---\nname: same\ndescription: from {root}\n---\n")
-    cat = load_catalog([str(tmp_path / "a"), str(tmp_path / "b")])
-    assert [s.description for s in cat.skills] == ["from a"]
+        (d / "SKILL.md").write_text(f"---\nname: same\ndescription: from {folder}\n---\n")
+    cat = load_catalog([str(tmp_path / "a")])
+    assert [s.description for s in cat.skills] == ["from s1"]
     assert "duplicate" in cat.problems[0].reason
+    assert cat.problems[0].path.endswith("s2/SKILL.md")
+
+
+def test_one_name_in_two_roots_keeps_both(tmp_path: Path) -> None:
+    """ISO-1: two workspaces' catalogs may each hold a skill called "deploy"; both are
+    kept (each is seen by the callers whose scope holds its file). Before, the first
+    root's skill hid the second's, and the second workspace had no "deploy" skill."""
+    for root in ("a", "b"):
+        d = tmp_path / root / "deploy"
+        d.mkdir(parents=True)
+        (d / "SKILL.md").write_text(f"---\nname: deploy\ndescription: from {root}\n---\n")
+    cat = load_catalog([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert sorted(s.description for s in cat.skills) == ["from a", "from b"]
+    assert cat.problems == []
+    assert set(cat.by_path().values()) == {"deploy"}
+    assert len(cat.by_path()) == 2
 
 
 def test_fingerprint_changes_with_content(tmp_path: Path) -> None:

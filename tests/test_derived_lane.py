@@ -186,3 +186,30 @@ def test_another_workspaces_skills_move_no_scoped_answer(tmp_path: Path) -> None
     finally:
         store.close()
         eps.close()
+
+
+def test_one_skill_name_in_two_workspaces_each_sees_its_own(tmp_path: Path) -> None:
+    """ISO-1: workspaces A and B each hold a skill called "deploy" with their own text; a
+    search scoped to B finds B's (its path, its description), one scoped to A finds A's,
+    and an unscoped one both. Keyed by name, the store kept A's alone: B's caller got
+    nothing, or A's path had it been in scope."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _skill(a, "deploy", "Ship the parcel service with helm.", "a release is due")
+    _skill(b, "deploy", "Ship the ledger service with terraform.", "a release is due")
+    (tmp_path / "data").mkdir()
+    eps = EpisodeStore(str(tmp_path / "data"))
+    store = DerivedStore(str(tmp_path / "data"))
+    try:
+        rebuild(eps, store, [str(a / ".claude" / "skills"), str(b / ".claude" / "skills")])
+        got_b = search_skills(store, "deploy", scope=[str(b)])
+        assert [(h.name, h.description) for h in got_b] == [
+            ("deploy", "Ship the ledger service with terraform.")
+        ]
+        assert got_b[0].path.startswith(str(b.resolve()) + "/")
+        got_a = search_skills(store, "deploy terraform helm", scope=[str(a)])
+        assert [h.description for h in got_a] == ["Ship the parcel service with helm."]
+        assert len(search_skills(store, "deploy", scope=None)) == 2
+        assert store.counts([str(b)])["skills"] == 1
+    finally:
+        store.close()
+        eps.close()

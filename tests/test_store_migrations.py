@@ -234,7 +234,7 @@ def test_derived_store_of_the_previous_version_is_adopted_and_reads(tmp_path: Pa
     path = _from_fixture(tmp_path / "derived.sqlite", "derived_before_migrations.sql")
     store = DerivedStore(str(path))
     try:
-        assert _recorded(path) == ["001_initial"]
+        assert _recorded(path) == ["001_initial", "002_skill_by_path"]
         assert store.index_rev() == "derived:2023-11-14T22:13:20Z:1"
         actor = store.actor("actor:claude-code:root_session:s1")
         assert actor is not None and actor.workspace_cwd == "/work/secret"
@@ -242,6 +242,40 @@ def test_derived_store_of_the_previous_version_is_adopted_and_reads(tmp_path: Pa
         _, created = store.record_assignment("actor:x", "sha256:new", "/outbox/b.json")
         assert created and len(store.assignments()) == 2
     finally:
+        store.close()
+
+
+def test_derived_store_keyed_by_skill_name_gets_skills_by_path(tmp_path: Path) -> None:
+    """ISO-1 across versions: a store whose skills were keyed by name (step 001 only) is
+    given the table keyed by path, and forgets its catalog's fingerprint, so the next
+    rebuild writes both workspaces' skills of one name (the old table refused the second)."""
+    from knowledge_server.derived import rebuild
+
+    path = tmp_path / "derived.sqlite"
+    conn = apsw.Connection(str(path))
+    schema.Migrations(derived_store.MIGRATIONS.store, derived_store.MIGRATIONS.steps[:1]).migrate(
+        conn, str(path)
+    )
+    conn.execute(
+        "INSERT INTO skill VALUES ('deploy', '/a/.claude/skills/deploy/SKILL.md', 'd', NULL, 'h')"
+    )
+    conn.execute("INSERT INTO meta VALUES ('catalog_fp', 'sha256:old')")
+    conn.close()
+    roots = []
+    for ws in ("a", "b"):
+        folder = tmp_path / ws / ".claude" / "skills" / "deploy"
+        folder.mkdir(parents=True)
+        (folder / "SKILL.md").write_text(f"---\nname: deploy\ndescription: from {ws}\n---\n")
+        roots.append(str(tmp_path / ws / ".claude" / "skills"))
+    store = DerivedStore(str(path))
+    eps = EpisodeStore(str(tmp_path / "episodes.sqlite"))
+    try:
+        assert _recorded(path) == ["001_initial", "002_skill_by_path"]
+        assert store.skills() == [] and store.get_meta("catalog_fp") is None
+        rebuild(eps, store, roots)
+        assert sorted(r[2] for r in store.skills()) == ["from a", "from b"]
+    finally:
+        eps.close()
         store.close()
 
 

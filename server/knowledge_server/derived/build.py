@@ -105,8 +105,11 @@ def _catalog_name(name: str | None, catalog: dict[str, Skill]) -> str | None:
     return tail if tail in catalog else None
 
 
-def detect_skill_uses(e: EventMeta, catalog: dict[str, Skill]) -> list[tuple[str, str]]:
-    """(skill name, via) for each real skill invocation carried by one event's metadata."""
+def detect_skill_uses(
+    e: EventMeta, catalog: dict[str, Skill], paths: dict[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """(skill name, via) for each real skill invocation carried by one event's metadata
+    (``paths``: the catalog's ``by_path()``, every skill file, for a Read of one)."""
     out: list[tuple[str, str]] = []
     m = e.meta or {}
     tool = e.tool_name or (
@@ -127,7 +130,7 @@ def detect_skill_uses(e: EventMeta, catalog: dict[str, Skill]) -> list[tuple[str
     if e.event_type.startswith("tool_use/") and tool == "Read":
         fp = m.get("file_path")
         if isinstance(fp, str):
-            n = skill_name_from_path(fp, catalog)
+            n = skill_name_from_path(fp, catalog, paths)
             if n:
                 out.append((_catalog_name(n, catalog) or n, "read_skill_file"))
     return out
@@ -161,6 +164,7 @@ def _derive_session(
     events: list[EventMeta],
     by_id: dict[str, SessionInfo],
     catalog: dict[str, Skill],
+    paths: dict[str, str],
     signature: str,
     rows: _Rows,
 ) -> None:
@@ -245,7 +249,7 @@ def _derive_session(
         actor = aid
         if kind == "root_session" and e.meta.get("is_sidechain"):
             actor = sidechain_actor_id(s.harness, s.session_id, e.meta.get("agent_id"))
-        for skill, via in detect_skill_uses(e, catalog):
+        for skill, via in detect_skill_uses(e, catalog, paths):
             rows.uses.append(
                 (actor, skill, e.id, s.session_id, e.seq, _iso(e.time), outcomes[actor], via)
             )
@@ -303,6 +307,7 @@ def rebuild(
         return report
 
     names = cat.by_name()
+    paths = cat.by_path()
     all_sessions = episodes_store.sessions()
     by_id = {s.session_id: s for s in all_sessions}
     # A session whose source file disappeared keeps its row with no events: it is gone.
@@ -326,7 +331,7 @@ def rebuild(
         for e in episodes_store.iter_events_meta([s.session_id for s, _ in chunk]):
             per[e.session_id].append(e)
         for s, sig in chunk:
-            _derive_session(s, per[s.session_id], by_id, names, sig, rows)
+            _derive_session(s, per[s.session_id], by_id, names, paths, sig, rows)
         if progress_callback is not None:
             progress_callback(min(start + batch, total), total)
 
@@ -359,8 +364,8 @@ def rebuild(
                 )
                 c.execute(
                     "INSERT INTO skill_fts (rowid, name, description, when_to_use) "
-                    "SELECT rowid, ?, ?, ? FROM skill WHERE name = ?",
-                    (_name_terms(sk.name), sk.description, sk.when_to_use or "", sk.name),
+                    "SELECT rowid, ?, ?, ? FROM skill WHERE path = ?",
+                    (_name_terms(sk.name), sk.description, sk.when_to_use or "", sk.path),
                 )
             # The catalog was rewritten whole: one segment, without the deleted entries
             # every earlier catalog left behind (fts.compact).

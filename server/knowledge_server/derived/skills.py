@@ -48,7 +48,16 @@ class Catalog:
     problems: list[CatalogProblem] = field(default_factory=list)
 
     def by_name(self) -> dict[str, Skill]:
-        return {s.name: s for s in self.skills}
+        """One skill per name (the first in path order): which names are skills. Two
+        roots may each hold a skill of one name; ``skills`` lists both."""
+        out: dict[str, Skill] = {}
+        for s in sorted(self.skills, key=lambda s: (s.name, s.path)):
+            out.setdefault(s.name, s)
+        return out
+
+    def by_path(self) -> dict[str, str]:
+        """Each skill's name by its normalised path: which skill a read file is."""
+        return {os.path.normpath(s.path): s.name for s in self.skills}
 
     def fingerprint(self) -> str:
         """Changes whenever a skill file is added, removed or edited."""
@@ -175,18 +184,20 @@ def _walk(root: str) -> Iterable[str]:
 def load_catalog(roots: Sequence[str | os.PathLike[str]] | None = None) -> Catalog:
     """Every ``SKILL.md`` under ``roots`` (missing roots are simply empty).
 
-    When two files declare the same name the first root (then the first path in sorted
-    order) wins and the other is reported, so a user's own skill shadows a workspace copy
-    deterministically.
+    A name is unique within one root: when two files under one root declare it, the
+    first path in sorted order wins and the other is reported. Two roots (two workspaces'
+    ``.claude/skills``, or a workspace's and ``~/.claude/skills``) may each hold a skill of
+    one name: both are kept, each seen by the callers whose scope holds its file, so one
+    tenant's catalog never hides another's skill.
     """
     cat = Catalog()
-    seen: dict[str, str] = {}
     visited: set[str] = set()
     for root in roots if roots is not None else default_roots():
         r = os.path.abspath(os.path.expanduser(str(root)))
         if not os.path.exists(r):
             continue
         real_root = os.path.realpath(r)
+        seen: dict[str, str] = {}
         for path in _walk(r):
             real = os.path.realpath(path)
             if not is_under(real, real_root):
@@ -218,14 +229,19 @@ def load_catalog(roots: Sequence[str | os.PathLike[str]] | None = None) -> Catal
     return cat
 
 
-def skill_name_from_path(path: str, catalog: dict[str, Skill]) -> str | None:
-    """The skill a ``.../SKILL.md`` path refers to: catalog path match, else folder name."""
+def skill_name_from_path(
+    path: str, catalog: dict[str, Skill], paths: dict[str, str] | None = None
+) -> str | None:
+    """The skill a ``.../SKILL.md`` path refers to: catalog path match (``paths``, the
+    catalog's ``by_path()``, holds every skill where ``catalog`` has one per name), else
+    folder name."""
     if not path or os.path.basename(path.replace("\\", "/")) != SKILL_FILE:
         return None
     norm = os.path.normpath(path)
-    for s in catalog.values():
-        if os.path.normpath(s.path) == norm:
-            return s.name
+    if paths is None:
+        paths = {os.path.normpath(s.path): s.name for s in catalog.values()}
+    if norm in paths:
+        return paths[norm]
     folder = Path(path.replace("\\", "/")).parent.name
     return folder or None
 

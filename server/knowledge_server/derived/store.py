@@ -129,8 +129,29 @@ def _legacy(cur: apsw.Cursor) -> list[str]:
     return ["001_initial"] if has_schema(cur, _BASELINE) else []
 
 
+# A skill is keyed by its file (its real path), not its name: two workspaces' catalogs
+# may each hold a skill called "deploy". Keyed by name, one tenant's skill hid the other's.
+# The catalog is written again by the next rebuild (its fingerprint is forgotten).
+_SKILL_BY_PATH = """
+DROP TABLE skill;
+CREATE TABLE skill (
+    name TEXT NOT NULL,
+    path TEXT PRIMARY KEY,
+    description TEXT NOT NULL,
+    when_to_use TEXT,
+    content_hash TEXT NOT NULL
+);
+CREATE INDEX skill_name ON skill(name);
+DELETE FROM skill_fts;
+DELETE FROM meta WHERE key = 'catalog_fp';
+"""
+
 # The schema as named steps (``knowledge_server.schema.Migrations``): add new ones at the end.
-MIGRATIONS = Migrations("derived.sqlite", (Step("001_initial", _BASELINE),), legacy=_legacy)
+MIGRATIONS = Migrations(
+    "derived.sqlite",
+    (Step("001_initial", _BASELINE), Step("002_skill_by_path", _SKILL_BY_PATH)),
+    legacy=_legacy,
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -434,7 +455,7 @@ class DerivedStore:
 
     def skills(self) -> list[tuple[str, str, str, str | None, str]]:
         rows = self.conn.execute(
-            "SELECT name, path, description, when_to_use, content_hash FROM skill ORDER BY name"
+            "SELECT name, path, description, when_to_use, content_hash FROM skill ORDER BY name, path"
         ).fetchall()
         return cast(list[tuple[str, str, str, str | None, str]], rows)
 

@@ -295,7 +295,7 @@ class Dispatcher:
         with self._store() as store:
             if store is None:
                 return None
-            names = named_skills(text, [row[0] for row in store.skills()])
+            names = named_skills(text, list(dict.fromkeys(row[0] for row in store.skills())))
             best: tuple[int, int, str, str] | None = None  # (-uses, mention order, actor, skill)
             for order, name in enumerate(names):
                 for actor_id, uses in store.top_actors_for_skill(name, limit=5, workspaces=scope):
