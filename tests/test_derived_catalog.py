@@ -199,3 +199,18 @@ def test_a_skills_folder_linked_into_another_workspace_lists_its_skills_there(
     assert search_skills(store, "payroll", scope=[str(c)], workspaces=[str(c)]) == []
     (hit,) = search_skills(store, "payroll", scope=[str(d)], workspaces=[str(d)])
     assert hit.path == os.path.realpath(d / ".claude" / "skills" / "payroll" / "SKILL.md")
+
+
+def test_control_characters_in_a_description_are_kept_as_escapes(tmp_path: Path) -> None:
+    """Untrusted text: a skill file's escape sequence (one that would clear an agent's
+    terminal or hide text when a client prints the description) reaches no client as a
+    control character; it is kept as its escape. Line breaks stay."""
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "SKILL.md").write_text(
+        '---\nname: s\ndescription: "Build \\e[2J\\e[8mhidden\\u0007 text"\n'
+        'when_to_use: "line one\\nline two\\u009b"\n---\n'
+    )
+    (skill,) = load_catalog([str(tmp_path)]).skills
+    assert skill.description == "Build \\x1b[2J\\x1b[8mhidden\\x07 text"
+    assert skill.when_to_use == "line one\nline two\\x9b"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from ..plain import printable
 from ..redact import redact
 from ..regular import NotRegularFile, TooLarge, read_regular
 from ..workspaces import is_under
@@ -161,11 +162,14 @@ def load_skill(path: str | os.PathLike[str]) -> Skill | CatalogProblem:
     if not description:
         return CatalogProblem(p, "front matter has no 'description'")
     when = _text(fm.get("when_to_use", fm.get("whenToUse")))
+    # Untrusted text, shown by every client (an SDK's caller prints it as it comes): a
+    # control character (an escape that moves a terminal's cursor or hides text) is kept
+    # as its escape, ``\x1b``; line breaks and tabs stay.
     return Skill(
         name=name,
         path=os.path.abspath(p),
-        description=redact(description),
-        when_to_use=redact(when) if when else None,
+        description=printable(redact(description), lines=True),
+        when_to_use=printable(redact(when), lines=True) if when else None,
         content_hash=content_hash(data),
     )
 
