@@ -129,3 +129,28 @@ def test_kc12_an_answer_with_a_failed_lane_is_not_replayed() -> None:
     second = asyncio.run(ask())
     assert not second.errors and [i.path for i in second.lanes.code.items] == ["a.py"]
     assert Code.calls == 2
+
+
+def test_kc12_a_derived_rebuild_renews_a_cached_answers_actors() -> None:
+    """KC-12: a whole answer's actors come from the derived layer, which a rebuild moves
+    after the episodes' revision moved. An episodes-only question asked between the two
+    was cached with the old actors and served them until the next ingest; the derived
+    revision is now part of the whole answer's key."""
+    episodes = _Lane("episodes")
+    derived = {"rev": "derived-1", "actor": "actor:old"}
+
+    def build(resp: search_pb2.SearchResponse, v: object, ws: object) -> list[search_pb2.Actor]:
+        return [search_pb2.Actor(actor_id=derived["actor"])]
+
+    co = Coordinator(
+        {"episodes": episodes},
+        cache_size=8,
+        actor_builder=build,  # type: ignore[arg-type]
+        actors_revision=lambda: derived["rev"],
+    )
+    assert [a.actor_id for a in _ask(co, "who fixed it", ["episodes"]).actors] == ["actor:old"]
+    derived.update(rev="derived-2", actor="actor:new")
+    assert [a.actor_id for a in _ask(co, "who fixed it", ["episodes"]).actors] == ["actor:new"]
+    # Unchanged, the answer is a cache hit again (the lane ran once per derived revision).
+    assert [a.actor_id for a in _ask(co, "who fixed it", ["episodes"]).actors] == ["actor:new"]
+    assert episodes.searches == 1

@@ -327,6 +327,7 @@ class KnowledgeApp:
             timeout_ms=config.lane_timeout_ms,
             actor_builder=self.lanes.skills.build_actors if self.lanes.skills else None,
             episode_actors=self.lanes.skills.episode_actors if self.lanes.skills else None,
+            actors_revision=self.lanes.skills.revision if self.lanes.skills else None,
         )
 
     def _search_lanes(self) -> dict[str, Lane]:

@@ -60,6 +60,8 @@ def lane_top_k(limit: int) -> int:
 LANE_PRIORITY = {"episodes": 0, "code": 1, "skills": 2}
 MAX_EPISODES_PER_ACTOR = 3
 MAX_CODE_PER_PATH = 5
+# The name under which a whole answer's cache key holds the derived layer's revision.
+ACTORS = "actors"
 
 
 def count_tokens(text: str) -> int:
@@ -100,6 +102,7 @@ class Coordinator:
         timeout_ms: int = 250,
         actor_builder: ActorBuilder | None = None,
         episode_actors: Callable[[Sequence[str]], dict[str, str]] | None = None,
+        actors_revision: Callable[[], object] | None = None,
         cache_size: int = 512,
     ) -> None:
         self.lanes = dict(lanes)
@@ -107,6 +110,9 @@ class Coordinator:
         self.actor_builder = actor_builder
         # episode ids -> actor ids (for the per-actor diversity cap); default: the session.
         self.episode_actors = episode_actors
+        # The revision of what those two read (the derived layer): part of a whole
+        # answer's key, as an "actors" lane, whatever lanes the request includes.
+        self.actors_revision = actors_revision
         self.cache_size = cache_size
         # Lane results under (lane, revision, query), whole answers under ("response",
         # request, scope, ((lane, revision), ...)).
@@ -179,14 +185,16 @@ class Coordinator:
         return result, ms
 
     def _revisions(self, names: Sequence[str]) -> tuple[object, ...] | None:
-        """Every queried lane's revision, or None when one cannot say (then no caching)."""
+        """Every queried lane's revision, or None when one cannot say (then no caching).
+        ``ACTORS`` is the derived layer's (``actors_revision``)."""
         revs = []
         for name in names:
             lane = self.lanes.get(name)
-            if lane is None:
+            read = self.actors_revision if name == ACTORS else lane.revision if lane else None
+            if read is None:
                 return None
             try:
-                rev = lane.revision()
+                rev = read()
             except Exception:  # noqa: BLE001 - a lane that cannot say is not cached
                 return None
             if rev is None:
@@ -223,18 +231,25 @@ class Coordinator:
     async def _answer(
         self, v: ValidSearch, workspaces: tuple[str, ...] | None
     ) -> tuple[search_pb2.SearchResponse, bool]:
-        """Whole answers are cached per (request, caller scope, every lane's revision): the
-        answer is a function of those (KC-12), so a hit is exactly what a fresh run returns."""
+        """Whole answers are cached per (request, caller scope, every lane's revision, and
+        the derived layer's when actors are made from it): the answer is a function of those
+        (KC-12), so a hit is exactly what a fresh run returns."""
         started = time.perf_counter()
         names = [n for n in ("episodes", "code", "skills") if n in v.include]
-        revs = self._revisions(names) if self.cache_size else None
+        keyed: list[str] = list(names)
+        if self.actors_revision is not None and (self.actor_builder or self.episode_actors):
+            # The actors and the episodes' grouping are read from the derived layer, which
+            # a rebuild moves after the episodes' own revision moved: without it in the
+            # key, an answer cached in between kept its old actors until the next ingest.
+            keyed = [*names, ACTORS]
+        revs = self._revisions(keyed) if self.cache_size else None
         key = None
         if revs is not None:
             key = (
                 "response",
                 dataclasses.replace(v, request_id="", trace=False),
                 workspaces,
-                tuple(zip(names, revs, strict=True)),
+                tuple(zip(keyed, revs, strict=True)),
             )
             cached = self._cache.get(key)
             if isinstance(cached, _Answer):
@@ -244,7 +259,7 @@ class Coordinator:
             v,
             workspaces,
             started,
-            (dict(zip(names, revs, strict=True)) if revs is not None else {}),
+            (dict(zip(keyed, revs, strict=True)) if revs is not None else {}),
         )
         if key is not None and resp.found and not resp.errors:
             # A lane that timed out or failed this once is not replayed to the next asker
