@@ -189,8 +189,12 @@ class Coordinator:
         ``ACTORS`` is the derived layer's (``actors_revision``)."""
         revs = []
         for name in names:
-            lane = self.lanes.get(name)
-            read = self.actors_revision if name == ACTORS else lane.revision if lane else None
+            # A lane that defines no revision() cannot say either (as one that raises).
+            read = (
+                self.actors_revision
+                if name == ACTORS
+                else getattr(self.lanes.get(name), "revision", None)
+            )
             if read is None:
                 return None
             try:
