@@ -544,7 +544,9 @@ def test_a_stored_codex_context_is_made_digests_by_the_schema_step(tmp_path: Pat
             " head_hash, ctx) VALUES (?, 'codex', 1, 1, 1, 1, 1, 0, '', ?)",
             (path, json.dumps({"session": "c1", "recent": raw})),
         )
-    conn.execute("DELETE FROM migrations WHERE name = '004_codex_context_digests'")
+    conn.execute(
+        "DELETE FROM migrations WHERE name IN ('004_codex_context_digests', '005_plain_names')"
+    )
     conn.close()
     before = db.read_bytes().count(GH_TOKEN.encode())
     EpisodeStore(str(db)).close()
@@ -935,3 +937,44 @@ def test_meta_nested_hundreds_deep_does_not_cost_the_line(tmp_path: Path) -> Non
     )
     res = generic.import_file(str(log))
     assert [e.text for e in res.events] == ["one", "deep"] and not res.problems
+
+
+def test_names_stored_before_they_were_made_plain_are_by_the_schema_step(tmp_path: Path) -> None:
+    """Episodes schema step 005: a store ingested before the importers redacted and cut
+    the log's names (an agent type, a tool, a title) has them made plain when opened, in
+    a new index revision (the derived layer re-derives those sessions' actors), so a
+    token in one is no longer an actor's id or name."""
+    db = tmp_path / "episodes.sqlite"
+    EpisodeStore(str(db)).close()
+    conn = apsw.Connection(str(db))
+    conn.execute(
+        "INSERT INTO sessions(session_id, harness, title, subagent_type) VALUES"
+        " ('s', 'generic', ?, ?), ('t', 'generic', 'plain title', 'reviewer')",
+        (f"ship it with {GH_TOKEN}", f"deployer {GH_TOKEN} " + "x" * 3000),
+    )
+    conn.execute(
+        "INSERT INTO events(session_id, seq, event_type, text, aux, tool_name, meta,"
+        " source_path) VALUES ('s', 1, 'tool_result', 'failed', '', ?, ?, '/l.jsonl'),"
+        " ('t', 1, 'tool_result', 'ok', '', 'Bash', NULL, '/l.jsonl')",
+        (f"curl -H 'Authorization: token {GH_TOKEN}'", json.dumps({"subagent_type": GH_TOKEN})),
+    )
+    conn.execute("DELETE FROM migrations WHERE name = '005_plain_names'")
+    conn.close()
+    before = EpisodeStore(str(db), read_only=True)
+    rev = before.index_rev()
+    before.close()
+    store = EpisodeStore(str(db))
+    try:
+        sessions = {s.session_id: s for s in store.sessions()}
+        assert store.index_rev() != rev
+    finally:
+        store.close()
+    assert sessions["s"].title == "ship it with [REDACTED:github-token]"
+    kind = sessions["s"].subagent_type
+    assert kind is not None and kind.startswith("deployer [REDACTED:") and len(kind) == 200
+    assert (sessions["t"].title, sessions["t"].subagent_type) == ("plain title", "reviewer")
+    conn = apsw.Connection(str(db))
+    rows = conn.execute("SELECT tool_name, meta FROM events ORDER BY session_id").fetchall()
+    conn.close()
+    assert GH_TOKEN not in str(rows)
+    assert rows[1] == ("Bash", None)

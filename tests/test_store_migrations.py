@@ -178,6 +178,7 @@ EPISODES_STEPS = (
     "002_fold_session_cwds",
     "003_stats_generation",
     "004_codex_context_digests",
+    "005_plain_names",
 )
 
 

@@ -1487,6 +1487,55 @@ def _fold_session_cwds(cur: apsw.Cursor) -> None:
         EpisodeStore._bump_gen(cur)
 
 
+def _plain_names(cur: apsw.Cursor) -> None:
+    """The names a log gave (sessions' titles, models, agent presets and types; events'
+    types, tools and agent types), stored before the importers redacted and cut them
+    (``importers.plain_name``), made plain, in a new index revision if any changed: they
+    become actor ids and names quoted in hand-off packages. Each distinct value is judged
+    once; only the rows holding one that changes are written."""
+    from .importers import MAX_NAME, MAX_TITLE, plain_name
+
+    changed = False
+    for table, column, limit in (
+        ("sessions", "title", MAX_TITLE),
+        ("sessions", "model", MAX_NAME),
+        ("sessions", "agent_preset", MAX_NAME),
+        ("sessions", "subagent_type", MAX_NAME),
+        ("events", "event_type", MAX_NAME),
+        ("events", "tool_name", MAX_NAME),
+    ):
+        values = cur.execute(
+            f"SELECT DISTINCT {column} FROM {table} WHERE {column} IS NOT NULL"  # noqa: S608 - our own table and column names
+        ).fetchall()
+        for (value,) in values:
+            new = plain_name(str(value), limit)
+            if new != value:
+                cur.execute(
+                    f"UPDATE {table} SET {column} = ? WHERE {column} = ?",  # noqa: S608 - as above
+                    (new, value),
+                )
+                changed = True
+    rows = cur.execute(
+        """SELECT id, meta FROM events WHERE instr(meta, '"subagent_type"') > 0"""
+    ).fetchall()
+    for event_id, raw in rows:
+        try:
+            meta = json.loads(str(raw))
+        except ValueError:
+            continue
+        kind = meta.get("subagent_type") if isinstance(meta, dict) else None
+        if isinstance(kind, str) and (new := plain_name(kind)) != kind:
+            meta["subagent_type"] = new
+            cur.execute(
+                "UPDATE events SET meta = ? WHERE id = ?",
+                (json.dumps(meta, ensure_ascii=False), event_id),
+            )
+            changed = True
+    if changed:
+        EpisodeStore._bump_rev(cur)
+        EpisodeStore._bump_gen(cur)
+
+
 def _codex_context_digests(cur: apsw.Cursor) -> None:
     """The Codex importer's context, stored with each file's state, kept the raw text of
     recent messages (not redacted) for its duplicate check: each becomes the digest the
@@ -1533,6 +1582,7 @@ MIGRATIONS = Migrations(
         Step("002_fold_session_cwds", _fold_session_cwds),
         Step("003_stats_generation", EpisodeStore._bump_gen),
         Step("004_codex_context_digests", _codex_context_digests),
+        Step("005_plain_names", _plain_names),
     ),
     legacy=_legacy,
 )

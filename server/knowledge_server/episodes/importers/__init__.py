@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Any
 
+from ...redact import redact
 from . import aider, claude_code, codex, generic, opencode
-from .base import MAX_LINE_BYTES, ImportResult, head_records
+from .base import MAX_LINE_BYTES, ImportResult, cut, head_records
 
 __all__ = [
     "INCREMENTAL_FORMATS",
@@ -136,12 +138,32 @@ def plain_session_id(value: str) -> str:
     return "".join(c if c.isprintable() else "_" for c in value[:MAX_SESSION_ID])
 
 
-def plain_name(value: str) -> str:
-    """A name shown on one line (a session's title, an event type, a tool): runs of white
-    space as one space, any other character that is not printable as ``_``."""
+# A name a log gives (a tool, an agent type, a model, a title) is shown in actors' ids and
+# names, in hand-off packages and the tool calls they carry: cut to this many characters.
+MAX_NAME = 200
+MAX_TITLE = 500
+
+
+def _one_line(value: str) -> str:
     if value.isprintable():
         return value
     return "".join(c if c.isprintable() else "_" for c in " ".join(value.split()))
+
+
+def plain_name(value: str, limit: int = MAX_NAME) -> str:
+    """A name shown on one line (a session's title, an event type, a tool, an agent
+    type): redacted like a text and cut to ``limit``, runs of white space as one space,
+    any other character that is not printable as ``_``. A log's tool or agent type that
+    holds a token is a secret as much as its text is."""
+    if len(value) > limit:
+        return _one_line(cut(value, limit))
+    return _short_name(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _short_name(value: str) -> str:
+    # Remembered (short names only): a log repeats its few tool names on every event.
+    return _one_line(redact(value))
 
 
 def plain_fields(res: ImportResult) -> ImportResult:
@@ -174,5 +196,5 @@ def plain_fields(res: ImportResult) -> ImportResult:
         for name in ("title", "model", "agent_preset", "subagent_type"):
             value = getattr(meta, name)
             if value:
-                setattr(meta, name, plain_name(value))
+                setattr(meta, name, plain_name(value, MAX_TITLE if name == "title" else MAX_NAME))
     return res

@@ -1,0 +1,70 @@
+"""What a session log says reaches a hand-off package only as data: redacted, cut, and
+marked (seed 000 §10, KD-5), end to end over gRPC from logs written here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from knowledge_sdk import AsyncKnowledgeClient
+
+from tests.conftest import ingest_and_derive, start_server
+
+TOKEN = "ghp_abcdefghijklmnopqrstuvwxyz0123456789AB"
+
+
+def write_log(path: Path, lines: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+
+
+async def test_kd5_a_secret_in_an_agent_type_or_tool_name_reaches_no_package(
+    tmp_path: Path,
+) -> None:
+    """KD-5: a subagent's type and a tool's name are the log's words. One holding a token
+    (and 3,000 characters) became the actor's id and name unredacted and uncut, and so
+    the dispatch target, the package's tool calls, its risks and the outbox file."""
+    ws, logs = tmp_path / "ws", tmp_path / "logs"
+    ws.mkdir()
+    write_log(
+        logs / "root.jsonl",
+        [{"session_id": "root", "seq": 1, "cwd": str(ws), "role": "user", "text": "hello"}],
+    )
+    common = {"session_id": "sub", "cwd": str(ws), "parent_session_id": "root"}
+    write_log(
+        logs / "sub.jsonl",
+        [
+            {
+                **common,
+                "seq": 1,
+                "subagent_type": f"deployer GH_TOKEN {TOKEN} " + "x" * 3000,
+                "role": "assistant",
+                "text": "deployed the quokka service to staging",
+            },
+            {
+                **common,
+                "seq": 2,
+                "role": "tool",
+                "tool_name": f"curl -H 'Authorization: token {TOKEN}'",
+                "is_error": True,
+                "text": "an unrelated failure",
+            },
+        ],
+    )
+    rs = await start_server(tmp_path)
+    try:
+        await ingest_and_derive(rs.address, "", logs)
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            r = await kc.dispatch("deploy the quokka service to staging", commit=True)
+        assert r.target.actor_id.startswith("actor:generic:subagent:root:deployer")
+        assert len(r.target.name) <= 200
+        package = Path(r.assignment.outbox_path).read_text(encoding="utf-8")  # noqa: ASYNC240 - a small local file
+        assert "[REDACTED:" in package
+        for text in (r.target.actor_id, r.target.name, package, *r.context_pack.risks):
+            assert TOKEN not in text
+        for call in r.handoff.tool_calls:
+            assert all(TOKEN not in value for value in call.arguments.values())
+    finally:
+        await rs.server.stop(0)
+        rs.app.close()
