@@ -96,6 +96,15 @@ async def test_commit_over_the_outbox_quota_is_refused_and_writes_nothing(tmp_pa
         async with AsyncKnowledgeClient(rs.address, token=agent_a) as kc:
             third = await kc.dispatch("deploy task three", actor_id=actor_a, commit=True)
             assert third.assignment.created is True
+            # KD-2: a repeat of a handled commit (a retry after a lost reply) is answered
+            # with its assignment and writes nothing: the package is not handed over a
+            # second time (nor refused for a quota it no longer holds).
+            retry = await kc.dispatch("deploy task one", actor_id=actor_a, commit=True)
+            assert retry.assignment.assignment_id == first.assignment.assignment_id
+            assert retry.assignment.created is False
+            assert retry.assignment.outbox_path == first.assignment.outbox_path
+            assert not Path(first.assignment.outbox_path).exists()  # noqa: ASYNC240 - a small local file
+            assert len(_outbox(data)) == 3 and _rows(data) == 4
     finally:
         await rs.server.stop(0)
         rs.app.close()

@@ -32,7 +32,7 @@ from typing import Any
 
 from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import dispatch_pb2, errors_pb2, search_pb2
-from knowledge_server.derived.store import ActorInfo, DerivedStore, assignment_id_for
+from knowledge_server.derived.store import ActorInfo, Assignment, DerivedStore, assignment_id_for
 from knowledge_server.dispatch import outbox
 from knowledge_server.errors import (
     InvalidRequest,
@@ -604,11 +604,18 @@ class Dispatcher:
         # A full disk (SQLITE_FULL, ENOSPC) answers RESOURCE_EXHAUSTED and is kept as the
         # skills lane's last error.
         with _COMMIT_LOCK, lane.storage.guard("dispatch commit"):
+            package = build_package(out, v, assignment_id=assignment_id)
+            if self._handled(assignment_id):
+                # Recorded, and its package since taken from the outbox by the lead harness
+                # (that is how its quota is freed): a repeat (a retry after a lost reply)
+                # writes nothing, or the task would be handed over a second time.
+                return self._answer(
+                    out, package, *lane.record_assignment(actor_id, digest, str(path))
+                )
             self._check_quota(assignment_id, committer)
             # The package first, then its row: a package that cannot be written leaves no
             # row; a row that cannot be written after it is recorded by a repeated commit
             # (the package stays as it is).
-            package = build_package(out, v, assignment_id=assignment_id)
             try:
                 written, recorded = outbox.write_once(
                     self.outbox, assignment_id, package, committer=committer
@@ -627,13 +634,32 @@ class Dispatcher:
         # (another principal, the same id in another organisation, or the same principal
         # seeing other workspaces) repeating the commit is answered with the package
         # planned within its own, so evidence it cannot see never reaches it.
-        out.handoff.CopyFrom(recorded if by == committer else package)
+        return self._answer(
+            out, recorded if by == committer else package, row, created, str(written)
+        )
+
+    def _handled(self, assignment_id: str) -> bool:
+        """The assignment is recorded and its package is no longer in the outbox."""
+        if outbox.is_recorded(self.outbox, assignment_id):
+            return False
+        with self._store() as store:
+            return store is not None and store.assignment(assignment_id) is not None
+
+    @staticmethod
+    def _answer(
+        out: dispatch_pb2.DispatchResponse,
+        handoff: dispatch_pb2.HandoffPackage,
+        row: Assignment,
+        created: bool,
+        written: str = "",
+    ) -> dispatch_pb2.DispatchResponse:
+        out.handoff.CopyFrom(handoff)
         a = out.assignment
         a.assignment_id = row.assignment_id
         a.status = row.status
         a.actor_id = row.actor_id
         a.created = created
-        a.outbox_path = row.outbox_path or str(written)
+        a.outbox_path = row.outbox_path or written
         try:
             a.created_at.FromDatetime(datetime.fromisoformat(row.created_at))
         except ValueError:
