@@ -120,13 +120,14 @@ def test_outbox_quota_default() -> None:
     assert load_config(env={}).outbox_quota_per_principal == 100
 
 
-async def test_kd_a_repeated_commit_never_hands_over_a_package_planned_in_another_scope(
+async def test_kd_a_commit_never_hands_over_a_package_planned_in_another_scope(
     tmp_path: Path,
 ) -> None:
     """KD-2 / ISO: token ids are not unique across organisations. Org-a's "ci" (workspaces
-    shared + a) commits; org-b's "ci" (shared only) repeats the same commit: it gets the
-    package planned within its own scope, never org-a's with an episode of workspace a; and
-    the two do not share one outbox quota."""
+    shared + a) commits; org-b's "ci" (shared only) commits the same task to the same actor:
+    it records an assignment and a package of its own, planned within its own scope, never
+    org-a's with an episode of workspace a (before, it was answered with org-a's assignment,
+    its time and its outbox file); and the two do not share one outbox quota."""
     shared, a, logs = tmp_path / "shared", tmp_path / "ws_a", tmp_path / "logs"
     for d in (shared, a, logs):
         d.mkdir()
@@ -153,14 +154,20 @@ async def test_kd_a_repeated_commit_never_hands_over_a_package_planned_in_anothe
         assert any("BLUEFIN" in e.snippet for e in recorded)  # org-a's scope holds it
         async with AsyncKnowledgeClient(rs.address, token=ci_b) as kc:
             again = await kc.dispatch("deploy the quokka service", actor_id=actor, commit=True)
-            assert again.assignment.assignment_id == first.assignment.assignment_id
+            # Org-a's pending package does not count against org-b's "ci" (quota 1).
+            assert again.assignment.created is True
+            assert again.assignment.assignment_id != first.assignment.assignment_id
+            assert again.assignment.outbox_path != first.assignment.outbox_path
             assert not any(
                 "BLUEFIN" in e.snippet for e in again.handoff.context_pack.prior_episodes
             )
             assert not any("BLUEFIN" in str(c.arguments) for c in again.handoff.tool_calls)
-            # Org-a's pending package does not count against org-b's "ci".
-            other = await kc.dispatch("deploy another thing", actor_id=actor, commit=True)
-            assert other.assignment.created is True
+            package = Path(again.assignment.outbox_path).read_text()  # noqa: ASYNC240 - a small local file
+            assert "BLUEFIN" not in package
+            # Its own repeat is idempotent.
+            same = await kc.dispatch("deploy the quokka service", actor_id=actor, commit=True)
+            assert same.assignment.assignment_id == again.assignment.assignment_id
+            assert same.assignment.created is False
         owners = sorted((p["committed_org"], p["committed_by"]) for p in _outbox(data))
         assert owners == [("org-a", "ci"), ("org-b", "ci")]
     finally:

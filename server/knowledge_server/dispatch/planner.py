@@ -178,14 +178,22 @@ def normalise_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def task_hash(v: ValidDispatch, actor_id: str) -> str:
-    """sha256 of the normalised task (text, acceptance, constraints) and the actor id."""
+def task_hash(v: ValidDispatch, actor_id: str, committer: outbox.Committer) -> str:
+    """sha256 of the normalised task (text, acceptance, constraints), the actor id, and the
+    committer's organisation and scope (the digest of the workspaces its plan could see).
+    An assignment is one task for one actor as planned within one view: two tenants (or
+    two principals seeing other workspaces) committing the same task to an actor of a
+    workspace they share record an assignment and a package each. Keyed by actor and task
+    alone, the second was answered with the first's assignment, its time and its outbox
+    file, a package planned with evidence the second cannot see."""
     payload = json.dumps(
         [
             normalise_text(v.text),
             [normalise_text(a) for a in v.acceptance],
             [normalise_text(c) for c in v.constraints],
             actor_id,
+            committer.org,
+            committer.scope,
         ],
         ensure_ascii=False,
         separators=(",", ":"),
@@ -598,7 +606,7 @@ class Dispatcher:
             # A plan has a choice only when the skills lane's store answered it.
             raise RuntimeError("a dispatch commit needs the skills lane")
         actor_id = plan.choice.actor.actor_id
-        digest = task_hash(v, actor_id)
+        digest = task_hash(v, actor_id, committer)
         assignment_id = _assignment_id(actor_id, digest)
         path = outbox.package_path(self.outbox, assignment_id)
         # A full disk (SQLITE_FULL, ENOSPC) answers RESOURCE_EXHAUSTED and is kept as the
