@@ -641,15 +641,21 @@ def test_every_untrusted_mark_names_a_text_field_of_the_response() -> None:
 
 def test_dispatch_marks_the_text_taken_from_logs_untrusted() -> None:
     """A session's title becomes the target's name, event types become risks, and both
-    are built into the hand-off's tool-call arguments: all of it is data."""
+    are built into the hand-off's tool-call arguments: all of it is data. So are the ids
+    and names a log or catalog gave (an actor id holds a session id or an agent type; a
+    skill's name, an episode's session, a code path), as the search tool marks them."""
     marked = set(TOOLS_BY_NAME["knowledge_dispatch"].untrusted_fields)
-    assert {
-        "target.name",
-        "context_pack.risks[]",
-        "handoff.target.name",
-        "handoff.context_pack.risks[]",
-        "handoff.tool_calls[].arguments",
-    } <= marked
+    for prefix in ("", "handoff."):
+        assert {
+            f"{prefix}target.actor_id",
+            f"{prefix}target.name",
+            f"{prefix}context_pack.risks[]",
+            f"{prefix}context_pack.prior_episodes[].session_id",
+            f"{prefix}context_pack.prior_episodes[].snippet",
+            f"{prefix}context_pack.code_refs[].path",
+            f"{prefix}context_pack.skills[].name",
+        } <= marked
+    assert "handoff.tool_calls[].arguments" in marked
 
 
 def test_memory_tool_marks_every_stored_text_untrusted_and_renders_it_as_data() -> None:

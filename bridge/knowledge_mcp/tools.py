@@ -172,12 +172,22 @@ TOOLS: tuple[ToolSpec, ...] = (
         "assignment).",
         (
             # Text from session logs (titles, snippets, event types) and what is built of it.
+            # Ids and names a log gave (an actor id holds a session id or an agent type),
+            # as the search tool marks them.
+            "target.actor_id",
             "target.name",
             "target.why[]",
+            "context_pack.prior_episodes[].session_id",
             "context_pack.prior_episodes[].snippet",
+            "context_pack.code_refs[].path",
+            "context_pack.skills[].name",
             "context_pack.risks[]",
+            "handoff.target.actor_id",
             "handoff.target.name",
+            "handoff.context_pack.prior_episodes[].session_id",
             "handoff.context_pack.prior_episodes[].snippet",
+            "handoff.context_pack.code_refs[].path",
+            "handoff.context_pack.skills[].name",
             "handoff.context_pack.risks[]",
             "handoff.tool_calls[].arguments",
         ),

@@ -744,6 +744,11 @@ def _line(value: str) -> str:
     return printable(" ".join(value.split()))
 
 
+def _quoted(value: str) -> str:
+    """Text from a log as a quotation on one line: a JSON string of ``_line(value)``."""
+    return json.dumps(_line(value), ensure_ascii=False)
+
+
 def _block(text: str) -> str:
     """The task's text, whose line breaks are its own: each line after the first indented,
     so none of them can pass for a line of the prompt's structure; escapes as ``_line``."""
@@ -762,7 +767,9 @@ def render_prompt(pack: dispatch_pb2.ContextPack, assignment_id: str) -> str:
     if pack.prior_episodes:
         lines.append("Prior episodes (references; full text via GetEpisode):")
         for ep in pack.prior_episodes:
-            lines.append(f"- {_line(ep.id)}" + (f": {_line(ep.snippet)}" if ep.snippet else ""))
+            # Quoted (a JSON string): the log's words read as a quotation, not as more of
+            # the task; a quote inside them is escaped, so it cannot end the quotation.
+            lines.append(f"- {_line(ep.id)}" + (f": {_quoted(ep.snippet)}" if ep.snippet else ""))
     if pack.code_refs:
         lines.append("Code (references; full text via GetChunk):")
         for ref in pack.code_refs:
@@ -817,7 +824,7 @@ def build_package(
             tool="spawn_teammate",
             arguments={
                 "name": member,
-                "description": shorten(f"Replica of {_line(t.name)} for: {title}", 200),
+                "description": shorten(f"Replica of {_quoted(t.name)} for: {title}", 200),
                 "prompt": prompt,
             },
         )
