@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import apsw
 import grpc
 import pytest
 from knowledge_server._gen.knowledge.v1 import index_service_pb2 as ipb
@@ -190,3 +191,43 @@ async def test_aud9_a_cancelled_ingest_is_audited_and_the_derived_layer_still_fo
     finally:
         lane.ingest_sync = real
         await rs.server.stop(0)
+
+
+async def test_aud10_a_memory_write_while_the_log_is_busy_answers_ok_and_is_recorded(
+    tmp_path: Path,
+) -> None:
+    """AUD-10 over gRPC: the audit log's write lock is held elsewhere past the wait while a
+    memory write commits. The caller is answered as the write went (OK, not INTERNAL: a
+    retry would count a second confirmation), and the write's event joins the chain at
+    the next append. Before, the write stayed and had no event at all."""
+    from knowledge_sdk import AsyncKnowledgeClient
+
+    rs = await start_server(tmp_path)
+    data = tmp_path / "data"
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            await kc.remember("warmup", "k", "opens the audit log")
+            # The served app's log, waiting a tenth of a second for the lock, not ten.
+            rs.app._audit.close()
+            rs.app._audit = AuditLog(data / "audit.sqlite", busy_ms=100)
+            holder = apsw.Connection(str(data / "audit.sqlite"))
+            holder.execute("BEGIN IMMEDIATE")
+            try:
+                first = await kc.remember("db", "port", "staging db listens on 5433")
+            finally:
+                holder.execute("ROLLBACK")
+                holder.close()
+            assert first.outcome == "created"
+            second = await kc.remember("db", "host", "staging db runs on db-2")
+            assert second.outcome == "created"
+        log = AuditLog(data / "audit.sqlite")
+        try:
+            remembered = [e for e in log.events() if e.operation == "memory.remember"]
+            assert len(remembered) == 3
+            assert [e.targets for e in remembered[1:]] == [(first.entry.id,), (second.entry.id,)]
+            assert log.verify().ok and log.pending() == 0
+        finally:
+            log.close()
+    finally:
+        await rs.server.stop(0)
+        rs.app.close()

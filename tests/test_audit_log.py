@@ -3,7 +3,9 @@
 AUD-1 a chain of appended events verifies; AUD-2 an edited event is found; AUD-3 a
 removed event is found; AUD-4 reordered events are found; AUD-5 a cut tail is found
 against a recorded head; AUD-6 the store refuses UPDATE and DELETE; AUD-7 appends from
-several processes form one valid chain; AUD-8 the input is hashed, never stored.
+several processes form one valid chain; AUD-8 the input is hashed, never stored; AUD-10
+an event the busy log cannot take waits in its pending file and joins the chain, in order
+and once.
 """
 
 from __future__ import annotations
@@ -312,3 +314,78 @@ def test_aud8_a_key_whose_temporary_file_cannot_be_written_leaves_no_file(
     finally:
         log.close()
     assert [p.name for p in tmp_path.iterdir() if "key" in p.name] == ["audit.key"]
+
+
+def _hold_write_lock(path: Path) -> apsw.Connection:
+    """Another connection holding the log's write lock (a long transaction elsewhere)."""
+    conn = apsw.Connection(str(path))
+    conn.execute("BEGIN IMMEDIATE")
+    return conn
+
+
+def test_aud10_an_event_the_busy_log_cannot_take_waits_and_joins_the_chain_in_order(
+    tmp_path: Path,
+) -> None:
+    """AUD-10: a write that happened is recorded. When the log's write lock stays taken past
+    the wait, the event is kept in the pending file (not lost, and the write's caller is
+    not told it failed: a retry would do it twice); the next append that gets the lock
+    chains the kept events first, in order, and the chain verifies. Before, the append
+    raised and the committed write had no event."""
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path, busy_ms=50)
+    _fill(log, 2)
+    holder = _hold_write_lock(path)
+    kept = [
+        log.append(principal="a", org="acme", operation="memory.remember", targets=[f"mem:{i}"])
+        for i in (1, 2)
+    ]
+    assert [e.seq for e in kept] == [0, 0]
+    assert log.pending() == 2 and log.head()[0] == 2
+    holder.execute("ROLLBACK")
+    holder.close()
+    after = log.append(principal="b", org="acme", operation="memory.remember", targets=["mem:3"])
+    assert after.seq == 5
+    events = list(log.events())
+    assert [(e.seq, e.principal, e.targets) for e in events[2:]] == [
+        (3, "a", ("mem:1",)),
+        (4, "a", ("mem:2",)),
+        (5, "b", ("mem:3",)),
+    ]
+    assert events[2].at == kept[0].at  # when the write happened, not when it was chained
+    assert log.verify().ok and log.pending() == 0
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith((".pending", ".draining"))]
+
+
+def test_aud10_kept_events_are_chained_once_after_a_drain_that_stopped_before_cleanup(
+    tmp_path: Path,
+) -> None:
+    """AUD-10: a drain that committed and stopped before removing its file (a crash) leaves
+    the kept events in the draining file; the next append finds them in the chain and does
+    not append them again."""
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path, busy_ms=50)
+    holder = _hold_write_lock(path)
+    log.append(principal="a", org="acme", operation="memory.remember", targets=["mem:1"])
+    holder.execute("ROLLBACK")
+    holder.close()
+    pending = Path(str(path) + ".pending")
+    kept = pending.read_bytes()
+    log.append(principal="b", org="acme", operation="memory.remember", targets=["mem:2"])
+    Path(str(path) + ".draining").write_bytes(kept)  # as if the unlink never ran
+    log.append(principal="c", org="acme", operation="memory.remember", targets=["mem:3"])
+    assert [e.principal for e in log.events()] == ["a", "b", "c"]
+    assert log.verify().ok and log.pending() == 0
+
+
+def test_aud10_verify_says_how_many_events_are_pending(tmp_path: Path) -> None:
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path, busy_ms=50)
+    _fill(log, 1)
+    holder = _hold_write_lock(path)
+    log.append(principal="a", org="acme", operation="memory.remember", targets=["mem:1"])
+    holder.execute("ROLLBACK")
+    holder.close()
+    log.close()
+    out = CliRunner().invoke(cli_main, ["--data-dir", str(tmp_path), "audit", "verify"])
+    assert out.exit_code == 0, out.output
+    assert "ok: 1 events;" in out.output and "; 1 pending" in out.output

@@ -26,6 +26,8 @@ The log is its own store, ``audit.sqlite`` in the data directory, written under
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import getpass
 import hashlib
 import hmac
@@ -40,10 +42,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from threading import Lock
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import apsw
 
+from knowledge_server.logs import get_logger
 from knowledge_server.schema import Migrations, Step, immediate, open_db
 
 __all__ = [
@@ -61,6 +64,10 @@ __all__ = [
 ]
 
 AUDIT_FILE = "audit.sqlite"
+# Events kept while the log's write lock could not be had (``AuditLog.append``), next to it.
+PENDING_SUFFIX = ".pending"
+DRAINING_SUFFIX = ".draining"
+_PENDING_FIELDS = ("at", "principal", "org", "operation", "targets", "input_hash", "outcome")
 KEY_FILE = "audit.key"  # the input hashes' key, next to the log (created on first use)
 _KEY_BYTES = 32
 
@@ -260,44 +267,173 @@ class AuditLog:
         outcome: str = "ok",
     ) -> AuditEvent:
         """Append one event; returns it with its place in the chain. ``input`` is hashed,
-        never stored. Committed (synchronous=FULL) before this returns."""
+        never stored. Committed (synchronous=FULL) before this returns.
+
+        When the log's write lock stays taken past ``busy_ms`` (another process's long
+        transaction, a backup holding it), the event is kept in the pending file instead
+        (fsynced, ``seq`` 0 returned) and joins the chain, in the order kept, at the next
+        append that gets the lock: the write it records has happened, and its caller is
+        answered as such rather than told it failed (a retry would do it twice). Events
+        kept there first are appended before this one."""
         if not operation:
             raise ValueError("an audit event needs an operation")
         at = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-        ihash = self.input_hash(input)
-        with self._lock, immediate(self._conn):
-            last_seq, prev = _last(self._conn)
-            seq = last_seq + 1
-            event = AuditEvent(
-                seq=seq,
-                at=at,
-                principal=principal,
-                org=org,
-                operation=operation,
-                targets=tuple(str(t) for t in targets),
-                input_hash=ihash,
-                outcome=outcome,
-                prev_hash=prev,
-                hash="",
-            )
-            h = chain_hash(prev, event.body())
-            self._conn.execute(
-                "INSERT INTO events (seq, at, principal, org, operation, targets, input_hash, outcome,"
-                " prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (
-                    seq,
-                    at,
-                    principal,
-                    org,
-                    operation,
-                    json.dumps(list(event.targets)),
-                    ihash,
-                    outcome,
-                    prev,
-                    h,
-                ),
-            )
+        fields = {
+            "at": at,
+            "principal": principal,
+            "org": org,
+            "operation": operation,
+            "targets": [str(t) for t in targets],
+            "input_hash": self.input_hash(input),
+            "outcome": outcome,
+        }
+        drained: str | None = None
+        try:
+            with self._lock, immediate(self._conn):
+                drained = self._drain()
+                event = self._insert(fields)
+        except apsw.BusyError:
+            return self._keep_pending(fields)
+        if drained is not None:
+            # Committed: the kept events are in the chain (a crash before this unlink is
+            # harmless: the next drain finds them there and skips them).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(drained)
+        return event
+
+    def _insert(self, fields: dict[str, Any]) -> AuditEvent:
+        """Chain one event after the last (within the caller's write transaction)."""
+        last_seq, prev = _last(self._conn)
+        event = AuditEvent(
+            seq=last_seq + 1,
+            at=str(fields["at"]),
+            principal=str(fields["principal"]),
+            org=str(fields["org"]),
+            operation=str(fields["operation"]),
+            targets=tuple(str(t) for t in fields["targets"]),
+            input_hash=str(fields["input_hash"]),
+            outcome=str(fields["outcome"]),
+            prev_hash=prev,
+            hash="",
+        )
+        h = chain_hash(prev, event.body())
+        self._conn.execute(
+            "INSERT INTO events (seq, at, principal, org, operation, targets, input_hash, outcome,"
+            " prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                event.seq,
+                event.at,
+                event.principal,
+                event.org,
+                event.operation,
+                json.dumps(list(event.targets)),
+                event.input_hash,
+                event.outcome,
+                prev,
+                h,
+            ),
+        )
         return AuditEvent(**{**event.__dict__, "hash": h})
+
+    # The pending file: events kept while the log's write lock could not be had, one JSON
+    # object a line. Writers append under an exclusive flock on it; a drain takes the same
+    # lock to rename it to the draining name, so no line is written to a file being read.
+    def _pending_paths(self) -> tuple[str, str]:
+        return self.path + PENDING_SUFFIX, self.path + DRAINING_SUFFIX
+
+    def _keep_pending(self, fields: dict[str, Any]) -> AuditEvent:
+        pending, _ = self._pending_paths()
+        try:
+            with self._lock:
+                after_seq = _last(self._conn)[0]
+        except apsw.Error:
+            after_seq = 0
+        line = (json.dumps({**fields, "after_seq": after_seq}, ensure_ascii=False) + "\n").encode()
+        while True:
+            fd = os.open(pending, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    current = os.stat(pending).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    current = False
+                if current:  # else a drain renamed it between open and lock: open anew
+                    view = memoryview(line)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fsync(fd)
+                    break
+            finally:
+                os.close(fd)
+        get_logger("knowledge.audit").warning(
+            "audit.event_pending", operation=fields["operation"], reason="log busy"
+        )
+        return AuditEvent(
+            seq=0, prev_hash="", hash="", **{**fields, "targets": tuple(fields["targets"])}
+        )
+
+    def _drain(self) -> str | None:
+        """Append the events kept pending (within the write transaction), oldest first;
+        returns the draining file to remove once committed, None when there were none.
+        An event already in the chain after the place it was kept at (a drain that
+        committed and then stopped before removing its file) is not appended again."""
+        pending, draining = self._pending_paths()
+        if not os.path.exists(draining):
+            try:
+                fd = os.open(pending, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(pending, draining)
+            finally:
+                os.close(fd)
+            if not os.path.exists(draining):
+                return None
+        with open(draining, "rb") as fh:
+            lines = fh.read().splitlines()
+        for raw in lines:
+            try:
+                kept = json.loads(raw)
+                fields = {k: kept[k] for k in _PENDING_FIELDS}
+                after = int(kept.get("after_seq", 0))
+            except (ValueError, KeyError, TypeError):
+                # A line cut by a crash while it was written: its write's caller was
+                # answered only after the fsync of a whole line, so none is lost.
+                get_logger("knowledge.audit").error("audit.pending_line_unreadable")
+                continue
+            if not self._already_chained(fields, after):
+                self._insert(fields)
+        return draining
+
+    def _already_chained(self, fields: dict[str, Any], after_seq: int) -> bool:
+        rows = self._conn.execute(
+            "SELECT 1 FROM events WHERE seq > ? AND at = ? AND principal = ? AND org = ?"
+            " AND operation = ? AND targets = ? AND input_hash = ? AND outcome = ? LIMIT 1",
+            (
+                after_seq,
+                fields["at"],
+                fields["principal"],
+                fields["org"],
+                fields["operation"],
+                json.dumps(list(fields["targets"])),
+                fields["input_hash"],
+                fields["outcome"],
+            ),
+        ).fetchall()
+        return bool(rows)
+
+    def pending(self) -> int:
+        """How many events wait in the pending files to join the chain."""
+        n = 0
+        for path in self._pending_paths():
+            try:
+                with open(path, "rb") as fh:
+                    n += sum(1 for line in fh if line.strip())
+            except FileNotFoundError:
+                continue
+        return n
 
     def events(self, *, after_seq: int = 0, batch: int = 1000) -> Iterator[AuditEvent]:
         """Every event after ``after_seq``, in chain order, read in batches."""

@@ -45,6 +45,7 @@ def verify(ctx: click.Context, expect: str | None) -> None:
     log = _open(ctx)
     try:
         result = log.verify(expect=head)
+        pending = log.pending()
     finally:
         log.close()
     if not result.ok:
@@ -52,7 +53,8 @@ def verify(ctx: click.Context, expect: str | None) -> None:
             f"audit log broken at seq {result.first_bad_seq}: {result.reason}"
             f" ({result.checked} events read)"
         )
-    click.echo(f"ok: {result.checked} events; head {result.head_seq}:{result.head_hash}")
+    waiting = f"; {pending} pending (they join the chain at the next write)" if pending else ""
+    click.echo(f"ok: {result.checked} events; head {result.head_seq}:{result.head_hash}{waiting}")
 
 
 @audit.command("tail")
