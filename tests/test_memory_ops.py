@@ -415,3 +415,50 @@ def test_a_url_is_no_local_path_but_a_file_url_is(tmp_path: Path) -> None:
             memory_pb2.RememberRequest(category="c", key="f", value="see file:///etc/passwd"),
             who,
         )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field"),
+    [
+        ("db-login", "admin password is Tr0ub4dor&3x", "value"),
+        ("db-access", "user admin, password Tr0ub4dor", "value"),
+        ("openai", "the api key is 9f8e7d6c5b4a3928171615141312", "value"),
+        ("zugang", "Das Passwort lautet Geheim-1234", "value"),
+        ("pw", "Tr0ub4dor&3x", "value"),
+        ("root_pass", "Tr0ub4dor&3x", "value"),
+        ("db_passwort", "Tr0ub4dor&3x", "value"),
+        ("password is hunter2x", "kept here", "key"),
+    ],
+)
+def test_a_secret_written_as_a_sentence_or_under_a_short_name_is_refused(
+    tmp_path: Path, key: str, value: str, field: str
+) -> None:
+    """Seed 004 "Keine Secrets in Knowledge": a credential written out after its name in
+    a sentence ("admin password is ..."), or under a short or German name ("pw",
+    "root_pass", "db_passwort"), is refused like "password" = "...". Before, each was
+    stored and came back from Recall as written."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    with pytest.raises(SecretRefused) as refused:
+        ops.run("remember", memory_pb2.RememberRequest(category="db", key=key, value=value), who)
+    assert refused.value.metadata == {"field": field}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "the password is stored in the team vault",
+        "token is refreshed every 3600s",
+        "the password policy requires 12+ characters",
+        "the API key expires in March",
+        "password reset links are valid for 24h",
+        "max_tokens: 2048",
+    ],
+)
+def test_a_fact_about_a_credential_is_not_taken_for_one(tmp_path: Path, value: str) -> None:
+    """The sentence rule reads the one word after a credential's name as a named value is
+    read: where a secret is kept, or how it is handled, is a fact memory keeps."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    kept, _ = ops.run(
+        "remember", memory_pb2.RememberRequest(category="db", key="note", value=value), who
+    )
+    assert isinstance(kept, memory_pb2.RememberResponse) and kept.outcome == "created"

@@ -220,20 +220,32 @@ def _visible(text: str) -> str:
 
 
 # A name that says its value is a credential: "password", "DB_PASSWORD", "dbPassword",
-# "DBPassword", "passwords:", "SECRET_KEY", "api key", "githubToken", "GITHUB_PAT" (not
-# "password policy", "secret store", "token refresh", "max_tokens"). Matched on the name
-# with camelCase split into words, lower-cased.
-_CREDENTIAL_NAME = re.compile(
-    r"(?:^|[\s_.:/-])(?:pass(?:word|wd|phrase)s?|pwd|secrets?|secret[\s_-]?key|token"
-    r"|(?:api|access|private|signing)[\s_-]?key|client[\s_-]?secret|credentials?"
-    r"|(?:github|gitlab|personal)[\s_-]?(?:pat|access[\s_-]?token))[\s:=]*$"
+# "DBPassword", "passwords:", "root_pass", "pw", "db_passwort", "Kennwort", "SECRET_KEY",
+# "api key", "githubToken", "GITHUB_PAT" (not "password policy", "secret store", "token
+# refresh", "max_tokens"). Matched on the name with camelCase split into words,
+# lower-cased.
+_CREDENTIAL_WORD = (
+    r"(?:pass(?:word|wd|phrase|wort)?s?|pwd|pw|kennw(?:ort|örter)|secrets?|secret[\s_-]?key"
+    r"|token|(?:api|access|private|signing)[\s_-]?key|client[\s_-]?secret|credentials?"
+    r"|(?:github|gitlab|personal)[\s_-]?(?:pat|access[\s_-]?token))"
+)
+_CREDENTIAL_NAME = re.compile(r"(?:^|[\s_.:/-])" + _CREDENTIAL_WORD + r"[\s:=]*$")
+# A credential written out in a sentence: the name's word, then "is" / "ist" / "lautet" /
+# "=" / ":" (or nothing), then one word that reads as a credential ("admin password is
+# Tr0ub4dor&3x", "the api key is 9f8e...", "Passwort: geheim123"). The word is judged as a
+# named value is (``_credential_value``), so "the password is stored in the vault" and
+# "token is refreshed hourly" are facts.
+_CREDENTIAL_IN_TEXT = re.compile(
+    r"(?<![\w-])(?P<name>" + _CREDENTIAL_WORD + r")(?![\w-])"
+    r"(?:\s*[:=]\s*|\s+(?:is|was|ist|lautet|war|=|:)\s+|\s+)(?P<value>\S+)",
+    re.IGNORECASE,
 )
 # "PAT" alone, in capitals (a name like "Pat" is a person).
 _PAT = re.compile(r"(?:^|[\s_.:/-])PAT[\s:=]*$")
 # A PIN: a name ending in "pin" or "pin code" with four to twelve digits.
 _PIN_NAME = re.compile(r"(?:^|[\s_.:/-])pin(?:[\s_-]?code)?[\s:=]*$")
 # Names whose credentials may be digits only (a numeric password).
-_PASSWORD_NAME = re.compile(r"(?:pass(?:word|wd|phrase)|pwd)s?[\s:=]*$")
+_PASSWORD_NAME = re.compile(r"(?:pass(?:word|wd|phrase|wort)?|pwd|pw|kennwort)s?[\s:=]*$")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 # Values that say where a credential is, not what it is. Each must match the whole value
 # (a password that only starts like a path is still a password); none nests repetitions,
@@ -273,11 +285,28 @@ def _secret_pair(name: str, value: str) -> bool:
         return v.isdigit() and 4 <= len(v) <= 12
     if not (_CREDENTIAL_NAME.search(lower) or _PAT.search(words)):
         return False
+    return _credential_value(lower, v)
+
+
+def _credential_value(lower_name: str, v: str) -> bool:
+    """Whether ``v`` reads as the credential a name (lower case) names: one word of six or
+    more characters with a digit or a symbol, or of sixteen or more, that is not where a
+    credential is kept; digits alone only under a password's name."""
     if len(v) < 6 or any(c.isspace() for c in v) or _reference(v):
         return False
     if v.isdigit():  # a count, a number: a credential only under a password's name
-        return bool(_PASSWORD_NAME.search(lower))
+        return bool(_PASSWORD_NAME.search(lower_name))
     return len(v) >= 16 or any(not c.isalpha() for c in v)
+
+
+def _tells_a_secret(text: str) -> bool:
+    """Whether ``text`` writes a credential out after its name ("the admin password is
+    Tr0ub4dor&3x"); the word's closing punctuation is not part of it."""
+    for m in _CREDENTIAL_IN_TEXT.finditer(_visible(text)):
+        word = m.group("value").rstrip(".,;!?)]}\"'")
+        if word and _credential_value(m.group("name").lower(), word):
+            return True
+    return False
 
 
 def _names_a_secret(names: tuple[str, ...], value: str) -> bool:
@@ -330,7 +359,7 @@ class MemoryOps:
                 metadata={"field": "value"},
             )
         for name, text in fields.items():
-            if text and looks_like_secret(_visible(text)):
+            if text and (looks_like_secret(_visible(text)) or _tells_a_secret(text)):
                 raise SecretRefused(
                     f"{name}: looks like a secret (a key, token or password); memory never"
                     " stores secrets: leave the secret out and describe where it is kept",
