@@ -190,6 +190,19 @@ async def test_mem_e5_timeline_contradiction_eviction_restore(world: World) -> N
         assert [(e.source, e.kind, e.target) for e in edges.edges] == [("api", "depends_on", "db")]
 
 
+async def test_mem_e5_a_symbol_or_a_negated_rule_is_a_new_value(world: World) -> None:
+    """MEM-E5 / MEM-11: over gRPC, "❌" after "✅" and a rule with "never" for "always" are
+    contradictions: the new value is current, the old one is in the timeline."""
+    rule = "deploy to production on friday afternoons without written approval from the lead"
+    async with world.client("a1") as kc:
+        for key, old, new in (("build", "✅", "❌"), ("friday", f"always {rule}", f"never {rule}")):
+            await kc.remember("ci", key, old)
+            w = await kc.remember("ci", key, new)
+            assert w.outcome == "superseded" and w.entry.value == new
+            tl = await kc.timeline("ci", key)
+            assert [v.value for v in tl.versions] == [old, new]
+
+
 async def _cli(world: World, *args: str, who: str = "a1") -> Result:
     """The CLI in a thread: its client blocks, and the server runs on this test's loop."""
     return await asyncio.to_thread(_cli_sync, world, *args, who=who)

@@ -2,8 +2,9 @@
 
 MEM-1  an update never forgets: the old version stays with ``valid_until``, the new one
        names it in ``supersedes``, the timeline lists every version in order.
-MEM-2  the same value again (case-insensitively, or similar at or above the threshold) is a
-       confirmation: confidence and count go up, nothing is superseded.
+MEM-2  the same value again (case-insensitively, or similar at or above the threshold with
+       the same negation words) is a confirmation: confidence and count go up, nothing is
+       superseded.
 MEM-3  a different value is a contradiction with the seed's severity (High/Medium/Low),
        reported and recorded; the new value becomes current.
 MEM-4  reclaim runs only at ``len >= max``, brings the store to ``reclaim_target``, archives
@@ -340,6 +341,53 @@ def test_mem11_every_value_written_is_live_or_restorable(
                 key,
                 value,
             )
+
+
+def test_mem11_a_value_without_words_or_of_the_opposite_meaning_is_never_taken_for_another(
+    tmp_path: Path,
+) -> None:
+    """MEM-11: every value written is live or restorable. Two values without words ("✅"
+    then "❌") are compared by their text, not by their (empty) word sets; a rule whose
+    meaning flips by one negation word ("always" to "never", a "not" or "nicht" added)
+    shares nearly all its words with the old one and is still another value. Each new value
+    becomes current, the old one stays in the timeline; the same symbol again confirms."""
+    m = _store(tmp_path)
+    rule = "deploy to production on friday afternoons without written approval from the lead"
+    changes = [
+        ("ci", "build", "✅", "❌"),
+        ("ops", "cmp", "==", "!="),
+        ("rules", "friday", f"always {rule}", f"never {rule}"),
+        (
+            "rules",
+            "tests",
+            "run the whole test suite locally before every merge into the main branch",
+            "do not run the whole test suite locally before every merge into the main branch",
+        ),
+        (
+            "rules",
+            "merge",
+            "wir mergen am freitag nach dem review in den hauptzweig",
+            "wir mergen am freitag nicht nach dem review in den hauptzweig",
+        ),
+        (
+            "rules",
+            "lint",
+            "the linter can block a merge of the release branch today",
+            "the linter can't block a merge of the release branch today",
+        ),
+    ]
+    for category, key, old, new in changes:
+        m.remember(A, "facts", category, key, old, 0.7)
+        w = m.remember(A, "facts", category, key, new, 0.7)
+        assert w.outcome == "superseded" and w.entry.value == new, (old, new)
+        versions, _, _ = m.timeline(A, "facts", category, key)
+        assert [v.value for v in versions] == [old, new]
+    again = m.remember(A, "facts", "ci", "build", " ❌ ", 0.7)
+    assert again.outcome == "confirmed" and again.entry.value == "❌"
+    assert same_value("✅", "✅", 0.85) and not same_value("✅", "❌", 0.85)
+    assert same_value(
+        "don't deploy on friday evenings ever", "Don’t deploy on friday evenings ever", 0.85
+    )
 
 
 def test_mem9_near_duplicates_far_apart_in_word_order_are_merged(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "RestoreReport",
     "Scope",
     "Written",
+    "polarity",
     "severity",
     "similarity",
 ]
@@ -196,17 +197,67 @@ def words(text: str) -> frozenset[str]:
     return frozenset(_WORD.findall(fold(text)))
 
 
+# Words that turn a statement into its opposite ("always" to "never", a "not" added). Two
+# values that differ in them are two values however many other words they share: a long
+# rule whose meaning flips by one word stays above the similarity threshold.
+# English and German (the seed's language); kept short on purpose, since every word here
+# makes two otherwise equal texts a contradiction. A contraction ending in "n't" and
+# "cannot" count as "not", so "don't" and "do not" agree.
+POLARITY_WORDS = frozenset(
+    {
+        "not",
+        "no",
+        "never",
+        "always",
+        "none",
+        "nothing",
+        "without",
+        "nicht",
+        "nichts",
+        "nie",
+        "niemals",
+        "immer",
+        "ohne",
+        "kein",
+        "keine",
+        "keinen",
+        "keinem",
+        "keiner",
+        "keines",
+    }
+)
+# A word with its apostrophes (straight or typographic) kept, so a contraction stays one word.
+_POLAR_WORD = re.compile(r"\w+(?:['\u2019]\w+)*", re.UNICODE)
+
+
+def polarity(text: str) -> tuple[str, ...]:
+    """The polarity words of ``text`` (``POLARITY_WORDS``), folded, sorted, each as often
+    as it occurs; a contraction of "not" and "cannot" are "not"."""
+    found = []
+    for word in _POLAR_WORD.findall(fold(text)):
+        if word == "cannot" or word.endswith(("n't", "n\u2019t")):
+            found.append("not")
+        elif word in POLARITY_WORDS:
+            found.append(word)
+    return tuple(sorted(found))
+
+
 def similarity(a: str, b: str) -> float:
-    """Word similarity: Jaccard of the case-folded word sets (1.0 for two empty texts)."""
+    """Word similarity: Jaccard of the case-folded word sets. Two texts without words
+    ("✅", "!=") have nothing to measure by words: they are similar only when their folded
+    text is the same (whitespace aside), else a new symbol would pass for the old one."""
     wa, wb = words(a), words(b)
     if not wa and not wb:
-        return 1.0
+        return 1.0 if fold(a).split() == fold(b).split() else 0.0
     return len(wa & wb) / len(wa | wb)
 
 
 def same_value(a: str, b: str, threshold: float) -> bool:
-    """Case-insensitively equal, or word similarity at or above ``threshold``."""
-    return a.strip().casefold() == b.strip().casefold() or similarity(a, b) >= threshold
+    """Case-insensitively equal, or with the same polarity words (``polarity``) and word
+    similarity at or above ``threshold``."""
+    if a.strip().casefold() == b.strip().casefold():
+        return True
+    return polarity(a) == polarity(b) and similarity(a, b) >= threshold
 
 
 def severity(confidence: float, confirmations: int, contradiction_threshold: float) -> str:
