@@ -203,6 +203,30 @@ async def test_mem_e5_a_symbol_or_a_negated_rule_is_a_new_value(world: World) ->
             assert [v.value for v in tl.versions] == [old, new]
 
 
+async def test_mem_e5_restore_never_makes_an_older_value_current_over_an_archived_newer_one(
+    world: World,
+) -> None:
+    """MEM-E5 / MEM-6: both versions of a key compacted; the older one restored first comes
+    back superseded until the newer began, the newer one restored after is current."""
+    async with world.client("a1") as kc:
+        old = await kc.remember("db", "port", "staging port 5432 oldvalue", confidence=0.1)
+        await kc.consolidate()
+        new = await kc.remember("db", "port", "staging port 5433 newvalue", confidence=0.1)
+        await kc.consolidate()
+        [back] = (await kc.restore(query="oldvalue")).restored
+        assert back.id == old.entry.id and not back.current
+        assert (await kc.recall("staging")).entries == []
+        [back] = (await kc.restore(query="newvalue")).restored
+        assert back.id == new.entry.id and back.current
+        tl = await kc.timeline("db", "port")
+        assert [(v.id, v.current) for v in tl.versions] == [
+            (old.entry.id, False),
+            (new.entry.id, True),
+        ]
+        assert tl.versions[0].valid_until == tl.versions[1].valid_from
+        assert [e.value for e in (await kc.recall("staging")).entries] == [new.entry.value]
+
+
 async def _cli(world: World, *args: str, who: str = "a1") -> Result:
     """The CLI in a thread: its client blocks, and the server runs on this test's loop."""
     return await asyncio.to_thread(_cli_sync, world, *args, who=who)

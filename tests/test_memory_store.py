@@ -10,7 +10,8 @@ MEM-3  a different value is a contradiction with the seed's severity (High/Mediu
 MEM-4  reclaim runs only at ``len >= max``, brings the store to ``reclaim_target``, archives
        the retention order's tail before removing it; once per crossing, not per write.
 MEM-5  ``reclaim_enabled = false`` still caps the store at ``max``, losslessly.
-MEM-6  restore never duplicates a live value and never puts an older value over a live key.
+MEM-6  restore never duplicates a live value and never puts an older value over a newer
+       version of its key, live or archived: it files each version in its key's timeline.
 MEM-7  budgets: deterministic order with stable tie-breaks, then the cut, which is named.
 MEM-8  a consolidate dry run writes nothing and reports what a real run does.
 MEM-9  consolidation and compaction archive what they merge or drop.
@@ -295,7 +296,7 @@ def test_mem11_every_value_written_is_live_or_restorable(
     """MEM-11: random writes (with evictions), consolidations (dry and real), restores
     and time passing: every value ever written is, under its key, equal or similar to one
     that is live or in the archive; no id is in both tables; no key has two current
-    entries; no store holds more than its max."""
+    entries; no version ends before it began; no store holds more than its max."""
     policy = replace(
         MemoryPolicy(),
         max_facts=3,
@@ -328,6 +329,8 @@ def test_mem11_every_value_written_is_live_or_restorable(
         assert not {e.id for e in live} & {e.id for e in archived}
         currents = [(e.category, e.key) for e in live if e.current]
         assert len(currents) == len(set(currents))
+        # no version ends before it began (a restore files it in its key's timeline)
+        assert all(e.valid_until is None or e.valid_until >= e.valid_from for e in live)
         kept = live + archived
         for s, cat, key, value in written:
             if s != store:
@@ -586,3 +589,30 @@ def test_mem6_a_restore_passes_over_what_does_not_fit_and_brings_back_what_does(
     assert "z old value" in [e.value for e in rep.restored]
     assert all(after[k] == before[k] for k in {e.key for e in rep.restored} if k in before)
     assert m.count(A, "facts") <= 3
+
+
+@pytest.mark.parametrize("order", [("oldvalue", "newvalue"), ("newvalue", "oldvalue"), ("port",)])
+def test_mem6_a_restore_files_a_version_in_its_keys_timeline(
+    tmp_path: Path, order: tuple[str, ...]
+) -> None:
+    """MEM-6 / MEM-1: an older value restored while a newer version of its key is archived
+    too comes back superseded, until the newer one began; the newer one, restored before,
+    after or with it, is current. The timeline stays ordered: every version ends where the
+    next begins, and only the last has no end."""
+    m = _store(tmp_path)
+    old = m.remember(A, "facts", "db", "port", "staging port 5432 oldvalue", 0.1).entry
+    m.consolidate(A, ["facts"])  # compacted while current
+    new = m.remember(A, "facts", "db", "port", "staging port 5433 newvalue", 0.1).entry
+    m.consolidate(A, ["facts"])
+    assert m.live(A, "facts") == []
+    for query in order:
+        m.restore(A, "facts", query, 10)
+        [older] = [e for e in m.live(A, "facts") if e.id == old.id] or [None]
+        if older is not None:
+            assert older.valid_until == new.valid_from  # never current over the newer one
+    versions, _, archived = m.timeline(A, "facts", "db", "port")
+    assert archived == 0
+    assert [v.id for v in versions] == [old.id, new.id]
+    assert [v.valid_until for v in versions] == [new.valid_from, None]
+    assert all(v.valid_until is None or v.valid_until >= v.valid_from for v in versions)
+    assert [e.value for e in m.recall(A, "facts", "staging").entries] == [new.value]

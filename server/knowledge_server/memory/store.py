@@ -413,7 +413,8 @@ class ConsolidateReport:
 @dataclass
 class RestoreReport:
     restored: list[Entry] = field(default_factory=list)
-    as_history: int = 0  # restored as a superseded version: the key had a live value
+    # Former current entries restored as superseded versions: their key has a newer one.
+    as_history: int = 0
     already_live: int = 0  # left in the archive: the same value is live
     archived_ids: list[int] = field(default_factory=list)  # reclaimed to make room
 
@@ -576,6 +577,25 @@ class MemoryStore:
             (scope.org, scope.workspace, store, category, key) * 2,
         ).fetchone()
         return _int(row[0]) if row else None
+
+    def _next_version(self, conn: apsw.Connection, scope: Scope, entry: Entry) -> str | None:
+        """When the version of ``entry``'s key that follows it began (table or archive, in
+        the timeline's order of ``valid_from``, id), or None when ``entry`` is the newest."""
+        row = conn.execute(
+            "SELECT valid_from FROM (SELECT id, valid_from FROM entries WHERE org = ? AND"
+            " workspace = ? AND store = ? AND category = ? AND key = ? UNION ALL SELECT id,"
+            " valid_from FROM archive WHERE org = ? AND workspace = ? AND store = ? AND"
+            " category = ? AND key = ?) WHERE id != ? AND (valid_from > ? OR (valid_from = ?"
+            " AND id > ?)) ORDER BY valid_from, id LIMIT 1",
+            (
+                *(scope.org, scope.workspace, entry.store, entry.category, entry.key) * 2,
+                entry.id,
+                entry.valid_from,
+                entry.valid_from,
+                entry.id,
+            ),
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     def _get(self, conn: apsw.Connection, scope: Scope, entry_id: int) -> Entry | None:
         row = conn.execute(
@@ -969,8 +989,9 @@ class MemoryStore:
     def restore(self, scope: Scope, store: str, query: str, limit: int) -> RestoreReport:
         """Move archived entries of ``store`` matching ``query`` back (most recently
         archived first, at most ``limit``). An entry whose value is live under its key
-        stays archived (``already_live``: nothing is duplicated); a former current entry
-        whose key has a live value comes back as a superseded version, never over it."""
+        stays archived (``already_live``: nothing is duplicated); every other one goes back
+        to its place in its key's timeline: current only when no newer version of the key
+        exists (live or archived), else superseded until the next version began."""
         _check_store(store)
         report = RestoreReport()
         wanted = words(query)
@@ -1022,10 +1043,22 @@ class MemoryStore:
             )
             for row in chosen:
                 e = _entry(row, archived=True)
-                live = self._current(self.conn, scope, store, e.category, e.key)
-                valid_until = e.valid_until
-                if valid_until is None and live is not None:
-                    valid_until = live.valid_from
+                # The entry goes back where it belongs in its key's timeline: current only
+                # when no newer version of the key exists, in the table or the archive (an
+                # older value restored never hides a newer one that is archived too);
+                # otherwise superseded, until the next version began.
+                following = self._next_version(self.conn, scope, e)
+                valid_until = following
+                if following is None:
+                    live = self._current(self.conn, scope, store, e.category, e.key)
+                    if live is not None:
+                        # Only an older value can be live here (a store restored before
+                        # this rule); it ends where the restored newer one begins.
+                        self.conn.execute(
+                            "UPDATE entries SET valid_until = ? WHERE id = ?",
+                            (e.valid_from, live.id),
+                        )
+                elif e.valid_until is None:
                     report.as_history += 1
                 self.conn.execute(
                     f"INSERT INTO entries ({_COLUMNS}, folded) VALUES ({','.join('?' * 17)})",  # noqa: S608 - columns, tables and placeholders from module constants; values bound
