@@ -111,6 +111,26 @@ async def test_mem_e1_organisations_and_workspaces_are_isolated(world: World) ->
         assert [e.value for e in (await kc.recall("")).entries] == ["5433"]
 
 
+async def test_mem_e1_a_made_up_sub_workspace_is_no_memory_of_its_own(world: World) -> None:
+    """MEM-E1 / MEM-4: the capacity bounds a workspace's memory; a path under the
+    workspace that is no folder is refused (``workspace`` named), not a new store with a
+    capacity of its own; an existing folder is one, named by its real path."""
+    async with world.client("a1") as kc:
+        for i in range(3):
+            made_up = f"{world.ws_a}/made-up-{i}"
+            with pytest.raises(InvalidRequest) as info:
+                await kc.remember("c", "k", "a value", workspace=made_up)
+            assert info.value.metadata.get("field") == "workspace"
+        with pytest.raises(InvalidRequest):
+            await kc.recall("", workspace=f"{world.ws_a}/src/app.py")
+        (world.ws_a / "src-link").symlink_to(world.ws_a / "src")
+        w = await kc.remember("c", "k", "in src", workspace=str(world.ws_a / "src-link"))
+        assert w.entry.workspace == str(world.ws_a / "src")
+        mine = await kc.recall("", workspace=str(world.ws_a / "src"))
+        assert [e.value for e in mine.entries] == ["in src"]
+        assert (await kc.recall("")).entries == []
+
+
 async def test_mem_e2_token_without_memory_write_is_refused(world: World) -> None:
     """MEM-E2"""
     async with world.client("reader") as kc:

@@ -30,7 +30,7 @@ def _ops(tmp_path: Path) -> MemoryOps:
 
 def test_scope_comes_from_the_principal(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
+    (a / "sub").mkdir(parents=True)
     b.mkdir()
     (a / "link-to-b").symlink_to(b)
     assert memory_scope(_agent(a), "") == Scope("org", str(a))
@@ -44,6 +44,31 @@ def test_scope_comes_from_the_principal(tmp_path: Path) -> None:
             memory_scope(_agent(a), outside)
     with pytest.raises(InvalidRequest):
         memory_scope(_agent(a), "a\x00b")
+
+
+def test_a_sub_workspace_is_an_existing_folder_named_by_where_it_really_is(
+    tmp_path: Path,
+) -> None:
+    """MEM-10: a request's workspace inside the principal's is a memory of its own only as
+    an existing folder, judged by its real path; a path that names no folder (made up, a
+    file) is refused naming the field, so no name makes a fresh store with its own
+    capacity; a link to a folder of the workspace names that folder's memory."""
+    a = tmp_path / "a"
+    (a / "team" / "api").mkdir(parents=True)
+    (a / "notes.txt").write_text("a file\n")
+    (a / "alias").symlink_to(a / "team")
+    (a / "dangling").symlink_to(a / "gone")
+    who = _agent(a)
+    assert memory_scope(who, str(a)) == Scope("org", str(a))
+    assert memory_scope(who, f"{a}/team/") == Scope("org", str(a / "team"))
+    assert memory_scope(who, str(a / "alias")) == Scope("org", str(a / "team"))
+    assert memory_scope(who, str(a / "alias" / "api")) == Scope("org", str(a / "team" / "api"))
+    assert memory_scope(who, f"{a}/team/../alias/.") == Scope("org", str(a / "team"))
+    for made_up in (a / "made-up", a / "team" / "made-up", a / "notes.txt", a / "dangling"):
+        with pytest.raises(InvalidRequest) as info:
+            memory_scope(who, str(made_up))
+        assert info.value.metadata == {"field": "workspace"}
+        assert "existing directory" in info.value.message
 
 
 def test_request_checks(tmp_path: Path) -> None:

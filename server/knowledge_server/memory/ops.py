@@ -72,11 +72,11 @@ def memory_scope(principal: Principal, requested: str) -> Scope:
     )
     if requested:
         ws = normalise_workspace(requested)
-        if allowed is not None and not (
-            any(is_under(ws, a) for a in allowed) and really_in_scope(ws, allowed)
-        ):
+        if allowed is None or ws in allowed:
+            return Scope(principal.organisation, ws)
+        if not (any(is_under(ws, a) for a in allowed) and really_in_scope(ws, allowed)):
             raise PermissionDenied("workspace: outside the workspaces of this principal")
-        return Scope(principal.organisation, ws)
+        return Scope(principal.organisation, _sub_workspace(ws, allowed))
     if allowed is None:
         return Scope(principal.organisation, "")
     if len(allowed) == 1:
@@ -85,6 +85,25 @@ def memory_scope(principal: Principal, requested: str) -> Scope:
         "workspace: this principal has several workspaces; name the one whose memory to use",
         metadata={"field": "workspace"},
     )
+
+
+def _sub_workspace(ws: str, allowed: list[str]) -> str:
+    """The memory of a folder inside one of ``allowed`` (the principal's workspaces): the
+    folder must exist, and is named by where it really is (every link resolved) under the
+    workspace that holds it. Each memory has its own capacity, so a made-up path would be
+    a fresh store for every name, and two links to one folder two memories of it."""
+    real = os.path.realpath(ws)
+    holders = [a for a in allowed if is_under(real, os.path.realpath(a))]
+    if not holders or not os.path.isdir(real):
+        raise InvalidRequest(
+            "workspace: a sub-workspace must be an existing directory inside this"
+            " principal's workspace",
+            metadata={"field": "workspace"},
+        )
+    # The innermost workspace holding it, so one folder has one name.
+    root = max(holders, key=lambda a: len(os.path.realpath(a)))
+    inside = os.path.relpath(real, os.path.realpath(root))
+    return root if inside == "." else os.path.join(root, inside)
 
 
 def check_rules(req: Message) -> None:
