@@ -193,6 +193,10 @@ async def test_mem_e5_timeline_contradiction_eviction_restore(world: World) -> N
         assert w.contradiction.previous.id == first.entry.id
         tl = await kc.timeline("db", "host")
         assert [v.value for v in tl.versions] == ["db1.internal", "db2.internal"]
+        # the previous version as the write left it: superseded, as the timeline has it
+        assert w.contradiction.previous == tl.versions[0]
+        assert not w.contradiction.previous.current
+        assert w.contradiction.previous.valid_until == w.entry.valid_from
         assert tl.versions[1].supersedes == first.entry.id
         dry = await kc.consolidate(all=True, dry_run=True)
         assert dry.dry_run and "relations" in dry.stores

@@ -616,3 +616,25 @@ def test_mem6_a_restore_files_a_version_in_its_keys_timeline(
     assert [v.valid_until for v in versions] == [new.valid_from, None]
     assert all(v.valid_until is None or v.valid_until >= v.valid_from for v in versions)
     assert [e.value for e in m.recall(A, "facts", "staging").entries] == [new.value]
+
+
+def test_mem3_a_contradiction_shows_the_previous_version_as_superseded(tmp_path: Path) -> None:
+    """MEM-3 / MEM-1: the contradiction a write reports names the previous version as it is
+    stored after the write: superseded, ending where the new value begins, the same as the
+    timeline shows it; also when the write's reclaim archived it."""
+    m = _store(tmp_path)
+    m.remember(A, "facts", "db", "port", "5432", 0.7)
+    w = m.remember(A, "facts", "db", "port", "5433", 0.7)
+    assert w.contradiction is not None
+    previous = w.contradiction.previous
+    assert not previous.current and previous.valid_until == w.entry.valid_from
+    versions, _, _ = m.timeline(A, "facts", "db", "port")
+    assert versions == [previous, w.entry]
+    one = _store(tmp_path / "one", max_facts=1, reclaim_enabled=False)
+    one.remember(A, "facts", "db", "port", "5432", 0.7)
+    w = one.remember(A, "facts", "db", "port", "5433", 0.7)  # full: 5432 archived first
+    assert w.contradiction is not None
+    previous = w.contradiction.previous
+    assert previous.value == "5432" and previous.reason == "evicted"
+    assert not previous.current and previous.valid_until == w.entry.valid_from
+    assert one.archived(A, "facts") == [previous]

@@ -491,21 +491,26 @@ class MemoryStore:
                 (conf, now, self._touch(conn), current.id),
             )
             return Written(self._must_get(conn, scope, current.id), "confirmed")
+        reclaimed = self._make_room(conn, scope, store, 1)
         contradiction = None
         if current is not None:
+            # The reclaim may have archived the current entry itself: it ends there (and
+            # comes back from the archive as a superseded version). The writer is shown
+            # the version as it now is, ended, not as it was read before.
+            for table in ("entries", "archive"):
+                conn.execute(
+                    f"UPDATE {table} SET valid_until = ? WHERE org = ? AND workspace = ?"  # noqa: S608 - table names from this loop; values bound
+                    " AND id = ?",
+                    (now, scope.org, scope.workspace, current.id),
+                )
             contradiction = Contradiction(
                 severity(
                     current.confidence,
                     current.confirmations,
                     self.policy.contradiction_threshold,
                 ),
-                current,
+                self._version(conn, scope, current.id),
             )
-        reclaimed = self._make_room(conn, scope, store, 1)
-        # The reclaim may have archived the current entry itself (it then comes back from
-        # the archive as a superseded version, since its key has a live value).
-        if current is not None and self._get(conn, scope, current.id) is not None:
-            conn.execute("UPDATE entries SET valid_until = ? WHERE id = ?", (now, current.id))
         supersedes = self._latest_version(conn, scope, store, category, key)
         conn.execute(
             "INSERT INTO entries (org, workspace, store, category, key, value, confidence,"
@@ -603,6 +608,20 @@ class MemoryStore:
             (scope.org, scope.workspace, entry_id),
         ).fetchone()
         return _entry(row) if row else None
+
+    def _version(self, conn: apsw.Connection, scope: Scope, entry_id: int) -> Entry:
+        """An entry as stored, in the table or (archived) in the archive."""
+        entry = self._get(conn, scope, entry_id)
+        if entry is not None:
+            return entry
+        row = conn.execute(
+            f"SELECT {_COLUMNS}, archived_at, reason FROM archive WHERE org = ? AND"  # noqa: S608 - columns, tables and placeholders from module constants; values bound
+            " workspace = ? AND id = ?",
+            (scope.org, scope.workspace, entry_id),
+        ).fetchone()
+        if row is None:
+            raise RuntimeError(f"memory entry {entry_id} vanished inside its transaction")
+        return _entry(row, archived=True)
 
     def _must_get(self, conn: apsw.Connection, scope: Scope, entry_id: int) -> Entry:
         entry = self._get(conn, scope, entry_id)
