@@ -131,6 +131,18 @@ async def test_mem_e1_a_made_up_sub_workspace_is_no_memory_of_its_own(world: Wor
         assert (await kc.recall("")).entries == []
 
 
+async def test_mem_e4_a_timeline_without_its_key_is_refused_naming_the_field(
+    world: World,
+) -> None:
+    """MEM-E4: Timeline's category and key are required: empty, over gRPC, is
+    INVALID_ARGUMENT naming the field, not an empty answer."""
+    async with world.client("a1") as kc:
+        for category, key, missing in (("", "", "category"), ("db", "", "key")):
+            with pytest.raises(InvalidRequest) as info:
+                await kc.timeline(category, key)
+            assert info.value.metadata.get("field") == missing
+
+
 async def test_mem_e2_token_without_memory_write_is_refused(world: World) -> None:
     """MEM-E2"""
     async with world.client("reader") as kc:

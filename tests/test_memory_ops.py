@@ -99,6 +99,34 @@ def test_request_checks(tmp_path: Path) -> None:
     assert history.entry.key.startswith("h-") and history.entry.store == "history"
 
 
+def test_required_fields_are_refused_empty_and_names_are_trimmed_alike(tmp_path: Path) -> None:
+    """MEM-1 / MEM-7: a field the request declares required (Timeline's category and key,
+    Remember's category and value) is refused empty or blank, naming the field; and every
+    operation trims a category and a key as Remember stores them, so the spelling a
+    write used finds its entry in Timeline and Recall."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    for category, key, missing in (
+        ("", "", "category"),
+        ("db", " ", "key"),
+        (" ", "k", "category"),
+    ):
+        with pytest.raises(InvalidRequest) as info:
+            ops.run("timeline", memory_pb2.TimelineRequest(category=category, key=key), who)
+        assert info.value.metadata == {"field": missing} and missing in str(info.value)
+    with pytest.raises(InvalidRequest) as info:
+        ops.run("remember", memory_pb2.RememberRequest(category="db", key="k", value=" "), who)
+    assert info.value.metadata == {"field": "value"}
+    ops.run(
+        "remember", memory_pb2.RememberRequest(category=" db ", key=" port ", value="5433"), who
+    )
+    tl, _ = ops.run("timeline", memory_pb2.TimelineRequest(category=" db ", key=" port "), who)
+    assert isinstance(tl, memory_pb2.TimelineResponse)
+    assert [(v.category, v.key, v.value) for v in tl.versions] == [("db", "port", "5433")]
+    found, _ = ops.run("recall", memory_pb2.RecallRequest(category=" db "), who)
+    assert isinstance(found, memory_pb2.RecallResponse)
+    assert [e.value for e in found.entries] == ["5433"]
+
+
 def test_output_masks_paths_outside_the_callers_workspace_and_redacts(tmp_path: Path) -> None:
     """A value written by an unrestricted principal into the organisation's memory of a
     workspace, read by a scoped one: paths elsewhere are masked, secrets redacted."""

@@ -107,14 +107,18 @@ def _sub_workspace(ws: str, allowed: list[str]) -> str:
 
 
 def check_rules(req: Message) -> None:
-    """The accepted values and bounds the proto declares for a request's fields
-    (``(knowledge.v1.rules)``; a zero or empty value means the default and passes)."""
+    """The required fields, accepted values and bounds the proto declares for a request's
+    fields (``(knowledge.v1.rules)``; a zero or empty value means the default and passes,
+    unless the field is required). A required text holding only spaces is empty: every
+    operation trims the names it reads, as Remember trims what it stores."""
     for field in req.DESCRIPTOR.fields:
         options = field.GetOptions()
         if not options.HasExtension(options_pb2.rules):
             continue
         rules = options.Extensions[options_pb2.rules]
         value = getattr(req, field.name)
+        if rules.required and isinstance(value, str) and not value.strip():
+            raise InvalidRequest(f"{field.name}: required", metadata={"field": field.name})
         if rules.values and value and value not in rules.values:
             raise InvalidRequest(
                 f"{field.name}: expected one of {', '.join(rules.values)}",
@@ -522,7 +526,7 @@ class MemoryOps:
         roots: list[str] | None,
     ) -> tuple[Message, list[str]]:
         result = self.store.recall(
-            scope, req.store or "facts", req.query, category=req.category, limit=req.limit
+            scope, req.store or "facts", req.query, category=req.category.strip(), limit=req.limit
         )
         resp = memory_pb2.RecallResponse(schema=MEMORY_SCHEMA)
         resp.entries.extend(self._entry(e, scope, roots) for e in result.entries)
@@ -537,7 +541,7 @@ class MemoryOps:
         roots: list[str] | None,
     ) -> tuple[Message, list[str]]:
         versions, cut, archived = self.store.timeline(
-            scope, req.store or "facts", req.category, req.key, limit=req.limit
+            scope, req.store or "facts", req.category.strip(), req.key.strip(), limit=req.limit
         )
         resp = memory_pb2.TimelineResponse(schema=MEMORY_SCHEMA, archived_versions=archived)
         resp.versions.extend(self._entry(e, scope, roots) for e in versions)
