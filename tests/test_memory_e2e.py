@@ -224,6 +224,10 @@ async def test_mem_e5_timeline_contradiction_eviction_restore(world: World) -> N
         assert rel.entry.key == "api -> db"
         edges = await kc.relations("db")
         assert [(e.source, e.kind, e.target) for e in edges.edges] == [("api", "depends_on", "db")]
+        # a source is matched exactly, as a target is: "API" is not "api"
+        await kc.remember("depends_on", "API", "gateway", store="relations")
+        edges = await kc.relations("API")
+        assert [(e.source, e.target) for e in edges.edges] == [("API", "gateway")]
 
 
 async def test_mem_e5_a_symbol_or_a_negated_rule_is_a_new_value(world: World) -> None:

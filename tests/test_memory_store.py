@@ -638,3 +638,27 @@ def test_mem3_a_contradiction_shows_the_previous_version_as_superseded(tmp_path:
     assert previous.value == "5432" and previous.reason == "evicted"
     assert not previous.current and previous.valid_until == w.entry.valid_from
     assert one.archived(A, "facts") == [previous]
+
+
+def test_mem7_relations_match_a_source_and_a_target_exactly(tmp_path: Path) -> None:
+    """MEM-7: Relations(ref) finds the edges whose source or target is ``ref`` as written,
+    both compared exactly like every key: "API" and "api" are two entities, and a
+    wildcard character in a name matches only itself."""
+    m = _store(tmp_path)
+    for source, target in (
+        ("api", "db"),
+        ("web", "api"),
+        ("API", "gateway"),
+        ("Web", "API"),
+        ("a_b", "x"),
+        ("acb", "y"),
+    ):
+        m.remember(A, "relations", "depends_on", f"{source} -> {target}", target, 0.7)
+
+    def edges(ref: str) -> list[str]:
+        return [e.key for e in m.relations(A, ref)[0]]
+
+    assert edges("API") == ["API -> gateway", "Web -> API"]
+    assert edges("api") == ["api -> db", "web -> api"]
+    assert edges("a_b") == ["a_b -> x"]
+    assert edges("a%") == []

@@ -840,8 +840,11 @@ class MemoryStore:
         )
         args: list[object] = [scope.org, scope.workspace]
         if ref:
-            sql += " AND (value = ? OR key LIKE ? ESCAPE '\\')"
-            args.extend([ref, _like_prefix(ref + RELATION_ARROW)])
+            # Source and target are both compared exactly, as every key is (LIKE would
+            # fold the case of a source, and "API" would find the edges from "api").
+            prefix = ref + RELATION_ARROW
+            sql += " AND (value = ? OR substr(key, 1, ?) = ?)"
+            args.extend([ref, len(prefix), prefix])
         sql += " ORDER BY category, key, id"
         with self._lock:
             rows = self.conn.execute(sql, args).fetchall()
@@ -1120,7 +1123,3 @@ def _check_store(store: str) -> None:
 def _chunks(ids: Sequence[int], size: int) -> Iterator[Sequence[int]]:
     for i in range(0, len(ids), size):
         yield ids[i : i + size]
-
-
-def _like_prefix(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
