@@ -93,3 +93,36 @@ def test_cli_policy_validate_reads_a_file(tmp_path: Path) -> None:
     bad = _write(tmp_path, "[memory.knowledge]\nrooms_limit = 100000\n")
     out = runner.invoke(cli_main, ["memory", "policy", "validate", "--config", str(bad)])
     assert out.exit_code == 1 and "rooms_limit" in out.output and "out of range" in out.output
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('[memory.knowledge]\nmax_facts = "200"\n', "memory.max_facts"),
+        ('[memory.knowledge]\ncontradiction_threshold = "0.5"\n', "contradiction_threshold"),
+        ('[memory.lifecycle]\nreclaim_enabled = "yes"\n', "memory.reclaim_enabled"),
+        ("[memory.lifecycle]\nreclaim_enabled = 1\n", "memory.reclaim_enabled"),
+        ("[memory.lifecycle]\nstale_days = 30.0\n", "memory.stale_days"),
+        ("memory = 5\n", "memory"),
+        ("[memory]\nknowledge = 3\n", "memory.knowledge"),
+    ],
+)
+def test_a_wrong_type_in_the_file_is_refused_naming_the_key_never_converted(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    """The policy's types are the file's own: a string, a fraction for an integer or a
+    number for a switch is refused naming the key, by the server's configuration and by
+    ``memory policy validate --config`` (exit code 2 for input that is no policy, one
+    line, no traceback); a value out of range stays the verdict "invalid" (exit code 1)."""
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert needle in str(info.value)
+    out = CliRunner().invoke(cli_main, ["memory", "policy", "validate", "--config", str(path)])
+    assert out.exit_code == 2 and isinstance(out.exception, SystemExit), out.output
+    assert needle in out.output and "Traceback" not in out.output
+    assert len(out.output.strip().splitlines()) == 1
+    # the environment is text: it is read as the key's type
+    env = {"KNOWLEDGE_MEMORY_MAX_FACTS": "300", "KNOWLEDGE_MEMORY_RECLAIM_ENABLED": "false"}
+    policy = load_config(_write(tmp_path, ""), env=env).memory
+    assert policy.max_facts == 300 and policy.reclaim_enabled is False

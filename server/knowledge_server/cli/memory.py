@@ -16,7 +16,7 @@ from knowledge_server.cli.common import (
     handle_errors,
     out_console,
 )
-from knowledge_server.memory.policy import STORES, PolicyError, load_policy
+from knowledge_server.memory.policy import STORES, PolicyError, PolicyOutOfRange, load_policy
 from knowledge_server.plain import printable
 
 _STORE = click.Choice(STORES)
@@ -202,14 +202,19 @@ def relations(ctx: click.Context, ref: str, limit: int, workspace: str, as_json:
 @click.pass_context
 @handle_errors
 def policy(ctx: click.Context, value: str, config_file: Path | None, as_json: bool) -> None:
-    """Show the memory policy in force, or validate its ranges (exit 1 when invalid)."""
+    """Show the memory policy in force, or validate its ranges (exit 1 when invalid; exit 2
+    when the --config file is no policy: unreadable, not TOML, an unknown key, a wrong
+    type)."""
     if config_file is not None:
         try:
             raw = tomllib.loads(config_file.read_text(encoding="utf-8"))
             found = load_policy(raw.get("memory"), os.environ, f"config file {config_file}")
-        except (OSError, tomllib.TOMLDecodeError, PolicyError) as exc:
+        except PolicyOutOfRange as exc:
+            # A policy that reads but is not valid: the verdict the command exists for.
             fail(f"invalid: {exc}")
-            return
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, PolicyError) as exc:
+            # Input that is no policy at all (exit code 2, as for any bad input).
+            fail(f"invalid: {exc}", 2)
         data: dict[str, Any] = {"valid": True, "policy": found.as_tables(), "problems": []}
         if as_json:
             emit_json(data)

@@ -20,6 +20,7 @@ __all__ = [
     "STORES",
     "MemoryPolicy",
     "PolicyError",
+    "PolicyOutOfRange",
     "load_policy",
     "reclaim_target",
 ]
@@ -119,36 +120,69 @@ def reclaim_target(maximum: int, headroom_pct: float) -> int:
     return max(0, min(target, maximum - 1))
 
 
-def _coerce(name: str, kind: type, value: Any, source: str) -> Any:
+def _described(value: Any) -> str:
+    """A value as the error names it, with its TOML type where the type is the fault."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return repr(value)
+
+
+def _typed(name: str, kind: type, value: Any, source: str) -> Any:
+    """A value from the configuration file, where TOML has already typed it: it must have
+    the key's own type (an integer key an integer, a fraction key a number, a switch true
+    or false). A string is refused, not converted: ``max_facts = "200"`` is a mistake the
+    file's author should hear of, as the documentation promises."""
+    if kind is bool:
+        ok, expected = isinstance(value, bool), "true or false"
+    elif kind is int:
+        ok, expected = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    else:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        expected = "a number"
+        if ok and math.isnan(value):
+            ok = False
+    if not ok:
+        raise PolicyError(
+            f"memory.{name} (from {source}): expected {expected}, got {_described(value)}"
+        )
+    return float(value) if kind is float else value
+
+
+def _parsed(name: str, kind: type, text: str, source: str) -> Any:
+    """A value from an environment variable, which is text: read as the key's type."""
     try:
         if kind is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in ("1", "true", "yes", "on"):
+            word = text.strip().lower()
+            if word in ("1", "true", "yes", "on"):
                 return True
-            if text in ("0", "false", "no", "off"):
+            if word in ("0", "false", "no", "off"):
                 return False
-            raise TypeError("expected true or false")
-        if isinstance(value, bool):
-            raise TypeError(f"expected a number, got {value!r}")
+            raise ValueError(f"expected true or false, got {text!r}")
         if kind is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise TypeError(f"expected an integer, got {value!r}")
-            return int(value)
-        number = float(value)
+            return int(text)
+        number = float(text)
         if math.isnan(number):
-            raise TypeError("expected a number, got NaN")
+            raise ValueError("expected a number, got NaN")
         return number
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:
         raise PolicyError(f"memory.{name} (from {source}): {exc}") from None
+
+
+class PolicyOutOfRange(PolicyError):
+    """A value of the right type outside its key's range."""
 
 
 def validate(policy: MemoryPolicy, source: str = "policy") -> MemoryPolicy:
     for name, (low, high) in RANGES.items():
         value = getattr(policy, name)
         if not low <= value <= high:
-            raise PolicyError(
+            raise PolicyOutOfRange(
                 f"memory.{name} (from {source}): {value} is out of range {low:g}..{high:g}"
             )
     return policy
@@ -159,24 +193,32 @@ def load_policy(
 ) -> MemoryPolicy:
     """The policy from a ``[memory]`` table (``knowledge`` and ``lifecycle`` sub-tables) and
     the environment (``KNOWLEDGE_MEMORY_MAX_FACTS=...``: env wins). Unknown keys, wrong
-    types and values out of range are refused with a message naming the key."""
+    types and values out of range are refused with a message naming the key (a value out
+    of range as ``PolicyOutOfRange``)."""
     types = {f.name: f.type for f in fields(MemoryPolicy)}
     kinds = {name: {"int": int, "float": float, "bool": bool}[str(t)] for name, t in types.items()}
     values: dict[str, Any] = {}
+    if tables is not None and not isinstance(tables, Mapping):
+        raise PolicyError(
+            f"memory (from {source}): expected a table ([memory.knowledge],"
+            f" [memory.lifecycle]), got {_described(tables)}"
+        )
     for table, keys in (("knowledge", KNOWLEDGE_KEYS), ("lifecycle", LIFECYCLE_KEYS)):
         raw = (tables or {}).get(table, {})
         if not isinstance(raw, Mapping):
-            raise PolicyError(f"memory.{table} (from {source}): expected a table")
+            raise PolicyError(
+                f"memory.{table} (from {source}): expected a table, got {_described(raw)}"
+            )
         for key, value in raw.items():
             if key not in keys:
                 raise PolicyError(f"memory.{table} (from {source}): unknown key {key!r}")
-            values[key] = _coerce(key, kinds[key], value, source)
+            values[key] = _typed(key, kinds[key], value, source)
     for extra in set(tables or {}) - {"knowledge", "lifecycle"}:
         raise PolicyError(f"memory (from {source}): unknown table {extra!r}")
     policy = validate(replace(MemoryPolicy(), **values), source)
     for name in kinds:
         env_name = ENV_PREFIX + name.upper()
         if env.get(env_name, "") != "":
-            value = _coerce(name, kinds[name], env[env_name], f"environment {env_name}")
+            value = _parsed(name, kinds[name], env[env_name], f"environment {env_name}")
             policy = validate(replace(policy, **{name: value}), f"environment {env_name}")
     return policy
