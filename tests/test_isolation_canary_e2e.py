@@ -293,7 +293,8 @@ def _dispatch(w: World) -> None:
     """ISO-3: Dispatch as A (dry run and commit, automatic and with B's actor id, with a
     workspace filter naming B): the plan, context pack, evidence, hand-off package and the
     outbox file it writes hold nothing of B; B's actor is refused like an unknown one; a
-    commit that repeats one recorded by a principal seeing B answers without its package."""
+    commit that repeats one recorded by a principal seeing B records A's own assignment and
+    package, and answers without the other's."""
     task = f"deploy the parcel service {CANARY_B} {CANARY_A}"
     with w.client("agent-a") as kc:
         for commit in (False, True):
@@ -307,8 +308,8 @@ def _dispatch(w: World) -> None:
             _not_found_like(lambda i: kc.dispatch(task, actor_id=i), actor, "actor:does-not-exist")
         own_actor = kc.search(CANARY_A, limit=10).actors[0].actor_id
     # The same task to A's actor, committed first by a principal that sees both tenants:
-    # its recorded package holds B's evidence, and A repeating the commit gets an answer
-    # built for A, not that package.
+    # its recorded package holds B's evidence, and A committing it gets an assignment and
+    # a package of its own, built for A, never that package or its file.
     again = f"ship the parcel with the deploy service {CANARY_B} {CANARY_A}"
     with w.client("admin") as kc:
         first = kc.dispatch(again, actor_id=own_actor, commit=True)
@@ -317,7 +318,8 @@ def _dispatch(w: World) -> None:
         resp = kc.dispatch(again, actor_id=own_actor, commit=True)
         _no_leak(w, resp, again)
         assert resp.assignment is not None
-        assert resp.assignment.assignment_id == first.assignment.assignment_id
+        assert resp.assignment.assignment_id != first.assignment.assignment_id
+        _no_leak(w, Path(resp.assignment.outbox_path).read_text(), again, json.dumps(again)[1:-1])
 
 
 def _not_found_like(call: Callable[[str], Any], foreign: str, unknown: str) -> None:
