@@ -235,7 +235,7 @@ def test_derived_store_of_the_previous_version_is_adopted_and_reads(tmp_path: Pa
     path = _from_fixture(tmp_path / "derived.sqlite", "derived_before_migrations.sql")
     store = DerivedStore(str(path))
     try:
-        assert _recorded(path) == ["001_initial", "002_skill_by_path"]
+        assert _recorded(path) == ["001_initial", "002_skill_by_path", "003_assignment_task_key"]
         assert store.index_rev() == "derived:2023-11-14T22:13:20Z:1"
         actor = store.actor("actor:claude-code:root_session:s1")
         assert actor is not None and actor.workspace_cwd == "/work/secret"
@@ -271,7 +271,7 @@ def test_derived_store_keyed_by_skill_name_gets_skills_by_path(tmp_path: Path) -
     store = DerivedStore(str(path))
     eps = EpisodeStore(str(tmp_path / "episodes.sqlite"))
     try:
-        assert _recorded(path) == ["001_initial", "002_skill_by_path"]
+        assert _recorded(path) == ["001_initial", "002_skill_by_path", "003_assignment_task_key"]
         assert store.skills() == [] and store.get_meta("catalog_fp") is None
         rebuild(eps, store, roots)
         assert sorted(r[2] for r in store.skills()) == ["from a", "from b"]

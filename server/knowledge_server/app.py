@@ -379,8 +379,11 @@ class KnowledgeApp:
                 self.config.outbox_quota_per_principal,
             )
             # Planning reads in the request pool and searches on the loop, as Search does.
+            committer = Committer.of(principal.id, principal.organisation, scope)
             with deadline.interrupted_as_deadline():
-                plan = await deadline.awaited(dispatcher.plan(valid, scope))
+                plan = await deadline.awaited(
+                    dispatcher.plan(valid, scope, None if valid.dry_run else committer)
+                )
         except Exception as exc:
             if commit_asked:
                 reason = exc.reason if isinstance(exc, KnowledgeError) else "KNOWLEDGE_INTERNAL"
@@ -390,7 +393,6 @@ class KnowledgeApp:
             raise
         if valid.dry_run:
             return plan.response
-        committer = Committer.of(principal.id, principal.organisation, scope)
 
         def commit() -> tuple[dispatch_pb2.DispatchResponse, list[str], str]:
             resp = dispatcher.commit(plan, valid, committer)

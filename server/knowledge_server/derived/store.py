@@ -146,10 +146,21 @@ DELETE FROM skill_fts;
 DELETE FROM meta WHERE key = 'catalog_fp';
 """
 
+# An assignment's task without its actor (the task and the committer's view, as a digest):
+# a repeated commit that lets the service choose the actor finds the task's assignment by it.
+_ASSIGNMENT_TASK_KEY = """
+ALTER TABLE assignment ADD COLUMN task_key TEXT;
+CREATE INDEX assignment_task_key ON assignment(task_key);
+"""
+
 # The schema as named steps (``knowledge_server.schema.Migrations``): add new ones at the end.
 MIGRATIONS = Migrations(
     "derived.sqlite",
-    (Step("001_initial", _BASELINE), Step("002_skill_by_path", _SKILL_BY_PATH)),
+    (
+        Step("001_initial", _BASELINE),
+        Step("002_skill_by_path", _SKILL_BY_PATH),
+        Step("003_assignment_task_key", _ASSIGNMENT_TASK_KEY),
+    ),
     legacy=_legacy,
 )
 
@@ -501,7 +512,11 @@ class DerivedStore:
     # ------------------------------------------------------------------ assignments
 
     def record_assignment(
-        self, actor_id: str, task_hash: str, outbox_path: str | None = None
+        self,
+        actor_id: str,
+        task_hash: str,
+        outbox_path: str | None = None,
+        task_key: str | None = None,
     ) -> tuple[Assignment, bool]:
         """Record a ``recorded_plan`` assignment once per (actor, task).
 
@@ -518,8 +533,16 @@ class DerivedStore:
             try:
                 cur.execute(
                     "INSERT OR IGNORE INTO assignment (assignment_id, actor_id, task_hash, status, "
-                    "created_at, outbox_path) VALUES (?, ?, ?, ?, ?, ?)",
-                    (aid, actor_id, task_hash, ASSIGNMENT_STATUS, _now_iso(), outbox_path),
+                    "created_at, outbox_path, task_key) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        aid,
+                        actor_id,
+                        task_hash,
+                        ASSIGNMENT_STATUS,
+                        _now_iso(),
+                        outbox_path,
+                        task_key,
+                    ),
                 )
                 created = self.conn.changes() > 0
                 row = cur.execute(
@@ -540,6 +563,15 @@ class DerivedStore:
             "SELECT assignment_id, actor_id, task_hash, status, created_at, outbox_path "
             "FROM assignment WHERE assignment_id = ?",
             (assignment_id,),
+        ).fetchone()
+        return Assignment(*row) if row else None
+
+    def assignment_of_task(self, task_key: str) -> Assignment | None:
+        """The first assignment recorded for a task (``task_key``), whichever its actor."""
+        row = self.conn.execute(
+            "SELECT assignment_id, actor_id, task_hash, status, created_at, outbox_path "
+            "FROM assignment WHERE task_key = ? ORDER BY created_at, assignment_id LIMIT 1",
+            (task_key,),
         ).fetchone()
         return Assignment(*row) if row else None
 

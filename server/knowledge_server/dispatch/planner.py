@@ -178,6 +178,12 @@ def normalise_text(text: str) -> str:
     return " ".join(unicodedata.normalize("NFC", text).split())
 
 
+def task_key(v: ValidDispatch, committer: outbox.Committer) -> str:
+    """The task as ``task_hash`` reads it, without the actor: a commit that leaves the
+    choice of actor to the service finds the task's assignment by it."""
+    return task_hash(v, "", committer)
+
+
 def task_hash(v: ValidDispatch, actor_id: str, committer: outbox.Committer) -> str:
     """sha256 of the normalised task (text, acceptance, constraints), the actor id, and the
     committer's organisation and scope (the digest of the workspaces its plan could see).
@@ -298,6 +304,19 @@ class Dispatcher:
         if info is None or not visible:
             raise NotFound("no such actor")
         return Choice(info, ["chosen explicitly by the caller"])
+
+    def _assigned(self, key: str, scope: tuple[str, ...] | None) -> Choice | None:
+        """The actor this committer's task is already assigned to, when it still sees it: a
+        repeated commit that lets the service choose answers the task's assignment, though
+        the evidence has moved since (a new ingest may rank another actor first)."""
+        with self._store() as store:
+            if store is None:
+                return None
+            row = store.assignment_of_task(key)
+            info = store.actor(row.actor_id) if row is not None else None
+            if row is None or info is None or not store.actor_visible(info, scope):
+                return None
+        return Choice(info, [f"this task is already assigned to it ({row.assignment_id})"])
 
     def _by_skill(self, text: str, scope: tuple[str, ...] | None) -> Choice | None:
         with self._store() as store:
@@ -510,13 +529,24 @@ class Dispatcher:
             outcome="any",
         )
 
-    async def plan(self, v: ValidDispatch, scope: tuple[str, ...] | None) -> Plan:
+    async def plan(
+        self,
+        v: ValidDispatch,
+        scope: tuple[str, ...] | None,
+        committer: outbox.Committer | None = None,
+    ) -> Plan:
+        """The plan of one dispatch. ``committer``: who commits it (a commit only)."""
         warnings: list[errors_pb2.Notice] = []
         choice: Choice | None = None
         if v.actor_id is not None:
             choice = await deadline.off_loop(self._explicit, v.actor_id, scope, pool="dispatch")
         else:
-            choice = await deadline.off_loop(self._by_skill, v.text, scope, pool="dispatch")
+            if committer is not None and not v.dry_run:
+                choice = await deadline.off_loop(
+                    self._assigned, task_key(v, committer), scope, pool="dispatch"
+                )
+            if choice is None:
+                choice = await deadline.off_loop(self._by_skill, v.text, scope, pool="dispatch")
         resp = await self.coordinator.search(self._search_request(v), scope)
         if choice is None and v.actor_id is None:
             choice = await deadline.off_loop(self._by_search, resp, scope, pool="dispatch")
@@ -607,6 +637,7 @@ class Dispatcher:
             raise RuntimeError("a dispatch commit needs the skills lane")
         actor_id = plan.choice.actor.actor_id
         digest = task_hash(v, actor_id, committer)
+        key = task_key(v, committer)
         assignment_id = _assignment_id(actor_id, digest)
         path = outbox.package_path(self.outbox, assignment_id)
         # A full disk (SQLITE_FULL, ENOSPC) answers RESOURCE_EXHAUSTED and is kept as the
@@ -618,7 +649,7 @@ class Dispatcher:
                 # (that is how its quota is freed): a repeat (a retry after a lost reply)
                 # writes nothing, or the task would be handed over a second time.
                 return self._answer(
-                    out, package, *lane.record_assignment(actor_id, digest, str(path))
+                    out, package, *lane.record_assignment(actor_id, digest, str(path), key)
                 )
             self._check_quota(assignment_id, committer)
             # The package first, then its row: a package that cannot be written leaves no
@@ -636,7 +667,7 @@ class Dispatcher:
                     " nothing was recorded"
                 ) from exc
             # The derived lane owns derived.sqlite: it records the row on its own writer.
-            row, created = lane.record_assignment(actor_id, digest, str(path))
+            row, created = lane.record_assignment(actor_id, digest, str(path), key)
             by = outbox.committer_of(written)
         # The recorded package was planned within its committer's scope: another caller
         # (another principal, the same id in another organisation, or the same principal

@@ -131,7 +131,7 @@ class DerivedLane(Lane, Reporting, Protocol):
         ...
 
     def record_assignment(
-        self, actor_id: str, task_hash: str, outbox_path: str
+        self, actor_id: str, task_hash: str, outbox_path: str, task_key: str | None = None
     ) -> tuple[Assignment, bool]:
         """Record a committed dispatch, on the lane's own writer (the store's one writer)."""
         ...

@@ -353,13 +353,13 @@ class DerivedLane:
             yield store if store.is_built() else None
 
     def record_assignment(
-        self, actor_id: str, task_hash: str, outbox_path: str
+        self, actor_id: str, task_hash: str, outbox_path: str, task_key: str | None = None
     ) -> tuple[Assignment, bool]:
         """Record a dispatch's ``recorded_plan`` assignment, once per (actor, task), on
         this lane's own writer under its writer lock: the store has one writer, so a commit
         never contends with a rebuild's transaction (it waits for the rebuild instead)."""
         with self.storage.guard("dispatch commit"), self._write_lock:
-            return self._writer.record_assignment(actor_id, task_hash, outbox_path)
+            return self._writer.record_assignment(actor_id, task_hash, outbox_path, task_key)
 
     # -- rebuild ---------------------------------------------------------------------------
     def rebuild_sync(
