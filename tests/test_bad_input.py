@@ -184,6 +184,11 @@ async def test_paths_with_a_nul_character_are_invalid_argument(
                     index_service_pb2.IngestSessionsRequest(paths=[f"{ws}/a.jsonl\x00x"]),
                     metadata=metadata,
                 ),
+                # A home-relative one: the user lookup raised before any check saw it.
+                stub.IngestSessions(
+                    index_service_pb2.IngestSessionsRequest(paths=["", "~ro\x00ot/x"]),
+                    metadata=metadata,
+                ),
             ]
             for call in requests:
                 with pytest.raises(grpc.aio.AioRpcError) as info:

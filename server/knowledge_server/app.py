@@ -236,12 +236,13 @@ class _AuditedWrite(Generic[W]):
             raise
 
 
-def _root_arg(value: str) -> str:
-    """A request's ``root`` as a normalised path; one with a NUL character names no file
-    (the operating system refuses it) and is refused before any path call sees it."""
+def _root_arg(value: str, field: str = "root") -> str:
+    """A request's ``root`` (or one of its ``paths``) as a normalised path; one with a NUL
+    character names no file (the operating system refuses it) and is refused before any
+    path call sees it (a home-relative one, ``~user\x00``, raised in the user lookup)."""
     if "\x00" in value:
         raise InvalidRequest(
-            "root: a path cannot contain a NUL character", metadata={"field": "root"}
+            f"{field}: a path cannot contain a NUL character", metadata={"field": field}
         )
     return normalise_workspace(value)
 
@@ -491,7 +492,7 @@ class KnowledgeApp:
             episodes = self.lanes.episodes
             if episodes is None:
                 raise Unimplemented("IngestSessions needs the built-in episodes lane")
-            paths = [normalise_workspace(p) for p in req.paths]
+            paths = [_root_arg(p, "paths") for p in req.paths]
             for p in paths:
                 # A path outside a scoped operator's workspaces (by its real path) is answered
                 # exactly as a missing one: the error says nothing about what exists elsewhere.
