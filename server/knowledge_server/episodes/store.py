@@ -41,6 +41,7 @@ from knowledge_server.schema import (
 from knowledge_server.textlang import RU_STEMMER
 from knowledge_server.workspaces import stored_cwd, under_sql
 
+from .importers import MAX_NAME, MAX_TITLE, plain_name
 from .model import (
     EpisodeHit,
     Event,
@@ -1493,8 +1494,6 @@ def _plain_names(cur: apsw.Cursor) -> None:
     (``importers.plain_name``), made plain, in a new index revision if any changed: they
     become actor ids and names quoted in hand-off packages. Each distinct value is judged
     once; only the rows holding one that changes are written."""
-    from .importers import MAX_NAME, MAX_TITLE, plain_name
-
     changed = False
     for table, column, limit in (
         ("sessions", "title", MAX_TITLE),
