@@ -385,3 +385,22 @@ def test_kr3_a_topic_taken_offline_while_a_model_works_is_not_cited(
         assert not resp.answerable and not any(s.revision_id == rev for s in resp.sources)
     finally:
         w.stop()
+
+
+def test_kr9_answer_quoting_private_use_characters_is_checked(world: KbWorld) -> None:
+    """KR-9: evidence holding private-use characters (as text from PDFs with symbol fonts
+    does), quoted by the model, is answered and its citations checked, never an internal
+    error. (Last in the file: the topic it publishes is in no other test's world.)"""
+    pua = "\ue000\ue001\ue002\ue003"
+    with world.client("admin-org-a") as kc:
+        publish(
+            kc,
+            "glyphs",
+            "Glyph policy",
+            "1.0",
+            markdown=f"# Glyph refunds\n\nGlyphbox orders {pua} are refunded within 9 working days.\n",
+        )
+    with world.client("agent-org-a") as kc:
+        ans = kc.kb_answer("When are glyphbox orders refunded?", top_k=1)
+    assert ans.answerable and pua in ans.answer
+    assert ans.citation_check.status == "grounded" and list(ans.citation_check.cited) == [1]

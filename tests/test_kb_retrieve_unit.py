@@ -334,3 +334,18 @@ def test_dates_year_ranges_and_long_numbers_in_brackets_are_text() -> None:
     ):
         text, check = check_citations(answer, 1)
         assert text == answer and check.status == "grounded" and not check.removed
+
+
+def test_the_citation_check_takes_any_text_private_use_characters_included() -> None:
+    """KR-9: the citation check works on any answer: one holding private-use characters
+    (text extracted from PDFs with symbol fonts, quoted by the model) is checked and
+    repaired like any other, its characters left as they were."""
+    pua = "".join(chr(c) for c in range(0xE000, 0xE010))
+    for answer, n, expected, status in (
+        (f"Refunds {pua} take 3 days [1].", 1, f"Refunds {pua} take 3 days [1].", "grounded"),
+        (f"[7] {pua} take 3 days [1].", 1, f"{pua} take 3 days [1].", "repaired"),
+        (f"{pua}\n[9] Start here [1] [8].", 1, f"{pua}\nStart here [1].", "repaired"),
+        (f"{pua} [0]", 1, pua, "ungrounded"),
+    ):
+        text, check = check_citations(answer, n)
+        assert (text, check.status) == (expected, status), answer

@@ -280,16 +280,16 @@ def check_citations(answer: str, n_sources: int) -> tuple[str, pb.CitationCheck]
     left) or ungrounded (no valid marker)."""
     cited: list[int] = []
     removed: list[int] = []
-    # Marks where a marker at a line's start was removed: the space after it goes too.
-    gap = next(c for c in "\ue000\ue001\ue002\ue003" if c not in answer)
 
-    def keep(m: re.Match[str]) -> str:
+    def keep(m: re.Match[str]) -> tuple[str, bool]:
+        """What the marker becomes, and whether it was removed at a line's start (the
+        space after it goes too)."""
         numbers: list[int] = []
         for part in _MARKER_PART.finditer(m.group(2)):
             lo = int(part.group(1))
             hi = int(part.group(2)) if part.group(2) else lo
             if hi < lo or hi - lo > _LONGEST_RANGE:
-                return m.group(0)  # no list of sources ("[5-1]", "[1-900]"): text
+                return m.group(0), False  # no list of sources ("[5-1]", "[1-900]"): text
             numbers.extend(range(lo, hi + 1))
         valid = [n for n in numbers if 1 <= n <= n_sources]
         removed.extend(n for n in numbers if not 1 <= n <= n_sources)
@@ -297,13 +297,35 @@ def check_citations(answer: str, n_sources: int) -> tuple[str, pb.CitationCheck]
             if n not in cited:
                 cited.append(n)
         if valid and len(valid) == len(numbers):
-            return m.group(0)  # every number names a source: the marker as written
+            return m.group(0), False  # every number names a source: the marker as written
         if not valid:
             at_line_start = not m.group(1) and (m.start() == 0 or answer[m.start() - 1] == "\n")
-            return gap if at_line_start else ""  # the marker and the space before it
-        return m.group(1) + "".join(f"[{n}]" for n in dict.fromkeys(valid))
+            return "", at_line_start  # the marker and the space before it
+        return m.group(1) + "".join(f"[{n}]" for n in dict.fromkeys(valid)), False
 
-    text = _MARKER.sub(keep, answer).replace(gap + " ", "").replace(gap, "")
+    # The answer is rebuilt piece by piece rather than marked with a placeholder
+    # character: any character can be in a model's answer (it quotes the evidence, and
+    # text extracted from PDFs holds private-use symbols), so none is free to mark with.
+    pieces: list[str] = []
+    drop_space = False  # a marker was removed at a line's start: the next space goes
+
+    def put(piece: str) -> None:
+        nonlocal drop_space
+        if drop_space and piece:
+            drop_space = False
+            if piece.startswith(" "):
+                piece = piece[1:]
+        pieces.append(piece)
+
+    at = 0
+    for m in _MARKER.finditer(answer):
+        put(answer[at : m.start()])
+        piece, at_line_start = keep(m)
+        put(piece)
+        drop_space = drop_space or at_line_start
+        at = m.end()
+    put(answer[at:])
+    text = "".join(pieces)
     if not cited:
         status = "ungrounded"
     elif removed:
