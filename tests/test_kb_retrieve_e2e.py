@@ -356,6 +356,31 @@ def test_no_reranker_uses_the_fused_score_and_says_so(tmp_path: Path) -> None:
         w.stop()
 
 
+def test_kr2_without_a_reranker_words_inside_other_words_are_no_evidence(tmp_path: Path) -> None:
+    """KR-2: without a reranker a question whose terms appear only as letters inside other
+    words of the published text ("tall" in "install", "mar" in "market") is NO_EVIDENCE
+    and Answer does not call the model; a question the text answers still passes."""
+    w = start_world(tmp_path, "sqlite", rerank_url="")
+    market = (
+        "# Installing the market app\n\nTo install the market application, open settings "
+        "and choose the communication tab.\n"
+    )
+    try:
+        with w.client("admin-org-a") as kc:
+            publish(kc, "market", "Market app", "1.0", markdown=market)
+        with w.client("agent-org-a") as kc:
+            unrelated = [kc.kb_retrieve(q) for q in ("how tall is mars", "is a cat a mammal")]
+            answer = kc.kb_answer("how tall is mars")
+            asked = w.fake.calls["chat"]
+            related = kc.kb_retrieve("how do I install the market application")
+        assert [out.answerable for out in unrelated] == [False, False]
+        assert all(out.trace.below_min_score >= 1 for out in unrelated)
+        assert not answer.answerable and answer.reason_code == "NO_EVIDENCE" and asked == 0
+        assert related.answerable and "install the market" in related.sources[0].content
+    finally:
+        w.stop()
+
+
 @pytest.mark.parametrize(("endpoint", "call"), [("rerank", "retrieve"), ("chat", "answer")])
 def test_kr3_a_topic_taken_offline_while_a_model_works_is_not_cited(
     tmp_path: Path, endpoint: str, call: str

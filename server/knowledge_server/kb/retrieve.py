@@ -29,9 +29,9 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import TypeVar
 
 import apsw
@@ -84,7 +84,8 @@ _TRACE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _MARKER = re.compile(r"( ?)\[\s*(\d{1,3}(?:\s*[-,\u2013]\s*\d{1,3}){0,20})\s*\](?!\d)")
 _MARKER_PART = re.compile(r"(\d+)(?:\s*[-\u2013]\s*(\d+))?")
 _LONGEST_RANGE = 50
-_WORD = re.compile(r"\w+", re.UNICODE)
+# A word: letters and digits ("_" joins words in identifiers, as in "refund_policy").
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+")
 _CYRILLIC = re.compile(r"[\u0400-\u04ff]")
 # The prompt's own delimiters, neutralised inside quoted text so it cannot close them.
@@ -207,11 +208,10 @@ def _dedupe(values: Sequence[str]) -> tuple[str, ...]:
 
 
 def _latin_needle(word: str) -> str:
-    """What shows a Latin word in a text (matched as a substring): the part its Snowball
-    stem shares with the word, less a final "i" that stands for "y" (the stem of "canary"
-    is "canari", of "policies" "polici": "canar" and "polic" find canary, canaries, policy,
-    policies). When the stem shares fewer than three letters with the word ("dying" ->
-    "die"), the word itself."""
+    """What shows a Latin word in a text: the part its Snowball stem shares with the
+    word, less a final "i" that stands for "y" (the stem of "canary" is "canari", of
+    "policies" "polici": both forms of each give "canar" and "polic"). When the stem
+    shares fewer than three letters with the word ("dying" -> "die"), the word itself."""
     low = word.lower()
     stem = stem_en(low)
     n = 0
@@ -221,6 +221,25 @@ def _latin_needle(word: str) -> str:
     if shared.endswith("i") and len(shared) > 3:
         shared = shared[:-1]
     return shared if len(shared) >= min(3, len(low)) else low
+
+
+@lru_cache(maxsize=20_000)
+def _needle(word: str) -> str:
+    """The form a word (lower-cased, no CJK) is compared by: Russian words by their
+    Snowball stem, Latin words by ``_latin_needle``, other words as written."""
+    if _CYRILLIC.search(word):
+        return stem_ru(word)
+    if word.isascii() and word.isalpha():
+        return _latin_needle(word)
+    return word
+
+
+def _words(text: str) -> Iterator[str]:
+    """The words of ``text`` but its CJK runs (no spaces: matched by bigrams)."""
+    for token in _WORD.findall(text):
+        for part in _CJK_RUN.split(token):
+            if part:
+                yield part
 
 
 class QuestionTerms:
@@ -234,7 +253,7 @@ class QuestionTerms:
         words: list[tuple[str, str]] = []
         stop: list[tuple[str, str]] = []
         self.runs: list[str] = []
-        for word in _WORD.findall(question.lower().replace("\x00", " ")):
+        for word in _WORD.findall(question.lower()):
             pos = 0
             for m in _CJK_RUN.finditer(word):
                 self._add_word(word[pos : m.start()], words, stop)
@@ -245,23 +264,29 @@ class QuestionTerms:
 
     @staticmethod
     def _add_word(word: str, words: list[tuple[str, str]], stop: list[tuple[str, str]]) -> None:
-        word = word.strip("_")
         if not word:
             return
-        if _CYRILLIC.search(word):
-            stem = stem_ru(word)
-        elif word.isascii() and word.isalpha():
-            stem = _latin_needle(word)
-        else:
-            stem = word
-        (stop if word in STOP_WORDS else words).append((stem, word))
+        (stop if word in STOP_WORDS else words).append((_needle(word), word))
 
     def coverage(self, haystack: str) -> float:
         """Share of the question found in ``haystack`` (lower-cased), 0..1."""
         total = float(len(self.words)) + sum(len(r) / 2 for r in self.runs)
         if total == 0:
             return 0.0
-        found = float(sum(1 for stem, word in self.words if stem in haystack or word in haystack))
+        found = 0.0
+        if self.words:
+            # Whole words only: a term's letters inside another word are not the term
+            # ("tall" in "install", "mar" of "mars" in "market"). A word of the text
+            # counts when it is the term as written or has the term's stem; only the
+            # words starting with the stem are stemmed.
+            present = set(_words(haystack))
+            for stem, word in self.words:
+                if word in present or stem in present:
+                    found += 1
+                elif any(
+                    w.replace("ё", "е").startswith(stem) and _needle(w) == stem for w in present
+                ):
+                    found += 1
         for run in self.runs:
             if len(run) == 1:
                 found += 0.5 if run in haystack else 0.0
