@@ -42,23 +42,15 @@ class KbWorld:
         self.fake.stop()
 
 
-def start_world(root: Path, backend: str, **overrides: Any) -> KbWorld:
-    """The server with the model server as its embedder, reranker and chat model; pass
-    ``rerank_url=""`` for no reranker."""
-    fake = FakeModelServer(dim=256).start()
-    data = root / "data"
-    store = TokenStore(data / "tokens.json")
-    tokens: dict[str, str] = {}
-    for org in ORGS:
-        tokens[f"admin-{org}"] = store.create(f"admin-{org}", org, None, "operator", KB_CAPS)[1]
-        tokens[f"agent-{org}"] = store.create(f"agent-{org}", org, None, "agent")[1]
-    tokens["editor-only"] = store.create("editor-only", "org-a", None, "operator", ["kb.edit"])[1]
+def _serve(
+    root: Path, backend: str, fake: FakeModelServer, store: TokenStore, **overrides: Any
+) -> ServerThread:
     settings: dict[str, Any] = {
         "auth": "on",
         "embedder": "openai",
         "embedder_url": fake.url,
         "embedder_model": "fake-embed",
-        "embedder_dim": 256,
+        "embedder_dim": fake.dim,
         "kb_index": backend,
         "rerank_url": fake.url,
         "rerank_model": "fake-rerank",
@@ -70,16 +62,41 @@ def start_world(root: Path, backend: str, **overrides: Any) -> KbWorld:
     }
     settings.update(overrides)
     try:
-        server = ServerThread(root, authenticate=store.authenticate, **settings)
+        return ServerThread(root, authenticate=store.authenticate, **settings)
     except BaseException:
         fake.stop()
         raise
+
+
+def start_world(root: Path, backend: str, **overrides: Any) -> KbWorld:
+    """The server with the model server as its embedder, reranker and chat model; pass
+    ``rerank_url=""`` for no reranker."""
+    fake = FakeModelServer(dim=256).start()
+    data = root / "data"
+    store = TokenStore(data / "tokens.json")
+    tokens: dict[str, str] = {}
+    for org in ORGS:
+        tokens[f"admin-{org}"] = store.create(f"admin-{org}", org, None, "operator", KB_CAPS)[1]
+        tokens[f"agent-{org}"] = store.create(f"agent-{org}", org, None, "agent")[1]
+    tokens["editor-only"] = store.create("editor-only", "org-a", None, "operator", ["kb.edit"])[1]
+    server = _serve(root, backend, fake, store, **overrides)
     world = KbWorld(server, fake, tokens, backend)
     for org in ORGS:
         with world.client(f"admin-{org}") as kc:
             policy = kc.kb_get_policy().policy
             kc.kb_set_policy(True, policy.version if policy else 0)
     return world
+
+
+def restart_world(world: KbWorld, root: Path, *, dim: int, **overrides: Any) -> KbWorld:
+    """``world`` (stopped first) served again from the same data directory and tokens,
+    with a new model server whose vectors have ``dim`` dimensions; ``overrides`` as for
+    ``start_world`` (``embedder_model`` names another embedding model)."""
+    world.stop()
+    fake = FakeModelServer(dim=dim).start()
+    store = TokenStore(root / "data" / "tokens.json")
+    server = _serve(root, world.backend, fake, store, **overrides)
+    return KbWorld(server, fake, world.tokens, world.backend, dict(world.topics))
 
 
 def wait_task(kc: KnowledgeClient, task_id: str) -> Any:

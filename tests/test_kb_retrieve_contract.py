@@ -15,7 +15,11 @@ KR-6m the metadata store held by another transaction past the budget is UNAVAILA
 KR-7p a PDF source's citation names the PDF page its text is on;
 KR-6w a stopped Milvus server fails the index's writes and reads (stage, drop, chunks)
       within the index's timeout instead of holding the caller, and they work again once
-      it answers.
+      it answers;
+KR-6e after the server's embedder changed (another model, another dimension), published
+      revisions embedded by the old one are never NO_EVIDENCE: they are UNAVAILABLE with
+      dependency "index" and a cause naming the embedder change until Reconcile embeds
+      them again (revisions embedded by the new one answer meanwhile), then they answer.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from knowledge_sdk import FailedPrecondition, KnowledgeClient, Unavailable
 from knowledge_server.kb.index.milvus import MilvusRetrievalIndex
 from knowledge_server.kb.index.port import IndexChunk
 
-from tests.kb_world import KbWorld, publish, start_world
+from tests.kb_world import KbWorld, publish, restart_world, start_world, wait_task
 from tests.pdfs import make_pdf
 
 BUDGET_S = 2.5  # kb_world's retrieve_total_timeout_ms
@@ -627,3 +631,60 @@ def test_kr6w_milvus_stopped_fails_writes_and_reads_within_the_timeout(tmp_path:
         index.close()
     finally:
         milvus.stop()
+
+
+# -- KR-6e: the embedder changed ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "milvus"])
+def test_kr6e_an_embedder_change_is_unavailable_until_reconcile_embeds_again(
+    tmp_path: Path, backend: str
+) -> None:
+    """KR-6e: a revision published with one embedder, the server restarted with another
+    (another model, another dimension): its question is UNAVAILABLE naming the embedder
+    change, on every call (the in-memory lists built meanwhile), never NO_EVIDENCE, and
+    Answer calls no model; a revision published after the change answers. Reconcile queues
+    the old revision again; once embedded by the new embedder it answers, and a second
+    Reconcile finds nothing to do."""
+    w = start_world(tmp_path, backend)
+    try:
+        with w.client("admin-org-a") as kc:
+            _, old_rev = publish(kc, "refund", "Refund policy", "3.0", markdown=_refund(OLD_DAYS))
+        with w.client("agent-org-a") as kc:
+            assert kc.kb_retrieve(REFUND_Q).answerable
+    finally:
+        w.stop()
+    w = restart_world(w, tmp_path, dim=384, embedder_model="another-embed")
+    try:
+        with w.client("admin-org-a") as kc:
+            publish(
+                kc,
+                "shipping",
+                "Shipping",
+                "1.0",
+                markdown="# Shipping\n\nParcels leave the warehouse within 24 hours.\n",
+            )
+        with w.client("agent-org-a") as kc:
+            assert kc.kb_retrieve("When do parcels leave the warehouse?").answerable
+            for _ in range(3):
+                with pytest.raises(Unavailable) as err:
+                    kc.kb_retrieve(REFUND_Q)
+                assert err.value.metadata["dependency"] == "index"
+                assert "embedder changed" in err.value.metadata["cause"]
+                time.sleep(0.3)
+            with pytest.raises(Unavailable):
+                kc.kb_answer(REFUND_Q)
+            assert w.fake.calls["chat"] == 0
+        with w.client("admin-org-a") as kc:
+            report = kc.kb_reconcile()
+            assert list(report.requeued) == [old_rev]
+            assert wait_task(kc, report.requeued[old_rev]).state == "SUCCEEDED"
+            assert "another-embed" in kc.kb_get_revision(old_rev).revision.embed_model
+            again = kc.kb_reconcile()
+            assert not again.requeued and not again.already_queued
+        with w.client("agent-org-a") as kc:
+            out = kc.kb_retrieve(REFUND_Q)
+        assert out.answerable and out.sources[0].revision_id == old_rev
+        assert OLD_DAYS in out.sources[0].content
+    finally:
+        w.stop()

@@ -180,6 +180,7 @@ def _log(event: str, tid: str, result: Retrieval, started: float, **extra: objec
         dropped_other_organisation=t.dropped_other_organisation,
         dropped_uncitable=t.dropped_uncitable,
         below_min_score=t.below_min_score,
+        not_reembedded=result.not_reembedded,
         ms=elapsed_ms(started),
         **extra,
     )

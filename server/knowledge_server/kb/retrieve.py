@@ -5,9 +5,11 @@ Order of one call, every step inside the end-to-end budget (``retrieve_total_tim
 1. the request is checked (query, top_k, tag codes against the organisation's active tags,
    the answer template) before anything is retrieved;
 2. the organisation's released revisions are read from the metadata store (none: no
-   evidence, nothing else is called);
+   evidence, nothing else is called), with the embedder each one's vectors were made by;
 3. the question is embedded, the retrieval index searched (lexical and vector, fused)
-   among those revisions and tags;
+   among those revisions and tags whose vectors are the server's embedder's (the others
+   wait for Reconcile to embed them again: when no evidence is found while some wait,
+   the call is the index's unavailability, not "no evidence");
 4. every candidate is checked again against the metadata store, in one read: same
    organisation, its revision still the topic's release, its citation resolvable (the
    chunk number inside the revision's chunk count, its source one of the revision's, a
@@ -184,6 +186,8 @@ class Retrieval:
     sources: list[Evidence]
     trace: pb.RetrievalTrace
     trace_id: str
+    # Released revisions left out of the search: their vectors are another embedder's.
+    not_reembedded: int = 0
 
 
 @dataclass
@@ -461,11 +465,20 @@ class Retriever:
             else self.settings.min_term_coverage,
         )
         step.name = "metadata"
-        released = self._metadata(lambda: self.store.published_revision_ids(org))
-        if not released:
+        models = self._metadata(lambda: self.store.published_embed_models(org))
+        if not models:
             return Retrieval([], trace, trace_id)
         if self.index is None:
             raise DependencyUnavailable("index", "not configured", trace_id=trace_id)
+        # A revision whose vectors another embedder made (the server's embedder changed
+        # since it was staged) cannot be compared with the question's vector, and its
+        # rows may not even be in the vector table searched. It is left out until
+        # Reconcile embeds it again; meanwhile finding nothing is not "no evidence".
+        identity = self.embedder.identity
+        released = frozenset(rev for rev, model in models.items() if model == identity)
+        waiting = len(models) - len(released)
+        if not released:
+            raise self._not_reembedded(waiting, trace_id)
         started = time.perf_counter()
         step.name = "embedder"
         vector = _embed(self.embedder, req.query, budget, retries=s.max_retries, trace_id=trace_id)
@@ -502,7 +515,18 @@ class Retriever:
         # A revision taken offline (or replaced) while the reranker worked is not cited.
         step.name = "metadata"
         kept = self.still_citable(org, kept[: req.top_k], trace)
-        return Retrieval(kept, trace, trace_id)
+        if not kept and waiting:
+            raise self._not_reembedded(waiting, trace_id)
+        return Retrieval(kept, trace, trace_id, waiting)
+
+    @staticmethod
+    def _not_reembedded(waiting: int, trace_id: str) -> DependencyUnavailable:
+        return DependencyUnavailable(
+            "index",
+            f"embedder changed: {waiting} published revision(s) still hold another"
+            " embedder's vectors until Reconcile embeds them again",
+            trace_id=trace_id,
+        )
 
     def still_citable(
         self, org: str, sources: Sequence[Evidence], trace: pb.RetrievalTrace

@@ -59,8 +59,9 @@ class StagingIndex(Protocol):
 @dataclass
 class ReconcileReport:
     """What a reconcile found and repaired: chunks of revisions nobody needs dropped
-    (revision id -> chunks), revisions whose chunks were missing or incomplete queued
-    again (revision id -> task id), and those already queued."""
+    (revision id -> chunks), revisions whose chunks were missing or incomplete, or whose
+    vectors another embedder made, queued again (revision id -> task id), and those
+    already queued."""
 
     dropped: dict[str, int] = field(default_factory=dict)
     requeued: dict[str, str] = field(default_factory=dict)
@@ -238,21 +239,24 @@ class KnowledgeBase:
     def reconcile(self, org: str | None, by: str) -> ReconcileReport:
         """Compare the metadata with the index and repair the drift: drop chunks of
         revisions that need none, queue a RESTAGE of those whose chunks are missing or
-        incomplete. Idempotent: a second run finds nothing more to do (or what is queued)."""
+        incomplete or whose vectors another embedder made. Idempotent: a second run finds nothing more to do (or what is queued)."""
         report = ReconcileReport()
         if self.index is None:
             return report
         counts = self.index.revision_counts(org)
-        wanted = {
-            (r.org, r.id): r.chunk_count
-            for r in self.store.revisions_in_states(org, INDEXED_STATES)
-        }
+        indexed = self.store.revisions_in_states(org, INDEXED_STATES)
+        wanted = {(r.org, r.id): r.chunk_count for r in indexed}
+        # Vectors another embedder made (the server's embedder changed) are staged again
+        # with this one: retrieval leaves such revisions out until then.
+        identity = self.embedder.identity
+        other_embedder = {(r.org, r.id) for r in indexed if r.embed_model != identity}
         report.checked = len(wanted)
         for (r_org, rev_id), n in sorted(counts.items()):
             if (r_org, rev_id) not in wanted and not self._processing(r_org, rev_id):
                 report.dropped[rev_id] = self.index.drop_revision(r_org, rev_id) or n
         for (r_org, rev_id), expected in sorted(wanted.items()):
-            if counts.get((r_org, rev_id), 0) != expected:
+            stale = (r_org, rev_id) in other_embedder
+            if stale or counts.get((r_org, rev_id), 0) != expected:
                 task = self.queue.enqueue_restage(r_org, rev_id, by)
                 if task is None:
                     report.already_queued.append(rev_id)

@@ -696,6 +696,18 @@ class KBStore:
             ).fetchall()
         return frozenset(str(r[0]) for r in rows)
 
+    def published_embed_models(self, org: str) -> dict[str, str]:
+        """The revisions a reader of ``org`` may see (``published_revision_ids``), each
+        with the identity of the embedder its vectors were made by."""
+        with self.read() as c:
+            rows = c.execute(
+                "SELECT rel.revision_id, coalesce(r.embed_model, '') FROM releases rel"
+                " LEFT JOIN revisions r ON r.id = rel.revision_id AND r.org = rel.org"
+                " WHERE rel.org = ? AND rel.revision_id != ''",
+                (org,),
+            ).fetchall()
+        return {str(r[0]): str(r[1]) for r in rows}
+
     def citable_revisions(
         self, org: str, revision_ids: Sequence[str]
     ) -> dict[str, CitableRevision]:
