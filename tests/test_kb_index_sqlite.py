@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import apsw
+import knowledge_server.kb.index.sqlite as sqlite_index
+import pytest
 from knowledge_server.kb.index.port import IndexChunk
 from knowledge_server.kb.index.sqlite import STORE_FILE, SqliteRetrievalIndex
 
@@ -120,3 +123,44 @@ def test_rows_that_get_freed_ids_are_tokenised_again(tmp_path: Path) -> None:
         assert found("alpha") == ["r1:0", "r1:1"]
     finally:
         index.close()
+
+
+def _cache_bytes_per_search(tmp_path: Path, revisions: int) -> float:
+    """Bytes the text statistics' cache keeps per search of a new word, ranked by SQL,
+    over ``revisions`` visible revisions."""
+    index = SqliteRetrievalIndex(tmp_path / f"{revisions}" / STORE_FILE, dim=4)
+    try:
+        revs = [f"rev_{n:016x}" for n in range(revisions)]
+        for rev in revs:
+            row = IndexChunk(
+                f"{rev}:0", "o", f"t-{rev}", rev, "s", 0, "text", "T", (), None, "refunds", ()
+            )
+            index.stage("o", rev, [row], [[1.0, 0.0, 0.0, 0.0]])
+        index.search("o", "refund", [1.0, 0, 0, 0], revision_ids=revs, k=5)
+        entries = len(index._stats)
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            for n in range(200):
+                index.search("o", f"refund word{n}", [1.0, 0, 0, 0], revision_ids=revs, k=5)
+            grown = tracemalloc.get_traced_memory()[0] - base
+        finally:
+            tracemalloc.stop()
+        assert len(index._stats) == entries + 200  # one count per new word
+        return grown / 200
+    finally:
+        index.close()
+
+
+def test_the_text_statistics_cache_holds_no_copy_of_the_visible_revisions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KB-IDX-19: ranked by SQL, the text list's statistics are cached per visible set
+    by a digest of it: the memory one search of a new word keeps does not grow with the
+    number of visible revisions (each entry held the list of every visible revision id,
+    up to a gibibyte for a large organisation at the cache's entry limit)."""
+    monkeypatch.setattr(sqlite_index, "MEMORY_VECTOR_BYTES", 0)  # never held in memory
+    few = _cache_bytes_per_search(tmp_path, 10)
+    many = _cache_bytes_per_search(tmp_path, 600)
+    assert many < few + 512, (few, many)
+    assert many < 2048, many

@@ -25,6 +25,7 @@ there once built, and the tables above meanwhile (docs/kb-index.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -272,8 +273,9 @@ class SqliteRetrievalIndex:
         # Organisations whose build failed: (generation, when to try it again).
         self._failed: dict[str, tuple[int, float]] = {}
         # The text list's statistics by SQL (``_lexical``) per organisation, generation and
-        # visible set: its rows and tokens, and each term's count among them.
-        self._stats: dict[tuple[object, ...], int] = {}
+        # visible set: its rows and tokens, and each term's count among them (keyed by a
+        # digest of all that, so an entry's size does not depend on the visible set's).
+        self._stats: dict[bytes, int] = {}
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-index-memory")
         with self._lock:
             conn = self._connect(write=True)
@@ -502,15 +504,25 @@ class SqliteRetrievalIndex:
         visible = "c.org = ? AND c.revision_id IN (SELECT value FROM json_each(?))"
         visible += tag_sql
         args = (org, revs, *tag_params)
-        seen = (org, self._generation(conn, org), revs, tag_sql, *tag_params)
+        # The key is a digest of the organisation, its generation, the visible set and
+        # the count: the visible set (every visible revision id, and the tag filters) is
+        # as long as the organisation is large, and a key holding it kept one copy per
+        # search of a new word until the cache was cleared.
+        seen = hashlib.blake2b(
+            json.dumps([org, self._generation(conn, org), revs, tag_sql, *tag_params]).encode(),
+            digest_size=16,
+        )
         if len(self._stats) > 50_000:
             self._stats.clear()
 
         def count(key: str, sql: str, params: tuple[object, ...]) -> int:
-            held = self._stats.get((*seen, key))
+            digest = seen.copy()
+            digest.update(key.encode())
+            cache_key = digest.digest()
+            held = self._stats.get(cache_key)
             if held is None:
                 ((value,),) = conn.execute(sql, params).fetchall()
-                held = self._stats[(*seen, key)] = int(str(value))
+                held = self._stats[cache_key] = int(str(value))
             return held
 
         rows = count(
