@@ -225,6 +225,24 @@ def test_kr5_tag_filters_all_any_both_unknown_inactive(world: KbWorld) -> None:
     assert world.fake.calls["embeddings"] == 0
 
 
+@pytest.mark.parametrize("field", ["all_tag_codes", "any_tag_codes"])
+@pytest.mark.parametrize("code", ["", "   ", " refund", "refund "])
+def test_kr5_a_blank_or_padded_tag_code_is_refused_not_dropped(
+    world: KbWorld, field: str, code: str
+) -> None:
+    """KR-5: every tag code must be an existing tag code as written: a blank or
+    space-padded one is KNOWLEDGE_UNKNOWN_TAG before retrieval, never dropped (which
+    lifted the filter and returned unfiltered evidence)."""
+    q = "How many working days until a member refund arrives?"
+    with world.client("agent-org-a") as kc:
+        with pytest.raises(InvalidRequest) as refused:
+            kc.kb_retrieve(q, **{field: [code]})
+        with pytest.raises(InvalidRequest):
+            kc.kb_answer(q, **{field: ["logistics", code]})
+    assert refused.value.reason == "KNOWLEDGE_UNKNOWN_TAG"
+    assert world.fake.calls["embeddings"] == 0 and world.fake.calls["chat"] == 0
+
+
 def test_kr4_organisations_are_isolated_with_canary_text(world: KbWorld) -> None:
     """KR-4: org-a's agent asking for org-b's canary words gets NO_EVIDENCE; nothing of
     org-b (text, ids, counts) shows in its sources, trace or errors; org-b's agent finds

@@ -208,7 +208,9 @@ class Step:
 
 
 def _dedupe(values: Sequence[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(v.strip() for v in values if v.strip()))
+    """The codes as written, each once. A blank or space-padded code is kept, to be
+    refused as no tag: dropped, it would lift a filter the caller asked for."""
+    return tuple(dict.fromkeys(values))
 
 
 def _latin_needle(word: str) -> str:
