@@ -32,6 +32,7 @@ from knowledge_sdk import (
     Unauthenticated,
     Unavailable,
 )
+from structlog.testing import capture_logs
 
 from tests.kb_world import KbWorld, publish, start_world
 
@@ -282,6 +283,39 @@ def test_kr8_invalid_input_and_missing_principal_are_refused(world: KbWorld) -> 
         with pytest.raises(PermissionDenied):
             kc.kb_answer("refund")
     assert world.fake.calls["embeddings"] == 0 and world.fake.calls["rerank"] == 0
+
+
+def test_kr8_a_refused_request_carries_the_trace_id_in_its_details_and_log_line(
+    world: KbWorld,
+) -> None:
+    """KR-8: a request refused before retrieval (empty query, topK out of range, unknown
+    tag, unknown template) carries the call's trace id in the error's metadata and in the
+    server's log line of the call, as an answer and a dependency failure do; an invalid
+    trace id is replaced by a new one there too."""
+    calls = [
+        ("run-42.step-3", lambda kc, tid: kc.kb_retrieve("   ", trace_id=tid)),
+        ("run-42.step-4", lambda kc, tid: kc.kb_retrieve("refund", top_k=99, trace_id=tid)),
+        (
+            "run-42.step-5",
+            lambda kc, tid: kc.kb_retrieve("refund", any_tag_codes=["zz"], trace_id=tid),
+        ),
+        (
+            "run-42.step-6",
+            lambda kc, tid: kc.kb_answer("refund", template_code="NOPE", trace_id=tid),
+        ),
+        ("not a trace id", lambda kc, tid: kc.kb_retrieve("", trace_id=tid)),
+    ]
+    seen = []
+    with capture_logs() as logs, world.client("agent-org-a") as kc:
+        for tid, call in calls:
+            with pytest.raises(InvalidRequest) as refused:
+                call(kc, tid)
+            seen.append(refused.value.metadata.get("trace_id", ""))
+    assert seen[:4] == [tid for tid, _ in calls[:4]]
+    assert seen[4].startswith("trace_")
+    logged = [e["trace_id"] for e in logs if str(e.get("event", "")).endswith("_refused")]
+    assert logged == seen
+    assert world.fake.calls["embeddings"] == 0
 
 
 @pytest.mark.parametrize(

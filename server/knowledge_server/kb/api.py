@@ -20,7 +20,7 @@ from typing import TypeVar
 from knowledge_server import deadline
 from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2 as pb
 from knowledge_server.auth_model import Principal
-from knowledge_server.errors import DependencyUnavailable
+from knowledge_server.errors import DependencyUnavailable, KnowledgeError
 from knowledge_server.kb.deps import Budget
 from knowledge_server.kb.retrieve import (
     NO_EVIDENCE,
@@ -64,7 +64,9 @@ class KnowledgeBaseApi:
     ) -> R:
         """``work`` in a retrieval thread under a new budget. Past the budget, or when a
         dependency fails, the call is ``DependencyUnavailable`` naming the step (the
-        trace id in its metadata), logged as ``<event>_unavailable``."""
+        trace id in its metadata), logged as ``<event>_unavailable``; a request refused
+        (``InvalidRequest``, ``UnknownTag``) gets the trace id in its metadata too and is
+        logged as ``<event>_refused``."""
         budget = Budget.of_ms(self.retriever.settings.total_timeout_ms)
         step = Step()
 
@@ -84,6 +86,18 @@ class KnowledgeBaseApi:
         except DependencyUnavailable as exc:
             exc.metadata["trace_id"] = trace_id
             failed = exc
+        except KnowledgeError as exc:
+            # A refused request (its query, top_k, a tag code, the template) carries the
+            # trace id too, in its details and its log line, as every answer of the call.
+            exc.metadata["trace_id"] = trace_id
+            log.info(
+                f"{event}_refused",
+                trace_id=trace_id,
+                reason=exc.reason,
+                field=exc.metadata.get("field", ""),
+                ms=elapsed_ms(started),
+            )
+            raise
         log.warning(
             f"{event}_unavailable",
             trace_id=trace_id,
