@@ -176,3 +176,27 @@ def test_child_sessions_by_parent_id(tmp_path: Path) -> None:
         "grandkid": "actor:h:subagent:top:worker-2",
     }
     assert ds.skills_of_actor("actor:h:subagent:top:worker-1") == [("pdf", 1)]
+
+
+def test_an_actors_recent_failures_are_its_newest_sessions_last(tmp_path: Path) -> None:
+    """A hand-off package's "the chosen actor failed in ..." risks are its most recent
+    failures: the newest by when their session was last active, the newest last. Ordered
+    by session id, as before, a session named "a-..." from today lost to "z-..." of 2020."""
+    ds = DerivedStore(str(tmp_path))
+    try:
+        rows = [("z-2020", "2020-01-01T00:00:00Z"), ("a-today", "2026-12-05T10:00:00Z")]
+        rows += [(f"m-{i}", f"2024-0{i}-01T00:00:00Z") for i in range(1, 7)]
+        for sid, seen in rows:
+            ds.conn.execute(
+                "INSERT INTO actor_session (actor_id, session_id, last_seen) VALUES ('x', ?, ?)",
+                (sid, seen),
+            )
+            ds.conn.execute("INSERT INTO failed_event VALUES (?, 1, 'x')", (sid,))
+        assert ds.failures(actor_id="x", limit=500)[-3:] == [
+            "ep:m-5:1",
+            "ep:m-6:1",
+            "ep:a-today:1",
+        ]
+        assert ds.failures(actor_id="x", limit=2) == ["ep:m-6:1", "ep:a-today:1"]
+    finally:
+        ds.close()

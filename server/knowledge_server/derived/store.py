@@ -441,26 +441,31 @@ class DerivedStore:
         session_ids: Sequence[str] | None = None,
         limit: int = 50,
     ) -> list[str]:
-        """Episode ids of failed events (tool errors, error signals), newest sessions last.
+        """Episode ids of failed events (tool errors, error signals): the newest ``limit``,
+        by when their session was last active, oldest first (the newest last).
 
         Restricted to ``actor_id`` and/or ``session_ids``; both ``None`` means every actor.
+        Ordered by session id, as before, the "recent failures" of a hand-off package were
+        the alphabetically last sessions' among the first ``limit``.
         """
         conds, args = [], []
         if actor_id is not None:
-            conds.append("actor_id = ?")
+            conds.append("f.actor_id = ?")
             args.append(actor_id)
         if session_ids is not None:
             ids = list(dict.fromkeys(session_ids))
             if not ids:
                 return []
-            conds.append(f"session_id IN ({','.join('?' * len(ids))})")
+            conds.append(f"f.session_id IN ({','.join('?' * len(ids))})")
             args.extend(ids)
         where = (" WHERE " + " AND ".join(conds)) if conds else ""
         rows = self.conn.execute(
-            f"SELECT session_id, seq FROM failed_event{where} ORDER BY session_id, seq LIMIT ?",  # noqa: S608 - conditions made here of constants and placeholders, values bound
+            "SELECT f.session_id, f.seq, (SELECT max(a.last_seen) FROM actor_session a"  # noqa: S608 - conditions made here of constants and placeholders, values bound
+            f" WHERE a.session_id = f.session_id) AS t FROM failed_event f{where}"
+            " ORDER BY t DESC, f.session_id DESC, f.seq DESC LIMIT ?",
             [*args, max(0, int(limit))],
-        )
-        return [f"ep:{r[0]}:{r[1]}" for r in rows]
+        ).fetchall()
+        return [f"ep:{r[0]}:{r[1]}" for r in reversed(rows)]
 
     # ------------------------------------------------------------------ skills
 
