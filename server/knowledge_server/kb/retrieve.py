@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import TypeVar
@@ -240,12 +240,29 @@ def _needle(word: str) -> str:
     return word
 
 
-def _words(text: str) -> Iterator[str]:
-    """The words of ``text`` but its CJK runs (no spaces: matched by bigrams)."""
-    for token in _WORD.findall(text):
-        for part in _CJK_RUN.split(token):
-            if part:
-                yield part
+# The rest of a word from where a term's letters were found in it.
+_WORD_TAIL = re.compile(r"[^\W_]*")
+
+
+def _word_found(text: str, stem: str, word: str) -> bool:
+    """Whether ``text`` holds ``word`` as a whole word, or a word that starts with
+    ``stem`` and has it as its stem. Each candidate is found by a plain substring search
+    and then read as the word it starts (a letter or digit before it: inside another word,
+    not a candidate; a CJK character before it is a boundary, as no space is written
+    there): evidence is checked chunk by chunk on every call, so the text is never split
+    into words whole."""
+    for prefix in (stem, word) if not word.startswith(stem) else (stem,):
+        at = text.find(prefix)
+        while at >= 0:
+            before = text[at - 1] if at else " "
+            if not (before.isalnum() and not _CJK_RUN.match(before)):
+                tail = _WORD_TAIL.match(text, at + len(prefix))
+                w = text[at : tail.end() if tail else at + len(prefix)]
+                w = _CJK_RUN.split(w, 1)[0]
+                if w in (word, stem) or _needle(w) == stem:
+                    return True
+            at = text.find(prefix, at + 1)
+    return False
 
 
 class QuestionTerms:
@@ -267,6 +284,13 @@ class QuestionTerms:
                 pos = m.end()
             self._add_word(word[pos:], words, stop)
         self.words = list(dict.fromkeys(words or ([] if self.runs else stop)))
+        # Each term's candidates in a text: the words starting with its stem, or the term
+        # as written (a letter or digit before neither; a CJK character before is a
+        # boundary, as in ``_words``). Found by one search each, never by splitting the
+        # whole text into words: evidence is checked chunk by chunk on every call.
+        # (A Russian text is read with "ё" as "е", as its stems are.)
+        self._cyrillic = any(_CYRILLIC.search(word) for _, word in self.words)
+        self._targets = [(stem, word.replace("ё", "е")) for stem, word in self.words]
 
     @staticmethod
     def _add_word(word: str, words: list[tuple[str, str]], stop: list[tuple[str, str]]) -> None:
@@ -280,19 +304,14 @@ class QuestionTerms:
         if total == 0:
             return 0.0
         found = 0.0
-        if self.words:
-            # Whole words only: a term's letters inside another word are not the term
-            # ("tall" in "install", "mar" of "mars" in "market"). A word of the text
-            # counts when it is the term as written or has the term's stem; only the
-            # words starting with the stem are stemmed.
-            present = set(_words(haystack))
-            for stem, word in self.words:
-                if word in present or stem in present:
-                    found += 1
-                elif any(
-                    w.replace("ё", "е").startswith(stem) and _needle(w) == stem for w in present
-                ):
-                    found += 1
+        # Whole words only: a term's letters inside another word are not the term ("tall"
+        # in "install", "mar" of "mars" in "market"). A word of the text counts when it is
+        # the term as written or has the term's stem; only the words starting with the
+        # stem are stemmed.
+        text = haystack.replace("ё", "е") if self._cyrillic else haystack
+        for stem, word in self._targets:
+            if _word_found(text, stem, word):
+                found += 1
         for run in self.runs:
             if len(run) == 1:
                 found += 0.5 if run in haystack else 0.0
