@@ -515,3 +515,17 @@ def test_a_fact_about_a_credential_is_not_taken_for_one(tmp_path: Path, value: s
         "remember", memory_pb2.RememberRequest(category="db", key="note", value=value), who
     )
     assert isinstance(kept, memory_pb2.RememberResponse) and kept.outcome == "created"
+
+
+def test_a_secret_told_in_a_sentence_stored_before_is_shown_hidden(tmp_path: Path) -> None:
+    """An entry stored before sentences were read for credentials ("admin password is
+    ...") is shown with the credential as [REDACTED:credential], the rest of the fact
+    kept; before, Recall returned it as written."""
+    ops, who = _ops(tmp_path), _agent(tmp_path)
+    ops.store.remember(
+        memory_scope(who, ""), "facts", "db", "login", "admin password is Tr0ub4dor&3x.", 0.7
+    )
+    resp, _ = ops.run("recall", memory_pb2.RecallRequest(category="db"), who)
+    assert isinstance(resp, memory_pb2.RecallResponse)
+    [entry] = resp.entries
+    assert entry.value == "admin password is [REDACTED:credential]."

@@ -322,14 +322,31 @@ def _credential_value(lower_name: str, v: str) -> bool:
     return len(v) >= 16 or any(not c.isalpha() for c in v)
 
 
+def _told(m: re.Match[str]) -> str:
+    """The credential a ``_CREDENTIAL_IN_TEXT`` match writes out ("" when its word reads
+    as no credential); the word's closing punctuation is not part of it."""
+    word = m.group("value").rstrip(".,;!?)]}\"'")
+    return word if word and _credential_value(m.group("name").lower(), word) else ""
+
+
 def _tells_a_secret(text: str) -> bool:
     """Whether ``text`` writes a credential out after its name ("the admin password is
-    Tr0ub4dor&3x"); the word's closing punctuation is not part of it."""
-    for m in _CREDENTIAL_IN_TEXT.finditer(_visible(text)):
-        word = m.group("value").rstrip(".,;!?)]}\"'")
-        if word and _credential_value(m.group("name").lower(), word):
-            return True
-    return False
+    Tr0ub4dor&3x")."""
+    return any(_told(m) for m in _CREDENTIAL_IN_TEXT.finditer(_visible(text)))
+
+
+def _without_told_secrets(text: str) -> str:
+    """``text`` with each credential it writes out after its name as ``_HIDDEN``: an
+    entry stored before such writes were refused is shown without it."""
+
+    def hide(m: re.Match[str]) -> str:
+        word = _told(m)
+        if not word:
+            return m.group(0)
+        start = m.start("value") - m.start(0)
+        return m.group(0)[:start] + _HIDDEN + m.group(0)[start + len(word) :]
+
+    return _CREDENTIAL_IN_TEXT.sub(hide, text)
 
 
 def _names_a_secret(names: tuple[str, ...], value: str) -> bool:
@@ -406,6 +423,8 @@ class MemoryOps:
         whose format characters hide a secret from the redactor loses them."""
         visible = _visible(text)
         text = redact(visible) if redact(visible) != visible else redact(text)
+        if _tells_a_secret(text):  # read without format characters, as the write checks
+            text = _without_told_secrets(_visible(text))
         if roots is None:
             return text
         shown = text
