@@ -81,6 +81,9 @@ import {
 import { SearchRequestSchema } from "./gen/knowledge/v1/search_pb.js";
 
 /** The `schema` value each versioned request carries (the client fills it in). */
+/** The longest deadline sent: gRPC's timeout header holds at most eight digits of
+ * milliseconds (about 27.7 hours); a longer one is sent as this. */
+export const MAX_DEADLINE_MS = 99_999_999;
 export const SEARCH_SCHEMA = "knowledge.search/v1";
 export const DISPATCH_SCHEMA = "knowledge.dispatch/v1";
 
@@ -207,8 +210,10 @@ export class KnowledgeClient {
       });
     }
     return {
-      // gRPC's timeout header holds whole milliseconds: a fraction would fail the call.
-      timeoutMs: deadline === undefined ? undefined : Math.ceil(deadline),
+      // gRPC's timeout header holds whole milliseconds: a fraction would fail the call;
+      // and at most eight digits (about 27.7 hours), which also keeps Node's timer from
+      // overflowing (a deadline of 2^31 ms or more fired at once).
+      timeoutMs: deadline === undefined ? undefined : Math.min(Math.ceil(deadline), MAX_DEADLINE_MS),
       signal: signal ?? call.signal,
       headers: call.headers,
     };
@@ -223,7 +228,7 @@ export class KnowledgeClient {
     try {
       return await run(create(schema, init), this.options(call, true));
     } catch (err) {
-      throw toKnowledgeError(err);
+      throw toKnowledgeError(err, call.signal);
     }
   }
 
@@ -247,7 +252,7 @@ export class KnowledgeClient {
     try {
       yield* run(create(schema, init), this.options(call, false, controller.signal));
     } catch (err) {
-      throw toKnowledgeError(err);
+      throw toKnowledgeError(err, outer);
     } finally {
       outer?.removeEventListener("abort", follow);
       controller.abort();

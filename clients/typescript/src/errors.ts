@@ -98,10 +98,23 @@ const BY_CODE: Partial<Record<Code, new (fields: ErrorFields) => KnowledgeError>
   [Code.Canceled]: Cancelled,
 };
 
-/** The typed error for anything a call threw (a ConnectError or another error). */
-export function toKnowledgeError(err: unknown): KnowledgeError {
+/** The typed error for anything a call threw (a ConnectError or another error). A call
+ * whose caller aborted it (``signal``, whatever reason it gave) is ``Cancelled``: Connect
+ * reads an abort reason that is not an AbortError as an unknown failure, which would be
+ * taken for a server bug. */
+export function toKnowledgeError(err: unknown, signal?: AbortSignal): KnowledgeError {
   if (err instanceof KnowledgeError) {
     return err;
+  }
+  if (signal?.aborted && !(err instanceof ConnectError && err.code === Code.DeadlineExceeded)) {
+    return new Cancelled({
+      code: Code.Canceled,
+      message: `the call was cancelled by its caller${describe(signal.reason)}`,
+      reason: "",
+      metadata: {},
+      requestId: "",
+      cause: err,
+    });
   }
   const ce = ConnectError.from(err);
   let reason = "";
@@ -151,4 +164,12 @@ function fromTheNetwork(err: unknown): boolean {
     seen = (seen as { cause?: unknown }).cause;
   }
   return false;
+}
+
+
+function describe(reason: unknown): string {
+  if (reason instanceof Error && reason.name !== "AbortError") {
+    return `: ${reason.message}`;
+  }
+  return typeof reason === "string" && reason ? `: ${reason}` : "";
 }

@@ -10,6 +10,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import {
+  Cancelled,
   Code,
   DeadlineExceeded,
   EditionRefused,
@@ -233,4 +234,33 @@ test("TLS asked of a plain-text server is Unavailable, not a server bug", async 
     assert.ok(err instanceof Unavailable, String(err));
     return true;
   });
+});
+
+test("a call its caller aborts, with any reason, answers Cancelled", async () => {
+  // Connect reads an abort reason that is not an AbortError as an unknown failure: it was
+  // answered InternalError, "a server bug", with the caller's own reason as its message.
+  for (const reason of [undefined, new Error("user navigated away"), "stop"]) {
+    const ac = new AbortController();
+    ac.abort(reason);
+    await assert.rejects(client.search(word, { signal: ac.signal }), (err: unknown) => {
+      assert.ok(err instanceof Cancelled, String(err));
+      return true;
+    });
+    const stream = client.ingestSessions({ paths: [sessions] }, { signal: ac.signal });
+    await assert.rejects(
+      (async () => {
+        for await (const _ of stream) {
+          // nothing: the call was aborted before it began
+        }
+      })(),
+      (err: unknown) => err instanceof Cancelled,
+    );
+  }
+});
+
+test("a deadline longer than gRPC's timeout header can hold is sent as the longest", async () => {
+  // 2^31 ms and more overflowed Node's timer: the call failed DeadlineExceeded at once.
+  for (const long of [2 ** 31, 30 * 24 * 3_600_000]) {
+    assert.equal((await client.search(word, { deadlineMs: long })).schema, SEARCH_SCHEMA);
+  }
 });
