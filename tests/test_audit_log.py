@@ -353,7 +353,7 @@ def test_aud10_an_event_the_busy_log_cannot_take_waits_and_joins_the_chain_in_or
     ]
     assert events[2].at == kept[0].at  # when the write happened, not when it was chained
     assert log.verify().ok and log.pending() == 0
-    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith((".pending", ".draining"))]
+    assert not [p.name for p in tmp_path.iterdir() if ".pending" in p.name or ".draining" in p.name]
 
 
 def test_aud10_kept_events_are_chained_once_after_a_drain_that_stopped_before_cleanup(
@@ -371,7 +371,8 @@ def test_aud10_kept_events_are_chained_once_after_a_drain_that_stopped_before_cl
     pending = Path(str(path) + ".pending")
     kept = pending.read_bytes()
     log.append(principal="b", org="acme", operation="memory.remember", targets=["mem:2"])
-    Path(str(path) + ".draining").write_bytes(kept)  # as if the unlink never ran
+    # As if a drain had renamed the file, committed, and stopped before removing it.
+    Path(str(path) + ".draining.00000000000000000001.x").write_bytes(kept)
     log.append(principal="c", org="acme", operation="memory.remember", targets=["mem:3"])
     assert [e.principal for e in log.events()] == ["a", "b", "c"]
     assert log.verify().ok and log.pending() == 0
@@ -389,3 +390,77 @@ def test_aud10_verify_says_how_many_events_are_pending(tmp_path: Path) -> None:
     out = CliRunner().invoke(cli_main, ["--data-dir", str(tmp_path), "audit", "verify"])
     assert out.exit_code == 0, out.output
     assert "ok: 1 events;" in out.output and "; 1 pending" in out.output
+
+
+def _keep_one(log: AuditLog, path: Path, principal: str) -> None:
+    holder = _hold_write_lock(path)
+    try:
+        log.append(principal=principal, org="acme", operation="memory.remember", targets=["m"])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_aud10_a_kept_line_the_service_did_not_write_is_set_aside_never_chained(
+    tmp_path: Path,
+) -> None:
+    """AUD-10: lines in the pending file that are not the service's own (junk of wrong
+    types, a forged event without the HMAC under the log's key) are set aside in the
+    rejected file, never chained, and never block the appends after them. Before, one
+    badly typed line failed every later append, and a forged one joined the chain."""
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path, busy_ms=50)
+    _fill(log, 1)
+    _keep_one(log, path, "kept")
+    pending = Path(str(path) + ".pending")
+    good = json.loads(pending.read_text())
+    forged = {**good, "principal": "admin", "operation": "token.revoke"}
+    junk = [
+        {**good, "targets": 5},
+        {**good, "after_seq": 1e400},
+        {**good, "at": {}},
+        forged,
+    ]
+    with pending.open("a") as fh:
+        for line in junk:
+            fh.write(json.dumps(line) + "\n")
+        fh.write("not json at all\n")
+    for i in range(3):
+        log.append(principal=f"after{i}", org="acme", operation="memory.remember")
+    assert [e.principal for e in log.events()] == ["p0", "kept", "after0", "after1", "after2"]
+    assert log.verify().ok and log.pending() == 0
+    rejected = Path(str(path) + ".pending-rejected").read_text().splitlines()
+    assert len(rejected) == 5
+    assert stat.S_IMODE(os.stat(str(path) + ".pending-rejected").st_mode) == 0o600
+
+
+def test_aud10_an_unfinished_kept_line_does_not_swallow_the_next(tmp_path: Path) -> None:
+    """AUD-10: a line left unfinished in the pending file (its writer killed, or a short
+    write on a full disk) is ended by the next writer before its own line, so the next
+    kept event, whose caller was answered as recorded, is chained; before, the two lines
+    ran together and were dropped as one unreadable line."""
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path, busy_ms=50)
+    _fill(log, 1)
+    Path(str(path) + ".pending").write_bytes(b'{"at": "2026-12-05T00:00:00.000000Z", "princ')
+    _keep_one(log, path, "kept")
+    log.append(principal="next", org="acme", operation="memory.remember")
+    assert [e.principal for e in log.events()] == ["p0", "kept", "next"]
+    assert log.verify().ok
+
+
+def test_aud10_a_left_draining_file_and_the_pending_file_are_chained_in_order(
+    tmp_path: Path,
+) -> None:
+    """AUD-10: events kept by a drain that stopped before removing its file come first,
+    then the pending file's, then the append's own: the order kept. Before, a left file
+    alone was drained and the pending file's events came after the new one."""
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path, busy_ms=50)
+    _fill(log, 1)
+    _keep_one(log, path, "first")
+    Path(str(path) + ".pending").rename(str(path) + ".draining.00000000000000000001.x")
+    _keep_one(log, path, "second")
+    log.append(principal="third", org="acme", operation="memory.remember")
+    assert [e.principal for e in log.events()] == ["p0", "first", "second", "third"]
+    assert log.verify().ok and log.pending() == 0

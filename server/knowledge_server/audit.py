@@ -66,7 +66,9 @@ __all__ = [
 AUDIT_FILE = "audit.sqlite"
 # Events kept while the log's write lock could not be had (``AuditLog.append``), next to it.
 PENDING_SUFFIX = ".pending"
-DRAINING_SUFFIX = ".draining"
+DRAINING_SUFFIX = ".draining."
+REJECTED_SUFFIX = ".pending-rejected"  # kept lines that are not the service's own
+_MAX_KEPT_LINE = 1 << 20  # a kept event's line is a few hundred bytes
 _PENDING_FIELDS = ("at", "principal", "org", "operation", "targets", "input_hash", "outcome")
 KEY_FILE = "audit.key"  # the input hashes' key, next to the log (created on first use)
 _KEY_BYTES = 32
@@ -287,18 +289,18 @@ class AuditLog:
             "input_hash": self.input_hash(input),
             "outcome": outcome,
         }
-        drained: str | None = None
+        drained: list[str] = []
         try:
             with self._lock, immediate(self._conn):
                 drained = self._drain()
                 event = self._insert(fields)
         except apsw.BusyError:
             return self._keep_pending(fields)
-        if drained is not None:
+        for path in drained:
             # Committed: the kept events are in the chain (a crash before this unlink is
             # harmless: the next drain finds them there and skips them).
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(drained)
+                os.unlink(path)
         return event
 
     def _insert(self, fields: dict[str, Any]) -> AuditEvent:
@@ -336,28 +338,38 @@ class AuditLog:
         return AuditEvent(**{**event.__dict__, "hash": h})
 
     # The pending file: events kept while the log's write lock could not be had, one JSON
-    # object a line. Writers append under an exclusive flock on it; a drain takes the same
-    # lock to rename it to the draining name, so no line is written to a file being read.
-    def _pending_paths(self) -> tuple[str, str]:
-        return self.path + PENDING_SUFFIX, self.path + DRAINING_SUFFIX
-
+    # object a line, each with an HMAC under the log's key (a line the service did not
+    # write is not chained). Writers append under an exclusive flock on it; a drain takes
+    # the same lock to rename it to a draining file of its own (a unique name), so no line
+    # is written to a file being read, and a drain removes only the file it made.
     def _keep_pending(self, fields: dict[str, Any]) -> AuditEvent:
-        pending, _ = self._pending_paths()
+        pending = self.path + PENDING_SUFFIX
         try:
             with self._lock:
                 after_seq = _last(self._conn)[0]
         except apsw.Error:
             after_seq = 0
-        line = (json.dumps({**fields, "after_seq": after_seq}, ensure_ascii=False) + "\n").encode()
+        kept = {**fields, "after_seq": after_seq}
+        kept["mac"] = self._mac(kept)
+        line = (json.dumps(kept, ensure_ascii=False) + "\n").encode()
         while True:
-            fd = os.open(pending, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(
+                pending,
+                os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                0o600,
+            )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
-                    current = os.stat(pending).st_ino == os.fstat(fd).st_ino
+                    current = os.stat(pending, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
                 except FileNotFoundError:
                     current = False
                 if current:  # else a drain renamed it between open and lock: open anew
+                    size = os.fstat(fd).st_size
+                    # A line an earlier writer left unfinished (killed, or a short write on
+                    # a full disk) is ended first, so it cannot swallow this one.
+                    if size and os.pread(fd, 1, size - 1) != b"\n":
+                        line = b"\n" + line
                     view = memoryview(line)
                     while view:
                         view = view[os.write(fd, view) :]
@@ -372,40 +384,99 @@ class AuditLog:
             seq=0, prev_hash="", hash="", **{**fields, "targets": tuple(fields["targets"])}
         )
 
-    def _drain(self) -> str | None:
-        """Append the events kept pending (within the write transaction), oldest first;
-        returns the draining file to remove once committed, None when there were none.
-        An event already in the chain after the place it was kept at (a drain that
-        committed and then stopped before removing its file) is not appended again."""
-        pending, draining = self._pending_paths()
-        if not os.path.exists(draining):
-            try:
-                fd = os.open(pending, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return None
+    def _mac(self, kept: dict[str, Any]) -> str:
+        if self._key is None:
+            self._key = load_key(Path(self.path).with_name(KEY_FILE))
+        body = {k: kept[k] for k in (*_PENDING_FIELDS, "after_seq")}
+        return hmac.new(self._key, _canonical(body), hashlib.sha256).hexdigest()
+
+    def _draining_files(self) -> list[str]:
+        """The draining files left, oldest first (their names hold when each was made; the
+        one name of the first version of this, ``audit.sqlite.draining``, sorts first)."""
+        folder, base = os.path.split(self.path)
+        prefix = base + DRAINING_SUFFIX
+        return sorted(
+            os.path.join(folder, name)
+            for name in os.listdir(folder or ".")
+            if name.startswith(prefix) or name == prefix[:-1]
+        )
+
+    def _drain(self) -> list[str]:
+        """Append the events kept pending (within the write transaction), in the order kept:
+        the draining files another drain left (it stopped before removing them), then the
+        pending file. Returns the draining files to remove once committed. An event already
+        in the chain after the place it was kept at (a drain that committed and stopped
+        before removing its file) is not appended again; a line that is not one the
+        service wrote (unreadable, wrong types, no valid MAC) is set aside in the rejected
+        file and logged, never chained and never in the way of the appends after it."""
+        pending = self.path + PENDING_SUFFIX
+        files = self._draining_files()
+        try:
+            fd = os.open(pending, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            fd = -1
+        if fd >= 0:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                target = f"{self.path}{DRAINING_SUFFIX}{time.time_ns():020d}.{uuid.uuid4().hex[:8]}"
                 with contextlib.suppress(FileNotFoundError):
-                    os.rename(pending, draining)
+                    os.rename(pending, target)
+                    files.append(target)
             finally:
                 os.close(fd)
-            if not os.path.exists(draining):
-                return None
-        with open(draining, "rb") as fh:
-            lines = fh.read().splitlines()
-        for raw in lines:
+        for path in files:
             try:
-                kept = json.loads(raw)
-                fields = {k: kept[k] for k in _PENDING_FIELDS}
-                after = int(kept.get("after_seq", 0))
-            except (ValueError, KeyError, TypeError):
-                # A line cut by a crash while it was written: its write's caller was
-                # answered only after the fsync of a whole line, so none is lost.
-                get_logger("knowledge.audit").error("audit.pending_line_unreadable")
-                continue
-            if not self._already_chained(fields, after):
-                self._insert(fields)
-        return draining
+                fh = open(path, "rb")
+            except FileNotFoundError:
+                continue  # another drain chained it and removed it meanwhile
+            with fh:
+                for raw in fh:
+                    self._chain_kept(raw)
+        return files
+
+    def _chain_kept(self, raw: bytes) -> None:
+        raw = raw.strip()
+        if not raw:
+            return
+        fields = self._kept_fields(raw)
+        if fields is None:
+            # A line cut by a crash and then ended by the next writer's line break, or
+            # text the service did not write: set aside, never chained.
+            fd = os.open(
+                self.path + REJECTED_SUFFIX,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                0o600,
+            )
+            with os.fdopen(fd, "ab") as out:
+                out.write(raw[:_MAX_KEPT_LINE] + b"\n")
+            get_logger("knowledge.audit").error("audit.pending_line_rejected")
+            return
+        after = int(fields.pop("after_seq"))
+        if not self._already_chained(fields, after):
+            self._insert(fields)
+
+    def _kept_fields(self, raw: bytes) -> dict[str, Any] | None:
+        """A kept line's fields when it is one the service wrote: a JSON object with each
+        field of its type and an HMAC under the log's key that matches; else None."""
+        if len(raw) > _MAX_KEPT_LINE:
+            return None
+        try:
+            kept = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(kept, dict):
+            return None
+        texts = ("at", "principal", "org", "operation", "input_hash", "outcome", "mac")
+        if not all(isinstance(kept.get(k), str) for k in texts):
+            return None
+        targets, after = kept.get("targets"), kept.get("after_seq")
+        if not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+            return None
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            return None
+        if not hmac.compare_digest(str(kept["mac"]), self._mac(kept)):
+            return None
+        return {k: kept[k] for k in (*_PENDING_FIELDS, "after_seq")}
 
     def _already_chained(self, fields: dict[str, Any], after_seq: int) -> bool:
         rows = self._conn.execute(
@@ -425,9 +496,9 @@ class AuditLog:
         return bool(rows)
 
     def pending(self) -> int:
-        """How many events wait in the pending files to join the chain."""
+        """How many lines wait in the pending and draining files to join the chain."""
         n = 0
-        for path in self._pending_paths():
+        for path in [self.path + PENDING_SUFFIX, *self._draining_files()]:
             try:
                 with open(path, "rb") as fh:
                     n += sum(1 for line in fh if line.strip())
