@@ -371,8 +371,11 @@ def test_aud10_kept_events_are_chained_once_after_a_drain_that_stopped_before_cl
     pending = Path(str(path) + ".pending")
     kept = pending.read_bytes()
     log.append(principal="b", org="acme", operation="memory.remember", targets=["mem:2"])
-    # As if a drain had renamed the file, committed, and stopped before removing it.
+    # As if a drain had renamed the file, committed, and its process died before
+    # removing it: the next process's log finds the file when it first appends.
     Path(str(path) + ".draining.00000000000000000001.x").write_bytes(kept)
+    log.close()
+    log = AuditLog(path, busy_ms=50)
     log.append(principal="c", org="acme", operation="memory.remember", targets=["mem:3"])
     assert [e.principal for e in log.events()] == ["a", "b", "c"]
     assert log.verify().ok and log.pending() == 0

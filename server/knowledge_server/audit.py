@@ -247,6 +247,11 @@ class AuditLog:
         self._lock = Lock()
         self._conn = open_db(self.path, MIGRATIONS, busy_ms=busy_ms, synchronous_normal=False)
         self._key: bytes | None = None
+        # Whether draining files may have been left (by a drain that stopped before
+        # removing its file): looked for when the log is opened, when a pending file is
+        # drained, and after a drain of this object's failed; not on every append (a
+        # listing of the data directory each time).
+        self._left_files = True
 
     def input_hash(self, value: object) -> str:
         """``value``'s ``input_hash`` under this log's key (``KEY_FILE`` next to it)."""
@@ -292,15 +297,23 @@ class AuditLog:
         drained: list[str] = []
         try:
             with self._lock, immediate(self._conn):
-                drained = self._drain()
-                event = self._insert(fields)
+                try:
+                    drained = self._drain()
+                    event = self._insert(fields)
+                except BaseException:
+                    self._left_files = True  # a file it renamed stays for the next drain
+                    raise
         except apsw.BusyError:
             return self._keep_pending(fields)
         for path in drained:
             # Committed: the kept events are in the chain (a crash before this unlink is
             # harmless: the next drain finds them there and skips them).
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                self._left_files = True
         return event
 
     def _insert(self, fields: dict[str, Any]) -> AuditEvent:
@@ -410,11 +423,12 @@ class AuditLog:
         service wrote (unreadable, wrong types, no valid MAC) is set aside in the rejected
         file and logged, never chained and never in the way of the appends after it."""
         pending = self.path + PENDING_SUFFIX
-        files = self._draining_files()
         try:
             fd = os.open(pending, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             fd = -1
+        files = self._draining_files() if fd >= 0 or self._left_files else []
+        self._left_files = False
         if fd >= 0:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
