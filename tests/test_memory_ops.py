@@ -481,6 +481,10 @@ def test_a_url_is_no_local_path_but_a_file_url_is(tmp_path: Path) -> None:
         ("root_pass", "Tr0ub4dor&3x", "value"),
         ("db_passwort", "Tr0ub4dor&3x", "value"),
         ("password is hunter2x", "kept here", "key"),
+        ("prod", "the admin password for prod is Tr0ub4dor&3x", "value"),
+        ("prod", "the admin password is: Tr0ub4dor&3x", "value"),
+        ("prod", "the admin password was set to Tr0ub4dor&3x", "value"),
+        ("prod", "admin password -> Tr0ub4dor&3x", "value"),
     ],
 )
 def test_a_secret_written_as_a_sentence_or_under_a_short_name_is_refused(
@@ -505,6 +509,12 @@ def test_a_secret_written_as_a_sentence_or_under_a_short_name_is_refused(
         "the API key expires in March",
         "password reset links are valid for 24h",
         "max_tokens: 2048",
+        "password policy: minimum 12 characters",
+        "token budget: 4096 per request",
+        "API key rotation: every 90 days",
+        "secret manager: aws-secretsmanager in eu-west-1",
+        "the token endpoint is https://auth.example.com/oauth2/token",
+        "password reset-links expire after 24h",
     ],
 )
 def test_a_fact_about_a_credential_is_not_taken_for_one(tmp_path: Path, value: str) -> None:

@@ -253,16 +253,29 @@ _CREDENTIAL_WORD = (
     r"|(?:github|gitlab|personal)[\s_-]?(?:pat|access[\s_-]?token))"
 )
 _CREDENTIAL_NAME = re.compile(r"(?:^|[\s_.:/-])" + _CREDENTIAL_WORD + r"[\s:=]*$")
-# A credential written out in a sentence: the name's word, then "is" / "ist" / "lautet" /
-# "=" / ":" (or nothing), then one word that reads as a credential ("admin password is
-# Tr0ub4dor&3x", "the api key is 9f8e...", "Passwort: geheim123"). The word is judged as a
-# named value is (``_credential_value``), so "the password is stored in the vault" and
-# "token is refreshed hourly" are facts.
+# A credential written out in a sentence ("admin password is Tr0ub4dor&3x", "the api key
+# for prod is 9f8e...", "Passwort: geheim123", "password was set to ...", "password ->
+# ..."): a credential's name (the words of ``_CREDENTIAL_WORD`` but "pass" and "pw", which
+# prose uses otherwise: "tests pass: 12/12"), then a connector ("is", "was", "ist",
+# "lautet", ":", "=", "->", "set to"), up to three short words between them ("for prod"),
+# or the word right after the name with no connector; that word is judged as a named value
+# is (``_credential_value``), so "the password is stored in the vault", "token is
+# refreshed hourly" and "password policy: 12 characters" are facts.
+_SENTENCE_NAME = (
+    r"(?:pass(?:word|wd|phrase|wort)s?|pwd|kennw(?:ort|örter)|secrets?|secret[\s_-]?key"
+    r"|token|(?:api|access|private|signing)[\s_-]?key|client[\s_-]?secret|credentials?"
+    r"|(?:github|gitlab|personal)[\s_-]?(?:pat|access[\s_-]?token))"
+)
+_CONNECTOR = (
+    r"(?:[:=]|->|=>|(?:(?:is|was|war)\s+)?set\s+to|(?:is|was|ist|lautet|war|wurde)(?:\s*:)?)"
+)
 _CREDENTIAL_IN_TEXT = re.compile(
-    r"(?<![\w-])(?P<name>" + _CREDENTIAL_WORD + r")(?![\w-])"
-    r"(?:\s*[:=]\s*|\s+(?:is|was|ist|lautet|war|=|:)\s+|\s+)(?P<value>\S+)",
+    r"(?<![\w-])(?P<name>" + _SENTENCE_NAME + r")(?![\w-])"
+    r"(?:(?:\s+[^\W\d_]{1,12}){0,3}?\s*" + _CONNECTOR + r"\s*|\s+)(?P<value>\S+)",
     re.IGNORECASE,
 )
+# A URL without a user part names where something is ("the token endpoint is https://...").
+_PLAIN_URL = re.compile(r"[a-z][a-z0-9+.-]*://[^\s@]+", re.IGNORECASE)
 # "PAT" alone, in capitals (a name like "Pat" is a person).
 _PAT = re.compile(r"(?:^|[\s_.:/-])PAT[\s:=]*$")
 # A PIN: a name ending in "pin" or "pin code" with four to twelve digits.
@@ -324,9 +337,16 @@ def _credential_value(lower_name: str, v: str) -> bool:
 
 def _told(m: re.Match[str]) -> str:
     """The credential a ``_CREDENTIAL_IN_TEXT`` match writes out ("" when its word reads
-    as no credential); the word's closing punctuation is not part of it."""
-    word = m.group("value").rstrip(".,;!?)]}\"'")
-    return word if word and _credential_value(m.group("name").lower(), word) else ""
+    as no credential); the word's closing punctuation is not part of it. A word that ends
+    in ":" is a label ("policy:"), a hyphenated word of letters is prose ("reset-links"),
+    and a URL without a user part is an address."""
+    raw = m.group("value")
+    word = raw.rstrip(".,;:!?)]}\"'")
+    if not word or raw.endswith(":") or raw.startswith("[REDACTED") or _PLAIN_URL.fullmatch(word):
+        return ""
+    if all(part.isalpha() for part in word.split("-")):
+        return ""
+    return word if _credential_value(m.group("name").lower(), word) else ""
 
 
 def _tells_a_secret(text: str) -> bool:
