@@ -200,3 +200,69 @@ def test_an_actors_recent_failures_are_its_newest_sessions_last(tmp_path: Path) 
         assert ds.failures(actor_id="x", limit=2) == ["ep:m-6:1", "ep:a-today:1"]
     finally:
         ds.close()
+
+
+def test_a_store_derived_before_the_names_were_made_plain_is_derived_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An inline sidechain's actor is named by the agent type in its session's events. The
+    episodes schema step 005 makes a stored one plain (redacted) without changing its
+    session's fields, so the derivation's version is part of each session's signature:
+    a layer derived before (version 1) is derived again, and the actor's name loses the
+    token. Before, the session's signature was unchanged and the old name stayed."""
+    import json
+
+    import apsw
+    from knowledge_server.derived import build as derived_build
+
+    token = "ghp_abcdefghijklmnopqrstuvwxyz0123456789AB"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = [
+        {"session_id": "r", "seq": 1, "role": "user", "text": "ship it"},
+        {
+            "session_id": "r",
+            "seq": 2,
+            "role": "tool_use",
+            "tool_name": "Task",
+            "meta": {"subagent_type": "deployer"},
+            "text": "Task",
+        },
+        {
+            "session_id": "r",
+            "seq": 3,
+            "role": "assistant",
+            "text": "shipped",
+            "meta": {"is_sidechain": True, "agent_id": "a1"},
+        },
+    ]
+    (logs / "r.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    data = tmp_path / "data"
+    data.mkdir()
+    eps = EpisodeStore(str(data))
+    ingest(eps, [str(logs)])
+    eps.close()
+    # A store ingested before names were made plain: the agent type as the log wrote it.
+    conn = apsw.Connection(str(data / "episodes.sqlite"))
+    conn.execute(
+        "UPDATE events SET meta = ? WHERE instr(meta, 'subagent_type') > 0",
+        (json.dumps({"subagent_type": f"deployer {token}"}),),
+    )
+    conn.execute("DELETE FROM migrations WHERE name = '005_plain_names'")
+    conn.close()
+    ds = DerivedStore(str(data))
+    try:
+        monkeypatch.setattr(derived_build, "DERIVATION", 1)  # the layer as derived before
+        eps = EpisodeStore(str(data), read_only=True)
+        rebuild(eps, ds, [])
+        eps.close()
+        names = {a.name for a in ds.actors(kind="subagent")}
+        assert any(token in n for n in names), "the case cannot fail"
+        monkeypatch.undo()
+        eps = EpisodeStore(str(data))  # the writer runs step 005
+        rebuild(eps, ds, [])
+        eps.close()
+        names = {a.name for a in ds.actors(kind="subagent")}
+        assert names and not any(token in n for n in names), names
+    finally:
+        ds.close()

@@ -256,9 +256,17 @@ def _derive_session(
     rows.state.append((s.session_id, signature, max((e.seq for e in events), default=None)))
 
 
+# Raised when what a session's derivation reads changes in a way its other inputs do not
+# show, so every session is derived again once: 2, the episodes' names made plain (schema
+# step 005_plain_names rewrites an event's agent type, which names an inline sidechain's
+# actor, without changing its session's fields).
+DERIVATION = 2
+
+
 def _signature(s: SessionInfo, actor_id: str) -> str:
     return dumps(
         [
+            DERIVATION,
             actor_id,
             s.harness,
             s.cwd,
