@@ -28,11 +28,10 @@ def _runs(metrics: Metrics, outcome: str) -> float:
 def test_a_stream_the_caller_left_is_counted_cancelled_not_failed() -> None:
     metrics = Metrics()
     method = "/knowledge.v1.IndexService/IndexWorkspace"
-    metrics.operation(method, None, 1.0, cancelled=True)
+    metrics.operation(method, None, 1.0, ended="CANCELLED")
+    metrics.operation(method, None, 1.0, ended="DEADLINE_EXCEEDED")
+    metrics.operation(method, None, 1.0, ended="INTERNAL")
     metrics.operation(method, None, 1.0)
     metrics.operation(method, index_service_pb2.OperationSummary(index_rev="r1"), 1.0)
-    assert (_runs(metrics, "cancelled"), _runs(metrics, "failed"), _runs(metrics, "ok")) == (
-        1.0,
-        1.0,
-        1.0,
-    )
+    outcomes = ("cancelled", "deadline_exceeded", "failed", "ok")
+    assert [_runs(metrics, o) for o in outcomes] == [1.0, 1.0, 2.0, 1.0]

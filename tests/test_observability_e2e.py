@@ -19,11 +19,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import structlog
 from knowledge_sdk import AsyncKnowledgeClient, EditionRefused
+from knowledge_server._gen.knowledge.v1 import index_service_pb2, index_service_pb2_grpc
 from knowledge_server.config import ConfigError, load_config
+from knowledge_server.metrics import Metrics
 from knowledge_server.runtime import build_app
 from knowledge_server.server import create_server, shutdown, start_served
 from knowledge_server.tracing import Tracing, provider_with
@@ -180,6 +183,105 @@ async def test_metrics_move_with_real_calls(tmp_path: Path) -> None:
     assert _value(m, "knowledge_operation_last_success_timestamp_seconds", operation="ingest") > 0
     assert _value(m, "knowledge_licence_info", edition="community", licence_state="missing") == 1
     assert WORD not in json.dumps([list(k) for k in m])
+
+
+async def _counted(metrics: Metrics, method: str, code: str) -> float:
+    """Calls of ``method`` counted under ``code``, once there is one: a call cut off is
+    counted when the server's handler has unwound, after its caller saw its status. At
+    most 5 s."""
+    labels = {"method": method, "code": code}
+    for _ in range(250):
+        value = metrics.registry.get_sample_value("knowledge_rpc_calls_total", labels)
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    return 0.0
+
+
+async def test_a_call_past_its_deadline_is_counted_deadline_exceeded_not_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gRPC ends a call at its caller's deadline by cancelling its handler, as it does a
+    call its caller cancelled; the metrics and the span carry what the caller got."""
+    cfg = load_config(
+        env={},
+        overrides={
+            "listen": "127.0.0.1:0",
+            "data_dir": str(tmp_path / "data"),
+            "bootstrap": False,
+        },
+    )
+    app = build_app(cfg)
+    entered: asyncio.Queue[str] = asyncio.Queue()
+
+    # Work that never ends and never looks at the deadline: only gRPC ends these calls.
+    async def held_status(*args: Any) -> Any:
+        await entered.put("status")
+        await asyncio.Event().wait()
+
+    async def held_stream(*args: Any) -> Any:
+        await entered.put("index")
+        await asyncio.Event().wait()
+        yield  # pragma: no cover - never reached
+
+    monkeypatch.setattr(app, "status", held_status)
+    monkeypatch.setattr(app, "index_stream", held_stream)
+    metrics = Metrics()
+    exporter, tracing = _recorded()
+    served = await create_server(cfg, app, metrics=metrics, tracing=tracing)
+    await served.server.start()
+    status = "/knowledge.v1.IndexService/GetStatus"
+    index = "/knowledge.v1.IndexService/IndexWorkspace"
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            stub = index_service_pb2_grpc.IndexServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as unary_late:
+                await stub.GetStatus(index_service_pb2.GetStatusRequest(), timeout=0.2)
+            with pytest.raises(grpc.aio.AioRpcError) as stream_late:
+                async for _ in stub.IndexWorkspace(
+                    index_service_pb2.IndexWorkspaceRequest(root=str(tmp_path)), timeout=0.2
+                ):
+                    pass
+            # The same calls cancelled by their callers, well before their deadlines.
+            unary = stub.GetStatus(index_service_pb2.GetStatusRequest(), timeout=60)
+            stream = stub.IndexWorkspace(
+                index_service_pb2.IndexWorkspaceRequest(root=str(tmp_path)), timeout=60
+            )
+            for _ in range(4):
+                await entered.get()
+            unary.cancel()
+            stream.cancel()
+            late = (
+                await _counted(metrics, status, "DEADLINE_EXCEEDED"),
+                await _counted(metrics, index, "DEADLINE_EXCEEDED"),
+            )
+            cancelled = (
+                await _counted(metrics, status, "CANCELLED"),
+                await _counted(metrics, index, "CANCELLED"),
+            )
+    finally:
+        await shutdown(served, 0)
+    assert unary_late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert stream_late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert late == (1, 1)
+    assert cancelled == (1, 1)
+
+    def runs(outcome: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            "knowledge_operation_runs_total", {"operation": "index", "outcome": outcome}
+        )
+
+    assert (runs("deadline_exceeded"), runs("cancelled"), runs("failed")) == (1, 1, None)
+    codes = sorted(
+        (s.name, (s.attributes or {}).get("rpc.grpc.status_code"))
+        for s in exporter.get_finished_spans()
+    )
+    assert codes == [
+        ("knowledge.v1.IndexService/GetStatus", "CANCELLED"),
+        ("knowledge.v1.IndexService/GetStatus", "DEADLINE_EXCEEDED"),
+        ("knowledge.v1.IndexService/IndexWorkspace", "CANCELLED"),
+        ("knowledge.v1.IndexService/IndexWorkspace", "DEADLINE_EXCEEDED"),
+    ]
 
 
 async def test_metrics_report_the_licence_days_to_expiry(

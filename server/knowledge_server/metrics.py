@@ -42,6 +42,9 @@ OPERATIONS = {
 }
 
 
+# The outcome of an operator stream its caller left, by the code the caller got.
+_LEFT = {"CANCELLED": "cancelled", "DEADLINE_EXCEEDED": "deadline_exceeded"}
+
 _CODE = re.compile(r"[A-Z][A-Z0-9_]{2,63}")
 
 
@@ -240,16 +243,17 @@ class Metrics:
         self.edition_refusals.labels(feature, method).inc()
 
     def operation(
-        self, method: str, summary: Any | None, seconds: float, *, cancelled: bool = False
+        self, method: str, summary: Any | None, seconds: float, *, ended: str | None = None
     ) -> None:
-        """An operator stream ended: ``summary`` is its ``OperationSummary`` (None when it
-        failed before one, or when the caller left: ``cancelled``, whose work goes on and
-        commits, so it is no failed run)."""
+        """An operator stream ended: ``summary`` is its ``OperationSummary``, None when it
+        ended before one with the gRPC code ``ended``. A stream its caller left
+        (``CANCELLED``, or ``DEADLINE_EXCEEDED`` when the caller's deadline passed) is no
+        failed run: its work goes on and commits."""
         op = OPERATIONS.get(method)
         if op is None:
             return
         if summary is None:
-            self.operation_runs.labels(op, "cancelled" if cancelled else "failed").inc()
+            self.operation_runs.labels(op, _LEFT.get(ended or "", "failed")).inc()
             return
         self.operation_runs.labels(op, "problems" if summary.problems else "ok").inc()
         for key, value in summary.counters.items():

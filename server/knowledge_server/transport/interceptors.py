@@ -284,11 +284,29 @@ def _log_ok(result: Any, started: float) -> None:
         log.info("rpc.ok", ms=_ms(started), **notices)
 
 
+# How close to its deadline a call cut off without a code may end and still count as
+# DEADLINE_EXCEEDED: the caller's own timer fires first and its cancellation reaches the
+# server before the server's timer does (the deadline travels as time left, and the
+# network takes its share of it).
+_DEADLINE_SLACK_S = 0.25
+
+
 class _Observed:
     """One call's metrics and span: started with the call, finished with its status code
-    (the last code the call aborted with, else OK or, cut off without one, CANCELLED)."""
+    (the last code the call aborted with, else OK or, cut off without one,
+    DEADLINE_EXCEEDED when the caller's deadline had passed, else CANCELLED)."""
 
-    __slots__ = ("codes", "method", "metrics", "span", "started", "summary", "token", "tracing")
+    __slots__ = (
+        "codes",
+        "context",
+        "method",
+        "metrics",
+        "span",
+        "started",
+        "summary",
+        "token",
+        "tracing",
+    )
 
     def __init__(
         self,
@@ -296,10 +314,12 @@ class _Observed:
         tracing: Tracing | None,
         method: str,
         request_id: str,
+        context: Context,
         *,
         current: bool,
     ) -> None:
         self.metrics, self.tracing, self.method = metrics, tracing, method
+        self.context = context
         self.started = time.perf_counter()
         self.codes: list[str] = []
         _aborted.set(self.codes)
@@ -317,17 +337,23 @@ class _Observed:
         if self.method in OPERATIONS and item.HasField("summary"):
             self.summary = item.summary
 
+    def cut_off(self) -> str:
+        """The code the caller of a call cut off without one got. gRPC ends a call at its
+        caller's deadline as it ends one the caller cancelled (the handler's task is
+        cancelled); only the time the call had left tells them apart."""
+        left = self.context.time_remaining()
+        return (
+            "DEADLINE_EXCEEDED" if left is not None and left <= _DEADLINE_SLACK_S else "CANCELLED"
+        )
+
     def finish(self, ok: bool, sent: int | None = None) -> None:
-        code = self.codes[-1] if self.codes else ("OK" if ok else "CANCELLED")
+        code = self.codes[-1] if self.codes else ("OK" if ok else self.cut_off())
         seconds = time.perf_counter() - self.started
         if self.metrics is not None:
             self.metrics.rpc(self.method, code, seconds)
             if sent is not None:
                 self.metrics.operation(
-                    self.method,
-                    self.summary if ok else None,
-                    seconds,
-                    cancelled=not ok and code == "CANCELLED",
+                    self.method, self.summary if ok else None, seconds, ended=None if ok else code
                 )
         if self.tracing is not None:
             extra = {"knowledge.messages": sent} if sent is not None else None
@@ -370,7 +396,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
             structlog.contextvars.bind_contextvars(
                 request_id=request_id, rpc_method=method, peer=context.peer()
             )
-            return _Observed(metrics, tracing, method, request_id, current=current)
+            return _Observed(metrics, tracing, method, request_id, context, current=current)
 
         def bind_deadline(context: Context) -> None:
             # The caller's deadline, for the work a unary handler runs (deadline.py); it
