@@ -23,8 +23,9 @@ import grpc
 import httpx
 import pytest
 import structlog
-from knowledge_sdk import AsyncKnowledgeClient, EditionRefused
+from knowledge_sdk import AsyncKnowledgeClient, EditionRefused, RPCError
 from knowledge_server._gen.knowledge.v1 import index_service_pb2, index_service_pb2_grpc
+from knowledge_server.auth import TokenStore
 from knowledge_server.config import ConfigError, load_config
 from knowledge_server.metrics import Metrics
 from knowledge_server.runtime import build_app
@@ -282,6 +283,70 @@ async def test_a_call_past_its_deadline_is_counted_deadline_exceeded_not_cancell
         ("knowledge.v1.IndexService/IndexWorkspace", "CANCELLED"),
         ("knowledge.v1.IndexService/IndexWorkspace", "DEADLINE_EXCEEDED"),
     ]
+
+
+async def test_edition_refusals_count_only_callers_the_edition_refuses(tmp_path: Path) -> None:
+    """A call refused for its token (none, a bad one) or its role never reaches the
+    edition gate: the caller gets that refusal, and no edition refusal is counted."""
+    store = TokenStore(tmp_path / "data" / "tokens.json")
+    _, agent = store.create("agent-1", "org-a", None, "agent")
+    _, operator = store.create("ops-1", "org-a", None, "operator")
+    rs = await start_server(
+        tmp_path, authenticate=store.authenticate, auth="on", metrics_listen="127.0.0.1:0"
+    )
+    metrics = rs.served.metrics
+    assert metrics is not None
+    got: list[str] = []
+
+    async def themes(token: str | None) -> None:
+        async with AsyncKnowledgeClient(rs.address, token=token) as kc:
+            try:
+                await kc.themes()
+            except RPCError as exc:
+                got.append(f"themes {type(exc).__name__}")
+
+    async def build(token: str) -> None:
+        async with AsyncKnowledgeClient(rs.address, token=token) as kc:
+            try:
+                async for _ in kc.build_doc_graph():
+                    pass
+            except RPCError as exc:
+                got.append(f"build {type(exc).__name__}")
+
+    try:
+        await themes(None)
+        await themes("kn_" + "x" * 43)
+        await build(agent)  # an agent may not build
+        await themes(agent)
+        await build(operator)
+        # Each call is counted once the server's interceptor has unwound (at most 5 s).
+        for _ in range(250):
+            done = sum(
+                sample.value
+                for family in metrics.rpc_calls.collect()
+                for sample in family.samples
+                if sample.name == "knowledge_rpc_calls_total"
+            )
+            if done >= 5:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await shutdown(rs.served, 0)
+    assert got == [
+        "themes Unauthenticated",
+        "themes Unauthenticated",
+        "build PermissionDenied",
+        "themes EditionRefused",
+        "build EditionRefused",
+    ]
+
+    def refusals(method: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            "knowledge_edition_refusals_total", {"feature": "doc-graph", "method": method}
+        )
+
+    assert refusals("/knowledge.v1.DocGraphService/Themes") == 1
+    assert refusals("/knowledge.v1.IndexService/BuildDocGraph") == 1
 
 
 async def test_metrics_report_the_licence_days_to_expiry(

@@ -212,20 +212,29 @@ def _present(behavior: Behavior | None) -> Behavior:
 
 
 def refusing_handler(
-    handler: Handler, err: errors.KnowledgeError, extra: list[Any] | None = None
+    handler: Handler,
+    err: errors.KnowledgeError,
+    extra: list[Any] | None = None,
+    on_refusal: Callable[[], None] | None = None,
 ) -> Handler | None:
-    """An aborting handler of the same kind as ``handler``."""
+    """An aborting handler of the same kind as ``handler``; ``on_refusal`` is told when
+    it refuses a call (not when an outer interceptor put a refusal of its own first)."""
+
+    def refused() -> None:
+        _log_refusal(err)
+        if on_refusal is not None:
+            on_refusal()
 
     def unary(_: Behavior) -> Behavior:
         async def refuse(request: Any, context: Context) -> Any:
-            _log_refusal(err)
+            refused()
             await abort(context, err, extra)
 
         return refuse
 
     def stream(_: Behavior) -> Behavior:
         async def refuse(request: Any, context: Context) -> AsyncIterator[Any]:
-            _log_refusal(err)
+            refused()
             await abort(context, err, extra)
             yield  # pragma: no cover - abort raises
 
@@ -579,7 +588,8 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
         on_refusal: Callable[[str, str], None] | None = None,
     ) -> None:
         self._edition = edition
-        # Told (feature, method) of each refused call (the metrics' edition refusals).
+        # Told (feature, method) of each call it refuses (the metrics' edition refusals):
+        # an authenticated caller holding the method's right, as on the HTTP face.
         self._on_refusal = on_refusal
 
     async def intercept_service(
@@ -597,10 +607,18 @@ class EditionInterceptor(grpc.aio.ServerInterceptor):
         refused = edition_refusal(policy, method, self._edition())
         if refused is None:
             return handler
-        if self._on_refusal is not None:
-            self._on_refusal(policy.feature, method)
         err, refusal = refused
-        return refusing_handler(handler, err, [refusal])
+        # Counted when the refusal runs, not here: the authentication interceptor is
+        # outside this one and puts its own refusal (no or a bad token, a role without
+        # the right) in place of this handler, and such a call is no edition refusal.
+        on_refusal = self._on_refusal
+        feature = policy.feature
+        return refusing_handler(
+            handler,
+            err,
+            [refusal],
+            None if on_refusal is None else lambda: on_refusal(feature, method),
+        )
 
 
 def edition_refusal(
