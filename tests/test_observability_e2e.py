@@ -349,6 +349,34 @@ async def test_edition_refusals_count_only_callers_the_edition_refuses(tmp_path:
     assert refusals("/knowledge.v1.IndexService/BuildDocGraph") == 1
 
 
+async def test_a_dispatch_is_no_search_answer_to_the_metrics(tmp_path: Path) -> None:
+    """A dispatch searches to plan; that search is not one a Search caller got, so it
+    moves neither the search answers nor the lanes' counts, and a Search still does."""
+    ws, logs = _workspace(tmp_path)
+    rs = await start_server(
+        tmp_path, workspaces=[str(ws)], session_paths=[str(logs)], metrics_listen="127.0.0.1:0"
+    )
+    metrics = rs.served.metrics
+    assert metrics is not None
+    try:
+        async with AsyncKnowledgeClient(rs.address) as kc:
+            for i in range(3):  # dry runs
+                await kc.dispatch(f"fix the {WORD} decoder, step {i}")
+            await kc.search(f"{WORD} decoder", include=["episodes", "code"])
+    finally:
+        await shutdown(rs.served, 0)
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("knowledge_search_answers_total") == 1
+    assert value("knowledge_lane_answers_total", lane="episodes") == 1
+    assert value("knowledge_lane_answers_total", lane="code") == 1
+    assert value("knowledge_lane_answers_total", lane="skills") is None
+    dispatch = "/knowledge.v1.KnowledgeService/Dispatch"
+    assert value("knowledge_rpc_calls_total", method=dispatch, code="OK") == 3
+
+
 async def test_metrics_report_the_licence_days_to_expiry(
     tmp_path: Path, licence_vendor: LicenceVendor
 ) -> None:

@@ -123,14 +123,18 @@ class Coordinator:
         self.observers: list[SearchObserver] = []
 
     async def _observed_lane(
-        self, name: str, q: LaneQuery, known_revision: object = None
+        self,
+        name: str,
+        q: LaneQuery,
+        known_revision: object,
+        observers: Sequence[SearchObserver],
     ) -> tuple[LaneResult, float]:
-        if not self.observers:
+        if not observers:
             return await self._run_lane(name, q, known_revision)
         start_ns = time.time_ns()
         result, ms = await self._run_lane(name, q, known_revision)
         end_ns = time.time_ns()
-        for observer in self.observers:
+        for observer in observers:
             observer.lane(name, start_ns, end_ns, ms, result)
         return result, ms
 
@@ -227,13 +231,26 @@ class Coordinator:
     async def search(
         self, v: ValidSearch, workspaces: tuple[str, ...] | None
     ) -> search_pb2.SearchResponse:
-        resp, cache_hit = await self._answer(v, workspaces)
-        for observer in self.observers:
+        observers = list(self.observers)
+        resp, cache_hit = await self._answer(v, workspaces, observers)
+        for observer in observers:
             observer.answer(resp, cache_hit=cache_hit)
         return resp
 
-    async def _answer(
+    async def search_unobserved(
         self, v: ValidSearch, workspaces: tuple[str, ...] | None
+    ) -> search_pb2.SearchResponse:
+        """The same answer as ``search``, told to no observer: for a search run inside
+        another call (a dispatch's), which is no search answer and no lane's search to
+        the metrics."""
+        resp, _ = await self._answer(v, workspaces, ())
+        return resp
+
+    async def _answer(
+        self,
+        v: ValidSearch,
+        workspaces: tuple[str, ...] | None,
+        observers: Sequence[SearchObserver],
     ) -> tuple[search_pb2.SearchResponse, bool]:
         """Whole answers are cached per (request, caller scope, every lane's revision, and
         the derived layer's when actors are made from it): the answer is a function of those
@@ -264,6 +281,7 @@ class Coordinator:
             workspaces,
             started,
             (dict(zip(keyed, revs, strict=True)) if revs is not None else {}),
+            observers,
         )
         if key is not None and resp.found and not resp.errors:
             # A lane that timed out or failed this once is not replayed to the next asker
@@ -334,6 +352,7 @@ class Coordinator:
         workspaces: tuple[str, ...] | None,
         started: float,
         revisions: dict[str, object],
+        observers: Sequence[SearchObserver],
     ) -> search_pb2.SearchResponse:
         r = route(v.query, v.mode, v.include)
         q = LaneQuery(
@@ -360,7 +379,7 @@ class Coordinator:
         ]
         queried = [n for n in lane_names if n in v.include]
         results = await asyncio.gather(
-            *(self._observed_lane(n, q, revisions.get(n)) for n in queried)
+            *(self._observed_lane(n, q, revisions.get(n), observers) for n in queried)
         )
         by_name = dict(zip(queried, results, strict=True))
 
