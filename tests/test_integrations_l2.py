@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -382,21 +383,48 @@ def test_opencode_plugin_puts_evidence_in_the_model_request(
 PLUGIN = REPO_ROOT / "plugins" / "knowledge"
 
 
+# A token the plugin tests export: the service runs without authentication and ignores it,
+# but the plugin's MCP server must receive it as exported.
+PLUGIN_TOKEN = "kn_exported_for_the_plugin"
+BRIDGE_ENV = "bridge-env.txt"
+
+
 def _installed_commands(tmp_path: Path) -> Path:
     """`knowledge-mcp` and `knowledge-hook` on PATH as an install of the bridge package puts
-    them (here: this checkout's modules under the test's interpreter)."""
+    them (here: this checkout's modules under the test's interpreter). `knowledge-mcp` first
+    writes the KNOWLEDGE_ADDRESS and KNOWLEDGE_TOKEN it was started with to ``BRIDGE_ENV``
+    beside ``bin/`` (read back by ``_bridge_env``)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
+    log = tmp_path / BRIDGE_ENV
+    record = (
+        'printf \'%s\\n%s\\n\' "${KNOWLEDGE_ADDRESS-(unset)}" "${KNOWLEDGE_TOKEN-(unset)}" '
+        f'> "{log}.part" && mv "{log}.part" "{log}"\n'
+    )
     for name, module in (
         ("knowledge-mcp", "knowledge_mcp"),
         ("knowledge-hook", "knowledge_mcp.hooks"),
     ):
         path = bindir / name
         path.write_text(
-            f'#!/bin/sh\nPYTHONPATH="{PYPATH}" exec "{sys.executable}" -m {module} "$@"\n'
+            "#!/bin/sh\n"
+            + (record if name == "knowledge-mcp" else "")
+            + f'PYTHONPATH="{PYPATH}" exec "{sys.executable}" -m {module} "$@"\n'
         )
         path.chmod(0o755)
     return bindir
+
+
+def _bridge_env(tmp_path: Path, wait: float = 0.0) -> list[str]:
+    """[KNOWLEDGE_ADDRESS, KNOWLEDGE_TOKEN] as the client started the plugin's `knowledge-mcp`
+    with (``(unset)`` for a variable it did not pass). ``wait``: seconds to allow a server the
+    client starts in the background to come up."""
+    log = tmp_path / BRIDGE_ENV
+    deadline = time.monotonic() + wait
+    while not log.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert log.exists(), "the client never started the plugin's knowledge-mcp"
+    return log.read_text().splitlines()
 
 
 def test_claude_code_plugin_validates_and_brings_tools_and_hooks(
@@ -430,14 +458,17 @@ def test_claude_code_plugin_validates_and_brings_tools_and_hooks(
             CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
             DISABLE_AUTOUPDATER="1",
             KNOWLEDGE_ADDRESS=str(world["address"]),
+            KNOWLEDGE_TOKEN=PLUGIN_TOKEN,
             KNOWLEDGE_HOOK_TIMEOUT=HOOK_LIMIT,
         )
         env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
-        # The installed plugin's MCP server starts and completes the handshake ...
+        # The installed plugin's MCP server starts and completes the handshake, with the
+        # connection settings exported in the client's environment ...
         health = _run([claude, "mcp", "list"], env, Path(str(world["ws"])))
         assert re.search(r"plugin:knowledge:knowledge: knowledge-mcp\s+-\s+✔ Connected", health), (
             health
         )
+        assert _bridge_env(tmp_path) == [str(world["address"]), PLUGIN_TOKEN]
         # ... and its UserPromptSubmit hook puts the evidence in the model request. (Whether
         # the plugin's tools are in the first request of a headless run depends on how fast
         # the server starts: Claude Code does not wait for plugin servers there, so the tool
@@ -474,6 +505,7 @@ def test_codex_cli_plugin_installs_from_the_repository_and_brings_hooks_and_skil
             CODEX_HOME=str(codex_home),
             SCRIPTED_API_KEY="scripted",
             KNOWLEDGE_ADDRESS=str(world["address"]),
+            KNOWLEDGE_TOKEN=PLUGIN_TOKEN,
             KNOWLEDGE_HOOK_TIMEOUT=HOOK_LIMIT,
         )
         env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
@@ -499,7 +531,10 @@ def test_codex_cli_plugin_installs_from_the_repository_and_brings_hooks_and_skil
     assert _model_saw(models, EVIDENCE), out  # the plugin's UserPromptSubmit hook
     # (The plugin's MCP server starts in the background: a headless run's first model request
     # may go out before its tools are listed, so the tool call itself is proven above with a
-    # config-file server marked `required = true`.)
+    # config-file server marked `required = true`.) Codex hands a server only the variables
+    # its entry names, and its `env` values literally: the plugin's bridge must still get
+    # the address and token exported in Codex's environment.
+    assert _bridge_env(tmp_path, wait=60) == [str(world["address"]), PLUGIN_TOKEN]
     assert _model_saw(
         models,
         re.compile(
