@@ -442,6 +442,7 @@ def test_claude_code_plugin_validates_and_brings_tools_and_hooks(
         timeout=120,
     )
     assert checked.returncode == 0 and "Validation passed" in checked.stdout, checked.stdout
+    assert "without quotes" not in checked.stdout, checked.stdout  # a plugin path with a space
     # The permanent install: plugins/ is a marketplace, installed from the checkout offline.
     claude = str(BIN / "claude")
     _run([claude, "plugin", "validate", str(PLUGIN.parent)], env_base, tmp_path)

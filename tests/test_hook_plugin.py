@@ -1,0 +1,54 @@
+"""The plugin's hook wiring (``plugins/knowledge/hooks/hooks.json`` and its ``bin/knowledge-hook``
+wrapper) run as a harness runs it: the command through a shell, from wherever the plugin folder
+is (a checkout's path may hold a space)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+PLUGIN = REPO_ROOT / "plugins" / "knowledge"
+EVENT = '{"hook_event_name": "SessionStart", "cwd": "/w/shop"}'
+
+
+def _hook_commands() -> list[str]:
+    hooks = json.loads((PLUGIN / "hooks" / "hooks.json").read_text())["hooks"]
+    return [h["command"] for groups in hooks.values() for group in groups for h in group["hooks"]]
+
+
+def _installed_hook(bindir: Path) -> None:
+    """A stand-in for the installed `knowledge-hook` on PATH: answers with what it read."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    hook = bindir / "knowledge-hook"
+    hook.write_text('#!/bin/sh\necho "installed hook read: $(cat)"\n')
+    hook.chmod(0o755)
+
+
+@pytest.mark.parametrize("substituted", [False, True], ids=["root-from-env", "root-in-text"])
+def test_hook_commands_run_from_a_plugin_folder_whose_path_holds_a_space(
+    tmp_path: Path, substituted: bool
+) -> None:
+    # Claude Code and Codex set CLAUDE_PLUGIN_ROOT for the shell; a harness may also put the
+    # path into the command text. Either way the command must stay one word.
+    root = tmp_path / "My Projects" / "knowledge"
+    shutil.copytree(PLUGIN, root)
+    _installed_hook(tmp_path / "bin")
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CLAUDE_PLUGIN_ROOT": str(root)}
+    commands = _hook_commands()
+    assert len(commands) == 2  # SessionStart, UserPromptSubmit
+    for command in commands:
+        if substituted:
+            command = command.replace("${CLAUDE_PLUGIN_ROOT}", str(root))
+        done = subprocess.run(
+            ["sh", "-c", command], input=EVENT, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert (done.returncode, done.stdout) == (0, f"installed hook read: {EVENT}\n"), (
+            command,
+            done.stderr,
+        )
