@@ -10,12 +10,14 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from knowledge_mcp.hooks import MARK, evidence_block, question_for
+from knowledge_sdk import KnowledgeClient
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, ServerThread
 
 PYPATH = os.pathsep.join(str(REPO_ROOT / p) for p in ("server", "sdk", "licensing", "bridge"))
 
@@ -216,3 +218,39 @@ def test_an_unknown_option_is_not_exit_2() -> None:
         timeout=60,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_the_hook_dials_the_address_knowledge_serve_recorded(tmp_path: Path) -> None:
+    """`knowledge serve` on another port records its address in DATA_DIR/server.json; without
+    KNOWLEDGE_ADDRESS the hook dials that one, as the CLI does (it dialled 127.0.0.1:50151
+    and stayed silent)."""
+    ws = tmp_path / "ws"
+    (ws / "shop").mkdir(parents=True)
+    (ws / "shop" / "shipping.py").write_text(
+        "def ship_parcel_to_warehouse(parcel, warehouse):\n"
+        '    """Parcels are shipped to the warehouse by the courier."""\n'
+        "    return warehouse.receive(parcel)\n"
+    )
+    server = ServerThread(tmp_path / "server", workspaces=[str(ws)])
+    try:
+        with KnowledgeClient(server.address) as kc:
+            for _ in kc.index_workspace(str(ws)):
+                pass
+        data = tmp_path / "data"
+        data.mkdir()
+        (data / "server.json").write_text(json.dumps({"address": server.address, "pid": 1}))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KNOWLEDGE_")}
+        env.update(PYTHONPATH=PYPATH, KNOWLEDGE_DATA_DIR=str(data), KNOWLEDGE_HOOK_TIMEOUT="20")
+        event = {"hook_event_name": "UserPromptSubmit", "prompt": "where are parcels shipped"}
+        done = subprocess.run(
+            [sys.executable, "-m", "knowledge_mcp.hooks"],
+            input=json.dumps(event),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    assert "shop/shipping.py:" in done.stdout, (done.stdout, done.stderr)

@@ -28,6 +28,8 @@ from knowledge_mcp import (
 )
 from knowledge_mcp import tools as mt
 from knowledge_mcp.__main__ import parse_args
+from knowledge_mcp.address import data_dir as bridge_data_dir
+from knowledge_mcp.address import resolve_address
 from knowledge_mcp.memory_tool import render as render_memory
 from knowledge_mcp.schema import PLUMBING
 from knowledge_mcp.server import response_dict
@@ -35,6 +37,7 @@ from knowledge_sdk import AsyncKnowledgeClient
 from knowledge_sdk import types as v1
 from knowledge_sdk.client import RPC_METHODS
 from knowledge_server.cli import main as cli_main
+from knowledge_server.config import default_data_dir
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -275,7 +278,7 @@ sys.meta_path.insert(0, Guard())
 
 def test_bridge_imports_nothing_from_the_server() -> None:
     code = _GUARD.format(forbidden="knowledge_server") + (
-        "import knowledge_mcp, knowledge_mcp.server, knowledge_mcp.__main__\n"
+        "import knowledge_mcp, knowledge_mcp.server, knowledge_mcp.__main__, knowledge_mcp.hooks\n"
         "assert knowledge_mcp.TOOLS[0].input_schema()\n"
         "print(sorted(m for m in sys.modules if m.startswith('knowledge')))\n"
     )
@@ -342,6 +345,51 @@ def test_knowledge_mcp_execs_the_bridge_with_the_group_options(
         "4.0",
     ]
     assert env["KNOWLEDGE_TOKEN"] == "t0k"
+
+
+def test_knowledge_mcp_passes_the_address_knowledge_serve_recorded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`knowledge serve` on another port records its address in DATA_DIR/server.json, where
+    every client command finds it; `knowledge mcp` left the bridge on 127.0.0.1:50151."""
+    seen: list[list[str]] = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: seen.append(argv))
+    (tmp_path / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
+    runner = CliRunner()
+    env = {"KNOWLEDGE_DATA_DIR": str(tmp_path), "KNOWLEDGE_ADDRESS": None}
+    for args, expected in (
+        (["mcp"], "127.0.0.1:45678"),
+        (["--data-dir", str(tmp_path / "other"), "mcp"], "127.0.0.1:50151"),
+        (["mcp", "--address", "10.0.0.1:1"], "10.0.0.1:1"),
+    ):
+        result = runner.invoke(cli_main, args, env=env)
+        assert result.exit_code == 0, result.output
+        assert seen.pop()[-2:] == ["--address", expected], args
+    result = runner.invoke(cli_main, ["mcp"], env={**env, "KNOWLEDGE_ADDRESS": "10.0.0.2:2"})
+    assert result.exit_code == 0, result.output
+    assert seen.pop()[-2:] == ["--address", "10.0.0.2:2"]
+
+
+def test_the_bridge_finds_the_service_as_the_cli_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`knowledge-mcp` and `knowledge-hook`: --address, else KNOWLEDGE_ADDRESS, else the
+    address `knowledge serve` recorded in the data directory, else the default."""
+    monkeypatch.setenv("KNOWLEDGE_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("KNOWLEDGE_ADDRESS", raising=False)
+    assert resolve_address() == "127.0.0.1:50151"
+    for junk in ("{", "[]", '{"address": 7}', '{"pid": 1}'):
+        (tmp_path / "server.json").write_text(junk)
+        assert resolve_address() == "127.0.0.1:50151", junk
+    (tmp_path / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
+    assert resolve_address() == "127.0.0.1:45678"
+    monkeypatch.setenv("KNOWLEDGE_ADDRESS", "10.0.0.2:2")
+    assert resolve_address() == "10.0.0.2:2"
+    assert resolve_address("10.0.0.1:1") == "10.0.0.1:1"
+    # The server's default data directory is the bridge's (it cannot import the server's).
+    monkeypatch.delenv("KNOWLEDGE_DATA_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert bridge_data_dir() == default_data_dir()
 
 
 def test_the_bridges_command_line_never_holds_the_token(tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ def test_sdk_installs_alone_and_searches(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_mcp_bridge_installs_with_the_sdk_and_mcp_only(tmp_path: Path) -> None:
     """The bridge is a client: installed from bridge/ beside the SDK, it brings the SDK,
-    `mcp` and protobuf and nothing of the server, and lists its tools."""
+    `mcp`, protobuf and platformdirs and nothing of the server, and lists its tools."""
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"

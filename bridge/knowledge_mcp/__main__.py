@@ -8,6 +8,7 @@ import sys
 
 from knowledge_sdk import ConnectionSettings
 
+from knowledge_mcp.address import resolve_address
 from knowledge_mcp.tools import TOOLS
 
 try:
@@ -29,7 +30,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--address",
-        help="Service address HOST:PORT. Env: KNOWLEDGE_ADDRESS (default 127.0.0.1:50151).",
+        help=(
+            "Service address HOST:PORT. Env: KNOWLEDGE_ADDRESS. Default: the address "
+            "`knowledge serve` recorded in the data directory (KNOWLEDGE_DATA_DIR), else "
+            "127.0.0.1:50151."
+        ),
     )
     parser.add_argument("--token", help="Bearer token. Env: KNOWLEDGE_TOKEN.")
     parser.add_argument(
@@ -62,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = ConnectionSettings.from_env(
-        address=args.address, token=args.token, timeout=args.timeout
+        address=resolve_address(args.address), token=args.token, timeout=args.timeout
     )
     if args.http:
         # The HTTP stack (uvicorn, starlette) is loaded only for --http.

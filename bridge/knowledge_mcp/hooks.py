@@ -14,7 +14,9 @@ answer budget and 80-character snippets, a block of at most ``KNOWLEDGE_HOOK_MAX
 a hard time limit ``KNOWLEDGE_HOOK_TIMEOUT`` seconds (default 2) for the whole hook, enforced
 by an alarm besides the call's deadline. Silent when the service is down, slow, refuses, or
 finds nothing: no output, exit 0, so the user's prompt is never blocked or changed by it.
-The prompt is sent to the service only; nothing is logged.
+The prompt is sent to the service only; nothing is logged. The service's address is found as
+the CLI finds it (``KNOWLEDGE_ADDRESS``, else the one `knowledge serve` recorded; see
+``address.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, NoReturn
 
 from knowledge_sdk import ConnectionSettings, KnowledgeClient
 
+from .address import resolve_address
 from .render import plain
 
 EVENTS = ("SessionStart", "UserPromptSubmit")
@@ -138,7 +141,7 @@ def run(event: dict[str, Any]) -> str:
     question = question_for(event)
     if not question:
         return ""
-    settings = ConnectionSettings.from_env(timeout=_timeout())
+    settings = ConnectionSettings.from_env(address=resolve_address(), timeout=_timeout())
     with KnowledgeClient(settings=settings) as kc:
         resp = kc.search(
             question,

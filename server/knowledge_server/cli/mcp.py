@@ -14,6 +14,8 @@ import sys
 
 import click
 
+from knowledge_server.cli.common import resolve_address
+
 BRIDGE_MODULE = "knowledge_mcp"
 
 
@@ -38,7 +40,8 @@ def bridge_exec(
 @click.option(
     "--address",
     default=None,
-    help="Service address HOST:PORT. Env: KNOWLEDGE_ADDRESS (default 127.0.0.1:50151).",
+    help="Service address HOST:PORT. Env: KNOWLEDGE_ADDRESS. Default: the address "
+    "`knowledge serve` recorded, else 127.0.0.1:50151.",
 )
 @click.option("--token", default=None, help="Bearer token. Env: KNOWLEDGE_TOKEN.")
 @click.option(
@@ -62,8 +65,10 @@ def mcp_command(
             "(or 'knowledge-service[mcp]')"
         )
     parent = ctx.find_root().obj if isinstance(ctx.find_root().obj, dict) else {}
+    # The group's --address holds KNOWLEDGE_ADDRESS; without either, the address `knowledge
+    # serve` recorded in the data directory (as every client command finds the service).
     argv, env = bridge_exec(
-        address or parent.get("address"),
+        address or resolve_address(ctx),
         token or parent.get("token"),
         timeout or parent.get("timeout"),
     )
