@@ -52,3 +52,45 @@ def test_hook_commands_run_from_a_plugin_folder_whose_path_holds_a_space(
             command,
             done.stderr,
         )
+
+
+def _run_wrapper(wrapper: Path, path: list[Path]) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": ":".join([*(str(p) for p in path), "/usr/bin", "/bin"])}
+    # (A wrapper that runs itself again never ends: the timeout turns that into a failure.)
+    return subprocess.run(
+        [str(wrapper)], input=EVENT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_wrapper_skips_itself_and_its_copies_on_path(tmp_path: Path) -> None:
+    """Claude Code puts the plugin's bin/ on PATH: the wrapper's own folder first (and another
+    install's copy of the plugin, or a link to the folder) must not make it run itself, or the
+    other copy, forever; it runs the installed `knowledge-hook` after them."""
+    wrapper = PLUGIN / "bin" / "knowledge-hook"
+    copy = tmp_path / "other-install" / "bin"
+    shutil.copytree(PLUGIN / "bin", copy)
+    link = tmp_path / "linked-bin"
+    link.symlink_to(PLUGIN / "bin")
+    installed = tmp_path / "installed"
+    _installed_hook(installed)
+    for path in (
+        [wrapper.parent, installed],
+        [wrapper.parent, copy, installed],
+        [copy, link, installed],
+    ):
+        done = _run_wrapper(wrapper, path)
+        assert (done.returncode, done.stdout) == (0, f"installed hook read: {EVENT}\n"), (
+            path,
+            done.stderr,
+        )
+
+
+def test_the_wrapper_is_silent_when_only_it_is_on_path(tmp_path: Path) -> None:
+    """No installed `knowledge-hook` besides the wrapper (and a copy of it): nothing to run,
+    so silence and exit 0, as when the hook is not installed (never a blocked prompt)."""
+    wrapper = PLUGIN / "bin" / "knowledge-hook"
+    copy = tmp_path / "other-install" / "bin"
+    shutil.copytree(PLUGIN / "bin", copy)
+    for path in ([wrapper.parent], [wrapper.parent, copy], [tmp_path / "nowhere"]):
+        done = _run_wrapper(wrapper, path)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), path
