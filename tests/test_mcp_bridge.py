@@ -5,8 +5,10 @@ checks every structured result against the tool's output schema)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -345,6 +347,35 @@ def test_knowledge_mcp_execs_the_bridge_with_the_group_options(
         "4.0",
     ]
     assert env["KNOWLEDGE_TOKEN"] == "t0k"
+
+
+def test_install_hints_never_name_a_package_index_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the bridge (`knowledge mcp`) or its `mcp` package (`knowledge-mcp`), the hint
+    is the install docs/harness.md gives: from the repository or a wheel built in it. `pip
+    install knowledge-mcp` fetched a name nobody here publishes, whoever registered it."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "knowledge_mcp" else real(name, *a),
+    )
+    result = CliRunner().invoke(cli_main, ["mcp"])
+    no_mcp = (
+        "import sys, runpy\n"
+        "class Guard:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'mcp':\n"
+        "            raise ModuleNotFoundError('No module named ' + repr(name), name=name)\n"
+        "sys.meta_path.insert(0, Guard())\n"
+        "runpy.run_module('knowledge_mcp', run_name='__main__')\n"
+    )
+    bridge = _imports_in_subprocess(no_mcp)
+    for code, said in ((result.exit_code, result.output), (bridge.returncode, bridge.stderr)):
+        assert code == 1, said
+        assert "/path/to/repo[mcp]" in said and "docs/harness.md" in said, said
+        assert not re.search(r"pip install ['\"]?knowledge-(mcp|service)", said), said
 
 
 def test_knowledge_mcp_passes_the_address_knowledge_serve_recorded(

@@ -16,7 +16,14 @@ try:
 except ModuleNotFoundError as exc:  # the one dependency a bare SDK install lacks
     if (exc.name or "").partition(".")[0] != "mcp":
         raise
-    sys.exit("knowledge-mcp needs the `mcp` package: pip install knowledge-mcp")
+    # Not `pip install knowledge-mcp`: that name is not published on a package index, so whoever
+    # registered it there would be installed (docs/harness.md, "Install").
+    sys.exit(
+        "knowledge-mcp needs the `mcp` package: install the bridge's wheel built in a checkout "
+        "(pip install --find-links dist dist/knowledge_mcp-0.1.0-py3-none-any.whl) or the "
+        "repository with its mcp extra (pip install -c requirements.lock '/path/to/repo[mcp]'), "
+        'as docs/harness.md ("Install") says; knowledge-mcp is not on a package index'
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -17,6 +17,13 @@ import click
 from knowledge_server.cli.common import resolve_address
 
 BRIDGE_MODULE = "knowledge_mcp"
+# docs/harness.md, "Install": the names are not published on a package index, so whoever
+# registered them there would be installed; the bridge comes from the repository or its wheel.
+BRIDGE_MISSING = (
+    "the MCP bridge is not installed: install the repository with its mcp extra "
+    "(pip install -c requirements.lock '/path/to/repo[mcp]') or the bridge's wheel built in a "
+    'checkout, as docs/harness.md ("Install") says; knowledge-mcp is not on a package index'
+)
 
 
 def bridge_exec(
@@ -60,10 +67,7 @@ def mcp_command(
     KNOWLEDGE_TLS_CERT and KNOWLEDGE_TLS_KEY.
     """
     if importlib.util.find_spec(BRIDGE_MODULE) is None:
-        raise click.ClickException(
-            "the MCP bridge is not installed: pip install knowledge-mcp "
-            "(or 'knowledge-service[mcp]')"
-        )
+        raise click.ClickException(BRIDGE_MISSING)
     parent = ctx.find_root().obj if isinstance(ctx.find_root().obj, dict) else {}
     # The group's --address holds KNOWLEDGE_ADDRESS; without either, the address `knowledge
     # serve` recorded in the data directory (as every client command finds the service).
