@@ -468,7 +468,9 @@ def _result_text(result: Any) -> str:
 
 
 def _has_index_rev(text: str) -> bool:
-    return re.search(r'"?index_rev"?\s*[:=]\s*"?[\w.:-]+', text) is not None
+    # Spaces and tabs only around the separator: `\s` would run over a line break to take the
+    # next line (a path:line) as the value of an empty `index_rev=`.
+    return re.search(r'"?index_rev"?[ \t]*[:=][ \t]*"?[\w.:-]+', text) is not None
 
 
 async def _search_over_mcp(

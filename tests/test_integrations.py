@@ -8,6 +8,7 @@ exercised against a stand-in MCP server so the client side is tested on its own.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,27 @@ def test_every_product_of_the_plan_is_present() -> None:
         "manus",
         "python-sdk",
     }
+
+
+_COUNTED = re.compile(
+    r"\b(\d+|ten|eleven|twelve|thirteen|fourteen|fifteen)\s+(?:`knowledge_\*`\s+)?tools\b", re.I
+)
+_NUMBERS = {"ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15}
+
+
+def test_no_readme_or_checklist_states_another_tool_count_than_the_bridges() -> None:
+    """A count of the bridge's tools written into a harness's steps goes stale when a tool is
+    added (they said ten while the bridge served twelve): none is written, or it is the
+    bridge's."""
+    from knowledge_mcp.tools import TOOLS
+
+    stated = [
+        (doc.relative_to(INTEGRATIONS).as_posix(), m.group(0))
+        for doc in [INTEGRATIONS / "README.md", *sorted(INTEGRATIONS.glob("*/*.md"))]
+        for m in _COUNTED.finditer(doc.read_text(encoding="utf-8"))
+        if int(_NUMBERS.get(m.group(1).lower(), m.group(1))) != len(TOOLS)
+    ]
+    assert stated == []
 
 
 def test_cli_exits_zero_and_prints_one_line_per_check() -> None:
@@ -272,6 +294,23 @@ def test_path_line_pattern() -> None:
         'see uploader.py:4, src/a/b.ts:10-12 and /abs/c.go:7, not 127.0.0.1:50151 or "http://h:80"'
     )
     assert smoke_common.find_path_lines(text) == ["uploader.py:4", "src/a/b.ts:10", "/abs/c.go:7"]
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ('{"index_rev": "rev-000007"}', True),
+        ('{\n  "index_rev":\t"rev-000007"\n}', True),
+        ("index_rev=rev-000007\nuploader.py:4  LEDGER_UPLOAD_RETRY_BUDGET = 5", True),
+        # Empty: the next line's path:line is not its value.
+        ("index_rev=\nuploader.py:4  LEDGER_UPLOAD_RETRY_BUDGET = 5", False),
+        ('{"index_rev":\n"uploader.py:4"}', False),
+        ('{"index_rev": "", "hits": [{"address": "uploader.py:4"}]}', False),
+        ("code (index_rev -, degraded)", False),
+    ],
+)
+def test_index_rev_pattern_wants_a_value_on_its_line(text: str, ok: bool) -> None:
+    assert smoke_common._has_index_rev(text) is ok
 
 
 _STAND_IN = textwrap.dedent(
