@@ -266,3 +266,33 @@ def test_a_store_derived_before_the_names_were_made_plain_is_derived_again(
         assert names and not any(token in n for n in names), names
     finally:
         ds.close()
+
+
+def test_status_counts_an_actor_made_of_sessions_in_the_callers_workspaces(
+    tmp_path: Path,
+) -> None:
+    """ISO-1, the counts GetStatus gives: a caller of ws_a and ws_b sees an actor whose
+    sessions lie in both (search and dispatch show it: each session's folder is in scope),
+    though its common folder is their parent; a caller of ws_a alone does not. Before, the
+    counts read the common folder only and left it out for both."""
+    ds = DerivedStore(str(tmp_path))
+    try:
+        ws_a, ws_b = "/work/ws_a", "/work/ws_b"
+        ds.conn.execute(
+            "INSERT INTO actor (actor_id, kind, name, source, harness, session_count,"
+            " event_count, success, failure, unknown, workspace_cwd) VALUES"
+            " ('x', 'subagent', 'x', 'generic', 'generic', 2, 2, 0, 0, 2, '/work')"
+        )
+        for sid, cwd in (("s1", ws_a), ("s2", ws_b)):
+            ds.conn.execute(
+                "INSERT INTO actor_session (actor_id, session_id) VALUES ('x', ?)", (sid,)
+            )
+            ds.conn.execute("INSERT INTO session_actor VALUES (?, 'x', 'generic', ?)", (sid, cwd))
+        both = ds.counts([ws_a, ws_b])
+        assert (both["actors"], both["actors_subagent"]) == (1, 1)
+        assert ds.counts([ws_a])["actors"] == 0
+        assert ds.counts(None)["actors"] == 1
+        assert ds.counts(["/work"])["actors"] == 1
+        assert ds.counts([])["actors"] == 0
+    finally:
+        ds.close()

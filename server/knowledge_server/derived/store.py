@@ -293,8 +293,27 @@ class DerivedStore:
             (n,) = self.conn.execute(f"{sql} AND {clause[0]}", [*extra, *clause[1]]).fetchall()[0]
             return int(cast(int, n))
 
+        def actors(kind: str | None = None) -> int:
+            # Visible as search and dispatch see an actor (``actor_in_scope``): its
+            # workspace is in scope, or every session it was made of lies in scope (a
+            # caller of ws_a and ws_b sees an actor of both, whose common folder is their
+            # parent).
+            common = workspace_clause("a.workspace_cwd", workspaces)
+            each = workspace_clause("sa.cwd", workspaces)
+            if common is None or each is None:
+                return 0
+            sql = (
+                "SELECT COUNT(*) FROM actor a WHERE (? IS NULL OR a.kind = ?) AND"  # noqa: S608 - conditions made here of constants and placeholders, values bound
+                f" ({common[0]} OR (EXISTS (SELECT 1 FROM actor_session s"
+                " WHERE s.actor_id = a.actor_id) AND NOT EXISTS (SELECT 1 FROM actor_session s"
+                " LEFT JOIN session_actor sa ON sa.session_id = s.session_id"
+                f" WHERE s.actor_id = a.actor_id AND (sa.cwd IS NULL OR NOT {each[0]}))))"
+            )
+            (n,) = self.conn.execute(sql, [kind, kind, *common[1], *each[1]]).fetchall()[0]
+            return int(cast(int, n))
+
         out = {
-            "actors": count("SELECT COUNT(*) FROM actor WHERE 1", "workspace_cwd"),
+            "actors": actors(),
             "skills": count("SELECT COUNT(*) FROM skill WHERE 1", "path"),
             "skill_uses": count(
                 "SELECT COUNT(*) FROM skill_use u "
@@ -308,9 +327,7 @@ class DerivedStore:
             ),
         }
         for kind in ACTOR_KINDS:
-            out[f"actors_{kind}"] = count(
-                "SELECT COUNT(*) FROM actor WHERE kind = ?", "workspace_cwd", kind
-            )
+            out[f"actors_{kind}"] = actors(kind)
         return out
 
     # ------------------------------------------------------------------ actors
