@@ -296,3 +296,39 @@ def test_status_counts_an_actor_made_of_sessions_in_the_callers_workspaces(
         assert ds.counts([])["actors"] == 0
     finally:
         ds.close()
+
+
+def test_kd3_the_top_actors_of_a_skill_are_those_the_caller_sees(tmp_path: Path) -> None:
+    """KD-3 within a scope: the most frequent users of a skill, as a caller of ws_a asks
+    for them, are actors it sees. Five actors with more uses in ws_a but sessions in ws_b
+    too (not visible to it) filled the first five before, and dispatch, which then passed
+    over them, never reached the visible sixth."""
+    ds = DerivedStore(str(tmp_path))
+    try:
+        ws_a, ws_b = "/work/ws_a", "/work/ws_b"
+        actors = {f"mixed{i}": [ws_a, ws_b] for i in range(5)} | {"own": [ws_a]}
+        for actor, folders in actors.items():
+            ds.conn.execute(
+                "INSERT INTO actor (actor_id, kind, name, source, harness, session_count,"
+                " event_count, success, failure, unknown, workspace_cwd) VALUES"
+                " (?, 'subagent', ?, 'generic', 'generic', 1, 1, 0, 0, 1, ?)",
+                (actor, actor, folders[0] if len(folders) == 1 else "/work"),
+            )
+            for j, cwd in enumerate(folders):
+                sid = f"{actor}-{j}"
+                ds.conn.execute(
+                    "INSERT INTO actor_session (actor_id, session_id) VALUES (?, ?)", (actor, sid)
+                )
+                ds.conn.execute(
+                    "INSERT INTO session_actor VALUES (?, ?, 'generic', ?)", (sid, actor, cwd)
+                )
+                uses = 1 if actor == "own" else 3
+                for seq in range(uses):
+                    ds.conn.execute(
+                        "INSERT INTO skill_use VALUES (?, 'deploy', ?, ?, ?, NULL, 'unknown', 'meta')",
+                        (actor, f"ep:{sid}:{seq}", sid, seq),
+                    )
+        assert ds.top_actors_for_skill("deploy", limit=5, workspaces=[ws_a]) == [("own", 1)]
+        assert len(ds.top_actors_for_skill("deploy", limit=10, workspaces=None)) == 6
+    finally:
+        ds.close()

@@ -240,6 +240,26 @@ def actor_in_scope(
     return bool(folders) and all(f is not None and in_scope(f, scope) for f in folders)
 
 
+def visible_actor_sql(alias: str, workspaces: Sequence[str] | None) -> tuple[str, list[Any]] | None:
+    """SQL true for the actors (table alias ``alias``) a caller of ``workspaces`` sees, as
+    ``actor_in_scope`` decides: the actor's workspace is in scope, or every session it was
+    made of lies in scope (a caller of ws_a and ws_b sees an actor of both, whose common
+    folder is their parent). None: none is seen."""
+    common = workspace_clause(f"{alias}.workspace_cwd", workspaces)
+    each = workspace_clause("vsa.cwd", workspaces)
+    if common is None or each is None:
+        return None
+    if common[0] == "1":
+        return "1", []
+    return (
+        f"({common[0]} OR (EXISTS (SELECT 1 FROM actor_session vs WHERE vs.actor_id ="  # noqa: S608 - an alias of ours and placeholders, values bound
+        f" {alias}.actor_id) AND NOT EXISTS (SELECT 1 FROM actor_session vs LEFT JOIN"
+        " session_actor vsa ON vsa.session_id = vs.session_id WHERE vs.actor_id ="
+        f" {alias}.actor_id AND (vsa.cwd IS NULL OR NOT {each[0]}))))",
+        [*common[1], *each[1]],
+    )
+
+
 def assignment_id_for(actor_id: str, task_hash: str) -> str:
     return "assign:" + hashlib.sha256(f"{actor_id}\0{task_hash}".encode()).hexdigest()[:24]
 
@@ -294,22 +314,14 @@ class DerivedStore:
             return int(cast(int, n))
 
         def actors(kind: str | None = None) -> int:
-            # Visible as search and dispatch see an actor (``actor_in_scope``): its
-            # workspace is in scope, or every session it was made of lies in scope (a
-            # caller of ws_a and ws_b sees an actor of both, whose common folder is their
-            # parent).
-            common = workspace_clause("a.workspace_cwd", workspaces)
-            each = workspace_clause("sa.cwd", workspaces)
-            if common is None or each is None:
+            visible = visible_actor_sql("a", workspaces)
+            if visible is None:
                 return 0
-            sql = (
-                "SELECT COUNT(*) FROM actor a WHERE (? IS NULL OR a.kind = ?) AND"  # noqa: S608 - conditions made here of constants and placeholders, values bound
-                f" ({common[0]} OR (EXISTS (SELECT 1 FROM actor_session s"
-                " WHERE s.actor_id = a.actor_id) AND NOT EXISTS (SELECT 1 FROM actor_session s"
-                " LEFT JOIN session_actor sa ON sa.session_id = s.session_id"
-                f" WHERE s.actor_id = a.actor_id AND (sa.cwd IS NULL OR NOT {each[0]}))))"
-            )
-            (n,) = self.conn.execute(sql, [kind, kind, *common[1], *each[1]]).fetchall()[0]
+            (n,) = self.conn.execute(
+                "SELECT COUNT(*) FROM actor a WHERE (? IS NULL OR a.kind = ?) AND "  # noqa: S608 - conditions made here of constants and placeholders, values bound
+                + visible[0],
+                [kind, kind, *visible[1]],
+            ).fetchall()[0]
             return int(cast(int, n))
 
         out = {
@@ -512,15 +524,20 @@ class DerivedStore:
     def top_actors_for_skill(
         self, skill: str, limit: int = 5, workspaces: Sequence[str] | None = None
     ) -> list[tuple[str, int]]:
-        """(actor_id, uses), most uses first, ties by actor_id."""
+        """(actor_id, uses within ``workspaces``), most uses first, ties by actor_id: the
+        actors a caller of ``workspaces`` sees (``visible_actor_sql``) only, so the first
+        ``limit`` are never filled by actors it would then have to pass over."""
         ws = workspace_clause("s.cwd", workspaces)
-        if ws is None:
+        visible = visible_actor_sql("a", workspaces)
+        if ws is None or visible is None:
             return []
         rows = self.conn.execute(
             "SELECT u.actor_id, COUNT(*) AS n FROM skill_use u "  # noqa: S608 - under_sql placeholders, values bound
             "LEFT JOIN session_actor s ON s.session_id = u.session_id "
-            f"WHERE u.skill = ? AND {ws[0]} GROUP BY u.actor_id ORDER BY n DESC, u.actor_id LIMIT ?",
-            [skill, *ws[1], max(0, int(limit))],
+            "JOIN actor a ON a.actor_id = u.actor_id "
+            f"WHERE u.skill = ? AND {ws[0]} AND {visible[0]} "
+            "GROUP BY u.actor_id ORDER BY n DESC, u.actor_id LIMIT ?",
+            [skill, *ws[1], *visible[1], max(0, int(limit))],
         )
         return [(r[0], r[1]) for r in rows]
 
