@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from knowledge_sdk import (
     InvalidRequest,
@@ -429,6 +430,31 @@ def test_kr2_without_a_reranker_words_inside_other_words_are_no_evidence(tmp_pat
         assert all(out.trace.below_min_score >= 1 for out in unrelated)
         assert not answer.answerable and answer.reason_code == "NO_EVIDENCE" and asked == 0
         assert related.answerable and "install the market" in related.sources[0].content
+    finally:
+        w.stop()
+
+
+def test_kr2_without_a_reranker_a_hyphenated_word_finds_its_closed_form(tmp_path: Path) -> None:
+    """KR-2: without a reranker a question writing a compound with a hyphen ("Wi-Fi") is
+    answered by a text writing it closed ("WiFi"), over gRPC and HTTP; a word of it alone
+    inside another word is still no evidence."""
+    w = start_world(tmp_path, "sqlite", rerank_url="", retrieve_http_listen="127.0.0.1:0")
+    wifi = "# Office network\n\nGuest WiFi password: welcome123 (valid for 24 hours).\n"
+    try:
+        with w.client("admin-org-a") as kc:
+            publish(kc, "wifi", "Office network", "1.0", markdown=wifi)
+        with w.client("agent-org-a") as kc:
+            asked = [kc.kb_retrieve(q) for q in ("What is the Wi-Fi password?", "what's the wi-fi")]
+            unrelated = kc.kb_retrieve("wi band")
+        over_http = httpx.post(
+            w.server.rs.http_url + "/knowledge/retrieve",
+            json={"query": "What is the Wi-Fi password?"},
+            headers={"Authorization": f"Bearer {w.tokens['agent-org-a']}"},
+        )
+        assert [out.answerable for out in asked] == [True, True]
+        assert "WiFi password" in asked[0].sources[0].content
+        assert not unrelated.answerable and unrelated.reason_code == "NO_EVIDENCE"
+        assert over_http.status_code == 200 and over_http.json()["answerable"] is True
     finally:
         w.stop()
 

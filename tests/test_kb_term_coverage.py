@@ -6,7 +6,7 @@ whole word of the text, never as letters inside another word."""
 from __future__ import annotations
 
 import pytest
-from knowledge_server.kb.retrieve import QuestionTerms
+from knowledge_server.kb.retrieve import QuestionTerms, RetrieveSettings
 
 
 @pytest.mark.parametrize(
@@ -48,4 +48,71 @@ def test_a_question_term_is_found_as_a_whole_word_never_inside_another(
 ) -> None:
     """KR-2: the letters of a term inside another word ("tall" in "install", "mar" of
     "mars" in "market") are not the term: a text holding only those does not answer."""
+    assert QuestionTerms(question).coverage(text.lower()) == share
+
+
+@pytest.mark.parametrize(
+    ("question", "text", "answerable"),
+    [
+        (
+            "What is the Wi-Fi password?",
+            "Guest WiFi password: welcome123 (valid for 24 hours).",
+            True,
+        ),
+        ("Can I update my e-mail?", "Update your email in Settings > Profile.", True),
+        (
+            "How do I set up the add-on?",
+            "Installing the addon: open Extensions and click Install.",
+            False,
+        ),
+        ("What's the CEO's e-mail?", "CEO contact email: ceo@example.com", True),
+        ("Where's the manager's office?", "Manager office: building B, room 4.", True),
+        ("Why won't my card work?", "If your card does not work, call the bank.", True),
+        ("How do I upload a résumé?", "Upload résumés as PDF files.", True),
+        ("Wann kommt die Rückerstattung?", "Rückerstattungen kommen nach 5 Tagen.", False),
+        ("organization settings", "Organisation settings are under Admin.", True),
+        ("Is API v2 supported?", "The APIv2 endpoint is supported until 2027.", True),
+        ("What is the 2FA setup?", "Two-factor (2-FA) setup: scan the QR code.", True),
+        ("Где мой e-mail?", "Ваш email указан в профиле.", True),
+        ("iPhone 15の返品方法は？", "iPhone15の返品は30日以内です。", True),
+    ],
+)
+def test_compounds_contractions_and_glued_digits_answer_as_the_substring_rule_did(
+    question: str, text: str, answerable: bool
+) -> None:
+    """KR-2: the whole-word rule answers these questions as the substring rule before it
+    did: a compound of the question ("Wi-Fi", "e-mail") is found by its joined form
+    ("wifi", "email"), what follows an apostrophe ("s" of "what's", "t" of "won't") is no
+    term, and letters and digits glued together ("APIv2", "iPhone15") are read as their
+    runs, in the text and in the question."""
+    share = QuestionTerms(question).coverage(text.lower())
+    assert (share >= RetrieveSettings().min_term_coverage) is answerable
+
+
+@pytest.mark.parametrize(
+    ("question", "text", "share"),
+    [
+        ("wi-fi", "the wifi password", 1.0),
+        ("wi-fi", "the wi-fi password", 1.0),
+        ("wi-fi", "wifis and wireless", 1.0),
+        ("wi-fi", "the wireless fidelity", 0.0),
+        ("e-mail", "send a mail", 0.5),
+        ("what's new", "whats new", 1.0),
+        ("we'll ship", "we ship", 1.0),
+        ("iphone15", "the iphone 15 case", 1.0),
+        ("iphone15", "the iphone 16 case", 0.0),
+        ("v2 endpoint", "the apiv2 endpoint", 1.0),
+        ("v2", "the v3 endpoint", 0.0),
+        ("15", "iphone15の返品", 1.0),
+        ("15", "the model 115", 0.0),
+        ("3 days", "within 13 working days", 0.5),
+        ("tall-ish mars", "to install the market application", 0.0),
+        ("mars", "the mars2 rover", 1.0),
+        ("how tall", "install2 tall", 1.0),
+        ("how tall", "install2", 0.0),
+    ],
+)
+def test_joined_forms_and_runs_are_whole_words_too(question: str, text: str, share: float) -> None:
+    """KR-2: a compound's joined form and a word's letter and digit runs count only as
+    whole words of the text: "tall" is still not in "install", nor "15" in "115"."""
     assert QuestionTerms(question).coverage(text.lower()) == share

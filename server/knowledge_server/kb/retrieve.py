@@ -242,27 +242,85 @@ def _needle(word: str) -> str:
 
 # The rest of a word from where a term's letters were found in it.
 _WORD_TAIL = re.compile(r"[^\W_]*")
+# A word's letter and digit runs ("iphone15": "iphone", "15"; "v2": "v", "2").
+_RUN = re.compile(r"\d+|[^\W\d_]+")
+# Words joined by hyphens or apostrophes, as a question writes a compound ("wi-fi",
+# "e-mail") or a contraction ("what's", "won't"), and the marks that join them.
+_COMPOUND = re.compile(r"[^\W_]+(?:[-'\u2019\u2010\u2011][^\W_]+)*")
+_JOINER = re.compile(r"[-'\u2019\u2010\u2011]")
+# What follows an apostrophe without being a word of its own ("what's", "won't", "I'd",
+# "we'll", "they're", "I've"); a single letter there is one too.
+_CLITICS = frozenset({"ll", "re", "ve"})
+_APOSTROPHES = ("'", "\u2019")
+
+
+def _is_term(w: str, stem: str, word: str) -> bool:
+    return w in (word, stem) or _needle(w) == stem
 
 
 def _word_found(text: str, stem: str, word: str) -> bool:
     """Whether ``text`` holds ``word`` as a whole word, or a word that starts with
-    ``stem`` and has it as its stem. Each candidate is found by a plain substring search
-    and then read as the word it starts (a letter or digit before it: inside another word,
-    not a candidate; a CJK character before it is a boundary, as no space is written
-    there): evidence is checked chunk by chunk on every call, so the text is never split
-    into words whole."""
+    ``stem`` and has it as its stem, or as one of a word's letter and digit runs read the
+    same way ("iphone" and "15" in "iphone15"). Each candidate is found by a plain
+    substring search and then read as the word it starts: a letter or digit before it is
+    inside another word, unless it is a CJK character (no space is written there) or of
+    the other kind (a digit before a letter, a letter before a digit: a run starts).
+    Evidence is checked chunk by chunk on every call, so the text is never split into
+    words whole."""
     for prefix in (stem, word) if not word.startswith(stem) else (stem,):
         at = text.find(prefix)
         while at >= 0:
             before = text[at - 1] if at else " "
-            if not (before.isalnum() and not _CJK_RUN.match(before)):
+            if (
+                not before.isalnum()
+                or before.isdecimal() != prefix[0].isdecimal()
+                or _CJK_RUN.match(before)
+            ):
                 tail = _WORD_TAIL.match(text, at + len(prefix))
                 w = text[at : tail.end() if tail else at + len(prefix)]
                 w = _CJK_RUN.split(w, 1)[0]
-                if w in (word, stem) or _needle(w) == stem:
+                if _is_term(w, stem, word):
                     return True
+                if not w.isalpha():
+                    run = _RUN.match(w)
+                    if run and run.end() < len(w) and _is_term(run.group(0), stem, word):
+                        return True
             at = text.find(prefix, at + 1)
     return False
+
+
+@dataclass(slots=True)
+class _Term:
+    """One word of the question: ``stem`` and ``word`` as ``_needle`` compares them;
+    ``runs``, for a word of letters and digits, the runs it is also found by together;
+    ``joined``, the compounds it is a part of, found by their joined form."""
+
+    stem: str
+    word: str
+    runs: tuple[tuple[str, str], ...] = ()
+    joined: tuple[tuple[str, str], ...] = ()
+
+    def found_otherwise(self, text: str, compounds: dict[tuple[str, str], bool]) -> bool:
+        """Whether the term, not found as a word of ``text``, is found by its runs or a
+        compound's joined form (``compounds``: the joined forms looked for in ``text``)."""
+        if self.runs and all(_word_found(text, s, w) for s, w in self.runs):
+            return True
+        for key in self.joined:
+            hit = compounds.get(key)
+            if hit is None:
+                hit = compounds[key] = _word_found(text, *key)
+            if hit:
+                return True
+        return False
+
+
+def _term(word: str, stem: str, joined: tuple[tuple[str, str], ...]) -> _Term:
+    if word.isalpha() or word.isdecimal():
+        return _Term(stem, word, (), joined)
+    # A word of letters and digits is also found by its runs ("v2" by "apiv2", "iphone15"
+    # by "iphone 15"); a single letter is no run of its own.
+    runs = tuple((_needle(r), r) for r in _RUN.findall(word) if r.isdecimal() or len(r) > 1)
+    return _Term(stem, word, runs, joined)
 
 
 class QuestionTerms:
@@ -270,33 +328,75 @@ class QuestionTerms:
     by their Snowball stem, Russian words by theirs, other words as written; stop words
     left out unless nothing else is left) and runs of CJK characters (no spaces: a run of
     n characters weighs n / 2 words, and counts as found as far as its character bigrams
-    occur)."""
+    occur).
+
+    A word of a compound ("wi-fi", "e-mail") is also found by the compound's joined form
+    ("wifi", "email"), as texts write many closed; what follows an apostrophe ("what's",
+    "won't", "we'll") is no word of its own. A word of letters and digits ("v2",
+    "iphone15") is also found by its letter and digit runs, as a text's words are
+    ("apiv2" holds "2", "iphone15" "iphone" and "15")."""
 
     def __init__(self, question: str) -> None:
-        words: list[tuple[str, str]] = []
-        stop: list[tuple[str, str]] = []
+        words: dict[tuple[str, str], _Term] = {}
+        stop: dict[tuple[str, str], _Term] = {}
         self.runs: list[str] = []
-        for word in _WORD.findall(question.lower()):
-            pos = 0
-            for m in _CJK_RUN.finditer(word):
-                self._add_word(word[pos : m.start()], words, stop)
-                self.runs.append(m.group(0))
-                pos = m.end()
-            self._add_word(word[pos:], words, stop)
-        self.words = list(dict.fromkeys(words or ([] if self.runs else stop)))
-        # Each term's candidates in a text: the words starting with its stem, or the term
-        # as written (a letter or digit before neither; a CJK character before is a
-        # boundary, as in ``_words``). Found by one search each, never by splitting the
-        # whole text into words: evidence is checked chunk by chunk on every call.
-        # (A Russian text is read with "ё" as "е", as its stems are.)
+        for text in _COMPOUND.findall(question.lower()):
+            if text.isalnum():  # a word alone, the usual case
+                self._add_part(text, (), words, stop)
+                continue
+            parts = _JOINER.split(text)
+            joined: tuple[tuple[str, str], ...] = ()
+            if not _CJK_RUN.search(text):
+                whole = "".join(parts)
+                joined = ((_needle(whole), whole),)
+            self._add_part(parts[0], joined, words, stop)
+            for mark, part in zip(_JOINER.findall(text), parts[1:], strict=True):
+                if mark in _APOSTROPHES and (len(part) == 1 or part in _CLITICS):
+                    continue
+                self._add_part(part, joined, words, stop)
+        terms = words or ({} if self.runs else stop)
+        self._terms = list(terms.values())
+        self.words = list(terms)
+        # A Russian text is read with "ё" as "е", as its stems are.
         self._cyrillic = any(_CYRILLIC.search(word) for _, word in self.words)
-        self._targets = [(stem, word.replace("ё", "е")) for stem, word in self.words]
+        if self._cyrillic:
+            for term in self._terms:
+                term.word = term.word.replace("ё", "е")
+                term.joined = tuple((s, w.replace("ё", "е")) for s, w in term.joined)
+
+    def _add_part(
+        self,
+        part: str,
+        joined: tuple[tuple[str, str], ...],
+        words: dict[tuple[str, str], _Term],
+        stop: dict[tuple[str, str], _Term],
+    ) -> None:
+        if not _CJK_RUN.search(part):
+            self._add_word(part, joined, words, stop)
+            return
+        pos = 0
+        for m in _CJK_RUN.finditer(part):
+            self._add_word(part[pos : m.start()], joined, words, stop)
+            self.runs.append(m.group(0))
+            pos = m.end()
+        self._add_word(part[pos:], joined, words, stop)
 
     @staticmethod
-    def _add_word(word: str, words: list[tuple[str, str]], stop: list[tuple[str, str]]) -> None:
+    def _add_word(
+        word: str,
+        joined: tuple[tuple[str, str], ...],
+        words: dict[tuple[str, str], _Term],
+        stop: dict[tuple[str, str], _Term],
+    ) -> None:
         if not word:
             return
-        (stop if word in STOP_WORDS else words).append((_needle(word), word))
+        into = stop if word in STOP_WORDS else words
+        key = (_needle(word), word)
+        term = into.get(key)
+        if term is None:
+            into[key] = _term(word, key[0], joined)
+        elif joined and joined[0] not in term.joined:
+            term.joined += joined
 
     def coverage(self, haystack: str) -> float:
         """Share of the question found in ``haystack`` (lower-cased), 0..1."""
@@ -307,10 +407,13 @@ class QuestionTerms:
         # Whole words only: a term's letters inside another word are not the term ("tall"
         # in "install", "mar" of "mars" in "market"). A word of the text counts when it is
         # the term as written or has the term's stem; only the words starting with the
-        # stem are stemmed.
+        # stem are stemmed. A compound's joined form is looked for once per text.
         text = haystack.replace("ё", "е") if self._cyrillic else haystack
-        for stem, word in self._targets:
-            if _word_found(text, stem, word):
+        compounds: dict[tuple[str, str], bool] = {}
+        for term in self._terms:
+            if _word_found(text, term.stem, term.word) or (
+                (term.runs or term.joined) and term.found_otherwise(text, compounds)
+            ):
                 found += 1
         for run in self.runs:
             if len(run) == 1:
