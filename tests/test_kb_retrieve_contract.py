@@ -19,7 +19,8 @@ KR-6w a stopped Milvus server fails the index's writes and reads (stage, drop, c
 KR-6e after the server's embedder changed (another model, another dimension), published
       revisions embedded by the old one are never NO_EVIDENCE: they are UNAVAILABLE with
       dependency "index" and a cause naming the embedder change until Reconcile embeds
-      them again (revisions embedded by the new one answer meanwhile), then they answer.
+      them again (revisions embedded by the new one answer meanwhile), then they answer;
+      the same model and dimension served from another address is no change.
 """
 
 from __future__ import annotations
@@ -686,5 +687,33 @@ def test_kr6e_an_embedder_change_is_unavailable_until_reconcile_embeds_again(
             out = kc.kb_retrieve(REFUND_Q)
         assert out.answerable and out.sources[0].revision_id == old_rev
         assert OLD_DAYS in out.sources[0].content
+    finally:
+        w.stop()
+
+
+def test_kr6e_the_same_model_served_from_another_address_is_the_same_embedder(
+    tmp_path: Path,
+) -> None:
+    """KR-6e: the server restarted with its embedding model (same model name, same
+    dimension) served from another address: published revisions answer at once, nothing
+    is UNAVAILABLE, and Reconcile queues nothing (the vectors compare: an address is where
+    the model is served, not what it is)."""
+    w = start_world(tmp_path, "sqlite")
+    try:
+        with w.client("admin-org-a") as kc:
+            _, rev = publish(kc, "refund", "Refund policy", "3.0", markdown=_refund(OLD_DAYS))
+            before = kc.kb_get_revision(rev).revision.embed_model
+    finally:
+        w.stop()
+    w = restart_world(w, tmp_path, dim=256)
+    try:
+        assert w.app.kb.embedder.identity != before  # a model server on another port
+        with w.client("agent-org-a") as kc:
+            out = kc.kb_retrieve(REFUND_Q)
+        assert out.answerable and out.sources[0].revision_id == rev
+        with w.client("admin-org-a") as kc:
+            report = kc.kb_reconcile()
+            assert not report.requeued and not report.already_queued
+            assert kc.kb_get_revision(rev).revision.embed_model == before
     finally:
         w.stop()

@@ -15,6 +15,7 @@ import time
 import zlib
 from collections import Counter
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -31,7 +32,34 @@ __all__ = [
     "HashingEmbedder",
     "OpenAIEmbedder",
     "PermanentEmbeddingError",
+    "same_embedder",
 ]
+
+# An OpenAI-compatible embedder's identity: "openai:", the base URL (without credentials;
+# a host, an optional port, a path without colons), then model and dimension. The model
+# may hold colons itself (Ollama's "nomic-embed-text:latest").
+_OPENAI_IDENTITY = re.compile(
+    r"openai:[A-Za-z][A-Za-z0-9+.-]*://(?:\[[^\]]*\]|[^/:\[]*)(?::\d+)?(?:/[^:]*)?"
+    r":(?P<model>.+):(?P<dim>\d+)"
+)
+
+
+def same_embedder(a: str, b: str) -> bool:
+    """Whether two embedder identities name the same embedder: the same kind, model and
+    dimension. A model server's address is part of an identity (so a code index keeps one
+    vector table per address) but not of what the vectors are: the same model served from
+    another address makes vectors comparable with those stored, so nothing is embedded
+    again for a move."""
+    if a == b:
+        return True
+    return _model_of(a) == _model_of(b) != ("", "")
+
+
+@lru_cache(maxsize=1024)
+def _model_of(identity: str) -> tuple[str, str]:
+    """(model, dimension) of an OpenAI-compatible embedder's identity, else empty."""
+    m = _OPENAI_IDENTITY.fullmatch(identity)
+    return (m["model"], m["dim"]) if m else ("", "")
 
 
 class EmbeddingError(RuntimeError):

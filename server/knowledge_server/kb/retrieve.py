@@ -40,7 +40,7 @@ import apsw
 
 from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2 as pb
 from knowledge_server.auth_model import Principal
-from knowledge_server.code.embed import Embedder
+from knowledge_server.code.embed import Embedder, same_embedder
 from knowledge_server.docgraph.llm import LLMClient, without_delimiters
 from knowledge_server.errors import DependencyUnavailable, InvalidRequest, UnknownTag
 from knowledge_server.kb.deps import Budget, Reranker, call_within, chat
@@ -597,9 +597,11 @@ class Retriever:
         # A revision whose vectors another embedder made (the server's embedder changed
         # since it was staged) cannot be compared with the question's vector, and its
         # rows may not even be in the vector table searched. It is left out until
-        # Reconcile embeds it again; meanwhile finding nothing is not "no evidence".
+        # Reconcile embeds it again; meanwhile finding nothing is not "no evidence". The
+        # same model of the same dimension served from another address is the same
+        # embedder (``same_embedder``): its vectors compare.
         identity = self.embedder.identity
-        released = frozenset(rev for rev, model in models.items() if model == identity)
+        released = frozenset(rev for rev, model in models.items() if same_embedder(model, identity))
         waiting = len(models) - len(released)
         if not released:
             raise self._not_reembedded(waiting, trace_id)

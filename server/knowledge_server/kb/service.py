@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from knowledge_server.code.embed import Embedder, EmbeddingError
+from knowledge_server.code.embed import Embedder, EmbeddingError, same_embedder
 from knowledge_server.kb import pipeline
 from knowledge_server.kb.convert import Converter
 from knowledge_server.kb.index.port import index_chunks
@@ -247,9 +247,12 @@ class KnowledgeBase:
         indexed = self.store.revisions_in_states(org, INDEXED_STATES)
         wanted = {(r.org, r.id): r.chunk_count for r in indexed}
         # Vectors another embedder made (the server's embedder changed) are staged again
-        # with this one: retrieval leaves such revisions out until then.
+        # with this one: retrieval leaves such revisions out until then. The same model
+        # and dimension at another address is no other embedder (``same_embedder``).
         identity = self.embedder.identity
-        other_embedder = {(r.org, r.id) for r in indexed if r.embed_model != identity}
+        other_embedder = {
+            (r.org, r.id) for r in indexed if not same_embedder(r.embed_model, identity)
+        }
         report.checked = len(wanted)
         for (r_org, rev_id), n in sorted(counts.items()):
             if (r_org, rev_id) not in wanted and not self._processing(r_org, rev_id):
