@@ -717,3 +717,49 @@ def test_kr6e_the_same_model_served_from_another_address_is_the_same_embedder(
             assert kc.kb_get_revision(rev).revision.embed_model == before
     finally:
         w.stop()
+
+
+def test_kr6e_only_waiting_revisions_the_tag_filters_let_through_make_nothing_unavailable(
+    tmp_path: Path,
+) -> None:
+    """KR-6e: after an embedder change, a question whose tag filters no waiting revision
+    passes, and which finds no evidence, is NO_EVIDENCE (the waiting knowledge could not
+    have answered it), with or without re-embedded revisions to search; one whose filters
+    let a waiting revision through is still UNAVAILABLE."""
+    w = start_world(tmp_path, "sqlite", rerank_url="")
+    try:
+        with w.client("admin-org-a") as kc:
+            kc.kb_create_tag("refund", "Refund")
+            kc.kb_create_tag("shipping", "Shipping")
+            publish(
+                kc, "refund", "Refund policy", "3.0", markdown=_refund(OLD_DAYS), tags=("refund",)
+            )
+    finally:
+        w.stop()
+    w = restart_world(w, tmp_path, dim=384, embedder_model="another-embed", rerank_url="")
+    swallow = "What is the airspeed of a swallow?"
+    try:
+        with w.client("agent-org-a") as kc:
+            alone = kc.kb_retrieve(REFUND_Q, all_tag_codes=["shipping"])
+        with w.client("admin-org-a") as kc:
+            publish(
+                kc,
+                "shipping",
+                "Shipping",
+                "1.0",
+                markdown="# Shipping\n\nParcels leave the warehouse within 24 hours.\n",
+                tags=("shipping",),
+            )
+        with w.client("agent-org-a") as kc:
+            filtered = kc.kb_retrieve(swallow, all_tag_codes=["shipping"])
+            for kwargs in (
+                {"all_tag_codes": ["refund"]},
+                {"any_tag_codes": ["shipping", "refund"]},
+            ):
+                with pytest.raises(Unavailable) as err:
+                    kc.kb_retrieve(swallow, **kwargs)
+                assert "embedder changed: 1 " in err.value.metadata["cause"]
+        for out in (alone, filtered):
+            assert not out.answerable and out.reason_code == "NO_EVIDENCE"
+    finally:
+        w.stop()

@@ -601,10 +601,23 @@ class Retriever:
         # same model of the same dimension served from another address is the same
         # embedder (``same_embedder``): its vectors compare.
         identity = self.embedder.identity
-        released = frozenset(rev for rev, model in models.items() if same_embedder(model, identity))
+        released = frozenset(
+            rev for rev, (model, _) in models.items() if same_embedder(model, identity)
+        )
         waiting = len(models) - len(released)
+        # Only a waiting revision the request's tag filters let through could have been
+        # evidence: the others do not make finding nothing the index's unavailability.
+        could_answer = sum(
+            1
+            for rev, (_, tags) in models.items()
+            if rev not in released
+            and tags.issuperset(req.all_tags)
+            and (not req.any_tags or not tags.isdisjoint(req.any_tags))
+        )
         if not released:
-            raise self._not_reembedded(waiting, trace_id)
+            if not could_answer:
+                return Retrieval([], trace, trace_id, waiting)
+            raise self._not_reembedded(could_answer, trace_id)
         started = time.perf_counter()
         step.name = "embedder"
         vector = _embed(self.embedder, req.query, budget, retries=s.max_retries, trace_id=trace_id)
@@ -641,8 +654,8 @@ class Retriever:
         # A revision taken offline (or replaced) while the reranker worked is not cited.
         step.name = "metadata"
         kept = self.still_citable(org, kept[: req.top_k], trace)
-        if not kept and waiting:
-            raise self._not_reembedded(waiting, trace_id)
+        if not kept and could_answer:
+            raise self._not_reembedded(could_answer, trace_id)
         return Retrieval(kept, trace, trace_id, waiting)
 
     @staticmethod

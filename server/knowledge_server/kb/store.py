@@ -696,17 +696,19 @@ class KBStore:
             ).fetchall()
         return frozenset(str(r[0]) for r in rows)
 
-    def published_embed_models(self, org: str) -> dict[str, str]:
+    def published_embed_models(self, org: str) -> dict[str, tuple[str, frozenset[str]]]:
         """The revisions a reader of ``org`` may see (``published_revision_ids``), each
-        with the identity of the embedder its vectors were made by."""
+        with the identity of the embedder its vectors were made by and its tag codes (the
+        ones its chunks carry in the index, which tag filters select by)."""
         with self.read() as c:
             rows = c.execute(
-                "SELECT rel.revision_id, coalesce(r.embed_model, '') FROM releases rel"
+                "SELECT rel.revision_id, coalesce(r.embed_model, ''), coalesce(r.tags, '[]')"
+                " FROM releases rel"
                 " LEFT JOIN revisions r ON r.id = rel.revision_id AND r.org = rel.org"
                 " WHERE rel.org = ? AND rel.revision_id != ''",
                 (org,),
             ).fetchall()
-        return {str(r[0]): str(r[1]) for r in rows}
+        return {str(r[0]): (str(r[1]), frozenset(json.loads(str(r[2])))) for r in rows}
 
     def citable_revisions(
         self, org: str, revision_ids: Sequence[str]
