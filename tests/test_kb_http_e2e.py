@@ -7,8 +7,9 @@ HTTP-1 the seed's JSON field for field: camelCase request names, snake_case resp
        names, every field printed (`sources: []`, `answerable: false`);
 HTTP-2 no evidence is 200 with answerable=false, reason_code=NO_EVIDENCE, sources=[];
 HTTP-3 invalid input (empty query, a field the contract does not have, topK over the
-       maximum, unknown or inactive tag, malformed JSON, wrong content type) is 400 with
-       the reason code, and nothing is retrieved;
+       maximum, unknown or inactive tag, malformed JSON, a field given twice or under both
+       of its names, a body not in UTF-8, wrong content type) is 400 with the reason code,
+       and nothing is retrieved;
 HTTP-4 a missing or invalid bearer token is 401, nothing retrieved;
 HTTP-5 a token without kb.read is 403: the gRPC method's policy, on both faces;
 HTTP-6 a dependency down or past the budget is 503 with the reason code and the trace
@@ -281,6 +282,20 @@ def test_http3_invalid_input_is_400_and_nothing_is_retrieved(
         (b'"refund"', "application/json", "request"),
         (b"[" * 5000 + b"]" * 5000, "application/json", "request"),
         (b'{"query": "a", "query": "b"}', "application/json", "query"),
+        (
+            b'{"query": "a", "allTagCodes": ["refund"], "all_tag_codes": []}',
+            "application/json",
+            "allTagCodes",
+        ),
+        (b'{"query": "a", "top_k": 20, "topK": 1}', "application/json", "topK"),
+        (
+            b'{"query": "a", "anyTagCodes": [], "any_tag_codes": []}',
+            "application/json",
+            "anyTagCodes",
+        ),
+        (json.dumps({"query": QUESTION}).encode("utf-16"), "application/json", "request"),
+        (json.dumps({"query": QUESTION}).encode("utf-16-le"), "application/json", "request"),
+        (json.dumps({"query": QUESTION}).encode("utf-32-be"), "application/json", "request"),
         (b"\xff\xfe\x00garbage", "application/json", "request"),
         (json.dumps({"query": QUESTION}).encode(), "text/plain", "content-type"),
         (json.dumps({"query": QUESTION}).encode(), "", "content-type"),
@@ -295,8 +310,10 @@ def test_http3_invalid_input_is_400_and_nothing_is_retrieved(
 def test_http3_malformed_bodies_and_content_types_are_400(
     world: KbWorld, http: httpx.Client, content: bytes, content_type: str, field: str
 ) -> None:
-    """HTTP-3: a body that is not one JSON object of the request, or not sent as
-    application/json, is 400, never 500, and nothing is retrieved."""
+    """HTTP-3: a body that is not one JSON object of the request in UTF-8 (UTF-16 and
+    UTF-32 too), holds a field twice (a key written twice, or a field under both of its
+    names, allTagCodes and all_tag_codes), or is not sent as application/json, is 400
+    naming the field, never 500, and nothing is retrieved."""
     headers = _auth(world)
     if content_type:
         headers["Content-Type"] = content_type

@@ -150,8 +150,19 @@ def _shown(name: str) -> str:
 def parse_request(body: bytes, cls: type[Message]) -> Message:
     """``body`` (JSON) as a ``cls`` message; InvalidRequest naming the field otherwise.
     The messages never quote a value of the body."""
+    # Only UTF-8 is JSON here (RFC 8259): ``json.loads`` would also take UTF-16 and
+    # UTF-32 bytes, a body a gateway in front may have read otherwise. A NUL byte is in
+    # no JSON text: UTF-16 or UTF-32 without a byte order mark decodes as UTF-8 with them.
     try:
-        data = json.loads(body, object_pairs_hook=_no_duplicates)
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = "\x00"
+    if "\x00" in text:
+        raise errors.InvalidRequest(
+            "request: the body is not UTF-8 JSON", metadata={"field": "request"}
+        )
+    try:
+        data = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_no_duplicates)
     except errors.InvalidRequest:
         raise
     except (ValueError, RecursionError):
@@ -170,6 +181,14 @@ def parse_request(body: bytes, cls: type[Message]) -> Message:
             raise errors.InvalidRequest(
                 f"request: unknown field {_shown(key)!r}; the fields are {names}",
                 metadata={"field": _shown(key)},
+            )
+    # A field under both of its names is a key written twice: the later one would win
+    # silently, over the value a gateway in front checked.
+    for f in fields:
+        if f.json_name != f.name and f.json_name in data and f.name in data:
+            raise errors.InvalidRequest(
+                f"request: field {f.json_name} appears twice (as {f.json_name} and {f.name})",
+                metadata={"field": f.json_name},
             )
     try:
         return json_format.ParseDict(data, cls())
