@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 import pytest
 from google.protobuf import json_format
-from knowledge_sdk import PermissionDenied
+from knowledge_sdk import InvalidRequest, PermissionDenied
 from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2
 from knowledge_server.auth import TokenStore
 from prometheus_client.parser import text_string_to_metric_families
@@ -322,6 +322,52 @@ def test_http3_malformed_bodies_and_content_types_are_400(
     error = _error(r)
     assert error["code"] == "KNOWLEDGE_INVALID_REQUEST"
     assert error["metadata"]["field"] == field
+    assert world.fake.calls["embeddings"] == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/knowledge/retrieve", {"query": "x" * 4001}),
+        ("/knowledge/answer", {"query": "x" * 4001}),
+        ("/knowledge/retrieve", {"query": QUESTION, "allTagCodes": ["refund"] * 33}),
+        ("/knowledge/answer", {"query": QUESTION, "templateCode": "T" * 65}),
+    ],
+)
+def test_http3_a_request_over_the_protos_limits_carries_the_trace_id_on_both_faces(
+    world: KbWorld, http: httpx.Client, path: str, body: dict[str, Any]
+) -> None:
+    """HTTP-3 / KR-8: a request over a limit the proto declares (a 4000-character query,
+    32 tag codes, a 64-character template code), refused before the call, carries the
+    call's trace id in its error metadata as every other refusal of Retrieve and Answer:
+    the caller's X-Trace-Id / x-trace-id, or a new one when it sent none or an invalid
+    one; on HTTP and on gRPC."""
+    r = http.post(path, json=body, headers=_auth(world, **{"X-Trace-Id": "run-7.limit"}))
+    assert r.status_code == 400, r.text
+    error = _error(r)
+    assert error["metadata"]["trace_id"] == "run-7.limit" and error["metadata"]["field"]
+    r = http.post(path, json=body, headers=_auth(world))
+    assert _error(r)["metadata"]["trace_id"] == r.headers["x-trace-id"]
+    assert r.headers["x-trace-id"].startswith("trace_")
+    cls = (
+        kb_retrieve_pb2.RetrieveRequest
+        if path.endswith("retrieve")
+        else kb_retrieve_pb2.AnswerRequest
+    )
+    req = json_format.ParseDict(body, cls())
+    seen = []
+    with world.client("agent-org-a") as kc:
+        call = kc.kb_retrieve if path.endswith("retrieve") else kc.kb_answer
+        kwargs: dict[str, Any] = {
+            "all_tag_codes": list(req.all_tag_codes),
+            **({"template_code": req.template_code} if path.endswith("answer") else {}),
+        }
+        for tid in ("run-7.limit", "", "not a trace id"):
+            with pytest.raises(InvalidRequest) as refused:
+                call(req.query, trace_id=tid, **kwargs)
+            seen.append(refused.value.metadata.get("trace_id", ""))
+    assert seen[0] == "run-7.limit"
+    assert seen[1].startswith("trace_") and seen[2].startswith("trace_") and seen[1] != seen[2]
     assert world.fake.calls["embeddings"] == 0
 
 

@@ -358,7 +358,12 @@ def make_asgi(
                     structlog.contextvars.bind_contextvars(principal=principal.id)
                     _admit(app, endpoint, request, principal, metrics)
                     req = parse_request(await _read_body(request, max_body), endpoint.request)
-                    check_limits(req)
+                    try:
+                        check_limits(req)
+                    except errors.KnowledgeError as exc:
+                        # The call's refusals carry its trace id, this one too.
+                        exc.metadata["trace_id"] = tid
+                        raise
                     out = await endpoint.call(app, req, principal, tid)
                 except errors.KnowledgeError as exc:
                     response = _error_response(exc, tid)

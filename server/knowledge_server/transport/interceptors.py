@@ -36,10 +36,11 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from knowledge_server import errors
-from knowledge_server._gen.knowledge.v1 import errors_pb2, search_pb2
+from knowledge_server._gen.knowledge.v1 import errors_pb2, kb_retrieve_pb2, search_pb2
 from knowledge_server.auth_model import LOCAL_PRINCIPAL, Principal
 from knowledge_server.deadline import REQUEST_DEADLINE
 from knowledge_server.edition import EditionState
+from knowledge_server.kb.retrieve import valid_trace_id
 from knowledge_server.metrics import OPERATIONS, Metrics, reason_code
 from knowledge_server.tracing import Tracing
 from knowledge_server.transport.policy import EDITION_NAMES, POLICIES, Policy
@@ -656,6 +657,27 @@ def edition_refusal(
     return err, refusal
 
 
+_KB_SERVICE = kb_retrieve_pb2.DESCRIPTOR.services_by_name["KnowledgeBaseService"].full_name
+# Methods every refusal of which carries the call's trace id (docs/kb-retrieve.md): a
+# request over a declared limit is refused here, before the call makes its trace id.
+TRACED_METHODS = frozenset({f"/{_KB_SERVICE}/Retrieve", f"/{_KB_SERVICE}/Answer"})
+
+
+def _limits(request: Any, context: Context) -> None:
+    check_limits(request)
+
+
+def _traced_limits(request: Any, context: Context) -> None:
+    """``check_limits``, its refusal given the trace id the call would have: the caller's
+    ``x-trace-id`` when it is a valid one, else a new one."""
+    try:
+        check_limits(request)
+    except errors.KnowledgeError as exc:
+        sent = next((v for k, v in context.invocation_metadata() or () if k == "x-trace-id"), None)
+        exc.metadata["trace_id"] = valid_trace_id(sent if isinstance(sent, str) else None)
+        raise
+
+
 class LimitsInterceptor(grpc.aio.ServerInterceptor):
     """Refuses a request exceeding a declared ``max_items`` or ``max_length`` anywhere in
     it (``transport/rules.py``), for every RPC, before the servicer runs. Installed
@@ -669,17 +691,19 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(PREFIX):
             return handler
+        traced = handler_call_details.method in TRACED_METHODS
+        limits = _traced_limits if traced else _limits
 
         def unary(fn: Behavior) -> Behavior:
             async def run(request: Any, context: Context) -> Any:
-                check_limits(request)
+                limits(request, context)
                 return await _call_unary(fn, request, context)
 
             return run
 
         def stream(fn: Behavior) -> Behavior:
             async def run(request: Any, context: Context) -> AsyncIterator[Any]:
-                check_limits(request)
+                limits(request, context)
                 async for item in fn(request, context):
                     yield item
 
