@@ -27,11 +27,14 @@ HTTP-13 with the server's TLS settings the face serves HTTPS only (and with a cl
        CA, to callers with a client certificate only);
 HTTP-14 with metrics on, every answer of the face is counted by path and status (any
        path it does not serve under one label), and never under a question's words; a
-       caller that leaves before its body arrived is counted as 499, not as a 500.
+       caller that leaves before its body arrived is counted as 499, not as a 500;
+HTTP-15 a body stalled past the body deadline is 408 and its connection closed; past the
+       connection cap a request is 503, served again once connections close.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import signal
@@ -50,6 +53,7 @@ from google.protobuf import json_format
 from knowledge_sdk import InvalidRequest, PermissionDenied
 from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2
 from knowledge_server.auth import TokenStore
+from knowledge_server.kb import http as kb_http
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import serve_process, start_server
@@ -784,3 +788,67 @@ def test_http14_a_caller_gone_before_its_body_is_499_not_a_server_error(
     assert http.post(
         "/knowledge/retrieve", json={"query": QUESTION}, headers=_auth(world)
     ).is_success
+
+
+async def _status_line(reader: asyncio.StreamReader) -> bytes:
+    return (await asyncio.wait_for(reader.readline(), timeout=30)).strip()
+
+
+async def test_http15_a_stalled_body_is_408_and_open_connections_are_capped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP-15: a body that has not arrived within the body deadline after its head (sent
+    a byte and then nothing) is answered 408 and its connection closed, never held; with
+    the face's connection cap reached by connections that never finish their head, a
+    request is answered 503 instead of adding another, and served again once they close.
+    Real sockets against the real server, with the deadline and the cap made small."""
+    monkeypatch.setattr(kb_http, "BODY_READ_TIMEOUT_S", 0.5, raising=False)
+    monkeypatch.setattr(kb_http, "MAX_CONNECTIONS", 4, raising=False)
+    rs = await start_server(tmp_path, retrieve_http_listen="127.0.0.1:0")
+    assert rs.served.http is not None
+    port = rs.served.http.port
+    url = f"http://127.0.0.1:{port}/knowledge/retrieve"
+    body = b'{"query": "refund days"}'
+    held: list[asyncio.StreamWriter] = []
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:1]
+        )
+        await writer.drain()
+        assert await _status_line(reader) == b"HTTP/1.1 408 Request Timeout"
+        rest = await asyncio.wait_for(reader.read(), timeout=30)  # read until closed
+        assert b"did not arrive within" in rest and b"KNOWLEDGE_INVALID_REQUEST" in rest
+        writer.close()
+
+        for _ in range(4):
+            _, half = await asyncio.open_connection("127.0.0.1", port)
+            half.write(b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\n")
+            await half.drain()
+            held.append(half)
+        async with httpx.AsyncClient(timeout=30) as client:
+            refused = await client.post(
+                url, content=body, headers={"Content-Type": "application/json"}
+            )
+            assert refused.status_code == 503
+            for half in held:
+                half.close()
+            statuses = []
+            for _ in range(100):  # until the server has seen the closes
+                r = await client.post(
+                    url, content=body, headers={"Content-Type": "application/json"}
+                )
+                statuses.append(r.status_code)
+                if r.status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert statuses[-1] == 200, statuses
+            assert r.json()["reason_code"] == "NO_EVIDENCE"
+    finally:
+        for half in held:
+            half.close()
+        await rs.served.http.stop(0)
+        await rs.server.stop(0)
+        rs.app.close()

@@ -69,6 +69,19 @@ log = get_logger("knowledge.http")
 # request the proto's limits allow (a 4000-character question, 2 x 32 tag codes of 64
 # characters) is far below it.
 MAX_BODY_BYTES = 64 * 1024
+# A request's body must have arrived this many seconds after its head (else 408): far
+# longer than any caller needs for ``MAX_BODY_BYTES``, short enough that a caller sending
+# it a byte at a time does not hold a connection and a handler for long past the call's
+# own budget.
+BODY_READ_TIMEOUT_S = 10.0
+# Open connections the face serves at once: a request arriving with more open is answered
+# 503. Uvicorn bounds no request head's read time (its keep-alive timer runs only between
+# requests), so connections that never finish their head are held until the caller closes
+# them; the cap keeps them from using up the process's file descriptors, shared with the
+# gRPC server and the stores.
+MAX_CONNECTIONS = 256
+# Seconds an idle kept-alive connection stays open after an answer.
+KEEP_ALIVE_S = 5
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["KnowledgeBaseService"].full_name
 
@@ -100,6 +113,10 @@ def http_status(err: errors.KnowledgeError) -> int:
 
 class _BodyTooLarge(errors.InvalidRequest):
     """A request body over ``MAX_BODY_BYTES`` (413)."""
+
+
+class _BodyTooSlow(errors.InvalidRequest):
+    """A request body not arrived within ``BODY_READ_TIMEOUT_S`` of its head (408)."""
 
 
 @dataclass(frozen=True)
@@ -224,22 +241,34 @@ def _json_content(request: Request) -> bool:
 CLIENT_GONE = 499
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _BodyTooLarge(f"request: the body is larger than {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _BodyTooLarge(f"request: the body is larger than {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _BodyTooLarge(f"request: the body is larger than {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise _BodyTooSlow(
+            f"request: the body did not arrive within {timeout_s:g} seconds of the head",
+            metadata={"field": "request"},
+        ) from None
     return b"".join(chunks)
 
 
 def _error_response(err: errors.KnowledgeError, tid: str) -> JSONResponse:
-    status = 413 if isinstance(err, _BodyTooLarge) else http_status(err)
+    if isinstance(err, _BodyTooLarge):
+        status = 413
+    elif isinstance(err, _BodyTooSlow):
+        status = 408
+    else:
+        status = http_status(err)
     body = {
         "error": {
             "code": err.reason,
@@ -323,14 +352,19 @@ def make_asgi(
     *,
     local: Principal = LOCAL_PRINCIPAL,
     max_body: int = MAX_BODY_BYTES,
+    body_timeout_s: float | None = None,
     metrics: Metrics | None = None,
     tracing: Tracing | None = None,
 ) -> Starlette:
     """The Starlette application of the HTTP face. ``authenticate`` None: authentication
-    is off and every call runs as ``local`` (the gRPC server's rule). ``metrics``: every
+    is off and every call runs as ``local`` (the gRPC server's rule). ``body_timeout_s``:
+    how long a body may take after its head (None: ``BODY_READ_TIMEOUT_S``). ``metrics``: every
     answer is counted there by path and status, and edition refusals as on gRPC.
     ``tracing``: every call to a served path is a server span (the trace id as its
     request id; never a value of the body), the parent of the call's own spans."""
+
+    if body_timeout_s is None:
+        body_timeout_s = BODY_READ_TIMEOUT_S
 
     def counted(path: str, response: Response, started: float) -> Response:
         if metrics is not None:
@@ -357,7 +391,8 @@ def make_asgi(
                     principal = principal_of(request)
                     structlog.contextvars.bind_contextvars(principal=principal.id)
                     _admit(app, endpoint, request, principal, metrics)
-                    req = parse_request(await _read_body(request, max_body), endpoint.request)
+                    body = await _read_body(request, max_body, body_timeout_s)
+                    req = parse_request(body, endpoint.request)
                     try:
                         check_limits(req)
                     except errors.KnowledgeError as exc:
@@ -489,6 +524,10 @@ class RetrieveHttp:
         self.scheme = "https" if tls else "http"
         config = uvicorn.Config(
             make_asgi(app, authenticate, max_body=max_body, metrics=metrics, tracing=tracing),
+            # A request with more connections open is answered 503 (``MAX_CONNECTIONS``);
+            # an idle kept-alive connection is closed after ``KEEP_ALIVE_S``.
+            limit_concurrency=MAX_CONNECTIONS,
+            timeout_keep_alive=KEEP_ALIVE_S,
             lifespan="off",
             ws="none",
             log_config=None,
