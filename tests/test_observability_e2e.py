@@ -661,3 +661,29 @@ async def test_a_call_to_the_http_face_is_one_server_span(tmp_path: Path) -> Non
     assert first.status.is_ok and second.status.is_ok  # 4xx: not the server's error
     text = json.dumps([dict(s.attributes or {}) for s in exporter.get_finished_spans()])
     assert WORD not in text and "refund" not in text
+
+
+@pytest.mark.parametrize(
+    ("left", "code"),
+    [
+        (None, "CANCELLED"),
+        (2.0, "CANCELLED"),
+        (0.2, "CANCELLED"),
+        (0.03, "DEADLINE_EXCEEDED"),
+        (-0.5, "DEADLINE_EXCEEDED"),
+    ],
+)
+def test_a_call_cut_off_is_a_deadline_only_at_its_deadline(left: float | None, code: str) -> None:
+    """A call gRPC cut off without a code is DEADLINE_EXCEEDED when its deadline had passed
+    or was a few milliseconds away (the caller's timer fires first), else CANCELLED: a
+    caller's own cancel 0.2 s before its deadline was counted as a deadline (the margin was
+    a quarter of a second). The time left is the call context's, as gRPC reports it."""
+    from knowledge_server.transport.interceptors import _Observed
+
+    class Context:
+        def time_remaining(self) -> float | None:
+            return left
+
+    observed = _Observed.__new__(_Observed)
+    observed.context = Context()  # type: ignore[assignment]
+    assert observed.cut_off() == code

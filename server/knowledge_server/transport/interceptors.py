@@ -297,8 +297,9 @@ def _log_ok(result: Any, started: float) -> None:
 # How close to its deadline a call cut off without a code may end and still count as
 # DEADLINE_EXCEEDED: the caller's own timer fires first and its cancellation reaches the
 # server before the server's timer does (the deadline travels as time left, and the
-# network takes its share of it).
-_DEADLINE_SLACK_S = 0.25
+# network takes its share of it). Small, since a caller's own cancel within it is counted
+# as a deadline too.
+_DEADLINE_SLACK_S = 0.05
 
 
 class _Observed:
