@@ -94,3 +94,23 @@ def test_the_wrapper_is_silent_when_only_it_is_on_path(tmp_path: Path) -> None:
     for path in ([wrapper.parent], [wrapper.parent, copy], [tmp_path / "nowhere"]):
         done = _run_wrapper(wrapper, path)
         assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), path
+
+
+def test_the_wrapper_stops_when_an_earlier_wrapper_runs_it_again(tmp_path: Path) -> None:
+    """An earlier release's wrapper (no marker line; it runs whatever `knowledge-hook` comes
+    first on PATH) later on PATH, with no installed hook: the two ran each other forever,
+    holding every prompt for the hook's timeout. The wrapper now stops when entered again,
+    silent with exit 0; an installed hook after both still runs."""
+    wrapper = PLUGIN / "bin" / "knowledge-hook"
+    old = tmp_path / "old-release" / "bin"
+    old.mkdir(parents=True)
+    (old / "knowledge-hook").write_text(
+        '#!/bin/sh\ncommand -v knowledge-hook >/dev/null 2>&1 || exit 0\nexec knowledge-hook "$@"\n'
+    )
+    (old / "knowledge-hook").chmod(0o755)
+    done = _run_wrapper(wrapper, [wrapper.parent, old])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    installed = tmp_path / "installed"
+    _installed_hook(installed)
+    done = _run_wrapper(wrapper, [wrapper.parent, old, installed])
+    assert (done.returncode, done.stdout) == (0, f"installed hook read: {EVENT}\n"), done.stderr
