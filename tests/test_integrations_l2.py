@@ -392,13 +392,15 @@ BRIDGE_ENV = "bridge-env.txt"
 def _installed_commands(tmp_path: Path) -> Path:
     """`knowledge-mcp` and `knowledge-hook` on PATH as an install of the bridge package puts
     them (here: this checkout's modules under the test's interpreter). `knowledge-mcp` first
-    writes the KNOWLEDGE_ADDRESS and KNOWLEDGE_TOKEN it was started with to ``BRIDGE_ENV``
+    writes the KNOWLEDGE_ADDRESS, KNOWLEDGE_TOKEN and KNOWLEDGE_DATA_DIR it was started with
+    to ``BRIDGE_ENV``
     beside ``bin/`` (read back by ``_bridge_env``)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     log = tmp_path / BRIDGE_ENV
     record = (
-        'printf \'%s\\n%s\\n\' "${KNOWLEDGE_ADDRESS-(unset)}" "${KNOWLEDGE_TOKEN-(unset)}" '
+        'printf \'%s\\n%s\\n%s\\n\' "${KNOWLEDGE_ADDRESS-(unset)}" "${KNOWLEDGE_TOKEN-(unset)}" '
+        '"${KNOWLEDGE_DATA_DIR-(unset)}" '
         f'> "{log}.part" && mv "{log}.part" "{log}"\n'
     )
     for name, module in (
@@ -416,7 +418,8 @@ def _installed_commands(tmp_path: Path) -> Path:
 
 
 def _bridge_env(tmp_path: Path, wait: float = 0.0) -> list[str]:
-    """[KNOWLEDGE_ADDRESS, KNOWLEDGE_TOKEN] as the client started the plugin's `knowledge-mcp`
+    """[KNOWLEDGE_ADDRESS, KNOWLEDGE_TOKEN, KNOWLEDGE_DATA_DIR] as the client started the
+    plugin's `knowledge-mcp`
     with (``(unset)`` for a variable it did not pass). ``wait``: seconds to allow a server the
     client starts in the background to come up."""
     log = tmp_path / BRIDGE_ENV
@@ -469,7 +472,7 @@ def test_claude_code_plugin_validates_and_brings_tools_and_hooks(
         assert re.search(r"plugin:knowledge:knowledge: knowledge-mcp\s+-\s+✔ Connected", health), (
             health
         )
-        assert _bridge_env(tmp_path) == [str(world["address"]), PLUGIN_TOKEN]
+        assert _bridge_env(tmp_path)[:2] == [str(world["address"]), PLUGIN_TOKEN]
         # ... and its UserPromptSubmit hook puts the evidence in the model request. (Whether
         # the plugin's tools are in the first request of a headless run depends on how fast
         # the server starts: Claude Code does not wait for plugin servers there, so the tool
@@ -507,6 +510,7 @@ def test_codex_cli_plugin_installs_from_the_repository_and_brings_hooks_and_skil
             SCRIPTED_API_KEY="scripted",
             KNOWLEDGE_ADDRESS=str(world["address"]),
             KNOWLEDGE_TOKEN=PLUGIN_TOKEN,
+            KNOWLEDGE_DATA_DIR=str(tmp_path / "kdata"),
             KNOWLEDGE_HOOK_TIMEOUT=HOOK_LIMIT,
         )
         env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
@@ -534,8 +538,13 @@ def test_codex_cli_plugin_installs_from_the_repository_and_brings_hooks_and_skil
     # may go out before its tools are listed, so the tool call itself is proven above with a
     # config-file server marked `required = true`.) Codex hands a server only the variables
     # its entry names, and its `env` values literally: the plugin's bridge must still get
-    # the address and token exported in Codex's environment.
-    assert _bridge_env(tmp_path, wait=60) == [str(world["address"]), PLUGIN_TOKEN]
+    # the address and token exported in Codex's environment, and the data directory that
+    # finds the address `knowledge serve` recorded.
+    assert _bridge_env(tmp_path, wait=60) == [
+        str(world["address"]),
+        PLUGIN_TOKEN,
+        str(tmp_path / "kdata"),
+    ]
     assert _model_saw(
         models,
         re.compile(

@@ -771,3 +771,69 @@ def test_search_marks_every_text_a_catalog_or_a_document_wrote_as_untrusted() ->
         for part in path.split("."):
             field = message.fields_by_name[part.removesuffix("[]")]
             message = field.message_type or message
+
+
+def test_a_recorded_address_is_followed_only_from_a_file_of_this_user_naming_this_machine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The hook sends each prompt, with the bearer token, to the address it finds. A
+    `server.json` another user may write (a data directory in /tmp, a shared one), one
+    naming another host, a link, or one under a relative data directory (read from the
+    harness's working directory: a cloned repository's) is not followed; the default is
+    dialled instead. Before, any such file sent prompts and token to what it named."""
+    from knowledge_sdk.recorded import recorded_address
+
+    monkeypatch.delenv("KNOWLEDGE_ADDRESS", raising=False)
+    monkeypatch.setenv("KNOWLEDGE_DATA_DIR", str(tmp_path))
+    server = tmp_path / "server.json"
+
+    def record(address: str, mode: int = 0o600) -> None:
+        server.unlink(missing_ok=True)
+        server.write_text(json.dumps({"address": address, "pid": 1}))
+        server.chmod(mode)
+
+    record("127.0.0.1:45678")
+    assert resolve_address() == "127.0.0.1:45678"
+    record("localhost:45678")
+    assert resolve_address() == "localhost:45678"
+    record("127.0.0.1:45678", 0o666)  # another user may have written it
+    assert resolve_address() == "127.0.0.1:50151"
+    record("evil.example:443")
+    assert resolve_address() == "127.0.0.1:50151"
+    record("10.1.2.3:50151")
+    assert resolve_address() == "127.0.0.1:50151"
+    real = tmp_path / "elsewhere.json"
+    real.write_text(json.dumps({"address": "127.0.0.1:45678"}))
+    server.unlink()
+    server.symlink_to(real)
+    assert resolve_address() == "127.0.0.1:50151"
+    server.unlink()
+    record("127.0.0.1:45678")
+    monkeypatch.chdir(tmp_path.parent)
+    monkeypatch.setenv("KNOWLEDGE_DATA_DIR", tmp_path.name)  # relative
+    assert resolve_address() == "127.0.0.1:50151"
+    assert recorded_address(tmp_path) == "127.0.0.1:45678"
+
+
+def test_knowledge_serve_records_its_address_owner_only_and_the_cli_reads_junk_as_none(
+    tmp_path: Path,
+) -> None:
+    """`knowledge serve` writes server.json owner-only whatever the umask (readers follow
+    only a file no other user may write); `knowledge mcp` given a server.json that is no
+    JSON object dials the default (it raised a TypeError)."""
+    from knowledge_server.cli.common import record_address
+
+    old = os.umask(0o002)
+    try:
+        record_address(tmp_path, "127.0.0.1:45678")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "server.json").stat().st_mode & 0o777 == 0o600
+    import click
+    from knowledge_server.cli.common import resolve_address as cli_address
+
+    ctx = click.Context(click.Command("mcp"), obj={"data_dir": str(tmp_path)})
+    assert cli_address(ctx) == "127.0.0.1:45678"
+    for junk in ("null", "[]", "7", "{"):
+        (tmp_path / "server.json").write_text(junk)
+        assert cli_address(ctx) == "127.0.0.1:50151", junk

@@ -9,14 +9,12 @@ import the server).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import platformdirs
 from knowledge_sdk.client import DEFAULT_ADDRESS
-
-SERVER_FILE = "server.json"
+from knowledge_sdk.recorded import recorded_address as read_recorded
 
 
 def data_dir() -> Path:
@@ -27,12 +25,9 @@ def data_dir() -> Path:
 
 
 def recorded_address() -> str | None:
-    """The address in ``DATA_DIR/server.json``; None when there is none to read."""
-    try:
-        address = json.loads((data_dir() / SERVER_FILE).read_text())["address"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return address if isinstance(address, str) and address else None
+    """The address `knowledge serve` recorded in ``DATA_DIR/server.json``, when this user
+    wrote the file and it names this machine (``knowledge_sdk.recorded``); else None."""
+    return read_recorded(data_dir())
 
 
 def resolve_address(given: str | None = None) -> str:

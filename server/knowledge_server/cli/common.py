@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -14,6 +15,7 @@ import betterproto2
 import click
 from knowledge_sdk import ConnectionSettings, KnowledgeClient
 from knowledge_sdk import errors as sdk_errors
+from knowledge_sdk.recorded import recorded_address
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -49,7 +51,13 @@ def record_address(directory: Path, address: str) -> None:
     """Written by `serve`, so other commands find the running service without flags."""
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / (SERVER_FILE + ".tmp")
-    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    # Owner-only whatever the umask: readers follow only a file no other user may write
+    # (knowledge_sdk.recorded).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps({"address": address, "pid": os.getpid()}))
     tmp.replace(directory / SERVER_FILE)
 
 
@@ -75,11 +83,9 @@ def resolve_address(ctx: click.Context) -> str:
         return str(obj["address"])
     if os.environ.get("KNOWLEDGE_ADDRESS"):
         return os.environ["KNOWLEDGE_ADDRESS"]
-    recorded = data_dir(ctx) / SERVER_FILE
-    try:
-        return str(json.loads(recorded.read_text())["address"])
-    except (OSError, ValueError, KeyError):
-        return "127.0.0.1:50151"
+    # Only a file this user wrote, naming this machine (knowledge_sdk.recorded): a data
+    # directory others may write could otherwise send the commands and the token elsewhere.
+    return recorded_address(data_dir(ctx).resolve()) or "127.0.0.1:50151"
 
 
 @contextmanager

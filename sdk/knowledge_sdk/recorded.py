@@ -1,0 +1,71 @@
+"""The address `knowledge serve` recorded in its data directory (``DATA_DIR/server.json``),
+read as the CLI, the MCP bridge and the prompt hook read it: only from a file this user
+wrote, naming a service on this machine.
+
+The hook sends every prompt, with the bearer token, to the address it finds. A file another
+user could write (a data directory under ``/tmp``, a shared one) or a relative data
+directory (resolved against the harness's working directory, a cloned repository's) could
+send them elsewhere, so such a file is not read, and an address that is not a loopback one
+is not followed: give ``--address`` or ``KNOWLEDGE_ADDRESS`` for a service on another host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import stat
+from pathlib import Path
+
+SERVER_FILE = "server.json"
+
+__all__ = ["SERVER_FILE", "is_loopback", "recorded_address"]
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``host:port`` (or ``[v6]:port``) names this machine: ``localhost``, a
+    loopback IP address, or the unspecified one a service on every interface records."""
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    # A service listening on every interface records 0.0.0.0 (or ::): dialled, it is this
+    # machine's.
+    return ip.is_loopback or ip.is_unspecified
+
+
+def recorded_address(data_dir: Path | str) -> str | None:
+    """The address recorded in ``data_dir/server.json``, or None: when there is none, the
+    data directory is relative, the file is not a regular file this user owns, another
+    user may write it, it holds no address, or the address is not a loopback one."""
+    directory = Path(data_dir)
+    if not directory.is_absolute():
+        return None
+    path = directory / SERVER_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_uid != os.getuid()
+            or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            or info.st_size > 64 * 1024
+        ):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = json.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    address = data.get("address") if isinstance(data, dict) else None
+    if not isinstance(address, str) or not address or not is_loopback(address):
+        return None
+    return address
