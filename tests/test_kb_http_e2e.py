@@ -794,16 +794,15 @@ async def _status_line(reader: asyncio.StreamReader) -> bytes:
     return (await asyncio.wait_for(reader.readline(), timeout=30)).strip()
 
 
-async def test_http15_a_stalled_body_is_408_and_open_connections_are_capped(
+async def test_http15_a_stalled_body_is_408_and_idle_connections_never_shut_others_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """HTTP-15: a body that has not arrived within the body deadline after its head (sent
-    a byte and then nothing) is answered 408 and its connection closed, never held; with
-    the face's connection cap reached by connections that never finish their head, a
-    request is answered 503 instead of adding another, and served again once they close.
-    Real sockets against the real server, with the deadline and the cap made small."""
+    a byte and then a byte now and then) is answered 408 and its connection closed, never
+    held; and connections that never finish their head do not shut out the callers that
+    do (a cap counting them answered every request 503 once it was full). Real sockets
+    against the real server, with the deadline made small."""
     monkeypatch.setattr(kb_http, "BODY_READ_TIMEOUT_S", 0.5, raising=False)
-    monkeypatch.setattr(kb_http, "MAX_CONNECTIONS", 4, raising=False)
     rs = await start_server(tmp_path, retrieve_http_listen="127.0.0.1:0")
     assert rs.served.http is not None
     port = rs.served.http.port
@@ -819,36 +818,30 @@ async def test_http15_a_stalled_body_is_408_and_open_connections_are_capped(
         )
         await writer.drain()
         assert await _status_line(reader) == b"HTTP/1.1 408 Request Timeout"
+
+        async def trickle() -> None:
+            for _ in range(200):  # a byte now and then: keep-alive would never end
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+
+        sending = asyncio.create_task(trickle())
         rest = await asyncio.wait_for(reader.read(), timeout=30)  # read until closed
+        sending.cancel()
         assert b"did not arrive within" in rest and b"KNOWLEDGE_INVALID_REQUEST" in rest
+        assert b"connection: close" in rest.lower()
         writer.close()
 
-        for _ in range(4):
-            _, half = await asyncio.open_connection("127.0.0.1", port)
-            half.write(b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\n")
-            await half.drain()
-            held.append(half)
+        for _ in range(300):
+            _, idle = await asyncio.open_connection("127.0.0.1", port)
+            held.append(idle)
         async with httpx.AsyncClient(timeout=30) as client:
-            refused = await client.post(
-                url, content=body, headers={"Content-Type": "application/json"}
-            )
-            assert refused.status_code == 503
-            for half in held:
-                half.close()
-            statuses = []
-            for _ in range(100):  # until the server has seen the closes
-                r = await client.post(
-                    url, content=body, headers={"Content-Type": "application/json"}
-                )
-                statuses.append(r.status_code)
-                if r.status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            assert statuses[-1] == 200, statuses
-            assert r.json()["reason_code"] == "NO_EVIDENCE"
+            r = await client.post(url, content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 200, r.text
+        assert r.json()["reason_code"] == "NO_EVIDENCE"
     finally:
-        for half in held:
-            half.close()
+        for idle in held:
+            idle.close()
         await rs.served.http.stop(0)
         await rs.server.stop(0)
         rs.app.close()
