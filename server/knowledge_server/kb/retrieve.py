@@ -28,6 +28,7 @@ never "no evidence". Nothing here logs the question or any text.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 import uuid
@@ -258,6 +259,18 @@ def _is_term(w: str, stem: str, word: str) -> bool:
     return w in (word, stem) or _needle(w) == stem
 
 
+def _one_switch(text: str, at: int) -> bool:
+    """Whether the word of ``text`` around ``at`` is one letter run and one digit run
+    ("iphone15", "15min"): a run starts inside it. In a word of more runs (a hash,
+    "9f2db3e4"; a serial) the runs are no words: "db" is not found in it."""
+    start = at
+    while start and text[start - 1].isalnum() and not _CJK_RUN.match(text[start - 1]):
+        start -= 1
+    tail = _WORD_TAIL.match(text, at)
+    end = tail.end() if tail else at
+    return len(_RUN.findall(_CJK_RUN.split(text[start:end], 1)[0])) == 2
+
+
 def _word_found(text: str, stem: str, word: str) -> bool:
     """Whether ``text`` holds ``word`` as a whole word, or a word that starts with
     ``stem`` and has it as its stem, or as one of a word's letter and digit runs read the
@@ -273,8 +286,8 @@ def _word_found(text: str, stem: str, word: str) -> bool:
             before = text[at - 1] if at else " "
             if (
                 not before.isalnum()
-                or before.isdecimal() != prefix[0].isdecimal()
                 or _CJK_RUN.match(before)
+                or (before.isdecimal() != prefix[0].isdecimal() and _one_switch(text, at))
             ):
                 tail = _WORD_TAIL.match(text, at + len(prefix))
                 w = text[at : tail.end() if tail else at + len(prefix)]
@@ -317,10 +330,13 @@ class _Term:
 def _term(word: str, stem: str, joined: tuple[tuple[str, str], ...]) -> _Term:
     if word.isalpha() or word.isdecimal():
         return _Term(stem, word, (), joined)
-    # A word of letters and digits is also found by its runs ("v2" by "apiv2", "iphone15"
-    # by "iphone 15"); a single letter is no run of its own.
-    runs = tuple((_needle(r), r) for r in _RUN.findall(word) if r.isdecimal() or len(r) > 1)
-    return _Term(stem, word, runs, joined)
+    # A word of letters and digits is also found by its runs ("iphone15" by "iphone 15"),
+    # unless one of its letter runs is a single letter: "s3", "p99", "k8s", "h2" name a
+    # thing only whole ("s3" is not found by a "3" alone).
+    parts = _RUN.findall(word)
+    if any(len(r) == 1 and not r.isdecimal() for r in parts):
+        return _Term(stem, word, (), joined)
+    return _Term(stem, word, tuple((_needle(r), r) for r in parts), joined)
 
 
 class QuestionTerms:
@@ -340,7 +356,8 @@ class QuestionTerms:
         words: dict[tuple[str, str], _Term] = {}
         stop: dict[tuple[str, str], _Term] = {}
         self.runs: list[str] = []
-        for text in _COMPOUND.findall(question.lower()):
+        said = _COMPOUND.findall(question.lower())
+        for text in said:
             if text.isalnum():  # a word alone, the usual case
                 self._add_part(text, (), words, stop)
                 continue
@@ -354,6 +371,17 @@ class QuestionTerms:
                 if mark in _APOSTROPHES and (len(part) == 1 or part in _CLITICS):
                     continue
                 self._add_part(part, joined, words, stop)
+        # Two words side by side are found by their joined form too, as texts write some
+        # closed ("api v2": "apiv2"; "e mail": "email").
+        for first, second in itertools.pairwise(said):
+            if not (first.isalnum() and second.isalnum()) or _CJK_RUN.search(first + second):
+                continue
+            whole = first + second
+            pair = (_needle(whole), whole)
+            for part in (first, second):
+                term = words.get((_needle(part), part))
+                if term is not None and pair not in term.joined:
+                    term.joined += (pair,)
         terms = words or ({} if self.runs else stop)
         self._terms = list(terms.values())
         self.words = list(terms)
