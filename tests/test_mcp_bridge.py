@@ -837,3 +837,25 @@ def test_knowledge_serve_records_its_address_owner_only_and_the_cli_reads_junk_a
     for junk in ("null", "[]", "7", "{"):
         (tmp_path / "server.json").write_text(junk)
         assert cli_address(ctx) == "127.0.0.1:50151", junk
+
+
+def test_a_recorded_address_is_not_read_from_a_data_directory_others_may_write(
+    tmp_path: Path,
+) -> None:
+    """A data directory other users may write (a /tmp one, mode 1777): they could put back
+    an old server.json of this user's, owner-only and this user's, naming a port they now
+    hold; so none is read there. A link to this user's own directory is followed."""
+    from knowledge_sdk.recorded import recorded_address
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678"}))
+    (shared / "server.json").chmod(0o600)
+    assert recorded_address(shared) == "127.0.0.1:45678"
+    shared.chmod(0o1777)
+    assert recorded_address(shared) is None
+    shared.chmod(0o775)  # a private group's write bit (umask 002) is not another user's
+    assert recorded_address(shared) == "127.0.0.1:45678"
+    link = tmp_path / "link"
+    link.symlink_to(shared)
+    assert recorded_address(link) == "127.0.0.1:45678"

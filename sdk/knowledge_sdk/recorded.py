@@ -38,26 +38,39 @@ def is_loopback(address: str) -> bool:
     return ip.is_loopback or ip.is_unspecified
 
 
+def _own(info: os.stat_result) -> bool:
+    """This user's, and no other user may write it."""
+    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
 def recorded_address(data_dir: Path | str) -> str | None:
     """The address recorded in ``data_dir/server.json``, or None: when there is none, the
-    data directory is relative, the file is not a regular file this user owns, another
-    user may write it, it holds no address, or the address is not a loopback one."""
+    data directory is relative or not this user's alone (another user could put back an
+    old file of this user's, naming a port they now hold), the file is not a regular file
+    this user owns that no other user may write, it holds no address, or the address is
+    not a loopback one. The file is opened through the directory checked, never by its
+    path again."""
     directory = Path(data_dir)
     if not directory.is_absolute():
         return None
-    path = directory / SERVER_FILE
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
+        # A directory of this user's that other users may not write (its group may: a
+        # umask of 002 gives the data directory a private group's write bit).
+        folder = os.fstat(dir_fd)
+        if folder.st_uid != os.getuid() or folder.st_mode & stat.S_IWOTH:
+            return None
+        fd = os.open(SERVER_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return None
+    finally:
+        os.close(dir_fd)
+    try:
         info = os.fstat(fd)
-        if (
-            not stat.S_ISREG(info.st_mode)
-            or info.st_uid != os.getuid()
-            or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-            or info.st_size > 64 * 1024
-        ):
+        if not stat.S_ISREG(info.st_mode) or not _own(info) or info.st_size > 64 * 1024:
             return None
         with os.fdopen(fd, "rb", closefd=False) as fh:
             data = json.loads(fh.read())
