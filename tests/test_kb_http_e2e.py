@@ -55,6 +55,7 @@ from knowledge_server._gen.knowledge.v1 import kb_retrieve_pb2
 from knowledge_server.auth import TokenStore
 from knowledge_server.kb import http as kb_http
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
 from tests.conftest import serve_process, start_server
 from tests.kb_world import KbWorld, publish, start_world
@@ -360,7 +361,7 @@ def test_http3_a_request_over_the_protos_limits_carries_the_trace_id_on_both_fac
     )
     req = json_format.ParseDict(body, cls())
     seen = []
-    with world.client("agent-org-a") as kc:
+    with capture_logs() as logs, world.client("agent-org-a") as kc:
         call = kc.kb_retrieve if path.endswith("retrieve") else kc.kb_answer
         kwargs: dict[str, Any] = {
             "all_tag_codes": list(req.all_tag_codes),
@@ -372,6 +373,9 @@ def test_http3_a_request_over_the_protos_limits_carries_the_trace_id_on_both_fac
             seen.append(refused.value.metadata.get("trace_id", ""))
     assert seen[0] == "run-7.limit"
     assert seen[1].startswith("trace_") and seen[2].startswith("trace_") and seen[1] != seen[2]
+    # The server's log has the refusal under the trace id the caller holds.
+    logged = {e.get("trace_id") for e in logs if e.get("event") == "kb.request_refused"}
+    assert set(seen) <= logged, logs
     assert world.fake.calls["embeddings"] == 0
 
 

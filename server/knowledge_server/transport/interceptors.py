@@ -675,7 +675,17 @@ def _traced_limits(request: Any, context: Context) -> None:
         check_limits(request)
     except errors.KnowledgeError as exc:
         sent = next((v for k, v in context.invocation_metadata() or () if k == "x-trace-id"), None)
-        exc.metadata["trace_id"] = valid_trace_id(sent if isinstance(sent, str) else None)
+        exc.metadata["trace_id"] = trace_id = valid_trace_id(
+            sent if isinstance(sent, str) else None
+        )
+        # As the knowledge base's own refusals are logged: the trace id a caller holds
+        # finds the call in the log (the field, never the text).
+        log.info(
+            "kb.request_refused",
+            trace_id=trace_id,
+            reason=exc.reason,
+            field=exc.metadata.get("field", ""),
+        )
         raise
 
 
