@@ -138,3 +138,24 @@ def test_an_identifier_of_one_letter_and_digits_is_found_only_whole(term: str, t
     unrelated text."""
     assert QuestionTerms(term).coverage(text) == 0.0
     assert QuestionTerms(term).coverage(f"see the {term} docs") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("question", "text", "share"),
+    [
+        ("60 fps", "records 4k60fps video", 1.0),
+        ("1080 resolution", "supported resolution: 1920x1080", 1.0),
+        ("iphone 15 pro case", "official iphone15pro case in black", 1.0),
+        ("1.2.3 changelog", "changelog of version 4.5.6: 12 fixes and 23 new checks", 0.25),
+        ("10.0.0.1", "the plan allows 100 users", 0.0),
+        ("what changed in 2.0", "release 20 adds dark mode", 0.0),
+    ],
+)
+def test_runs_of_glued_names_are_words_and_numbers_are_never_glued(
+    question: str, text: str, share: float
+) -> None:
+    """KR-2: a word of several letter and digit runs that is no hash ("4k60fps",
+    "1920x1080", "iphone15pro") holds each run as a word (only a word of exactly two runs
+    did); two numbers side by side in the question are not one ("1.2.3" is not "12" and
+    "23", "10.0.0.1" not "100"), so a number of the text no longer answers for two."""
+    assert QuestionTerms(question).coverage(text) == pytest.approx(share, abs=0.01)

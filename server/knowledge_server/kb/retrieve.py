@@ -259,45 +259,64 @@ def _is_term(w: str, stem: str, word: str) -> bool:
     return w in (word, stem) or _needle(w) == stem
 
 
-def _one_switch(text: str, at: int) -> bool:
-    """Whether the word of ``text`` around ``at`` is one letter run and one digit run
-    ("iphone15", "15min"): a run starts inside it. In a word of more runs (a hash,
-    "9f2db3e4"; a serial) the runs are no words: "db" is not found in it."""
-    start = at
-    while start and text[start - 1].isalnum() and not _CJK_RUN.match(text[start - 1]):
+def _in_word(c: str) -> bool:
+    """A letter or digit that continues a word (a CJK character does not: no space is
+    written before or after one)."""
+    return c.isalnum() and not _CJK_RUN.match(c)
+
+
+def _word_span(text: str, at: int) -> tuple[int, int]:
+    """Where the word of ``text`` holding position ``at`` starts and ends."""
+    start, end = at, at
+    while start and _in_word(text[start - 1]):
         start -= 1
-    tail = _WORD_TAIL.match(text, at)
-    end = tail.end() if tail else at
-    return len(_RUN.findall(_CJK_RUN.split(text[start:end], 1)[0])) == 2
+    while end < len(text) and _in_word(text[end]):
+        end += 1
+    return start, end
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _runs_are_words(word: str) -> bool:
+    """Whether a word of letters and digits is read as its runs too ("iphone15",
+    "4k60fps", "1920x1080"): not when it is a hash or a serial (six or more hex
+    characters: "9f2db3e4", whose "db" is no word)."""
+    return not (len(word) >= 6 and _HEX.issuperset(word.lower()))
 
 
 def _word_found(text: str, stem: str, word: str) -> bool:
     """Whether ``text`` holds ``word`` as a whole word, or a word that starts with
     ``stem`` and has it as its stem, or as one of a word's letter and digit runs read the
-    same way ("iphone" and "15" in "iphone15"). Each candidate is found by a plain
-    substring search and then read as the word it starts: a letter or digit before it is
-    inside another word, unless it is a CJK character (no space is written there) or of
-    the other kind (a digit before a letter, a letter before a digit: a run starts).
-    Evidence is checked chunk by chunk on every call, so the text is never split into
-    words whole."""
+    same way ("iphone" and "15" in "iphone15"; ``_runs_are_words``). Each candidate is
+    found by a plain substring search and then read as the word, or the run, it starts: a
+    letter or digit before it is inside another word, unless it is a CJK character (no
+    space is written there) or of the other kind (a run starts). Evidence is checked chunk
+    by chunk on every call, so the text is never split into words whole, and each word is
+    read at most once per term (a word of a thousand runs costs a thousand runs, not a
+    thousand times its length)."""
     for prefix in (stem, word) if not word.startswith(stem) else (stem,):
         at = text.find(prefix)
+        span = (-1, -1, False)  # the last word read: its start, end, runs read as words
         while at >= 0:
             before = text[at - 1] if at else " "
-            if (
-                not before.isalnum()
-                or _CJK_RUN.match(before)
-                or (before.isdecimal() != prefix[0].isdecimal() and _one_switch(text, at))
-            ):
+            if not _in_word(before):
                 tail = _WORD_TAIL.match(text, at + len(prefix))
                 w = text[at : tail.end() if tail else at + len(prefix)]
                 w = _CJK_RUN.split(w, 1)[0]
                 if _is_term(w, stem, word):
                     return True
-                if not w.isalpha():
+                if not w.isalpha() and _runs_are_words(w):
                     run = _RUN.match(w)
                     if run and run.end() < len(w) and _is_term(run.group(0), stem, word):
                         return True
+            elif before.isdecimal() != prefix[0].isdecimal():
+                if not span[0] <= at < span[1]:
+                    start, end = _word_span(text, at)
+                    span = (start, end, _runs_are_words(text[start:end]))
+                run = _RUN.match(text, at)
+                if span[2] and run and _is_term(run.group(0), stem, word):
+                    return True
             at = text.find(prefix, at + 1)
     return False
 
@@ -376,6 +395,8 @@ class QuestionTerms:
         for first, second in itertools.pairwise(said):
             if not (first.isalnum() and second.isalnum()) or _CJK_RUN.search(first + second):
                 continue
+            if first.isdecimal() and second.isdecimal():
+                continue  # "1.2.3", "10.0.0.1": "1 2" is not "12"
             whole = first + second
             pair = (_needle(whole), whole)
             for part in (first, second):
