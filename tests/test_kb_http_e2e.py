@@ -849,3 +849,59 @@ async def test_http15_a_stalled_body_is_408_and_idle_connections_never_shut_othe
         await rs.served.http.stop(0)
         await rs.server.stop(0)
         rs.app.close()
+
+
+async def test_http15_every_refusal_before_the_body_closes_its_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP-15: a refusal sent before the body was read (a body declared too large, a
+    path not served) closes its connection, after reading what is left of the body for a
+    moment, so the caller gets the answer and cannot hold the connection by sending a byte
+    now and then (each byte restarted the keep-alive timer: held for as long as it liked,
+    without a token). A small body's caller still reads the whole answer."""
+    monkeypatch.setattr(kb_http, "DRAIN_S", 0.5, raising=False)
+    rs = await start_server(tmp_path, retrieve_http_listen="127.0.0.1:0")
+    assert rs.served.http is not None
+    port = rs.served.http.port
+    try:
+        for head, status in (
+            (
+                b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n",
+                b"HTTP/1.1 413 Request Entity Too Large",
+            ),
+            (
+                b"POST /knowledge/other HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+                b"HTTP/1.1 404 Not Found",
+            ),
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head + b"{")
+            await writer.drain()
+
+            async def trickle(w: asyncio.StreamWriter = writer) -> None:
+                for _ in range(400):  # a byte now and then, for 20 s
+                    w.write(b" ")
+                    await w.drain()
+                    await asyncio.sleep(0.05)
+
+            sending = asyncio.create_task(trickle())
+            try:
+                assert await _status_line(reader) == status
+                rest = await asyncio.wait_for(reader.read(), timeout=15)  # until closed
+                assert b"connection: close" in rest.lower()
+            finally:
+                sending.cancel()
+                writer.close()
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(
+                f"http://127.0.0.1:{port}/knowledge/nowhere",
+                content=b'{"query": "x"}',
+                headers={"Content-Type": "application/json"},
+            )
+        assert r.status_code == 404 and r.json()["error"]["code"] == "KNOWLEDGE_NOT_FOUND"
+    finally:
+        await rs.served.http.stop(0)
+        await rs.server.stop(0)
+        rs.app.close()

@@ -260,6 +260,31 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
+# A refusal sent before its body was read (a missing token, a body declared too large, a
+# slow one) closes its connection; the rest of the body, up to this much and for this
+# long, is read and dropped first, so the caller, still sending, reads the answer instead
+# of a reset connection. A larger or slower rest is not waited for.
+DRAIN_BYTES = 1 << 20
+DRAIN_S = 2.0
+
+
+async def _drain(request: Request) -> None:
+    """Read and drop what is left of ``request``'s body, within ``DRAIN_BYTES`` and
+    ``DRAIN_S`` (from the ASGI receive channel: the body stream may be half read)."""
+    size = 0
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            while True:
+                message = await request.receive()
+                if message.get("type") != "http.request":
+                    return
+                size += len(message.get("body", b""))
+                if not message.get("more_body", False) or size > DRAIN_BYTES:
+                    return
+    except (TimeoutError, ClientDisconnect, RuntimeError):
+        return
+
+
 def _error_response(err: errors.KnowledgeError, tid: str) -> JSONResponse:
     if isinstance(err, _BodyTooLarge):
         status = 413
@@ -279,10 +304,11 @@ def _error_response(err: errors.KnowledgeError, tid: str) -> JSONResponse:
     headers = {"X-Trace-Id": tid}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    if status == 408:
-        # The connection goes with the answer: kept alive, a caller still sending a byte
-        # now and then would hold it (each byte restarts the keep-alive timer).
-        headers["Connection"] = "close"
+    # The connection goes with every refusal: most are sent before the body was read
+    # (a missing token, a body declared too large, a slow one), and kept alive, a caller
+    # still sending a byte now and then would hold it (each byte restarts the keep-alive
+    # timer), without a token.
+    headers["Connection"] = "close"
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -389,11 +415,13 @@ def make_asgi(
     def handler(endpoint: _Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def answer(request: Request, tid: str, started: float) -> Response:
             with _request_context(endpoint, request, tid):
+                body_read = False
                 try:
                     principal = principal_of(request)
                     structlog.contextvars.bind_contextvars(principal=principal.id)
                     _admit(app, endpoint, request, principal, metrics)
                     body = await _read_body(request, max_body, body_timeout_s)
+                    body_read = True
                     req = parse_request(body, endpoint.request)
                     try:
                         check_limits(req)
@@ -404,6 +432,8 @@ def make_asgi(
                     out = await endpoint.call(app, req, principal, tid)
                 except errors.KnowledgeError as exc:
                     response = _error_response(exc, tid)
+                    if not body_read:
+                        await _drain(request)  # the connection closes with the answer
                     log.info(
                         "http.error",
                         status=response.status_code,
@@ -464,10 +494,12 @@ def _not_served(
         else:
             message = "request refused"
         body = {"error": {"code": reason, "message": message, "trace_id": tid, "metadata": {}}}
-        headers = {"X-Trace-Id": tid}
+        # Closed with the answer, as every refusal (``_error_response``).
+        headers = {"X-Trace-Id": tid, "Connection": "close"}
         if status == 405:
             headers["Allow"] = "POST"
         path = request.url.path if request.url.path in served else "other"
+        await _drain(request)
         return counted(path, JSONResponse(body, status_code=status, headers=headers), started)
 
     return not_served
