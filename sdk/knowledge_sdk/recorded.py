@@ -11,9 +11,11 @@ is not followed: give ``--address`` or ``KNOWLEDGE_ADDRESS`` for a service on an
 
 from __future__ import annotations
 
+import grp
 import ipaddress
 import json
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -38,6 +40,17 @@ def is_loopback(address: str) -> bool:
     return ip.is_loopback or ip.is_unspecified
 
 
+def _private_group(gid: int) -> bool:
+    """Whether group ``gid`` is this user's private group: named as the user, with no
+    other member."""
+    try:
+        name = pwd.getpwuid(os.getuid()).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == name and set(group.gr_mem) <= {name}
+
+
 def _own(info: os.stat_result) -> bool:
     """This user's, and no other user may write it."""
     return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
@@ -58,10 +71,13 @@ def recorded_address(data_dir: Path | str) -> str | None:
     except OSError:
         return None
     try:
-        # A directory of this user's that other users may not write (its group may: a
-        # umask of 002 gives the data directory a private group's write bit).
+        # A directory of this user's that other users may not write: its group only when
+        # the group is this user's private one (a umask of 002 gives the data directory
+        # that group's write bit), never a group shared with others.
         folder = os.fstat(dir_fd)
         if folder.st_uid != os.getuid() or folder.st_mode & stat.S_IWOTH:
+            return None
+        if folder.st_mode & stat.S_IWGRP and not _private_group(folder.st_gid):
             return None
         fd = os.open(SERVER_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError:
