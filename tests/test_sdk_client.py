@@ -226,3 +226,49 @@ def test_undecodable_details_keep_the_code() -> None:
     raw = status_pb2.Status(code=5, message="gone", details=[unknown_detail]).SerializeToString()
     err = errors.from_status(grpc.StatusCode.NOT_FOUND, "gone", [("grpc-status-details-bin", raw)])
     assert type(err) is errors.NotFound and err.message == "gone"
+
+
+def test_only_calls_safe_to_send_again_are_retried() -> None:
+    """The SDK lets gRPC send a call again after UNAVAILABLE only when the proto marks it
+    free of side effects or idempotent: a write whose answer was lost after the server did
+    it (Remember, CreateTopic, CreateFeedback) was done twice. The list is the proto's."""
+    import json
+
+    from knowledge_sdk import client as sdk_client
+    from knowledge_server._gen.knowledge.v1 import (
+        docgraph_pb2,
+        index_service_pb2,
+        kb_admin_pb2,
+        kb_retrieve_pb2,
+        knowledge_service_pb2,
+        memory_pb2,
+    )
+
+    marked = set()
+    for module in (
+        knowledge_service_pb2,
+        docgraph_pb2,
+        index_service_pb2,
+        kb_admin_pb2,
+        kb_retrieve_pb2,
+        memory_pb2,
+    ):
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                if method.GetOptions().idempotency_level in (1, 2):  # NO_SIDE_EFFECTS, IDEMPOTENT
+                    marked.add(f"{service.full_name}/{method.name}")
+    assert sdk_client.SAFE_TO_REPEAT == marked
+    config = json.loads(sdk_client.SERVICE_CONFIG)
+    retried = {
+        f"{name['service']}/{name['method']}"
+        for entry in config["methodConfig"]
+        for name in entry["name"]
+    }
+    assert retried <= marked
+    for write in (
+        "knowledge.v1.MemoryService/Remember",
+        "knowledge.v1.KnowledgeBaseAdminService/CreateTopic",
+        "knowledge.v1.KnowledgeBaseAdminService/CreateFeedback",
+    ):
+        assert write not in retried
+    assert "knowledge.v1.MemoryService/Recall" in retried

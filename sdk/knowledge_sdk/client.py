@@ -54,13 +54,48 @@ DEFAULT_TIMEOUT = 30.0
 # RPC name -> SDK method name; the parity test checks it covers every RPC in the proto.
 RPC_METHODS: dict[str, str] = {rpc.full_name: rpc.method for rpc in RPCS}
 
-# UNAVAILABLE (server not reachable yet, or a source it needs down) is retried by gRPC:
+# UNAVAILABLE (server not reachable yet, or a source it needs down) is retried by gRPC,
+# for the calls safe to send again (``SAFE_TO_REPEAT``):
 # 3 attempts with backoffs of about 0.05 and 0.1 s, so an address where nothing listens
 # fails in well under a second (also within a short --timeout), not at the deadline.
 # Streams are not retried (index builds write; a caller restarts them on purpose), nor
 # are Retrieve and Answer: the service already retried its dependencies inside its own
 # end-to-end budget, and seed 002 leaves a retry of their UNAVAILABLE to the caller, when
 # its own budget allows (with the same trace id).
+# Only the calls the proto marks as free of side effects or idempotent
+# (``idempotency_level``; a test keeps this list equal to the proto's) are sent again: a
+# write whose answer was lost after the server did it (Remember, a knowledge-base admin
+# write) would be done twice, a memory confirmed by itself, a topic created and then
+# refused as taken.
+SAFE_TO_REPEAT = frozenset(
+    {
+        "knowledge.v1.KnowledgeService/Search",
+        "knowledge.v1.KnowledgeService/Dispatch",
+        "knowledge.v1.KnowledgeService/GetEpisode",
+        "knowledge.v1.KnowledgeService/GetChunk",
+        "knowledge.v1.DocGraphService/Themes",
+        "knowledge.v1.DocGraphService/EntityNeighbors",
+        "knowledge.v1.DocGraphService/DocRelations",
+        "knowledge.v1.DocGraphService/GlobalOverview",
+        "knowledge.v1.DocGraphService/SearchLevels",
+        "knowledge.v1.IndexService/GetStatus",
+        "knowledge.v1.KnowledgeBaseAdminService/ListTopics",
+        "knowledge.v1.KnowledgeBaseAdminService/GetTopic",
+        "knowledge.v1.KnowledgeBaseAdminService/GetRevision",
+        "knowledge.v1.KnowledgeBaseAdminService/WatchTask",
+        "knowledge.v1.KnowledgeBaseAdminService/ListTags",
+        "knowledge.v1.KnowledgeBaseAdminService/ListTemplates",
+        "knowledge.v1.KnowledgeBaseAdminService/ListFeedback",
+        "knowledge.v1.KnowledgeBaseAdminService/GetPolicy",
+        "knowledge.v1.KnowledgeBaseService/Retrieve",
+        "knowledge.v1.KnowledgeBaseService/Answer",
+        "knowledge.v1.MemoryService/Recall",
+        "knowledge.v1.MemoryService/Timeline",
+        "knowledge.v1.MemoryService/Rooms",
+        "knowledge.v1.MemoryService/Relations",
+        "knowledge.v1.MemoryService/Policy",
+    }
+)
 _RETRY_POLICY = {
     "maxAttempts": 3,
     "initialBackoff": "0.05s",
@@ -75,7 +110,9 @@ SERVICE_CONFIG = json.dumps(
                 "name": [
                     {"service": rpc.service, "method": rpc.name}
                     for rpc in RPCS
-                    if not rpc.streaming and rpc.service != "knowledge.v1.KnowledgeBaseService"
+                    if not rpc.streaming
+                    and rpc.full_name in SAFE_TO_REPEAT
+                    and rpc.service != "knowledge.v1.KnowledgeBaseService"
                 ],
                 "retryPolicy": _RETRY_POLICY,
             }
