@@ -272,3 +272,27 @@ def test_only_calls_safe_to_send_again_are_retried() -> None:
     ):
         assert write not in retried
     assert "knowledge.v1.MemoryService/Recall" in retried
+
+
+def test_connection_settings_refuse_what_would_abort_or_leak(tmp_path: Any) -> None:
+    """A client certificate without its key aborted the process in gRPC's core (nothing to
+    catch); a key without a certificate left the channel in plain text with the token on
+    it; a token holding a line break or another character no header carries failed every
+    call as INTERNAL. Each is a ConnectionConfigError when the client is made; a token
+    read from a file is trimmed; the token is not in the settings' repr."""
+    from knowledge_sdk.client import ConnectionSettings
+
+    pem = tmp_path / "x.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+    for kwargs in ({"tls_cert": pem}, {"tls_key": pem}):
+        with pytest.raises(errors.ConnectionConfigError, match="KNOWLEDGE_TLS_CERT"):
+            KnowledgeClient("127.0.0.1:1", settings=ConnectionSettings(**kwargs))
+    for token in ("kn_abc\r\ndef", "kn_abc def", "kn_\u00e9t\u00e9"):
+        with pytest.raises(errors.ConnectionConfigError, match="token"):
+            KnowledgeClient("127.0.0.1:1", token=token)
+    kc = KnowledgeClient("127.0.0.1:1", token="kn_secret_value\n")  # noqa: S106 - a test value
+    try:
+        assert kc.settings.token == "kn_secret_value"
+        assert "kn_secret_value" not in repr(kc.settings)
+    finally:
+        kc.close()

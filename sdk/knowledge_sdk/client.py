@@ -22,7 +22,7 @@ import json
 import os
 import typing
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import GenericAlias
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar, overload
@@ -136,7 +136,8 @@ class ConnectionSettings:
     KNOWLEDGE_TLS_CA, KNOWLEDGE_TLS_CERT, KNOWLEDGE_TLS_KEY."""
 
     address: str = DEFAULT_ADDRESS
-    token: str | None = None
+    # Never in the settings' repr (a traceback's locals, a log of the settings).
+    token: str | None = field(default=None, repr=False)
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -157,7 +158,31 @@ class ConnectionSettings:
             "tls_key": p("KNOWLEDGE_TLS_KEY"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if isinstance(values["token"], str):
+            # A token read from a file keeps its line break: trimmed, as by the
+            # TypeScript client.
+            values["token"] = values["token"].strip() or None
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        # A certificate without its key aborted the process in gRPC's core (no exception
+        # to catch); a key without a certificate left the channel in plain text, the token
+        # with it.
+        if bool(self.tls_cert) != bool(self.tls_key):
+            given, missing = ("cert", "key") if self.tls_cert else ("key", "cert")
+            raise errors.ConnectionConfigError(
+                f"TLS client {given} given without its {missing}"
+                " (KNOWLEDGE_TLS_CERT and KNOWLEDGE_TLS_KEY go together)"
+            )
+        # A header carries printable ASCII only: a token read from a file with its line
+        # break, or holding other characters, failed every call as an internal error.
+        if self.token is not None and not (
+            self.token.isascii() and self.token.isprintable() and " " not in self.token
+        ):
+            raise errors.ConnectionConfigError(
+                "the token is not printable ASCII without spaces (a line break from the"
+                " file it was read from?)"
+            )
 
     def credentials(self) -> grpc.ChannelCredentials | None:
         if not (self.tls_ca or self.tls_cert):
