@@ -296,3 +296,49 @@ def test_connection_settings_refuse_what_would_abort_or_leak(tmp_path: Any) -> N
         assert "kn_secret_value" not in repr(kc.settings)
     finally:
         kc.close()
+
+
+async def test_the_async_client_ends_a_stream_its_caller_leaves() -> None:
+    """Leaving an async stream's loop (break) ends the call on the wire, as the sync
+    client does: before, the server went on streaming until the client was closed."""
+    import asyncio
+
+    from knowledge_sdk import AsyncKnowledgeClient
+
+    state: dict[str, str] = {}
+
+    class Handler(grpc.GenericRpcHandler):
+        def service(self, details: Any) -> Any:
+            if details.method != "/knowledge.v1.KnowledgeBaseAdminService/WatchTask":
+                return None
+
+            async def watch(request: Any, context: Any) -> Any:
+                state["call"] = "started"
+                try:
+                    while True:
+                        yield v1.WatchTaskResponse()
+                        await asyncio.sleep(0.02)
+                except asyncio.CancelledError:
+                    state["call"] = "cancelled"
+                    raise
+
+            return grpc.unary_stream_rpc_method_handler(
+                watch, request_deserializer=v1.WatchTaskRequest.parse, response_serializer=bytes
+            )
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((Handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    kc = AsyncKnowledgeClient(f"127.0.0.1:{port}")
+    try:
+        async for _ in kc.kb_watch_task("task-1"):
+            break
+        for _ in range(200):  # the generator is closed by the loop, then the call ends
+            if state.get("call") == "cancelled":
+                break
+            await asyncio.sleep(0.02)
+        assert state.get("call") == "cancelled"
+    finally:
+        await kc.close()
+        await server.stop(0)

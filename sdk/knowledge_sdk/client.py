@@ -481,13 +481,17 @@ class AsyncKnowledgeClient(_Client):
         send = self._channel.unary_stream(
             rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
         )
+        running = send(call.request, timeout=self._deadline(call), metadata=self._metadata(call))
         try:
-            async for item in send(
-                call.request, timeout=self._deadline(call), metadata=self._metadata(call)
-            ):
+            async for item in running:
                 yield item
         except grpc.RpcError as exc:
             raise self._error(exc) from None
+        finally:
+            # A caller that leaves the loop (break, return, an exception) ends the stream
+            # on the wire, as the sync client's does; left to itself it ran until the
+            # client was closed.
+            running.cancel()
 
     # KnowledgeService
     search = _async(_calls.search)
