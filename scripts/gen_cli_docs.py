@@ -33,9 +33,10 @@ def render() -> str:
         "```",
         "",
         "Exit codes of client commands: 0 ok, 1 request failed (the reason code is printed), 2 usage or",
-        "configuration error, 3 edition required, 4 unavailable (the service unreachable, or a",
-        "dependency it needs down or too slow: the reason code and trace id are printed; a retry may",
-        "work), 5 not authenticated.",
+        "configuration error (a bad option, a TLS file or token the connection cannot use, a file the",
+        "command cannot read), 3 edition required, 4 unavailable (the service unreachable or silent",
+        "past the deadline, or a dependency it needs down or too slow: the reason code and trace id",
+        "are printed; a retry may work), 5 not authenticated.",
         "",
     ]
     for path in iter_commands():

@@ -366,3 +366,38 @@ def test_dispatch_code_refs_name_their_workspace_when_there_are_several() -> Non
         "code src/app.py:1-9 in /work/b",
     ]
     assert code_refs_text([ref("/work/a"), ref("/work/a")]) == ["code src/app.py:1-9"] * 2
+
+
+def test_connection_settings_and_deadlines_fail_in_one_line_with_their_exit_code(
+    tmp_path: Path,
+) -> None:
+    """docs/cli.md's exit codes: the caller's own input (a TLS file that cannot be read, a
+    certificate without its key, a --timeout that is no positive number) is 2, one line;
+    a service that accepts and never answers is 4 with its address, as one that cannot be
+    reached (it was a bare "Deadline Exceeded", 1; the TLS file 1; --timeout nan and -5
+    were sent as deadlines)."""
+    import socket
+
+    base = {"KNOWLEDGE_DATA_DIR": str(tmp_path), "KNOWLEDGE_ADDRESS": "127.0.0.1:1"}
+    for env in (
+        {"KNOWLEDGE_TLS_CA": str(tmp_path / "missing-ca.pem")},
+        {"KNOWLEDGE_TLS_CERT": str(tmp_path / "c.pem")},
+    ):
+        result = CliRunner().invoke(main, ["status"], env={**base, **env})
+        assert result.exit_code == 2, result.output
+        assert "Traceback" not in result.output
+    for value in ("nan", "-5", "0"):
+        result = CliRunner().invoke(main, ["--timeout", value, "status"], env=base)
+        assert result.exit_code == 2, (value, result.output)
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(8)  # connections complete, nothing is ever said
+    try:
+        address = f"127.0.0.1:{mute.getsockname()[1]}"
+        result = CliRunner().invoke(
+            main, ["--timeout", "1", "status"], env={**base, "KNOWLEDGE_ADDRESS": address}
+        )
+    finally:
+        mute.close()
+    assert result.exit_code == 4, result.output
+    assert address in result.output and "within the deadline" in result.output

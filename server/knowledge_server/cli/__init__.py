@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -45,6 +46,13 @@ from knowledge_server.cli.outbox import outbox
 from knowledge_server.plain import printable
 
 
+def _finite(value: float | None) -> float | None:
+    """``--timeout``: NaN passes a range check (no comparison holds for it)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter("must be a number of seconds", param_hint="'--timeout'")
+    return value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option(
     "--data-dir",
@@ -65,7 +73,12 @@ from knowledge_server.plain import printable
     help="Bearer token for client commands. Env: KNOWLEDGE_TOKEN.",
 )
 @click.option(
-    "--timeout", type=float, default=None, help="Deadline in seconds for client calls (default 30)."
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True, max=86_400),
+    default=None,
+    callback=lambda _ctx, _param, value: _finite(value),
+    help="Deadline in seconds for client calls that are not streams (default 30; streams"
+    " such as index and ingest run until they end).",
 )
 @click.pass_context
 def main(

@@ -147,10 +147,25 @@ def handle_errors(fn: F) -> F:
             )
         except sdk_errors.Unauthenticated as exc:
             fail(f"{exc.message} (set --token or KNOWLEDGE_TOKEN)", 5)
+        except sdk_errors.DeadlineExceeded as exc:
+            if exc.reason:  # the service answered: its own deadline for the call passed
+                fail(_rpc_line(exc), 1)
+            fail(
+                f"no answer from the service at {resolve_address(ctx)} within the deadline;"
+                " is it the service, and is it overloaded? (--timeout, --address)",
+                4,
+            )
         except sdk_errors.RPCError as exc:
             fail(_rpc_line(exc), 1)
+        except sdk_errors.ConnectionConfigError as exc:
+            # The connection settings (a TLS file, the token) are the caller's input.
+            fail(str(exc), 2)
         except sdk_errors.KnowledgeError as exc:
             fail(str(exc), 1)
+        except OSError as exc:
+            # A file the command reads (an upload that changed or cannot be read): one
+            # line, the file's fault, not a traceback.
+            fail(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), 2)
         return None
 
     return wrapper  # type: ignore[return-value]
