@@ -342,3 +342,20 @@ async def test_the_async_client_ends_a_stream_its_caller_leaves() -> None:
     finally:
         await kc.close()
         await server.stop(0)
+
+
+async def test_a_call_on_a_closed_client_is_a_knowledge_error() -> None:
+    """errors.py: no raw transport exception escapes. A call on a closed client raised
+    gRPC's ValueError (sync) or UsageError (async); it is ClientClosed."""
+    from knowledge_sdk import AsyncKnowledgeClient
+
+    kc = KnowledgeClient("127.0.0.1:1")
+    kc.close()
+    with pytest.raises(errors.ClientClosed):
+        kc.get_status()
+    with pytest.raises(errors.ClientClosed):
+        next(iter(kc.rebuild_derived()))
+    akc = AsyncKnowledgeClient("127.0.0.1:1")
+    await akc.close()
+    with pytest.raises(errors.ClientClosed):
+        await akc.get_status()

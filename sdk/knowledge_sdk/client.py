@@ -249,6 +249,13 @@ class _Client:
             address=address, token=token, timeout=timeout
         )
         self._credentials = self.settings.credentials()
+        # Set by close(): a call then is ClientClosed, not gRPC's own error for a closed
+        # channel (a ValueError from one client, a UsageError from the other).
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.ClientClosed("the client is closed; make a new one")
 
     def _deadline(self, call: UnaryCall[Any] | StreamCall[Any]) -> float | None:
         if isinstance(call, StreamCall):
@@ -339,6 +346,7 @@ class KnowledgeClient(_Client):
         )
 
     def close(self) -> None:
+        self._closed = True
         self._channel.close()
 
     def __enter__(self) -> Self:
@@ -348,6 +356,7 @@ class KnowledgeClient(_Client):
         self.close()
 
     def _unary(self, call: UnaryCall[R]) -> R:
+        self._check_open()
         rpc = call.rpc
         send = self._channel.unary_unary(
             rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
@@ -361,6 +370,7 @@ class KnowledgeClient(_Client):
         return response
 
     def _stream(self, call: StreamCall[R]) -> Iterator[R]:
+        self._check_open()
         rpc = call.rpc
         send = self._channel.unary_stream(
             rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
@@ -455,6 +465,7 @@ class AsyncKnowledgeClient(_Client):
         )
 
     async def close(self) -> None:
+        self._closed = True
         await self._channel.close()
 
     async def __aenter__(self) -> Self:
@@ -464,6 +475,7 @@ class AsyncKnowledgeClient(_Client):
         await self.close()
 
     async def _unary(self, call: UnaryCall[R]) -> R:
+        self._check_open()
         rpc = call.rpc
         send = self._channel.unary_unary(
             rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
@@ -477,6 +489,7 @@ class AsyncKnowledgeClient(_Client):
         return response
 
     async def _stream(self, call: StreamCall[R]) -> AsyncIterator[R]:
+        self._check_open()
         rpc = call.rpc
         send = self._channel.unary_stream(
             rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse

@@ -167,6 +167,10 @@ class ConnectionConfigError(KnowledgeError):
     """The client was configured wrongly (address, TLS files)."""
 
 
+class ClientClosed(KnowledgeError):
+    """A call on a client that was closed (``close()``, or its ``with`` block ended)."""
+
+
 BY_CODE: dict[grpc.StatusCode, type[RPCError]] = {
     cls.status: cls
     for cls in (
