@@ -401,3 +401,36 @@ def test_connection_settings_and_deadlines_fail_in_one_line_with_their_exit_code
         mute.close()
     assert result.exit_code == 4, result.output
     assert address in result.output and "within the deadline" in result.output
+
+
+def test_ingest_watch_json_prints_one_summary_per_line_and_stops_cleanly_on_ctrl_c(
+    served, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """`ingest --watch --json` prints JSON Lines: one summary a round, each a JSON object
+    on its own line (it printed indented documents one after another, no JSON at all);
+    Ctrl-C, the documented way to stop it, ends it with exit 0 (it was 1, "Aborted!")."""
+    import time
+
+    _proc, env, _port = served
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "s.jsonl").write_text(
+        json.dumps({"session_id": "s", "role": "user", "text": "hi"}) + "\n"
+    )
+    watch = subprocess.Popen(
+        [*KNOWLEDGE, "ingest", str(logs), "--watch", "--interval", "0.2", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    assert watch.stdout is not None
+    lines = [watch.stdout.readline(), watch.stdout.readline()]  # two rounds
+    time.sleep(0.1)
+    watch.send_signal(signal.SIGINT)
+    rest, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0, err
+    for line in [*lines, *rest.splitlines()]:
+        if line.strip():
+            assert "index_rev" in json.loads(line)

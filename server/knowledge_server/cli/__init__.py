@@ -633,7 +633,12 @@ def index(ctx: click.Context, path: str, full: bool, as_json: bool) -> None:
 @click.option(
     "--interval", default=2.0, show_default=True, help="Seconds between checks with --watch."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the summary as JSON (with --watch: one summary per line, JSON Lines).",
+)
 @click.pass_context
 @handle_errors
 def ingest(
@@ -645,11 +650,18 @@ def ingest(
 
     resolved = [str(Path(p).resolve()) for p in paths]
     with client(ctx) as kc:
-        while True:
-            run_stream(kc.ingest_sessions(resolved, timeout=None), as_json, "ingest")
+        try:
+            while True:
+                run_stream(
+                    kc.ingest_sessions(resolved, timeout=None), as_json, "ingest", lines=watch
+                )
+                if not watch:
+                    break
+                time.sleep(interval)
+        except KeyboardInterrupt:
             if not watch:
-                break
-            time.sleep(interval)
+                raise
+            # Ctrl-C is how --watch is stopped: an ending, not a failure.
 
 
 @main.command()

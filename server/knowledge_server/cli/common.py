@@ -106,10 +106,12 @@ def to_json_dict(msg: betterproto2.Message) -> dict[str, Any]:
     return msg.to_dict(casing=betterproto2.Casing.SNAKE, include_default_values=True)
 
 
-def emit_json(data: Any) -> None:
+def emit_json(data: Any, *, line: bool = False) -> None:
+    """``data`` as JSON on stdout; ``line``: one compact line (JSON Lines, for a command
+    that prints one document per round, such as ``ingest --watch``)."""
     if isinstance(data, betterproto2.Message):
         data = to_json_dict(data)
-    click.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+    click.echo(json.dumps(data, ensure_ascii=False, indent=None if line else 2, default=str))
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -171,8 +173,9 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
-    """Show a progress bar for a streaming operation, then its summary."""
+def run_stream(events: Iterable[Any], as_json: bool, title: str, *, lines: bool = False) -> None:
+    """Show a progress bar for a streaming operation, then its summary (``lines``: the
+    JSON summary on one line, one per round)."""
     summary = None
     with Progress(
         TextColumn("{task.description}"),
@@ -200,7 +203,7 @@ def run_stream(events: Iterable[Any], as_json: bool, title: str) -> None:
         fail("the operation ended without a summary")
         return
     if as_json:
-        emit_json(summary)
+        emit_json(summary, line=lines)
         return
     counters = ", ".join(f"{k}={v}" for k, v in sorted(summary.counters.items()))
     stopped = (
