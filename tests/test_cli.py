@@ -434,3 +434,16 @@ def test_ingest_watch_json_prints_one_summary_per_line_and_stops_cleanly_on_ctrl
     for line in [*lines, *rest.splitlines()]:
         if line.strip():
             assert "index_rev" in json.loads(line)
+
+
+def test_serve_refuses_a_session_path_that_does_not_exist(tmp_path: Path) -> None:
+    """`serve --sessions PATH` with a path that does not exist is a usage error (exit 2,
+    naming it), as `--workspace` is; it started and ingested nothing, without a word."""
+    missing = tmp_path / "no-such-logs"
+    result = CliRunner().invoke(
+        main,
+        ["serve", "--listen", "127.0.0.1:0", "--sessions", str(missing)],
+        env={"KNOWLEDGE_DATA_DIR": str(tmp_path / "data")},
+    )
+    assert result.exit_code == 2, result.output
+    assert "no-such-logs" in result.output and "does not exist" in result.output

@@ -134,9 +134,9 @@ def version(as_json: bool) -> None:
     "--sessions",
     "session_paths",
     multiple=True,
-    type=click.Path(),
-    help="Session log file or folder to ingest (repeatable). Default: the standard harness locations, "
-    "else the bundled example log.",
+    type=click.Path(exists=True),
+    help="Session log file or folder to ingest (repeatable; must exist). Default: the standard "
+    "harness locations, else the bundled example log.",
 )
 @click.option("--no-bootstrap", is_flag=True, help="Do not index or ingest at start.")
 @click.option(
