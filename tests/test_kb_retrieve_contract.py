@@ -342,6 +342,24 @@ class _MilvusProcess:
 
     def signal(self, sig: signal.Signals) -> None:
         os.kill(self.proc.pid, sig)
+        if sig == signal.SIGSTOP:
+            # A stop takes effect when each of the server's threads is next scheduled: on
+            # a loaded machine a thread still running could answer the next search. Wait
+            # until every thread is stopped, so the calls after this meet a stopped server.
+            limit = time.monotonic() + 10
+            while not self._all_stopped():
+                assert time.monotonic() < limit, "the Milvus server did not stop"
+                time.sleep(0.01)
+
+    def _all_stopped(self) -> bool:
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        try:
+            states = [
+                (t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()
+            ]
+        except OSError:
+            return False
+        return bool(states) and all(state in ("T", "t") for state in states)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
