@@ -835,17 +835,28 @@ class KnowledgeApp:
         self.licence.reload()
 
     def close(self) -> None:
+        """Close every store, the audit log last: work still ending in a lane's thread
+        (an index run stopping between two batches) appends its event as it ends. One
+        store that fails to close is logged and the others are closed all the same."""
         if self._rebuild is not None:
             self._rebuild.cancel()
-        if self._audit is not None:
-            self._audit.close()
+        closers: list[tuple[str, Callable[[], None]]] = []
         if self.kb is not None:
-            self.kb.close()
+            closers.append(("kb", self.kb.close))
         if self._memory is not None:
-            self._memory.store.close()
-        for _, lane in self.lanes.reporting():
+            closers.append(("memory", self._memory.store.close))
+        for name, lane in self.lanes.reporting():
             if lane is not None:
-                lane.close()
+                closers.append((name, lane.close))
+        if self._audit is not None:
+            closers.append(("audit", self._audit.close))
+        for name, close in closers:
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - the other stores are closed still
+                get_logger("knowledge.app").error(
+                    "app.close_failed", store=name, error_type=type(exc).__name__
+                )
 
     def data_path(self, name: str) -> Path:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from knowledge_server.episodes.discover import default_roots
 from knowledge_server.episodes.ingest import ingest, ingest_sample_if_empty
 from knowledge_server.episodes.model import EpisodeHit, EventDetail, SessionInfo
 from knowledge_server.episodes.store import DB_FILE, EpisodeStore, InvalidQuery
-from knowledge_server.errors import InvalidRequest, NotFound
+from knowledge_server.errors import InvalidRequest, NotFound, Unavailable
 from knowledge_server.lanes.common import (
     Pool,
     ProgressFn,
@@ -85,6 +85,8 @@ class EpisodesLane:
         self.workspaces = tuple(workspaces)
         self._writer = EpisodeStore(self.path)
         self._write_lock = WriterLock(data_dir, "episodes")
+        # Set by close(): a running ingest stops before its next file.
+        self._cancel = threading.Event()
         self._readers: Pool[EpisodeStore] = Pool(
             lambda: bound_store(EpisodeStore(self.path, read_only=True))
         )
@@ -94,9 +96,21 @@ class EpisodesLane:
         self.last_error: str = ""
         self.storage = StorageErrors(self.name)
 
-    def close(self) -> None:
-        self._readers.close_all(lambda s: s.close())
-        self._writer.close()
+    def close(self, wait_s: float = 30.0) -> None:
+        """Stop a running ingest between two files (each file's import is its own
+        transaction), wait for it to let go of the writer (at most ``wait_s``), then close
+        the stores. Closed under a running ingest, the writer refused ("busy in another
+        thread"), the stores after it were never closed, and the process waited for the
+        whole ingest."""
+        self._cancel.set()
+        idle = self._write_lock.acquire_thread(timeout=wait_s)
+        try:
+            self._readers.close_all(lambda s: s.close())
+            if idle:
+                self._writer.close()
+        finally:
+            if idle:
+                self._write_lock.release_thread()
 
     @contextmanager
     def snapshot(self) -> Iterator[EpisodeStore]:
@@ -304,11 +318,17 @@ class EpisodesLane:
         started = time.perf_counter()
         if not paths and scope is not None:
             paths = self._scoped_defaults(scope)
+
+        def step(done: int, total: int, path: str) -> None:
+            if self._cancel.is_set():
+                raise Unavailable("the service is stopping; ingest again to go on")
+            progress("ingest", done, total, os.path.basename(path))
+
         with self._write_lock:
             report = ingest(
                 self._writer,
                 list(paths) if paths else (list(self.session_paths) or None),
-                lambda d, t, p: progress("ingest", d, t, os.path.basename(p)),
+                step,
                 scope,
             )
             sample = None
