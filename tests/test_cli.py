@@ -447,3 +447,28 @@ def test_serve_refuses_a_session_path_that_does_not_exist(tmp_path: Path) -> Non
     )
     assert result.exit_code == 2, result.output
     assert "no-such-logs" in result.output and "does not exist" in result.output
+
+
+def test_a_second_serve_on_the_same_data_directory_is_refused_naming_the_first(
+    served,
+) -> None:  # type: ignore[no-untyped-def]
+    """Two servers on one data directory each ran a bootstrap, a task worker and a log
+    watcher of their own, and the second one's exit removed the first one's server.json
+    (clients then dialled the default address). The second is refused (exit 2, naming the
+    first's address), and the first keeps serving and its server.json."""
+    _proc, env, port = served
+    second = subprocess.run(
+        [*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0", "--no-bootstrap"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert second.returncode == 2, second.stderr
+    assert "in use by another `knowledge serve`" in second.stderr
+    assert f"127.0.0.1:{port}" in second.stderr
+    recorded = json.loads((Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json").read_text())
+    assert recorded["address"] == f"127.0.0.1:{port}"
+    assert _invoke(env, "status").exit_code == 0

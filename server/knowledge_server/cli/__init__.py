@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import math
+import os
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -18,6 +20,7 @@ from typing import Any
 
 import click
 from knowledge_licensing.cli import license_group
+from knowledge_sdk.recorded import recorded_address
 from rich.markup import escape as markup_escape
 from rich.table import Table
 from rich.text import Text
@@ -198,8 +201,9 @@ def serve(
     KNOWLEDGE_INDEX_NOT_READY until their index exists.
 
     The address is recorded in DATA_DIR/server.json for the other commands. A port
-    another process listens on already is refused with one line and exit code 2,
-    leaving that server and its server.json alone.
+    another process listens on already, or a data directory another `knowledge serve`
+    has, is refused with one line and exit code 2, leaving that server and its
+    server.json alone.
     """
     # The server's runtime (stores, tree-sitter, numpy) is imported by `serve` alone, so
     # the client commands (search, status, ...) start without loading it.
@@ -247,6 +251,10 @@ def serve(
         check_workspaces(cfg)
         check_port_free(cfg.listen)  # first: a refused start creates no data directory
         check_data_dir(cfg)
+        try:
+            held = _hold_data_dir(cfg.data_dir)  # noqa: F841 - held until the process ends
+        except DataDirTaken as exc:
+            fail(f"configuration: {exc}", 2)
         app = build_app(cfg)
         authenticate = build_authenticator(cfg)
     except ConfigError as exc:
@@ -280,6 +288,32 @@ def serve(
         pass
     finally:
         clear_address(cfg.data_dir)
+
+
+def _hold_data_dir(data_dir: Path) -> int:
+    """Take the data directory for this serving process (its workers share it), or raise
+    DataDirTaken naming the one that has it: two servers on one data directory each ran a
+    bootstrap, a task worker and a log watcher of their own, and the second one's exit
+    removed the first one's server.json. A lock the kernel drops when its holder dies, so
+    a killed server never leaves the directory taken."""
+    path = data_dir / "locks" / "serve.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        recorded = recorded_address(data_dir.resolve())
+        where = f" at {recorded}" if recorded else ""
+        raise DataDirTaken(
+            f"data_dir: {data_dir} is in use by another `knowledge serve`{where};"
+            " stop it, or give this one another --data-dir"
+        ) from None
+    return fd
+
+
+class DataDirTaken(Exception):
+    """Another serving process has the data directory."""
 
 
 def _shown(text: str) -> str:
