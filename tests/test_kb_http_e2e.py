@@ -905,3 +905,42 @@ async def test_http15_every_refusal_before_the_body_closes_its_connection(
         await rs.served.http.stop(0)
         await rs.server.stop(0)
         rs.app.close()
+
+
+async def test_http15_a_refusal_neither_invites_a_body_nor_waits_for_one_that_has_arrived(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP-15: reading the rest of a refused request's body must not ask a caller waiting
+    for `100 Continue` to send it (it answered `100 Continue`, then the refusal; curl's
+    large upload then met a reset connection), nor wait for more of a body that has all
+    arrived (a chunked body over the limit got its 413 only after the drain's wait)."""
+    monkeypatch.setattr(kb_http, "DRAIN_S", 60.0, raising=False)
+    rs = await start_server(tmp_path, retrieve_http_listen="127.0.0.1:0")
+    assert rs.served.http is not None
+    port = rs.served.http.port
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 50000000\r\nExpect: 100-continue\r\n\r\n"
+        )
+        await writer.drain()
+        first = await asyncio.wait_for(_status_line(reader), timeout=20)
+        assert first.startswith(b"HTTP/1.1 413"), first
+        writer.close()
+
+        body = b'{"query": "' + b"x" * 70_000 + b'"}'
+        chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + chunked
+        )
+        await writer.drain()
+        first = await asyncio.wait_for(_status_line(reader), timeout=20)
+        assert first.startswith(b"HTTP/1.1 413"), first
+        writer.close()
+    finally:
+        await rs.served.http.stop(0)
+        await rs.server.stop(0)
+        rs.app.close()

@@ -247,11 +247,22 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     size = 0
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
+            # From the receive channel, not ``request.stream()``: whether the body has all
+            # arrived is known here (``_ended``), so a refusal does not wait for more.
+            request.state.body_asked = True
+            while True:
+                message = await request.receive()
+                if message.get("type") == "http.disconnect":
+                    raise ClientDisconnect()
+                chunk = message.get("body", b"")
+                if not message.get("more_body", False):
+                    request.state.body_ended = True
                 size += len(chunk)
                 if size > limit:
                     raise _BodyTooLarge(f"request: the body is larger than {limit} bytes")
                 chunks.append(chunk)
+                if getattr(request.state, "body_ended", False):
+                    break
     except TimeoutError:
         raise _BodyTooSlow(
             f"request: the body did not arrive within {timeout_s:g} seconds of the head",
@@ -270,7 +281,14 @@ DRAIN_S = 2.0
 
 async def _drain(request: Request) -> None:
     """Read and drop what is left of ``request``'s body, within ``DRAIN_BYTES`` and
-    ``DRAIN_S`` (from the ASGI receive channel: the body stream may be half read)."""
+    ``DRAIN_S`` (from the ASGI receive channel: the body stream may be half read). Nothing
+    when the body has all arrived, or was never asked for from a caller waiting for
+    ``100 Continue`` (reading would invite the body a refusal does not want)."""
+    if getattr(request.state, "body_ended", False):
+        return
+    waits = request.headers.get("expect", "").lower() == "100-continue"
+    if waits and not getattr(request.state, "body_asked", False):
+        return
     size = 0
     try:
         async with asyncio.timeout(DRAIN_S):
