@@ -472,3 +472,25 @@ def test_a_second_serve_on_the_same_data_directory_is_refused_naming_the_first(
     recorded = json.loads((Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json").read_text())
     assert recorded["address"] == f"127.0.0.1:{port}"
     assert _invoke(env, "status").exit_code == 0
+
+
+def test_only_a_file_the_command_reads_is_the_callers_error(tmp_path: Path) -> None:
+    """A file a command reads that fails (an upload that changed) is one line and exit 2;
+    an OSError about no file (a broken pipe to `head`, a full disk under the output) is
+    not the caller's input and is left to click, as before (it became exit 2, "usage")."""
+    import click
+    from knowledge_server.cli.common import handle_errors
+
+    def command(exc: OSError) -> click.Command:
+        @click.command()
+        @handle_errors
+        def run() -> None:
+            raise exc
+
+        return run
+
+    result = CliRunner().invoke(command(OSError(5, "the file changed", "notes.md")))
+    assert result.exit_code == 2 and "notes.md: the file changed" in result.output
+    for exc in (BrokenPipeError(32, "Broken pipe"), OSError(28, "No space left on device")):
+        result = CliRunner().invoke(command(exc))
+        assert result.exit_code != 2 and "error:" not in result.output, result.output

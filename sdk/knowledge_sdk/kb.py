@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,8 +41,10 @@ def upload_file(
                 # Shorter than when it was measured: the file changed under the upload
                 # (sending nothing more would never end it).
                 raise OSError(
-                    f"{path}: the file changed while it was uploaded ({total} bytes at the "
-                    f"start, {sent} read); nothing was added"
+                    errno.EIO,
+                    f"the file changed while it was uploaded ({total} bytes at the start,"
+                    f" {sent} read); nothing was added",
+                    str(path),
                 )
             final = sent + len(data) >= total
             resp = client.kb_upload_source_piece(

@@ -166,8 +166,12 @@ def handle_errors(fn: F) -> F:
             fail(str(exc), 1)
         except OSError as exc:
             # A file the command reads (an upload that changed or cannot be read): one
-            # line, the file's fault, not a traceback.
-            fail(f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), 2)
+            # line, the file's fault, not a traceback. Other failures (a broken pipe to
+            # `head`, a full disk under the output) are not the caller's input: left to
+            # click, as before.
+            if exc.filename is None or isinstance(exc, BrokenPipeError):
+                raise
+            fail(f"{exc.filename}: {exc.strerror or exc}", 2)
         return None
 
     return wrapper  # type: ignore[return-value]
