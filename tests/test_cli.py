@@ -494,3 +494,15 @@ def test_only_a_file_the_command_reads_is_the_callers_error(tmp_path: Path) -> N
     for exc in (BrokenPipeError(32, "Broken pipe"), OSError(28, "No space left on device")):
         result = CliRunner().invoke(command(exc))
         assert result.exit_code != 2 and "error:" not in result.output, result.output
+
+
+def test_serve_expands_a_home_relative_session_path_before_checking_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--sessions=~/logs` (a shell expands no `~` after `=`, nor a unit file) names the
+    home's logs: it is expanded, then checked; refused, it had served before the check."""
+    from knowledge_server.cli import _existing_paths
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "logs").mkdir()
+    assert _existing_paths(("~/logs",), "--sessions") == (str(tmp_path / "logs"),)

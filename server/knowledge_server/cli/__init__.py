@@ -49,6 +49,18 @@ from knowledge_server.cli.outbox import outbox
 from knowledge_server.plain import printable
 
 
+def _existing_paths(values: tuple[str, ...], option: str) -> tuple[str, ...]:
+    """Paths that must exist, ``~`` expanded first (a shell leaves ``--sessions=~/logs``
+    as written, and so do unit files and quoted paths)."""
+    out = []
+    for value in values:
+        path = os.path.expanduser(value)
+        if not os.path.exists(path):
+            raise click.BadParameter(f"Path {value!r} does not exist.", param_hint=f"'{option}'")
+        out.append(path)
+    return tuple(out)
+
+
 def _finite(value: float | None) -> float | None:
     """``--timeout``: NaN passes a range check (no comparison holds for it)."""
     if value is not None and not math.isfinite(value):
@@ -137,7 +149,8 @@ def version(as_json: bool) -> None:
     "--sessions",
     "session_paths",
     multiple=True,
-    type=click.Path(exists=True),
+    type=click.Path(),
+    callback=lambda _ctx, _param, values: _existing_paths(values, "--sessions"),
     help="Session log file or folder to ingest (repeatable; must exist). Default: the standard "
     "harness locations, else the bundled example log.",
 )
