@@ -870,3 +870,16 @@ def test_a_recorded_address_is_not_read_from_a_data_directory_others_may_write(
     link = tmp_path / "link"
     link.symlink_to(shared)
     assert recorded_address(link) == "127.0.0.1:45678"
+
+
+def test_knowledge_mcp_answers_settings_it_cannot_use_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A TLS certificate without its key (or a token no header carries) is one line and
+    exit 2 from `knowledge-mcp`, as from the CLI; it was a traceback."""
+    from knowledge_mcp.__main__ import main as bridge_main
+
+    monkeypatch.setenv("KNOWLEDGE_TLS_CERT", str(tmp_path / "client.pem"))
+    monkeypatch.delenv("KNOWLEDGE_TLS_KEY", raising=False)
+    assert bridge_main([]) == 2
+    assert "without its key" in capsys.readouterr().err

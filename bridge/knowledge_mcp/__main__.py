@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from knowledge_sdk import ConnectionSettings
+from knowledge_sdk import ConnectionConfigError, ConnectionSettings
 
 from knowledge_mcp.address import resolve_address
 from knowledge_mcp.tools import TOOLS
@@ -73,9 +73,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    settings = ConnectionSettings.from_env(
-        address=resolve_address(args.address), token=args.token, timeout=args.timeout
-    )
+    try:
+        settings = ConnectionSettings.from_env(
+            address=resolve_address(args.address), token=args.token, timeout=args.timeout
+        )
+    except ConnectionConfigError as exc:
+        # A TLS certificate without its key, a token no header carries: one line and exit
+        # 2, as the CLI answers the same settings.
+        print(f"knowledge-mcp: {exc}", file=sys.stderr)
+        return 2
     if args.http:
         # The HTTP stack (uvicorn, starlette) is loaded only for --http.
         from knowledge_mcp import http
