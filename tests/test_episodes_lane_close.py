@@ -80,3 +80,44 @@ def test_the_app_closes_every_store_and_the_audit_log_last(tmp_path: Path) -> No
     app.close()
     assert closed[-1] == "audit"
     assert set(closed) == {name for name, _ in lanes} | {"audit"}
+
+
+def test_shutdown_waits_for_an_operator_streams_audit_event_before_closing_the_log(
+    tmp_path: Path,
+) -> None:
+    """AUD-9 at shutdown: an operator stream's work (an ingest stopped before its next
+    file) appends its event after its lane let go of the writer; the app's close waits for
+    it before closing the audit log. Before, the log could be closed first, and the event
+    was lost ("audit.append_failed")."""
+    from knowledge_server.audit import AuditLog
+    from knowledge_server.auth_model import LOCAL_PRINCIPAL
+    from knowledge_server.config import load_config
+    from knowledge_server.runtime import build_app
+
+    cfg = load_config(env={}, overrides={"data_dir": str(tmp_path / "data"), "bootstrap": False})
+    app = build_app(cfg)
+    assert app.audit is not None
+    entered, release = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        with app.work_running():
+            entered.set()
+            release.wait(30)
+            try:
+                app.append_event(LOCAL_PRINCIPAL, "ingest", targets=["stopped"])
+            except BaseException as exc:  # noqa: BLE001 - the failure is what is checked
+                failed.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert entered.wait(10)
+    threading.Timer(1.0, release.set).start()  # the work ends while close runs
+    app.close()
+    worker.join(30)
+    assert failed == []
+    log = AuditLog(tmp_path / "data" / "audit.sqlite")
+    try:
+        assert [e.targets for e in log.events() if e.operation == "ingest"] == [("stopped",)]
+    finally:
+        log.close()

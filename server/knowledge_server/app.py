@@ -9,10 +9,11 @@ in as a plain argument (``docs/architecture.md``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -109,6 +110,11 @@ def _request_dict(req: Message) -> dict[str, Any]:
     return json_format.MessageToDict(req, preserving_proto_field_name=True)
 
 
+# How long shutdown waits for operator streams' work to end and record its event before it
+# closes the audit log: the lanes stop that work between two files or batches first.
+WORK_END_S = 10.0
+
+
 class _AuditedWork:
     """The audit event of one operator stream's work, appended by the thread that runs
     the work as soon as it ends, whether or not anyone still reads the stream: ``ok`` with
@@ -156,6 +162,10 @@ class _AuditedWork:
         """``work``, followed by its audit event."""
 
         def run(progress: ProgressFn) -> index_service_pb2.OperationSummary:
+            with self.app.work_running():
+                return audited(progress)
+
+        def audited(progress: ProgressFn) -> index_service_pb2.OperationSummary:
             try:
                 summary = work(progress)
             except Exception as exc:
@@ -303,6 +313,10 @@ class KnowledgeApp:
         self.licence = licence or LicenceView()
         self.lanes = lanes or Lanes()
         self._audit: AuditLog | None = None
+        # Operator streams' work (with its audit event) running in threads: ``close``
+        # closes the audit log once none is left (``work_running``).
+        self._works = threading.Condition()
+        self._works_running = 0
         # Operator streams' work threads open the log too (_AuditedWork): once, under this.
         self._audit_lock = threading.Lock()
         # The derived layer's rebuild after ingests nobody waits for (ingested()).
@@ -834,10 +848,25 @@ class KnowledgeApp:
         """SIGHUP: re-read the licence."""
         self.licence.reload()
 
+    @contextlib.contextmanager
+    def work_running(self) -> Iterator[None]:
+        """Around an operator stream's work and its audit event: ``close`` waits for it
+        before closing the audit log."""
+        with self._works:
+            self._works_running += 1
+        try:
+            yield
+        finally:
+            with self._works:
+                self._works_running -= 1
+                self._works.notify_all()
+
     def close(self) -> None:
         """Close every store, the audit log last: work still ending in a lane's thread
-        (an index run stopping between two batches) appends its event as it ends. One
-        store that fails to close is logged and the others are closed all the same."""
+        (an index run stopping between two batches, an ingest before its next file)
+        appends its event as it ends, and the audit log waits for it (at most
+        ``WORK_END_S``; the lanes have let go of their writers by then). One store that
+        fails to close is logged and the others are closed all the same."""
         if self._rebuild is not None:
             self._rebuild.cancel()
         closers: list[tuple[str, Callable[[], None]]] = []
@@ -849,7 +878,7 @@ class KnowledgeApp:
             if lane is not None:
                 closers.append((name, lane.close))
         if self._audit is not None:
-            closers.append(("audit", self._audit.close))
+            closers.append(("audit", self._close_audit))
         for name, close in closers:
             try:
                 close()
@@ -857,6 +886,12 @@ class KnowledgeApp:
                 get_logger("knowledge.app").error(
                     "app.close_failed", store=name, error_type=type(exc).__name__
                 )
+
+    def _close_audit(self) -> None:
+        with self._works:
+            self._works.wait_for(lambda: self._works_running == 0, timeout=WORK_END_S)
+        if self._audit is not None:
+            self._audit.close()
 
     def data_path(self, name: str) -> Path:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
