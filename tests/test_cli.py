@@ -506,3 +506,34 @@ def test_serve_expands_a_home_relative_session_path_before_checking_it(
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "logs").mkdir()
     assert _existing_paths(("~/logs",), "--sessions") == (str(tmp_path / "logs"),)
+
+
+def test_ingest_watch_stopped_before_any_round_ended_is_no_success(tmp_path: Path) -> None:
+    """Ctrl-C ends `ingest --watch` with exit 0 only after a round ended: stopped while the
+    first never did (a service that accepts and never answers), it is no success (it was
+    0, so a script could not tell it never worked)."""
+    import socket
+    import time
+
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(8)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {**_env(tmp_path), "KNOWLEDGE_ADDRESS": f"127.0.0.1:{mute.getsockname()[1]}"}
+    try:
+        watch = subprocess.Popen(
+            [*KNOWLEDGE, "ingest", str(logs), "--watch", "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+        )
+        time.sleep(2)  # well into its first round, which never ends
+        watch.send_signal(signal.SIGINT)
+        out, err = watch.communicate(timeout=30)
+    finally:
+        mute.close()
+    assert watch.returncode != 0, (out, err)
+    assert out == ""

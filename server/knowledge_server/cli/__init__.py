@@ -696,19 +696,22 @@ def ingest(
     import time
 
     resolved = [str(Path(p).resolve()) for p in paths]
+    rounds = 0
     with client(ctx) as kc:
         try:
             while True:
                 run_stream(
                     kc.ingest_sessions(resolved, timeout=None), as_json, "ingest", lines=watch
                 )
+                rounds += 1
                 if not watch:
                     break
                 time.sleep(interval)
         except KeyboardInterrupt:
-            if not watch:
+            if not watch or not rounds:
+                # Stopped before a single round ended: nothing was ingested to report.
                 raise
-            # Ctrl-C is how --watch is stopped: an ending, not a failure.
+            # Ctrl-C is how --watch is stopped after its rounds: an ending, not a failure.
 
 
 @main.command()
