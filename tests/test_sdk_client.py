@@ -359,3 +359,38 @@ async def test_a_call_on_a_closed_client_is_a_knowledge_error() -> None:
     await akc.close()
     with pytest.raises(errors.ClientClosed):
         await akc.get_status()
+
+
+async def test_closing_the_async_client_under_a_call_is_client_closed() -> None:
+    """The async client closed while a call waits: the call ends with ClientClosed, a
+    KnowledgeError, as the sync client's ends with a typed error; it surfaced as asyncio's
+    CancelledError, which a caller takes for the cancelling of its own task."""
+    import asyncio
+
+    from knowledge_sdk import AsyncKnowledgeClient
+
+    class Handler(grpc.GenericRpcHandler):
+        def service(self, details: Any) -> Any:
+            if details.method != "/knowledge.v1.IndexService/GetStatus":
+                return None
+
+            async def hang(request: Any, context: Any) -> Any:
+                await asyncio.sleep(60)
+
+            return grpc.unary_unary_rpc_method_handler(
+                hang, request_deserializer=v1.GetStatusRequest.parse, response_serializer=bytes
+            )
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((Handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    kc = AsyncKnowledgeClient(f"127.0.0.1:{port}", timeout=60)
+    try:
+        waiting = asyncio.create_task(kc.get_status())
+        await asyncio.sleep(0.5)
+        await kc.close()
+        with pytest.raises(errors.ClientClosed):
+            await waiting
+    finally:
+        await server.stop(0)

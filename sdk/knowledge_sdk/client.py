@@ -17,6 +17,7 @@ deadline. Every failure is a ``knowledge_sdk.errors`` exception.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import os
@@ -486,7 +487,20 @@ class AsyncKnowledgeClient(_Client):
             )
         except grpc.RpcError as exc:
             raise self._error(exc) from None
+        except asyncio.CancelledError:
+            self._closed_under(call)
+            raise
         return response
+
+    def _closed_under(self, call: UnaryCall[Any] | StreamCall[Any]) -> None:
+        """A call cancelled because the client was closed under it (not because its own
+        task was cancelled) is ClientClosed, as the sync client's is a KnowledgeError;
+        it surfaced as asyncio's CancelledError, which callers take for their own."""
+        task = asyncio.current_task()
+        if self._closed and (task is None or not task.cancelling()):
+            raise errors.ClientClosed(
+                f"the client was closed during {call.rpc.full_name}"
+            ) from None
 
     async def _stream(self, call: StreamCall[R]) -> AsyncIterator[R]:
         self._check_open()
@@ -500,6 +514,9 @@ class AsyncKnowledgeClient(_Client):
                 yield item
         except grpc.RpcError as exc:
             raise self._error(exc) from None
+        except asyncio.CancelledError:
+            self._closed_under(call)
+            raise
         finally:
             # A caller that leaves the loop (break, return, an exception) ends the stream
             # on the wire, as the sync client's does; left to itself it ran until the
