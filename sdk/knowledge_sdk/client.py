@@ -359,29 +359,41 @@ class KnowledgeClient(_Client):
     def _unary(self, call: UnaryCall[R]) -> R:
         self._check_open()
         rpc = call.rpc
-        send = self._channel.unary_unary(
-            rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
-        )
         try:
+            send = self._channel.unary_unary(
+                rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
+            )
             response: R = send(
                 call.request, timeout=self._deadline(call), metadata=self._metadata(call)
             )
         except grpc.RpcError as exc:
             raise self._error(exc) from None
+        except ValueError:
+            self._closed_between()
+            raise
         return response
+
+    def _closed_between(self) -> None:
+        """gRPC's ValueError for a channel closed by another thread between the open
+        check and the call: ClientClosed, as a call after close is."""
+        if self._closed:
+            raise errors.ClientClosed("the client was closed during the call") from None
 
     def _stream(self, call: StreamCall[R]) -> Iterator[R]:
         self._check_open()
         rpc = call.rpc
-        send = self._channel.unary_stream(
-            rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
-        )
         try:
+            send = self._channel.unary_stream(
+                rpc.path, request_serializer=_serialize, response_deserializer=rpc.response.parse
+            )
             yield from send(
                 call.request, timeout=self._deadline(call), metadata=self._metadata(call)
             )
         except grpc.RpcError as exc:
             raise self._error(exc) from None
+        except ValueError:
+            self._closed_between()
+            raise
 
     # KnowledgeService
     search = _sync(_calls.search)
