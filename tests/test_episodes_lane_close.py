@@ -121,3 +121,50 @@ def test_shutdown_waits_for_an_operator_streams_audit_event_before_closing_the_l
         assert [e.targets for e in log.events() if e.operation == "ingest"] == [("stopped",)]
     finally:
         log.close()
+
+
+def test_shutdown_does_not_wait_for_work_that_runs_to_its_end(tmp_path: Path) -> None:
+    """A document graph build or a derived rebuild does not stop when its lane closes;
+    shutdown closes the audit log without waiting for it (it held the serving loop for ten
+    seconds, and the event was lost anyway). An ingest's or an index run's work, which
+    stops, is waited for (the test above)."""
+    import asyncio
+
+    from knowledge_server.app import _AuditedWork
+    from knowledge_server.auth_model import LOCAL_PRINCIPAL
+    from knowledge_server.config import load_config
+    from knowledge_server.runtime import build_app
+
+    cfg = load_config(env={}, overrides={"data_dir": str(tmp_path / "data"), "bootstrap": False})
+    app = build_app(cfg)
+    assert app.audit is not None
+    started, release = threading.Event(), threading.Event()
+
+    def build(progress: object) -> object:
+        started.set()
+        release.wait(30)
+        raise RuntimeError("stopped")
+
+    async def begin() -> _AuditedWork:
+        return _AuditedWork(app, LOCAL_PRINCIPAL, "docgraph.build", [], {})
+
+    audited = asyncio.run(begin())
+    worker = threading.Thread(target=lambda: _swallow(audited.of(build)))  # type: ignore[arg-type]
+    worker.start()
+    assert started.wait(10)
+    closing = threading.Thread(target=app.close)
+    closing.start()
+    closing.join(5)
+    try:
+        assert not closing.is_alive(), "shutdown waited for a build that runs to its end"
+    finally:
+        release.set()
+        worker.join(30)
+        closing.join(30)
+
+
+def _swallow(run: object) -> None:
+    try:
+        run(lambda *a: None)  # type: ignore[operator]
+    except Exception:  # noqa: BLE001, S110 - the work's own failure is not what is checked
+        pass

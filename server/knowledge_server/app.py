@@ -79,6 +79,11 @@ _AUDITED_STREAMS = {
     "rebuild_derived": "derived.rebuild",
     "build_doc_graph": "docgraph.build",
 }
+# The operator streams whose work stops when its lane is closed (an index between two
+# batches, an ingest before its next file): shutdown waits for their audit event. The
+# others (a document graph build, a derived rebuild) run on to their end, and waiting for
+# them would hold the serving loop.
+_STOPPED_ON_CLOSE = frozenset({"index", "ingest"})
 
 # Why each search lane is empty when a deployment has no such lane.
 _NOT_READY = {
@@ -162,6 +167,8 @@ class _AuditedWork:
         """``work``, followed by its audit event."""
 
         def run(progress: ProgressFn) -> index_service_pb2.OperationSummary:
+            if self.operation not in _STOPPED_ON_CLOSE:
+                return audited(progress)
             with self.app.work_running():
                 return audited(progress)
 
@@ -850,8 +857,9 @@ class KnowledgeApp:
 
     @contextlib.contextmanager
     def work_running(self) -> Iterator[None]:
-        """Around an operator stream's work and its audit event: ``close`` waits for it
-        before closing the audit log."""
+        """Around the work and audit event of an operator stream that stops when its lane
+        is closed (``_STOPPED_ON_CLOSE``): ``close`` waits for it before closing the audit
+        log."""
         with self._works:
             self._works_running += 1
         try:
