@@ -131,14 +131,10 @@ class CodeLane:
         self._stop.set()
         self._fresh_thread.join(timeout=5)
         memory.cancel(self._db_file)
-        idle = self._write_lock.acquire_thread(timeout=wait_s)
-        try:
+        with self._write_lock.idle(wait_s) as idle:
             self._readers.close_all(lambda s: s.close())
             if idle:
                 self._writer.close()
-        finally:
-            if idle:
-                self._write_lock.release_thread()
 
     def refresh_freshness(self, roots: Sequence[str] | None = None) -> dict[str, Freshness]:
         """Re-check the given (default: all indexed) workspaces against the disk now."""

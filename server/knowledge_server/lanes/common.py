@@ -108,13 +108,17 @@ class WriterLock:
     def locked(self) -> bool:
         return self._thread.locked()
 
-    def acquire_thread(self, timeout: float) -> bool:
-        """This process's writers only (no file lock): for closing the store once the
-        writer running in this process, if any, has finished."""
-        return self._thread.acquire(timeout=timeout)
-
-    def release_thread(self) -> None:
-        self._thread.release()
+    @contextmanager
+    def idle(self, timeout: float) -> Iterator[bool]:
+        """This process's writers only (no file lock), for closing the store once the
+        writer running in this process, if any, has finished: yields whether it had
+        within ``timeout`` (held until the block ends), else False (not held)."""
+        got = self._thread.acquire(timeout=timeout)
+        try:
+            yield got
+        finally:
+            if got:
+                self._thread.release()
 
 
 def operation_summary(

@@ -103,14 +103,10 @@ class EpisodesLane:
         thread"), the stores after it were never closed, and the process waited for the
         whole ingest."""
         self._cancel.set()
-        idle = self._write_lock.acquire_thread(timeout=wait_s)
-        try:
+        with self._write_lock.idle(wait_s) as idle:
             self._readers.close_all(lambda s: s.close())
             if idle:
                 self._writer.close()
-        finally:
-            if idle:
-                self._write_lock.release_thread()
 
     @contextmanager
     def snapshot(self) -> Iterator[EpisodeStore]:
