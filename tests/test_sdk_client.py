@@ -298,6 +298,21 @@ def test_connection_settings_refuse_what_would_abort_or_leak(tmp_path: Any) -> N
         kc.close()
 
 
+async def _one_rpc_server(path: str, handler: Any) -> tuple[Any, int]:
+    """A started gRPC aio server on a loopback port answering ``path`` with ``handler``
+    (and nothing else); the caller stops it."""
+
+    class One(grpc.GenericRpcHandler):
+        def service(self, details: Any) -> Any:
+            return handler if details.method == path else None
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((One(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
 async def test_the_async_client_ends_a_stream_its_caller_leaves() -> None:
     """Leaving an async stream's loop (break) ends the call on the wire, as the sync
     client does: before, the server went on streaming until the client was closed."""
@@ -307,29 +322,22 @@ async def test_the_async_client_ends_a_stream_its_caller_leaves() -> None:
 
     state: dict[str, str] = {}
 
-    class Handler(grpc.GenericRpcHandler):
-        def service(self, details: Any) -> Any:
-            if details.method != "/knowledge.v1.KnowledgeBaseAdminService/WatchTask":
-                return None
+    async def watch(request: Any, context: Any) -> Any:
+        state["call"] = "started"
+        try:
+            while True:
+                yield v1.WatchTaskResponse()
+                await asyncio.sleep(0.02)
+        except asyncio.CancelledError:
+            state["call"] = "cancelled"
+            raise
 
-            async def watch(request: Any, context: Any) -> Any:
-                state["call"] = "started"
-                try:
-                    while True:
-                        yield v1.WatchTaskResponse()
-                        await asyncio.sleep(0.02)
-                except asyncio.CancelledError:
-                    state["call"] = "cancelled"
-                    raise
-
-            return grpc.unary_stream_rpc_method_handler(
-                watch, request_deserializer=v1.WatchTaskRequest.parse, response_serializer=bytes
-            )
-
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((Handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await _one_rpc_server(
+        "/knowledge.v1.KnowledgeBaseAdminService/WatchTask",
+        grpc.unary_stream_rpc_method_handler(
+            watch, request_deserializer=v1.WatchTaskRequest.parse, response_serializer=bytes
+        ),
+    )
     kc = AsyncKnowledgeClient(f"127.0.0.1:{port}")
     try:
         async for _ in kc.kb_watch_task("task-1"):
@@ -369,22 +377,15 @@ async def test_closing_the_async_client_under_a_call_is_client_closed() -> None:
 
     from knowledge_sdk import AsyncKnowledgeClient
 
-    class Handler(grpc.GenericRpcHandler):
-        def service(self, details: Any) -> Any:
-            if details.method != "/knowledge.v1.IndexService/GetStatus":
-                return None
+    async def hang(request: Any, context: Any) -> Any:
+        await asyncio.sleep(60)
 
-            async def hang(request: Any, context: Any) -> Any:
-                await asyncio.sleep(60)
-
-            return grpc.unary_unary_rpc_method_handler(
-                hang, request_deserializer=v1.GetStatusRequest.parse, response_serializer=bytes
-            )
-
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((Handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await _one_rpc_server(
+        "/knowledge.v1.IndexService/GetStatus",
+        grpc.unary_unary_rpc_method_handler(
+            hang, request_deserializer=v1.GetStatusRequest.parse, response_serializer=bytes
+        ),
+    )
     kc = AsyncKnowledgeClient(f"127.0.0.1:{port}", timeout=60)
     try:
         waiting = asyncio.create_task(kc.get_status())
