@@ -798,6 +798,49 @@ async def _status_line(reader: asyncio.StreamReader) -> bytes:
     return (await asyncio.wait_for(reader.readline(), timeout=30)).strip()
 
 
+async def _trickled_exchange(port: int, head: bytes, within_s: float) -> bytes:
+    """Send `head`, then a byte every 50 ms for 20 s (a sender that never finishes its
+    body), and return everything the server sends until it closes the connection, within
+    `within_s` seconds (a server that holds the connection fails the test).
+
+    A plain socket, not asyncio's streams: a server closing with the caller's bytes
+    unread answers them with a reset, and the kernel hands over what arrived before it,
+    then the reset; `StreamReader` raises a reset it has stored before returning what it
+    had buffered, and a failed write tore the transport down under a pending read."""
+    loop = asyncio.get_running_loop()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setblocking(False)
+
+    async def trickle() -> None:
+        for _ in range(400):
+            try:
+                await loop.sock_sendall(sock, b" ")
+            except OSError:
+                return  # the server closed (reset) the connection
+            await asyncio.sleep(0.05)
+
+    async def received() -> bytes:
+        got = bytearray()
+        while True:
+            try:
+                piece = await loop.sock_recv(sock, 65536)
+            except ConnectionError:
+                return bytes(got)
+            if not piece:
+                return bytes(got)
+            got += piece
+
+    try:
+        await loop.sock_sendall(sock, head)
+        sending = asyncio.create_task(trickle())
+        try:
+            return await asyncio.wait_for(received(), timeout=within_s)
+        finally:
+            sending.cancel()
+    finally:
+        sock.close()
+
+
 async def test_http15_a_stalled_body_is_408_and_idle_connections_never_shut_others_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -814,27 +857,16 @@ async def test_http15_a_stalled_body_is_408_and_idle_connections_never_shut_othe
     body = b'{"query": "refund days"}'
     held: list[asyncio.StreamWriter] = []
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(
+        answer = await _trickled_exchange(
+            port,
             b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body[:1]
+            + body[:1],
+            within_s=15,  # before the trickle ends: keep-alive would never end
         )
-        await writer.drain()
-        assert await _status_line(reader) == b"HTTP/1.1 408 Request Timeout"
-
-        async def trickle() -> None:
-            for _ in range(200):  # a byte now and then: keep-alive would never end
-                writer.write(b" ")
-                await writer.drain()
-                await asyncio.sleep(0.05)
-
-        sending = asyncio.create_task(trickle())
-        rest = await asyncio.wait_for(reader.read(), timeout=30)  # read until closed
-        sending.cancel()
-        assert b"did not arrive within" in rest and b"KNOWLEDGE_INVALID_REQUEST" in rest
-        assert b"connection: close" in rest.lower()
-        writer.close()
+        assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 408 Request Timeout", answer
+        assert b"did not arrive within" in answer and b"KNOWLEDGE_INVALID_REQUEST" in answer
+        assert b"connection: close" in answer.lower()
 
         for _ in range(300):
             _, idle = await asyncio.open_connection("127.0.0.1", port)
@@ -876,24 +908,9 @@ async def test_http15_every_refusal_before_the_body_closes_its_connection(
                 b"HTTP/1.1 404 Not Found",
             ),
         ):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(head + b"{")
-            await writer.drain()
-
-            async def trickle(w: asyncio.StreamWriter = writer) -> None:
-                for _ in range(400):  # a byte now and then, for 20 s
-                    w.write(b" ")
-                    await w.drain()
-                    await asyncio.sleep(0.05)
-
-            sending = asyncio.create_task(trickle())
-            try:
-                assert await _status_line(reader) == status
-                rest = await asyncio.wait_for(reader.read(), timeout=15)  # until closed
-                assert b"connection: close" in rest.lower()
-            finally:
-                sending.cancel()
-                writer.close()
+            answer = await _trickled_exchange(port, head + b"{", within_s=15)
+            assert answer.split(b"\r\n", 1)[0] == status, answer
+            assert b"connection: close" in answer.lower()
         async with httpx.AsyncClient(timeout=30) as client:
             r = await client.post(
                 f"http://127.0.0.1:{port}/knowledge/nowhere",
