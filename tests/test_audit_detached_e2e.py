@@ -193,6 +193,58 @@ async def test_aud9_a_cancelled_ingest_is_audited_and_the_derived_layer_still_fo
         await rs.server.stop(0)
 
 
+async def test_aud9_a_call_cancelled_during_its_derived_rebuild_rebuilds_once(
+    tmp_path: Path,
+) -> None:
+    """IngestSessions cancelled while the derived rebuild after its ingest runs: that
+    rebuild runs on to its end and is the only one (the stream asked for another in its
+    place when it ended, so the layer was derived twice, with two events)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    write_session_log(logs / "a.jsonl", "sess-a", tmp_path, "deploy the staging app")
+    rs = await start_server(tmp_path)
+    skills = rs.app.lanes.skills
+    assert skills is not None
+    real = skills.rebuild_sync
+    entered, gate = threading.Event(), threading.Event()
+    calls: list[bool] = []
+
+    def held(*args: Any) -> Any:
+        calls.append(True)
+        entered.set()
+        if not gate.wait(30):
+            raise TimeoutError("the test never opened the gate")
+        return real(*args)
+
+    skills.rebuild_sync = held  # type: ignore[method-assign]
+    log = AuditLog(Path(rs.config.data_dir) / "audit.sqlite")
+    try:
+        async with grpc.aio.insecure_channel(rs.address) as channel:
+            call = igrpc.IndexServiceStub(channel).IngestSessions(
+                ipb.IngestSessionsRequest(paths=[str(logs)])
+            )
+            assert await asyncio.to_thread(entered.wait, 30), "the rebuild never started"
+            call.cancel()
+        await asyncio.sleep(0.5)  # the server ends the call while the rebuild is held
+        gate.set()
+        ops: list[str] = []
+        for _ in range(200):
+            ops = [e.operation for e in log.events() if e.outcome == "ok"]
+            if "derived.rebuild" in ops:
+                break
+            await asyncio.sleep(0.05)
+        asked_again = rs.app._rebuild
+        if asked_again is not None:
+            await asyncio.wait_for(asked_again, 30)
+        ops = [e.operation for e in log.events() if e.outcome == "ok"]
+        assert ops == ["ingest", "derived.rebuild"], ops
+        assert len(calls) == 1
+    finally:
+        gate.set()
+        skills.rebuild_sync = real  # type: ignore[method-assign]
+        await rs.server.stop(0)
+
+
 async def test_aud10_a_memory_write_while_the_log_is_busy_answers_ok_and_is_recorded(
     tmp_path: Path,
 ) -> None:

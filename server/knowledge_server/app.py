@@ -331,6 +331,8 @@ class KnowledgeApp:
         self._rebuild_again = False
         self._rebuild_started: float | None = None  # the event loop's time
         self._rebuilding = False  # in after_ingest, not waiting out the interval
+        # The rebuilds that follow an IngestSessions, held until they end.
+        self._followers: set[asyncio.Task[None]] = set()
         self._closing = False
         # The knowledge base (kb/): None when this deployment has none.
         self.kb = kb
@@ -522,7 +524,7 @@ class KnowledgeApp:
                     raise InvalidRequest(
                         f"paths: {p} does not exist on the server", metadata={"field": "paths"}
                     )
-            rebuilt = False
+            rebuild: asyncio.Task[None] | None = None
             try:
                 async for event in run_with_progress(
                     audited.of(
@@ -530,12 +532,16 @@ class KnowledgeApp:
                     )
                 ):
                     yield event
-                await self.after_ingest()
-                rebuilt = True
+                # Its own task: a caller who goes away now leaves the rebuild running to
+                # its end, once (asking for another in its place rebuilt twice).
+                rebuild = asyncio.get_running_loop().create_task(self.after_ingest())
+                self._followers.add(rebuild)
+                rebuild.add_done_callback(self._follower_ended)
+                await asyncio.shield(rebuild)
             finally:
-                if not rebuilt:
-                    # The caller went away (or the rebuild failed): the derived layer is
-                    # rebuilt once the ingest has written, without it.
+                if rebuild is None:
+                    # The caller went away during the ingest: the derived layer is rebuilt
+                    # once the ingest has written, without it.
                     audited.then(self.ingested)
             return
         if op == "index_workspace":
@@ -577,6 +583,13 @@ class KnowledgeApp:
         ):
             pass
 
+    def _follower_ended(self, task: asyncio.Task[None]) -> None:
+        """The rebuild after an IngestSessions ended: one that failed or was cut short is
+        asked again in the background (the ingest has written)."""
+        self._followers.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            self.ingested()
+
     def ingested(self) -> None:
         """An ingest wrote and nobody waits for its derived rebuild (a batch of the live
         ingest, an IngestSessions whose caller went away): rebuild in the background, one
@@ -613,21 +626,25 @@ class KnowledgeApp:
                 return
 
     async def settle(self, grace: float) -> None:
-        """Before the stores close: no new background rebuild, and the running one (its
-        work is in a thread that cancelling would not stop) gets ``grace`` seconds to end;
-        one still running then is cancelled, and its failure to write is logged."""
+        """Before the stores close: no new background rebuild, and the running ones (the
+        background one, those following an IngestSessions; their work is in a thread that
+        cancelling would not stop) get ``grace`` seconds to end; one still running then is
+        cancelled, and its failure to write is logged."""
         self._closing = True
+        running = [t for t in self._followers if not t.done()]
         task = self._rebuild
-        if task is None or task.done():
+        if task is not None and not task.done():
+            if self._rebuilding:
+                running.append(task)
+            else:  # waiting out the interval: nothing runs
+                task.cancel()
+        if not running:
             return
-        if not self._rebuilding:  # waiting out the interval: nothing runs
-            task.cancel()
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), grace)
-        except TimeoutError:
+        _, late = await asyncio.wait(running, timeout=grace)
+        if late:
             get_logger("knowledge.derived").error("derived.rebuild_cut_short", grace_s=grace)
-            task.cancel()
+            for t in late:
+                t.cancel()
 
     async def bootstrap(self) -> None:
         """Start-up work in the background: ingest logs (or the bundled sample), rebuild
