@@ -235,12 +235,14 @@ async def test_a_call_past_its_deadline_is_counted_deadline_exceeded_not_cancell
     index = "/knowledge.v1.IndexService/IndexWorkspace"
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            await asyncio.wait_for(channel.channel_ready(), 30)
             stub = index_service_pb2_grpc.IndexServiceStub(channel)
+            # Deadlines long enough for a loaded machine to reach the held work first.
             with pytest.raises(grpc.aio.AioRpcError) as unary_late:
-                await stub.GetStatus(index_service_pb2.GetStatusRequest(), timeout=0.2)
+                await stub.GetStatus(index_service_pb2.GetStatusRequest(), timeout=1.0)
             with pytest.raises(grpc.aio.AioRpcError) as stream_late:
                 async for _ in stub.IndexWorkspace(
-                    index_service_pb2.IndexWorkspaceRequest(root=str(tmp_path)), timeout=0.2
+                    index_service_pb2.IndexWorkspaceRequest(root=str(tmp_path)), timeout=1.0
                 ):
                     pass
             # The same calls cancelled by their callers, well before their deadlines.
@@ -249,7 +251,7 @@ async def test_a_call_past_its_deadline_is_counted_deadline_exceeded_not_cancell
                 index_service_pb2.IndexWorkspaceRequest(root=str(tmp_path)), timeout=60
             )
             for _ in range(4):
-                await entered.get()
+                await asyncio.wait_for(entered.get(), 30)
             unary.cancel()
             stream.cancel()
             late = (
