@@ -380,6 +380,13 @@ def test_install_hints_never_name_a_package_index_install(
         assert not re.search(r"pip install ['\"]?knowledge-(mcp|service)", said), said
 
 
+def _recorded(data_dir: Path, text: str) -> None:
+    """A server.json as `knowledge serve` leaves it: owner-only, whatever the umask (a
+    group-writable one is refused, and the address not followed)."""
+    (data_dir / "server.json").write_text(text)
+    (data_dir / "server.json").chmod(0o600)
+
+
 def test_knowledge_mcp_passes_the_address_knowledge_serve_recorded(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -387,7 +394,7 @@ def test_knowledge_mcp_passes_the_address_knowledge_serve_recorded(
     every client command finds it; `knowledge mcp` left the bridge on 127.0.0.1:50151."""
     seen: list[list[str]] = []
     monkeypatch.setattr(os, "execve", lambda path, argv, env: seen.append(argv))
-    (tmp_path / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
+    _recorded(tmp_path, json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
     runner = CliRunner()
     env = {"KNOWLEDGE_DATA_DIR": str(tmp_path), "KNOWLEDGE_ADDRESS": None}
     for args, expected in (
@@ -412,9 +419,9 @@ def test_the_bridge_finds_the_service_as_the_cli_does(
     monkeypatch.delenv("KNOWLEDGE_ADDRESS", raising=False)
     assert resolve_address() == "127.0.0.1:50151"
     for junk in ("{", "[]", '{"address": 7}', '{"pid": 1}'):
-        (tmp_path / "server.json").write_text(junk)
+        _recorded(tmp_path, junk)
         assert resolve_address() == "127.0.0.1:50151", junk
-    (tmp_path / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
+    _recorded(tmp_path, json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
     assert resolve_address() == "127.0.0.1:45678"
     monkeypatch.setenv("KNOWLEDGE_ADDRESS", "10.0.0.2:2")
     assert resolve_address() == "10.0.0.2:2"
