@@ -15,6 +15,9 @@ Exits non-zero when any check fails. What is checked:
   and launch ``knowledge mcp`` as the bridge (the SDK example compiles instead);
 * no file holds a value that looks like a secret, and every secret-named key in a
   template holds a placeholder (``${VAR}``, ``$VAR``, ``{env:VAR}``, ``<...>``);
+* no template writes an address: ``KNOWLEDGE_ADDRESS`` is left out or references the
+  variable without a default (a written one overrides the address `knowledge serve`
+  recorded);
 * claimed levels match what exists (no L2 without an automatic smoke and a
   verified client version; no L1/L3 without a template) and the levels table in
   integrations/README.md agrees with index.json;
@@ -132,6 +135,23 @@ def walk_pairs(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
             yield from walk_pairs(v, key)
     else:
         yield key, node
+
+
+def address_problems(data: Any) -> list[str]:
+    """A template that writes an address (``KNOWLEDGE_ADDRESS`` set to a value, or to a
+    variable with a default) overrides the address `knowledge serve` recorded and the
+    caller's own variable: the bridge finds both by itself when the key is left out."""
+    problems: list[str] = []
+    for key, value in walk_pairs(data):
+        if key != "KNOWLEDGE_ADDRESS" or not isinstance(value, str):
+            continue
+        text = value.strip()
+        if not PLACEHOLDER.match(text) or re.search(r":-[^}]", text) or text.startswith("<"):
+            problems.append(
+                f"KNOWLEDGE_ADDRESS holds an address ({value!r}); leave it out (the bridge"
+                " finds the address knowledge serve recorded) or reference the variable"
+            )
+    return problems
 
 
 def secret_problems(data: Any) -> list[str]:
@@ -359,7 +379,7 @@ def check_template(path: Path, fmt: str, shape: str, name: str) -> Result:
         check_bridge_launch(launch)
     except TemplateError as exc:
         return _fail(name, str(exc))
-    problems = secret_problems(data)
+    problems = secret_problems(data) + address_problems(data)
     if problems:
         return _fail(name, "; ".join(problems))
     return _ok(

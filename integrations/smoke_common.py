@@ -497,20 +497,30 @@ def _first_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
-def bridge_search(launch: Launch, address: str, token: str | None, cwd: Path) -> str:
-    """Spawn the bridge as the template says and return the search answer text."""
+def bridge_search(
+    launch: Launch, address: str, token: str | None, cwd: Path, data_dir: Path | None = None
+) -> str:
+    """Spawn the bridge as the template says and return the search answer text.
+
+    The caller's environment names the service (``KNOWLEDGE_ADDRESS``). Where the template
+    passes it on, the bridge dials it; where it does not, the bridge must find the address
+    the service recorded in its data directory (``data_dir``, in place of the user's)."""
     environ = dict(os.environ)
     environ["KNOWLEDGE_ADDRESS"] = address
     environ.pop("KNOWLEDGE_TOKEN", None)
     if token:
         environ["KNOWLEDGE_TOKEN"] = token
     env = child_environment(launch, environ)
-    pinned = env.get("KNOWLEDGE_ADDRESS")
-    if pinned is not None and pinned != address:
-        # The template pins the documented default address; the test service
-        # listens on a free port, so point the same entry at it.
-        print(f"note: template sets KNOWLEDGE_ADDRESS={pinned}; the smoke uses {address}")
-        env["KNOWLEDGE_ADDRESS"] = address
+    given = env.get("KNOWLEDGE_ADDRESS")
+    if given and given != address:
+        raise SmokeFailure(
+            f"the template hands the bridge KNOWLEDGE_ADDRESS={given}, not {address}"
+        )
+    if not given and data_dir is not None:
+        print(
+            f"note: the template names no address; the bridge reads the one recorded in {data_dir}"
+        )
+        env["KNOWLEDGE_DATA_DIR"] = str(data_dir)
     env["PATH"] = _venv_path()
     command = shutil.which(launch.command, path=env["PATH"]) or launch.command
     try:
@@ -558,10 +568,13 @@ def run_smoke(slug: str, client_step: Any = None) -> int:
         with tempfile.TemporaryDirectory(prefix=f"knowledge-smoke-{slug}-") as tmp:
             tmpdir = Path(tmp)
             corpus = write_corpus(tmpdir / "workspace")
-            with running_service(tmpdir / "data", workspace=corpus) as address:
+            data_dir = tmpdir / "data"
+            with running_service(data_dir, workspace=corpus) as address:
                 print(f"service listening on {address}")
                 index_corpus(address, corpus)
-                hits = until_evidence(lambda: bridge_search(launch, address, None, corpus))
+                hits = until_evidence(
+                    lambda: bridge_search(launch, address, None, corpus, data_dir)
+                )
                 for hit in hits:
                     print(hit)
                 if client_step is not None:

@@ -123,6 +123,31 @@ def test_catches_a_secret_value_in_a_template(tree: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "written"),
+    [
+        ("127.0.0.1:50151", True),
+        ("${env:KNOWLEDGE_ADDRESS:-127.0.0.1:50151}", True),
+        ("${KNOWLEDGE_ADDRESS:-127.0.0.1:50151}", True),
+        ("<HOST:PORT>", True),
+        ("${env:KNOWLEDGE_ADDRESS}", False),
+        ("${KNOWLEDGE_ADDRESS:-}", False),
+        ("", False),
+    ],
+)
+def test_catches_a_template_that_writes_an_address(tree: Path, value: str, written: bool) -> None:
+    """A written address (a value, or a variable's default) overrides the address `knowledge
+    serve` recorded: a service on another port was never found from such a template."""
+    _edit_json(
+        tree / "cursor" / "mcp.json",
+        lambda d: d["mcpServers"]["knowledge"]["env"].__setitem__("KNOWLEDGE_ADDRESS", value),
+    )
+    failed = _failures(check.run_checks(tree))
+    assert ("cursor/template" in failed) is written, failed
+    if written:
+        assert "KNOWLEDGE_ADDRESS holds an address" in failed["cursor/template"]
+
+
+@pytest.mark.parametrize(
     ("value", "why"), [("hunter2hunter2", "looks like a secret"), ("s3cr3", "literal value")]
 )
 def test_catches_a_literal_token_of_no_known_shape(tree: Path, value: str, why: str) -> None:
@@ -352,16 +377,27 @@ def test_search_over_mcp_demands_an_address_and_a_revision(
             smoke_common.assert_evidence(text)
 
 
-# A stand-in for the `knowledge` command: `serve` prints the listening line and
-# waits, `index` succeeds, `mcp` is an MCP server that answers with a fixed text
-# once the service address reached it. It lets the smokes run end to end, through
-# each template's environment rules, without the real service.
+# A stand-in for the `knowledge` command: `serve` records its address in its data
+# directory as the real one does, prints the listening line and waits, `index`
+# succeeds, `mcp` is an MCP server that answers with a fixed text once the service
+# address reached it (from KNOWLEDGE_ADDRESS, else from the recorded file). It lets the
+# smokes run end to end, through each template's environment rules, without the real
+# service.
 _FAKE_KNOWLEDGE = textwrap.dedent(
     """
-    import os, sys, time
+    import json, os, sys, time
     ANSWER = __ANSWER__
     verb = next((a for a in sys.argv[1:] if a in ("serve", "index", "mcp")), "")
+    def recorded():
+        try:
+            with open(os.path.join(os.environ["KNOWLEDGE_DATA_DIR"], "server.json")) as fh:
+                return json.load(fh)["address"]
+        except (KeyError, OSError, ValueError):
+            return None
     if verb == "serve":
+        os.makedirs(os.environ["KNOWLEDGE_DATA_DIR"], mode=0o700, exist_ok=True)
+        with open(os.path.join(os.environ["KNOWLEDGE_DATA_DIR"], "server.json"), "w") as fh:
+            json.dump({"address": "127.0.0.1:45999"}, fh)
         print("listening on 127.0.0.1:45999", flush=True)
         time.sleep(600)
     elif verb == "index":
@@ -372,9 +408,11 @@ _FAKE_KNOWLEDGE = textwrap.dedent(
 
         @server.tool()
         def knowledge_search(query: str) -> str:
-            # The address must have reached the bridge through the template's env rules.
-            if os.environ.get("KNOWLEDGE_ADDRESS") != "127.0.0.1:45999":
-                raise RuntimeError("bridge got KNOWLEDGE_ADDRESS=%r" % os.environ.get("KNOWLEDGE_ADDRESS"))
+            # The address must have reached the bridge through the template's env rules,
+            # or the bridge must have found the one the service recorded.
+            found = os.environ.get("KNOWLEDGE_ADDRESS") or recorded()
+            if found != "127.0.0.1:45999":
+                raise RuntimeError("bridge found the address %r" % found)
             return ANSWER
 
         server.run("stdio")

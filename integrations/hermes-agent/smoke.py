@@ -25,9 +25,10 @@ CLIENT_REQUIREMENT = "hermes-agent[mcp]==0.19.0"
 
 def _layout(template: Path, tmpdir: Path, home: Path, address: str) -> Path:
     config = yaml.safe_load(template.read_text(encoding="utf-8"))
-    # The template pins the documented default address; the test service listens
-    # on a free port, so the copy points at it.
-    config["mcp_servers"]["knowledge"]["env"]["KNOWLEDGE_ADDRESS"] = address
+    # The template names no address (the bridge finds the one `knowledge serve` recorded
+    # in the user's data directory); the test service records it in its own, so the copy
+    # names it, as the README says for a service elsewhere.
+    config["mcp_servers"]["knowledge"].setdefault("env", {})["KNOWLEDGE_ADDRESS"] = address
     (home / ".hermes").mkdir(parents=True, exist_ok=True)
     (home / ".hermes" / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     return tmpdir
