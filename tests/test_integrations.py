@@ -8,12 +8,14 @@ exercised against a stand-in MCP server so the client side is tested on its own.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -312,6 +314,43 @@ def test_codex_template_forwards_only_named_variables() -> None:
         launch, {"KNOWLEDGE_ADDRESS": "a:1", "KNOWLEDGE_TOKEN": "t", "HOME": "/x"}
     )
     assert env == {"KNOWLEDGE_ADDRESS": "a:1", "KNOWLEDGE_TOKEN": "t"}
+
+
+def test_codex_template_and_plugin_forward_every_connection_setting_the_bridge_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Codex hands a server only the variables `env_vars` names: every one the SDK's
+    connection settings read must be there (the TLS files were not, so a service over
+    TLS was unreachable from Codex), and the data directory's two."""
+    from knowledge_sdk.client import ConnectionSettings
+
+    class Reads(dict[str, str]):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def get(self, key: str, default: Any = None) -> Any:
+            self.seen.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key: str) -> str:
+            self.seen.add(key)
+            return super().__getitem__(key)
+
+    reads = Reads()
+    monkeypatch.setattr(os, "environ", reads)
+    ConnectionSettings.from_env()
+    monkeypatch.undo()
+    wanted = {n for n in reads.seen if n.startswith("KNOWLEDGE_")}
+    assert {"KNOWLEDGE_ADDRESS", "KNOWLEDGE_TLS_CA"} <= wanted
+    wanted |= {"KNOWLEDGE_DATA_DIR", "XDG_DATA_HOME"}
+    codex = smoke_common.load_template(INTEGRATIONS / "codex-cli" / "config.toml", "toml")
+    plugin = json.loads((REPO_ROOT / "plugins" / "knowledge" / ".mcp.json").read_text())
+    for where, forwarded in (
+        ("codex-cli/config.toml", codex["mcp_servers"]["knowledge"]["env_vars"]),
+        ("plugins/knowledge/.mcp.json", plugin["mcpServers"]["knowledge"]["env_vars"]),
+    ):
+        assert wanted <= set(forwarded), (where, sorted(wanted - set(forwarded)))
 
 
 def test_path_line_pattern() -> None:
