@@ -395,6 +395,37 @@ def test_aud10_verify_says_how_many_events_are_pending(tmp_path: Path) -> None:
     assert "ok: 1 events;" in out.output and "; 1 pending" in out.output
 
 
+def test_aud10_an_event_appended_after_close_is_kept_and_chained_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """AUD-10: work that runs on past shutdown (a document graph build, a derived rebuild)
+    ends after the log was closed. Its event is kept in the pending file (owner-only) and
+    joins the chain, in order and once, at the first append after the log is opened
+    again; before, the append failed on the closed log and the event was lost."""
+    path = tmp_path / "audit.sqlite"
+    log = AuditLog(path)
+    _fill(log, 2)
+    log.close()
+    late = log.append(principal="local", org="", operation="docgraph.build", targets=["/ws"])
+    assert late.seq == 0
+    kept = Path(str(path) + ".pending")
+    assert kept.stat().st_mode & 0o777 == 0o600
+    log.close()  # closing again changes nothing
+    again = AuditLog(path)
+    try:
+        assert again.pending() == 1
+        assert again.append(principal="local", org="", operation="ingest").seq == 4
+        assert [e.operation for e in again.events()] == [
+            "kb.revision.submit",
+            "kb.revision.submit",
+            "docgraph.build",
+            "ingest",
+        ]
+        assert again.pending() == 0 and again.verify().ok
+    finally:
+        again.close()
+
+
 def _keep_one(log: AuditLog, path: Path, principal: str) -> None:
     holder = _hold_write_lock(path)
     try:

@@ -126,8 +126,9 @@ def test_shutdown_waits_for_an_operator_streams_audit_event_before_closing_the_l
 def test_shutdown_does_not_wait_for_work_that_runs_to_its_end(tmp_path: Path) -> None:
     """A document graph build or a derived rebuild does not stop when its lane closes;
     shutdown closes the audit log without waiting for it (it held the serving loop for ten
-    seconds, and the event was lost anyway). An ingest's or an index run's work, which
-    stops, is waited for (the test above)."""
+    seconds), and the event the work writes when it ends is kept in the pending file, for
+    the next start to chain (AUD-10; it was lost). An ingest's or an index run's work,
+    which stops, is waited for (the test above)."""
     import asyncio
 
     from knowledge_server.app import _AuditedWork
@@ -161,6 +162,18 @@ def test_shutdown_does_not_wait_for_work_that_runs_to_its_end(tmp_path: Path) ->
         release.set()
         worker.join(30)
         closing.join(30)
+    from knowledge_server.audit import AuditLog
+
+    log = AuditLog(Path(cfg.data_dir) / "audit.sqlite")
+    try:
+        assert log.pending() == 1
+        log.append(principal="local", org="", operation="ingest")
+        assert [(e.operation, e.outcome) for e in log.events()][-2:] == [
+            ("docgraph.build", "KNOWLEDGE_INTERNAL"),
+            ("ingest", "ok"),
+        ]
+    finally:
+        log.close()
 
 
 def _swallow(run: object) -> None:

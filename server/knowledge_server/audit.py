@@ -237,6 +237,10 @@ def _create_in_place(path: Path, key: bytes) -> None:
         raise
 
 
+class _Closed(Exception):
+    """An append after the log was closed."""
+
+
 class AuditLog:
     """The audit store of one data directory. Thread-safe: one writer connection, used
     under a lock; ``append`` is a short write (one row), so callers on the event loop run
@@ -252,6 +256,10 @@ class AuditLog:
         # drained, and after a drain of this object's failed; not on every append (a
         # listing of the data directory each time).
         self._left_files = True
+        # The chain's last seq when the log was closed; None while it is open. An event
+        # appended after close (work that ran on past shutdown: a document graph build, a
+        # derived rebuild) is kept in the pending file, as when the log is busy.
+        self._closed_after: int | None = None
 
     def input_hash(self, value: object) -> str:
         """``value``'s ``input_hash`` under this log's key (``KEY_FILE`` next to it)."""
@@ -261,6 +269,11 @@ class AuditLog:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed_after is None:
+                try:
+                    self._closed_after = _last(self._conn)[0]
+                except apsw.Error:
+                    self._closed_after = 0
             self._conn.close()
 
     def append(
@@ -281,7 +294,9 @@ class AuditLog:
         (fsynced, ``seq`` 0 returned) and joins the chain, in the order kept, at the next
         append that gets the lock: the write it records has happened, and its caller is
         answered as such rather than told it failed (a retry would do it twice). Events
-        kept there first are appended before this one."""
+        kept there first are appended before this one. After ``close`` (work that ran on
+        past shutdown) the event is kept there too, and joins the chain at the first append
+        of the next start."""
         if not operation:
             raise ValueError("an audit event needs an operation")
         at = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
@@ -296,15 +311,20 @@ class AuditLog:
         }
         drained: list[str] = []
         try:
-            with self._lock, immediate(self._conn):
-                try:
-                    drained = self._drain()
-                    event = self._insert(fields)
-                except BaseException:
-                    self._left_files = True  # a file it renamed stays for the next drain
-                    raise
+            with self._lock:
+                if self._closed_after is not None:
+                    raise _Closed
+                with immediate(self._conn):
+                    try:
+                        drained = self._drain()
+                        event = self._insert(fields)
+                    except BaseException:
+                        self._left_files = True  # a file it renamed stays for the next drain
+                        raise
         except apsw.BusyError:
-            return self._keep_pending(fields)
+            return self._keep_pending(fields, "log busy")
+        except _Closed:
+            return self._keep_pending(fields, "log closed")
         for path in drained:
             # Committed: the kept events are in the chain (a crash before this unlink is
             # harmless: the next drain finds them there and skips them).
@@ -355,13 +375,15 @@ class AuditLog:
     # write is not chained). Writers append under an exclusive flock on it; a drain takes
     # the same lock to rename it to a draining file of its own (a unique name), so no line
     # is written to a file being read, and a drain removes only the file it made.
-    def _keep_pending(self, fields: dict[str, Any]) -> AuditEvent:
+    def _keep_pending(self, fields: dict[str, Any], reason: str) -> AuditEvent:
         pending = self.path + PENDING_SUFFIX
-        try:
-            with self._lock:
-                after_seq = _last(self._conn)[0]
-        except apsw.Error:
-            after_seq = 0
+        with self._lock:
+            after_seq = self._closed_after
+            if after_seq is None:
+                try:
+                    after_seq = _last(self._conn)[0]
+                except apsw.Error:
+                    after_seq = 0
         kept = {**fields, "after_seq": after_seq}
         kept["mac"] = self._mac(kept)
         line = (json.dumps(kept, ensure_ascii=False) + "\n").encode()
@@ -391,7 +413,7 @@ class AuditLog:
             finally:
                 os.close(fd)
         get_logger("knowledge.audit").warning(
-            "audit.event_pending", operation=fields["operation"], reason="log busy"
+            "audit.event_pending", operation=fields["operation"], reason=reason
         )
         return AuditEvent(
             seq=0, prev_hash="", hash="", **{**fields, "targets": tuple(fields["targets"])}
