@@ -458,6 +458,48 @@ async def test_a_search_is_one_span_with_a_child_span_per_lane(tmp_path: Path) -
     assert WORD not in text and "decoder" not in text
 
 
+async def test_a_dispatch_span_has_the_lane_spans_of_its_search(tmp_path: Path) -> None:
+    """A dispatch searches to plan: its lanes are child spans of the Dispatch span (they
+    were dropped with the metrics, so a slow dispatch showed no lane), and the Dispatch
+    span carries no search answer's attributes (it returns none)."""
+    ws, logs = _workspace(tmp_path)
+    exporter, tracing = _recorded()
+    cfg = load_config(
+        env={},
+        overrides={
+            "listen": "127.0.0.1:0",
+            "data_dir": str(tmp_path / "data"),
+            "bootstrap": False,
+            "workspaces": [str(ws)],
+            "session_paths": [str(logs)],
+        },
+    )
+    served = await create_server(cfg, build_app(cfg), tracing=tracing)
+    await served.server.start()
+    try:
+        async with AsyncKnowledgeClient(f"127.0.0.1:{served.port}") as kc:
+            async for _ in kc.index_workspace(str(ws)):
+                pass
+            async for _ in kc.ingest_sessions([str(logs)]):
+                pass
+            exporter.clear()
+            await kc.dispatch(f"fix the {WORD} decoder")
+    finally:
+        await shutdown(served, 0)
+    spans = exporter.get_finished_spans()
+    rpc = [s for s in spans if s.name == "knowledge.v1.KnowledgeService/Dispatch"]
+    assert len(rpc) == 1
+    root = rpc[0]
+    assert root.context is not None and root.attributes is not None
+    assert not any(k.startswith("knowledge.search.") for k in root.attributes)
+    lanes = [s for s in spans if s.name.startswith("lane ")]
+    assert {s.name for s in lanes} >= {"lane episodes", "lane code"}
+    for span in lanes:
+        assert span.parent is not None and span.parent.span_id == root.context.span_id
+    text = json.dumps([dict(s.attributes or {}) for s in spans], default=str)
+    assert WORD not in text and "decoder" not in text
+
+
 @contextmanager
 def _call_logs() -> Iterator[list[dict[str, Any]]]:
     """Log entries with the call's context (request id, method) merged in, as the

@@ -103,6 +103,9 @@ class Metrics:
     """The service's metrics in one registry of its own (so several servers in one
     process, as in tests, do not share counters)."""
 
+    # A dispatch's search is no lane search a Search caller got: not counted.
+    inner_lanes = False
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry

@@ -58,6 +58,9 @@ def _rpc_attributes(request_id: str) -> dict[str, Any]:
 class Tracing:
     """Spans of one server, from its own provider (never the process-global one)."""
 
+    # A dispatch's search: its lanes are child spans of the Dispatch span.
+    inner_lanes = True
+
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
         self._tracer = provider.get_tracer("knowledge_server")

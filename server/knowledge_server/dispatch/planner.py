@@ -547,9 +547,9 @@ class Dispatcher:
                 )
             if choice is None:
                 choice = await deadline.off_loop(self._by_skill, v.text, scope, pool="dispatch")
-        # Not told to the coordinator's observers: a dispatch returns no search answer,
-        # and the search metrics count what Search callers got.
-        resp = await self.coordinator.search_unobserved(self._search_request(v), scope)
+        # No search answer to the coordinator's observers (the search metrics count what
+        # Search callers got); its lanes are this call's children in a trace.
+        resp = await self.coordinator.search_within(self._search_request(v), scope)
         if choice is None and v.actor_id is None:
             choice = await deadline.off_loop(self._by_search, resp, scope, pool="dispatch")
         for notice in list(resp.warnings) + list(resp.errors):

@@ -87,6 +87,11 @@ class SearchObserver(Protocol):
     """Told about each lane call and each answer (metrics, traces): ids, counts and
     timings only; an observer never sees the query."""
 
+    # Told about the lanes of a search run inside another call (a dispatch's) too: a
+    # trace's lane spans belong under that call, while the metrics count only what
+    # Search callers got.
+    inner_lanes: bool
+
     def lane(self, name: str, start_ns: int, end_ns: int, ms: float, result: LaneResult) -> None:
         """A lane answered (or was degraded), between the two wall-clock instants."""
 
@@ -237,13 +242,15 @@ class Coordinator:
             observer.answer(resp, cache_hit=cache_hit)
         return resp
 
-    async def search_unobserved(
+    async def search_within(
         self, v: ValidSearch, workspaces: tuple[str, ...] | None
     ) -> search_pb2.SearchResponse:
-        """The same answer as ``search``, told to no observer: for a search run inside
-        another call (a dispatch's), which is no search answer and no lane's search to
-        the metrics."""
-        resp, _ = await self._answer(v, workspaces, ())
+        """The same answer as ``search``, for a search run inside another call (a
+        dispatch's): no observer is told of it as an answer, and only those that follow
+        inner lanes (traces: the lanes are that call's children) of its lanes; to the
+        metrics it is no search answer and no lane's search."""
+        observers = [o for o in self.observers if o.inner_lanes]
+        resp, _ = await self._answer(v, workspaces, observers)
         return resp
 
     async def _answer(
