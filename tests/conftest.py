@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -112,6 +114,19 @@ def write_session_log(path: Path, session_id: str, cwd: Path, text: str) -> None
         "text": text,
     }
     path.write_text(json.dumps(line) + "\n")
+
+
+@contextmanager
+def serving_data_dir(data_dir: Path) -> Iterator[None]:
+    """Hold ``data_dir`` as a running `knowledge serve` does (its serve lock, taken by the
+    CLI's own function): a recorded address is followed only while a server holds it."""
+    from knowledge_server.cli import _hold_data_dir
+
+    fd = _hold_data_dir(data_dir)
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 async def ingest_and_derive(address: str, token: str, logs: Path, *, full: bool = True) -> None:

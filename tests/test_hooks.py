@@ -17,7 +17,7 @@ import pytest
 from knowledge_mcp.hooks import MARK, evidence_block, question_for
 from knowledge_sdk import KnowledgeClient
 
-from tests.conftest import REPO_ROOT, ServerThread
+from tests.conftest import REPO_ROOT, ServerThread, serving_data_dir
 
 PYPATH = os.pathsep.join(str(REPO_ROOT / p) for p in ("server", "sdk", "licensing", "bridge"))
 
@@ -243,14 +243,15 @@ def test_the_hook_dials_the_address_knowledge_serve_recorded(tmp_path: Path) -> 
         env = {k: v for k, v in os.environ.items() if not k.startswith("KNOWLEDGE_")}
         env.update(PYTHONPATH=PYPATH, KNOWLEDGE_DATA_DIR=str(data), KNOWLEDGE_HOOK_TIMEOUT="20")
         event = {"hook_event_name": "UserPromptSubmit", "prompt": "where are parcels shipped"}
-        done = subprocess.run(
-            [sys.executable, "-m", "knowledge_mcp.hooks"],
-            input=json.dumps(event),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        with serving_data_dir(data):  # as the server that recorded it holds it
+            done = subprocess.run(
+                [sys.executable, "-m", "knowledge_mcp.hooks"],
+                input=json.dumps(event),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
     finally:
         server.stop()
     assert done.returncode == 0, done.stderr

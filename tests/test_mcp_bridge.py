@@ -45,7 +45,7 @@ from knowledge_server.config import default_data_dir
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from tests.conftest import REPO_ROOT, start_server
+from tests.conftest import REPO_ROOT, serve_process, serving_data_dir, start_server
 
 EXPECTED_TOOLS = {
     "knowledge_search",
@@ -397,17 +397,21 @@ def test_knowledge_mcp_passes_the_address_knowledge_serve_recorded(
     _recorded(tmp_path, json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
     runner = CliRunner()
     env = {"KNOWLEDGE_DATA_DIR": str(tmp_path), "KNOWLEDGE_ADDRESS": None}
-    for args, expected in (
-        (["mcp"], "127.0.0.1:45678"),
-        (["--data-dir", str(tmp_path / "other"), "mcp"], "127.0.0.1:50151"),
-        (["mcp", "--address", "10.0.0.1:1"], "10.0.0.1:1"),
-    ):
-        result = runner.invoke(cli_main, args, env=env)
+    with serving_data_dir(tmp_path):
+        for args, expected in (
+            (["mcp"], "127.0.0.1:45678"),
+            (["--data-dir", str(tmp_path / "other"), "mcp"], "127.0.0.1:50151"),
+            (["mcp", "--address", "10.0.0.1:1"], "10.0.0.1:1"),
+        ):
+            result = runner.invoke(cli_main, args, env=env)
+            assert result.exit_code == 0, result.output
+            assert seen.pop()[-2:] == ["--address", expected], args
+        result = runner.invoke(cli_main, ["mcp"], env={**env, "KNOWLEDGE_ADDRESS": "10.0.0.2:2"})
         assert result.exit_code == 0, result.output
-        assert seen.pop()[-2:] == ["--address", expected], args
-    result = runner.invoke(cli_main, ["mcp"], env={**env, "KNOWLEDGE_ADDRESS": "10.0.0.2:2"})
+        assert seen.pop()[-2:] == ["--address", "10.0.0.2:2"]
+    result = runner.invoke(cli_main, ["mcp"], env=env)  # no server holds it: a killed one's
     assert result.exit_code == 0, result.output
-    assert seen.pop()[-2:] == ["--address", "10.0.0.2:2"]
+    assert seen.pop()[-2:] == ["--address", "127.0.0.1:50151"]
 
 
 def test_the_bridge_finds_the_service_as_the_cli_does(
@@ -418,13 +422,16 @@ def test_the_bridge_finds_the_service_as_the_cli_does(
     monkeypatch.setenv("KNOWLEDGE_DATA_DIR", str(tmp_path))
     monkeypatch.delenv("KNOWLEDGE_ADDRESS", raising=False)
     assert resolve_address() == "127.0.0.1:50151"
-    for junk in ("{", "[]", '{"address": 7}', '{"pid": 1}'):
-        _recorded(tmp_path, junk)
-        assert resolve_address() == "127.0.0.1:50151", junk
     _recorded(tmp_path, json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
-    assert resolve_address() == "127.0.0.1:45678"
-    monkeypatch.setenv("KNOWLEDGE_ADDRESS", "10.0.0.2:2")
-    assert resolve_address() == "10.0.0.2:2"
+    assert resolve_address() == "127.0.0.1:50151"  # no server holds the directory
+    with serving_data_dir(tmp_path):
+        for junk in ("{", "[]", '{"address": 7}', '{"pid": 1}'):
+            _recorded(tmp_path, junk)
+            assert resolve_address() == "127.0.0.1:50151", junk
+        _recorded(tmp_path, json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
+        assert resolve_address() == "127.0.0.1:45678"
+        monkeypatch.setenv("KNOWLEDGE_ADDRESS", "10.0.0.2:2")
+        assert resolve_address() == "10.0.0.2:2"
     assert resolve_address("10.0.0.1:1") == "10.0.0.1:1"
     # The server's default data directory is the bridge's (it cannot import the server's).
     monkeypatch.delenv("KNOWLEDGE_DATA_DIR")
@@ -801,27 +808,53 @@ def test_a_recorded_address_is_followed_only_from_a_file_of_this_user_naming_thi
         server.write_text(json.dumps({"address": address, "pid": 1}))
         server.chmod(mode)
 
-    record("127.0.0.1:45678")
-    assert resolve_address() == "127.0.0.1:45678"
-    record("localhost:45678")
-    assert resolve_address() == "localhost:45678"
-    record("127.0.0.1:45678", 0o666)  # another user may have written it
+    with serving_data_dir(tmp_path):
+        record("127.0.0.1:45678")
+        assert resolve_address() == "127.0.0.1:45678"
+        record("localhost:45678")
+        assert resolve_address() == "localhost:45678"
+        record("127.0.0.1:45678", 0o666)  # another user may have written it
+        assert resolve_address() == "127.0.0.1:50151"
+        record("evil.example:443")
+        assert resolve_address() == "127.0.0.1:50151"
+        record("10.1.2.3:50151")
+        assert resolve_address() == "127.0.0.1:50151"
+        real = tmp_path / "elsewhere.json"
+        real.write_text(json.dumps({"address": "127.0.0.1:45678"}))
+        server.unlink()
+        server.symlink_to(real)
+        assert resolve_address() == "127.0.0.1:50151"
+        server.unlink()
+        record("127.0.0.1:45678")
+        monkeypatch.chdir(tmp_path.parent)
+        monkeypatch.setenv("KNOWLEDGE_DATA_DIR", tmp_path.name)  # relative
+        assert resolve_address() == "127.0.0.1:50151"
+        assert recorded_address(tmp_path) == "127.0.0.1:45678"
+
+
+def test_the_address_a_killed_serve_recorded_is_not_followed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A `knowledge serve` killed (SIGKILL, out of memory) leaves its server.json; the bridge
+    and the hook then dialled its port, which any program may hold by now, with the token.
+    Its serve lock went with it, so the file is not followed; while it ran, it was."""
+    import signal
+
+    data = tmp_path / "data"
+    proc = serve_process(data)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        address = line.split()[-1]
+        monkeypatch.delenv("KNOWLEDGE_ADDRESS", raising=False)
+        monkeypatch.setenv("KNOWLEDGE_DATA_DIR", str(data))
+        assert resolve_address() == address
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    assert json.loads((data / "server.json").read_text())["address"] == address
     assert resolve_address() == "127.0.0.1:50151"
-    record("evil.example:443")
-    assert resolve_address() == "127.0.0.1:50151"
-    record("10.1.2.3:50151")
-    assert resolve_address() == "127.0.0.1:50151"
-    real = tmp_path / "elsewhere.json"
-    real.write_text(json.dumps({"address": "127.0.0.1:45678"}))
-    server.unlink()
-    server.symlink_to(real)
-    assert resolve_address() == "127.0.0.1:50151"
-    server.unlink()
-    record("127.0.0.1:45678")
-    monkeypatch.chdir(tmp_path.parent)
-    monkeypatch.setenv("KNOWLEDGE_DATA_DIR", tmp_path.name)  # relative
-    assert resolve_address() == "127.0.0.1:50151"
-    assert recorded_address(tmp_path) == "127.0.0.1:45678"
 
 
 def test_knowledge_serve_records_its_address_owner_only_and_the_cli_reads_junk_as_none(
@@ -842,10 +875,11 @@ def test_knowledge_serve_records_its_address_owner_only_and_the_cli_reads_junk_a
     from knowledge_server.cli.common import resolve_address as cli_address
 
     ctx = click.Context(click.Command("mcp"), obj={"data_dir": str(tmp_path)})
-    assert cli_address(ctx) == "127.0.0.1:45678"
-    for junk in ("null", "[]", "7", "{"):
-        (tmp_path / "server.json").write_text(junk)
-        assert cli_address(ctx) == "127.0.0.1:50151", junk
+    with serving_data_dir(tmp_path):
+        assert cli_address(ctx) == "127.0.0.1:45678"
+        for junk in ("null", "[]", "7", "{"):
+            (tmp_path / "server.json").write_text(junk)
+            assert cli_address(ctx) == "127.0.0.1:50151", junk
 
 
 def test_a_recorded_address_is_not_read_from_a_data_directory_others_may_write(
@@ -860,23 +894,24 @@ def test_a_recorded_address_is_not_read_from_a_data_directory_others_may_write(
     shared.mkdir()
     (shared / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678"}))
     (shared / "server.json").chmod(0o600)
-    assert recorded_address(shared) == "127.0.0.1:45678"
-    shared.chmod(0o1777)
-    assert recorded_address(shared) is None
-    shared.chmod(0o775)  # a private group's write bit (umask 002) is not another user's
-    if grp.getgrgid(shared.stat().st_gid).gr_name == pwd.getpwuid(os.getuid()).pw_name:
+    with serving_data_dir(shared):
         assert recorded_address(shared) == "127.0.0.1:45678"
-    other = next(
-        (g for g in grp.getgrall() if g.gr_name != pwd.getpwuid(os.getuid()).pw_name), None
-    )
-    if other is not None and os.getuid() == 0:  # a group shared with others may write it
-        os.chown(shared, -1, other.gr_gid)
+        shared.chmod(0o1777)
         assert recorded_address(shared) is None
-        os.chown(shared, -1, os.getgid())
-        shared.chmod(0o755)
-    link = tmp_path / "link"
-    link.symlink_to(shared)
-    assert recorded_address(link) == "127.0.0.1:45678"
+        shared.chmod(0o775)  # a private group's write bit (umask 002) is not another user's
+        if grp.getgrgid(shared.stat().st_gid).gr_name == pwd.getpwuid(os.getuid()).pw_name:
+            assert recorded_address(shared) == "127.0.0.1:45678"
+        other = next(
+            (g for g in grp.getgrall() if g.gr_name != pwd.getpwuid(os.getuid()).pw_name), None
+        )
+        if other is not None and os.getuid() == 0:  # a group shared with others may write it
+            os.chown(shared, -1, other.gr_gid)
+            assert recorded_address(shared) is None
+            os.chown(shared, -1, os.getgid())
+            shared.chmod(0o755)
+        link = tmp_path / "link"
+        link.symlink_to(shared)
+        assert recorded_address(link) == "127.0.0.1:45678"
 
 
 def test_knowledge_mcp_answers_settings_it_cannot_use_in_one_line(

@@ -7,10 +7,15 @@ user could write (a data directory under ``/tmp``, a shared one) or a relative d
 directory (resolved against the harness's working directory, a cloned repository's) could
 send them elsewhere, so such a file is not read, and an address that is not a loopback one
 is not followed: give ``--address`` or ``KNOWLEDGE_ADDRESS`` for a service on another host.
+
+A file a killed service left is not followed either: `knowledge serve` holds an exclusive
+lock on ``DATA_DIR/locks/serve.lock`` while it runs (the kernel drops it when the process
+dies), so a file whose lock nobody holds names a port another program may hold by now.
 """
 
 from __future__ import annotations
 
+import fcntl
 import grp
 import ipaddress
 import json
@@ -20,8 +25,10 @@ import stat
 from pathlib import Path
 
 SERVER_FILE = "server.json"
+# Held (flock, exclusive) by the `knowledge serve` that has the data directory.
+SERVE_LOCK = ("locks", "serve.lock")
 
-__all__ = ["SERVER_FILE", "is_loopback", "recorded_address"]
+__all__ = ["SERVER_FILE", "SERVE_LOCK", "is_loopback", "recorded_address"]
 
 
 def is_loopback(address: str) -> bool:
@@ -56,13 +63,42 @@ def _own(info: os.stat_result) -> bool:
     return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
+def _served(dir_fd: int) -> bool:
+    """Whether a `knowledge serve` holds the data directory's serve lock now. Probed with
+    a shared lock taken and dropped at once (the server, starting, waits out such a probe
+    rather than taking it for another server)."""
+    try:
+        locks = os.open(
+            SERVE_LOCK[0],
+            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+            dir_fd=dir_fd,
+        )
+    except OSError:
+        return False
+    try:
+        fd = os.open(SERVE_LOCK[1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=locks)
+    except OSError:
+        return False
+    finally:
+        os.close(locks)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # drops the probe's lock
+    return False
+
+
 def recorded_address(data_dir: Path | str) -> str | None:
     """The address recorded in ``data_dir/server.json``, or None: when there is none, the
     data directory is relative or not this user's alone (another user could put back an
     old file of this user's, naming a port they now hold), the file is not a regular file
     this user owns that no other user may write, it holds no address, or the address is
-    not a loopback one. The file is opened through the directory checked, never by its
-    path again."""
+    not a loopback one, or no `knowledge serve` holds the directory (the file is a killed
+    one's). The file is opened through the directory checked, never by its path again."""
     directory = Path(data_dir)
     if not directory.is_absolute():
         return None
@@ -78,6 +114,8 @@ def recorded_address(data_dir: Path | str) -> str | None:
         if folder.st_uid != os.getuid() or folder.st_mode & stat.S_IWOTH:
             return None
         if folder.st_mode & stat.S_IWGRP and not _private_group(folder.st_gid):
+            return None
+        if not _served(dir_fd):
             return None
         fd = os.open(SERVER_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError:

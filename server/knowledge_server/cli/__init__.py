@@ -13,6 +13,7 @@ import fcntl
 import math
 import os
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 import click
 from knowledge_licensing.cli import license_group
-from knowledge_sdk.recorded import recorded_address
+from knowledge_sdk.recorded import SERVE_LOCK, recorded_address
 from rich.markup import escape as markup_escape
 from rich.table import Table
 from rich.text import Text
@@ -213,9 +214,10 @@ def serve(
     indexes the workspaces and ingests session logs in the background; lanes report
     KNOWLEDGE_INDEX_NOT_READY until their index exists.
 
-    The address is recorded in DATA_DIR/server.json for the other commands. A port
-    another process listens on already, or a data directory another `knowledge serve`
-    has, is refused with one line and exit code 2, leaving that server and its
+    The address is recorded in DATA_DIR/server.json for the other commands, which
+    follow it while this server runs (a file a killed one left is not followed). A
+    port another process listens on already, or a data directory another `knowledge
+    serve` has, is refused with one line and exit code 2, leaving that server and its
     server.json alone.
     """
     # The server's runtime (stores, tree-sitter, numpy) is imported by `serve` alone, so
@@ -303,18 +305,31 @@ def serve(
         clear_address(cfg.data_dir)
 
 
+# How long a starting server waits for the serve lock before it takes the directory for
+# another server's: longer than any client's probe of it (knowledge_sdk.recorded).
+SERVE_LOCK_PROBE_S = 1.0
+
+
 def _hold_data_dir(data_dir: Path) -> int:
     """Take the data directory for this serving process (its workers share it), or raise
     DataDirTaken naming the one that has it: two servers on one data directory each ran a
     bootstrap, a task worker and a log watcher of their own, and the second one's exit
     removed the first one's server.json. A lock the kernel drops when its holder dies, so
     a killed server never leaves the directory taken."""
-    path = data_dir / "locks" / "serve.lock"
+    path = data_dir.joinpath(*SERVE_LOCK)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    # A client finding the recorded address probes the lock with a shared one, held for
+    # a moment: waited out, never taken for another server.
+    give_up = time.monotonic() + SERVE_LOCK_PROBE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < give_up:
+                time.sleep(0.02)
+                continue
         os.close(fd)
         recorded = recorded_address(data_dir.resolve())
         where = f" at {recorded}" if recorded else ""
