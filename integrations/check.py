@@ -16,8 +16,8 @@ Exits non-zero when any check fails. What is checked:
 * no file holds a value that looks like a secret, and every secret-named key in a
   template holds a placeholder (``${VAR}``, ``$VAR``, ``{env:VAR}``, ``<...>``);
 * no template writes an address: ``KNOWLEDGE_ADDRESS`` is left out or references the
-  variable without a default (a written one overrides the address `knowledge serve`
-  recorded);
+  variable in the client's own syntax, without a default, and no ``--address`` argument
+  (a written one overrides the address `knowledge serve` recorded);
 * claimed levels match what exists (no L2 without an automatic smoke and a
   verified client version; no L1/L3 without a template) and the levels table in
   integrations/README.md agrees with index.json;
@@ -44,6 +44,7 @@ if str(HERE) not in sys.path:
 
 from smoke_common import (  # noqa: E402 - importable after the sys.path entry above
     PATH_LINE,
+    Launch,
     TemplateError,
     check_bridge_launch,
     launch_from_template,
@@ -137,20 +138,36 @@ def walk_pairs(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
         yield key, node
 
 
-def address_problems(data: Any) -> list[str]:
-    """A template that writes an address (``KNOWLEDGE_ADDRESS`` set to a value, or to a
-    variable with a default) overrides the address `knowledge serve` recorded and the
-    caller's own variable: the bridge finds both by itself when the key is left out."""
+# What each client turns into an empty value when the variable is unset (the bridge then
+# finds the address by itself): Claude Code's ``${VAR:-}``, Cursor's ``${env:VAR}``,
+# OpenCode's ``{env:VAR}``. A client that expands nothing gets the text as it is.
+EMPTY_WHEN_UNSET = {
+    "shell": re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-\}"),
+    "cursor": re.compile(r"\$\{env:[A-Za-z_][A-Za-z0-9_]*\}"),
+    "opencode": re.compile(r"\{env:[A-Za-z_][A-Za-z0-9_]*\}"),
+}
+
+
+def address_problems(launch: Launch) -> list[str]:
+    """A template that writes an address overrides the address `knowledge serve` recorded
+    and the caller's own variable; the bridge finds both by itself. Written means: a value
+    for ``KNOWLEDGE_ADDRESS``, a variable with a default, a variable this client does not
+    expand (the bridge would get its text), or ``--address`` among the arguments."""
     problems: list[str] = []
-    for key, value in walk_pairs(data):
-        if key != "KNOWLEDGE_ADDRESS" or not isinstance(value, str):
-            continue
-        text = value.strip()
-        if not PLACEHOLDER.match(text) or re.search(r":-[^}]", text) or text.startswith("<"):
+    value = launch.env.get("KNOWLEDGE_ADDRESS", "").strip()
+    if value:
+        empty = EMPTY_WHEN_UNSET.get(launch.syntax)
+        if empty is None or not empty.fullmatch(value):
             problems.append(
                 f"KNOWLEDGE_ADDRESS holds an address ({value!r}); leave it out (the bridge"
                 " finds the address knowledge serve recorded) or reference the variable"
+                " in this client's syntax, without a default"
             )
+    if any(a == "--address" or a.startswith("--address=") for a in launch.args):
+        problems.append(
+            "the arguments give --address; leave it out (the bridge finds the address"
+            " knowledge serve recorded, or KNOWLEDGE_ADDRESS)"
+        )
     return problems
 
 
@@ -379,7 +396,7 @@ def check_template(path: Path, fmt: str, shape: str, name: str) -> Result:
         check_bridge_launch(launch)
     except TemplateError as exc:
         return _fail(name, str(exc))
-    problems = secret_problems(data) + address_problems(data)
+    problems = secret_problems(data) + address_problems(launch)
     if problems:
         return _fail(name, "; ".join(problems))
     return _ok(

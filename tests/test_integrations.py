@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INTEGRATIONS = REPO_ROOT / "integrations"
@@ -124,29 +125,69 @@ def test_catches_a_secret_value_in_a_template(tree: Path) -> None:
     assert "cursor/secrets" in failed
 
 
+def _set_address(tree: Path, slug: str, value: str) -> str:
+    """Write ``value`` as KNOWLEDGE_ADDRESS into ``slug``'s template; its check's name."""
+    if slug == "hermes-agent":
+        path = tree / slug / "config.yaml"
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data["mcp_servers"]["knowledge"]["env"] = {"KNOWLEDGE_ADDRESS": value}
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    else:
+        name = {
+            "cursor": "mcp.json",
+            "claude-code": ".mcp.json",
+            "cline": "cline_mcp_settings.json",
+        }
+        _edit_json(
+            tree / slug / name[slug],
+            lambda d: (
+                d["mcpServers"]["knowledge"]
+                .setdefault("env", {})
+                .__setitem__("KNOWLEDGE_ADDRESS", value)
+            ),
+        )
+    return f"{slug}/template"
+
+
 @pytest.mark.parametrize(
-    ("value", "written"),
+    ("slug", "value", "written"),
     [
-        ("127.0.0.1:50151", True),
-        ("${env:KNOWLEDGE_ADDRESS:-127.0.0.1:50151}", True),
-        ("${KNOWLEDGE_ADDRESS:-127.0.0.1:50151}", True),
-        ("<HOST:PORT>", True),
-        ("${env:KNOWLEDGE_ADDRESS}", False),
-        ("${KNOWLEDGE_ADDRESS:-}", False),
-        ("", False),
+        ("cursor", "127.0.0.1:50151", True),
+        ("cursor", "${env:KNOWLEDGE_ADDRESS:-127.0.0.1:50151}", True),
+        ("cursor", "${KNOWLEDGE_ADDRESS:-}", True),  # Cursor's syntax is ${env:VAR}
+        ("cursor", "<HOST:PORT>", True),
+        ("cursor", "${env:KNOWLEDGE_ADDRESS}", False),
+        ("cursor", "", False),
+        ("claude-code", "${KNOWLEDGE_ADDRESS:-127.0.0.1:50151}", True),
+        ("claude-code", "${KNOWLEDGE_ADDRESS}", True),  # unset, it reaches the bridge as text
+        ("claude-code", "${KNOWLEDGE_ADDRESS:-}", False),
+        ("cline", "${KNOWLEDGE_ADDRESS}", True),  # expanded by no client of this shape
+        ("hermes-agent", "${KNOWLEDGE_ADDRESS}", True),
+        ("hermes-agent", "127.0.0.1:50151", True),
     ],
 )
-def test_catches_a_template_that_writes_an_address(tree: Path, value: str, written: bool) -> None:
-    """A written address (a value, or a variable's default) overrides the address `knowledge
-    serve` recorded: a service on another port was never found from such a template."""
-    _edit_json(
-        tree / "cursor" / "mcp.json",
-        lambda d: d["mcpServers"]["knowledge"]["env"].__setitem__("KNOWLEDGE_ADDRESS", value),
-    )
+def test_catches_a_template_that_writes_an_address(
+    tree: Path, slug: str, value: str, written: bool
+) -> None:
+    """A written address (a value, a variable's default, a variable the client leaves as
+    text) overrides the address `knowledge serve` recorded: a service on another port was
+    never found from such a template."""
+    name = _set_address(tree, slug, value)
     failed = _failures(check.run_checks(tree))
-    assert ("cursor/template" in failed) is written, failed
+    assert (name in failed) is written, failed
     if written:
-        assert "KNOWLEDGE_ADDRESS holds an address" in failed["cursor/template"]
+        assert "KNOWLEDGE_ADDRESS holds an address" in failed[name]
+
+
+@pytest.mark.parametrize(
+    "args", [["mcp", "--address", "127.0.0.1:50151"], ["mcp", "--address=x:1"]]
+)
+def test_catches_a_template_that_gives_the_address_as_an_argument(
+    tree: Path, args: list[str]
+) -> None:
+    _edit_json(tree / "pi" / "mcp.json", lambda d: d["mcpServers"]["knowledge"].update(args=args))
+    failed = _failures(check.run_checks(tree))
+    assert "the arguments give --address" in failed["pi/template"]
 
 
 @pytest.mark.parametrize(
@@ -319,9 +360,12 @@ def test_codex_template_forwards_only_named_variables() -> None:
 def test_codex_template_and_plugin_forward_every_connection_setting_the_bridge_reads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Codex hands a server only the variables `env_vars` names: every one the SDK's
-    connection settings read must be there (the TLS files were not, so a service over
-    TLS was unreachable from Codex), and the data directory's two."""
+    """Codex hands a server only the variables `env_vars` names: every one the stdio
+    bridge reads must be there (the TLS files were not, so a service over TLS was
+    unreachable from Codex; KNOWLEDGE_TIMEOUT was not, so it was ignored), the data
+    directory's included. Found by running the bridge's own start-up reads."""
+    from knowledge_mcp.__main__ import parse_args
+    from knowledge_mcp.address import resolve_address
     from knowledge_sdk.client import ConnectionSettings
 
     class Reads(dict[str, str]):
@@ -339,11 +383,16 @@ def test_codex_template_and_plugin_forward_every_connection_setting_the_bridge_r
 
     reads = Reads()
     monkeypatch.setattr(os, "environ", reads)
-    ConnectionSettings.from_env()
+    args = parse_args([])
+    ConnectionSettings.from_env(address=resolve_address(args.address), timeout=args.timeout)
     monkeypatch.undo()
-    wanted = {n for n in reads.seen if n.startswith("KNOWLEDGE_")}
-    assert {"KNOWLEDGE_ADDRESS", "KNOWLEDGE_TLS_CA"} <= wanted
-    wanted |= {"KNOWLEDGE_DATA_DIR", "XDG_DATA_HOME"}
+    # KNOWLEDGE_MCP_HTTP*: the bridge over HTTP (--http), which no harness starts.
+    wanted = {
+        n
+        for n in reads.seen
+        if n.startswith(("KNOWLEDGE_", "XDG_")) and not n.startswith("KNOWLEDGE_MCP_HTTP")
+    }
+    assert {"KNOWLEDGE_ADDRESS", "KNOWLEDGE_TLS_CA", "KNOWLEDGE_TIMEOUT", "XDG_DATA_HOME"} <= wanted
     codex = smoke_common.load_template(INTEGRATIONS / "codex-cli" / "config.toml", "toml")
     plugin = json.loads((REPO_ROOT / "plugins" / "knowledge" / ".mcp.json").read_text())
     for where, forwarded in (
