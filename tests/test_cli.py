@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -192,6 +193,35 @@ def test_sigterm_stops_gracefully(served) -> None:  # type: ignore[no-untyped-de
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
     assert not (Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json").exists()
+
+
+def test_serve_withdraws_its_address_when_asked_to_stop_not_when_the_process_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work that runs on past the stop (a document graph build) keeps the process alive
+    after its port is given up: server.json must be gone by then, or clients follow it
+    to a port anyone may take (it was removed only when the process ended). And a
+    server.json a killed server left is removed as soon as `serve` holds the directory,
+    before anything is opened."""
+    import knowledge_server.server as server_module
+
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    (data / "server.json").write_text(json.dumps({"address": "127.0.0.1:1", "pid": 1}))
+    seen: dict[str, bool] = {}
+
+    async def fake_serve(config: Any, *, out: Any, on_stopping: Any, **_: Any) -> None:
+        seen["stale_left"] = (data / "server.json").exists()
+        print("listening on 127.0.0.1:45999", file=out, flush=True)
+        seen["recorded"] = (data / "server.json").exists()
+        on_stopping()  # SIGTERM: the stop is asked; the grace and the stores follow
+        seen["withdrawn_at_stop"] = not (data / "server.json").exists()
+
+    monkeypatch.setattr(server_module, "serve", fake_serve)
+    env = {**_env(tmp_path), "KNOWLEDGE_DATA_DIR": str(data)}
+    out = CliRunner().invoke(main, ["serve", "--listen", "127.0.0.1:0", "--no-bootstrap"], env=env)
+    assert out.exit_code == 0, out.output
+    assert seen == {"stale_left": False, "recorded": True, "withdrawn_at_stop": True}
 
 
 def test_second_serve_on_a_busy_port_leaves_the_first_alone(served) -> None:  # type: ignore[no-untyped-def]

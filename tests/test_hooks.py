@@ -238,12 +238,12 @@ def test_the_hook_dials_the_address_knowledge_serve_recorded(tmp_path: Path) -> 
                 pass
         data = tmp_path / "data"
         data.mkdir(mode=0o700)  # as `knowledge serve` leaves it, whatever the umask
-        (data / "server.json").write_text(json.dumps({"address": server.address, "pid": 1}))
-        (data / "server.json").chmod(0o600)
         env = {k: v for k, v in os.environ.items() if not k.startswith("KNOWLEDGE_")}
         env.update(PYTHONPATH=PYPATH, KNOWLEDGE_DATA_DIR=str(data), KNOWLEDGE_HOOK_TIMEOUT="20")
         event = {"hook_event_name": "UserPromptSubmit", "prompt": "where are parcels shipped"}
-        with serving_data_dir(data):  # as the server that recorded it holds it
+        with serving_data_dir(data):  # held, then recorded, as by `knowledge serve`
+            (data / "server.json").write_text(json.dumps({"address": server.address, "pid": 1}))
+            (data / "server.json").chmod(0o600)
             done = subprocess.run(
                 [sys.executable, "-m", "knowledge_mcp.hooks"],
                 input=json.dumps(event),

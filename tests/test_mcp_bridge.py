@@ -394,10 +394,10 @@ def test_knowledge_mcp_passes_the_address_knowledge_serve_recorded(
     every client command finds it; `knowledge mcp` left the bridge on 127.0.0.1:50151."""
     seen: list[list[str]] = []
     monkeypatch.setattr(os, "execve", lambda path, argv, env: seen.append(argv))
-    _recorded(tmp_path, json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
     runner = CliRunner()
     env = {"KNOWLEDGE_DATA_DIR": str(tmp_path), "KNOWLEDGE_ADDRESS": None}
     with serving_data_dir(tmp_path):
+        _recorded(tmp_path, json.dumps({"address": "127.0.0.1:45678", "pid": 1}))
         for args, expected in (
             (["mcp"], "127.0.0.1:45678"),
             (["--data-dir", str(tmp_path / "other"), "mcp"], "127.0.0.1:50151"),
@@ -855,6 +855,9 @@ def test_the_address_a_killed_serve_recorded_is_not_followed(
         proc.wait(30)
     assert json.loads((data / "server.json").read_text())["address"] == address
     assert resolve_address() == "127.0.0.1:50151"
+    with serving_data_dir(data):  # the next server starting: the dead one's file is gone
+        assert not (data / "server.json").exists()
+        assert resolve_address() == "127.0.0.1:50151"
 
 
 def test_knowledge_serve_records_its_address_owner_only_and_the_cli_reads_junk_as_none(
@@ -863,19 +866,18 @@ def test_knowledge_serve_records_its_address_owner_only_and_the_cli_reads_junk_a
     """`knowledge serve` writes server.json owner-only whatever the umask (readers follow
     only a file no other user may write); `knowledge mcp` given a server.json that is no
     JSON object dials the default (it raised a TypeError)."""
-    from knowledge_server.cli.common import record_address
-
-    old = os.umask(0o002)
-    try:
-        record_address(tmp_path, "127.0.0.1:45678")
-    finally:
-        os.umask(old)
-    assert (tmp_path / "server.json").stat().st_mode & 0o777 == 0o600
     import click
+    from knowledge_server.cli.common import record_address
     from knowledge_server.cli.common import resolve_address as cli_address
 
     ctx = click.Context(click.Command("mcp"), obj={"data_dir": str(tmp_path)})
     with serving_data_dir(tmp_path):
+        old = os.umask(0o002)
+        try:
+            record_address(tmp_path, "127.0.0.1:45678")
+        finally:
+            os.umask(old)
+        assert (tmp_path / "server.json").stat().st_mode & 0o777 == 0o600
         assert cli_address(ctx) == "127.0.0.1:45678"
         for junk in ("null", "[]", "7", "{"):
             (tmp_path / "server.json").write_text(junk)
@@ -892,9 +894,9 @@ def test_a_recorded_address_is_not_read_from_a_data_directory_others_may_write(
 
     shared = tmp_path / "shared"
     shared.mkdir()
-    (shared / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678"}))
-    (shared / "server.json").chmod(0o600)
     with serving_data_dir(shared):
+        (shared / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678"}))
+        (shared / "server.json").chmod(0o600)
         assert recorded_address(shared) == "127.0.0.1:45678"
         shared.chmod(0o1777)
         assert recorded_address(shared) is None
@@ -912,6 +914,22 @@ def test_a_recorded_address_is_not_read_from_a_data_directory_others_may_write(
         link = tmp_path / "link"
         link.symlink_to(shared)
         assert recorded_address(link) == "127.0.0.1:45678"
+
+
+def test_a_serve_lock_behind_a_link_is_found_as_the_server_takes_it(tmp_path: Path) -> None:
+    """`locks/` a link to another folder of the user's: the server follows it to take its
+    lock, so a client must too (it did not, and never followed the recorded address)."""
+    from knowledge_sdk.recorded import recorded_address
+
+    data, elsewhere = tmp_path / "data", tmp_path / "locks-elsewhere"
+    data.mkdir(mode=0o700)
+    elsewhere.mkdir(mode=0o700)
+    (data / "locks").symlink_to(elsewhere)
+    with serving_data_dir(data):
+        (data / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678"}))
+        (data / "server.json").chmod(0o600)
+        assert recorded_address(data) == "127.0.0.1:45678"
+    assert recorded_address(data) is None
 
 
 def test_knowledge_mcp_answers_settings_it_cannot_use_in_one_line(

@@ -67,16 +67,14 @@ def _served(dir_fd: int) -> bool:
     """Whether a `knowledge serve` holds the data directory's serve lock now. Probed with
     a shared lock taken and dropped at once (the server, starting, waits out such a probe
     rather than taking it for another server)."""
+    # Links followed, as the server follows them when it takes the lock (the directory
+    # holding them is this user's alone, checked; probing a lock changes nothing).
     try:
-        locks = os.open(
-            SERVE_LOCK[0],
-            os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-            dir_fd=dir_fd,
-        )
+        locks = os.open(SERVE_LOCK[0], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return False
     try:
-        fd = os.open(SERVE_LOCK[1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=locks)
+        fd = os.open(SERVE_LOCK[1], os.O_RDONLY | os.O_CLOEXEC, dir_fd=locks)
     except OSError:
         return False
     finally:

@@ -265,10 +265,13 @@ async def serve(
     out: Output = sys.stdout,
     on_started: Callable[[KnowledgeApp], object] | None = None,
     worker_main: WorkerMain | None = None,
+    on_stopping: Callable[[], object] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT; with ``config.workers > 1`` and a ``worker_main`` (the
     entry point of a worker process, ``worker_main.run_worker``) also start and stop the
-    extra serving processes (see knowledge_server.workers)."""
+    extra serving processes (see knowledge_server.workers). ``on_stopping`` is called
+    once the stop is asked, before the calls in flight get their grace and the stores
+    close (work that runs on may keep the process alive after its port is given up)."""
     served = await create_server(config, app, authenticate=authenticate)
     port, app = served.port, served.app
     try:
@@ -317,6 +320,8 @@ async def serve(
     watch = asyncio.create_task(workers.watch(stop))
     await stop.wait()
     log.info("server.stopping", grace_seconds=config.grace_seconds)
+    if on_stopping is not None:
+        on_stopping()
     watch.cancel()
     if background is not None:
         background.cancel()

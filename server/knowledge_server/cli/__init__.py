@@ -8,6 +8,7 @@ progress go to stderr. Client commands talk to a running service (the address
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import fcntl
 import math
@@ -21,7 +22,7 @@ from typing import Any
 
 import click
 from knowledge_licensing.cli import license_group
-from knowledge_sdk.recorded import SERVE_LOCK, recorded_address
+from knowledge_sdk.recorded import SERVE_LOCK, SERVER_FILE, recorded_address
 from rich.markup import escape as markup_escape
 from rich.table import Table
 from rich.text import Text
@@ -295,6 +296,9 @@ def serve(
                 out=_Out(),
                 on_started=start_background,
                 worker_main=run_worker,
+                # Not followed once the port is given up: work that runs on past the
+                # stop (a document graph build) may keep this process alive a while.
+                on_stopping=lambda: clear_address(cfg.data_dir),
             )
         )
     except ConfigError as exc:
@@ -325,11 +329,17 @@ def _hold_data_dir(data_dir: Path) -> int:
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
         except BlockingIOError:
             if time.monotonic() < give_up:
                 time.sleep(0.02)
                 continue
+        else:
+            # A server.json here now is a dead server's (its lock is this one's): removed
+            # at once, or clients would follow it, with their token, to a port anyone may
+            # hold, until this server records its own.
+            with contextlib.suppress(FileNotFoundError):
+                (data_dir / SERVER_FILE).unlink()
+            return fd
         os.close(fd)
         recorded = recorded_address(data_dir.resolve())
         where = f" at {recorded}" if recorded else ""
@@ -337,7 +347,6 @@ def _hold_data_dir(data_dir: Path) -> int:
             f"data_dir: {data_dir} is in use by another `knowledge serve`{where};"
             " stop it, or give this one another --data-dir"
         ) from None
-    return fd
 
 
 class DataDirTaken(Exception):
