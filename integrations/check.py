@@ -138,13 +138,13 @@ def walk_pairs(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
         yield key, node
 
 
-# What each client turns into an empty value when the variable is unset (the bridge then
-# finds the address by itself): Claude Code's ``${VAR:-}``, Cursor's ``${env:VAR}``,
+# The caller's own KNOWLEDGE_ADDRESS, empty when unset (the bridge then finds the address
+# by itself), in each client's syntax: Claude Code's ``${VAR:-}``, Cursor's ``${env:VAR}``,
 # OpenCode's ``{env:VAR}``. A client that expands nothing gets the text as it is.
 EMPTY_WHEN_UNSET = {
-    "shell": re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-\}"),
-    "cursor": re.compile(r"\$\{env:[A-Za-z_][A-Za-z0-9_]*\}"),
-    "opencode": re.compile(r"\{env:[A-Za-z_][A-Za-z0-9_]*\}"),
+    "shell": re.compile(r"\$\{KNOWLEDGE_ADDRESS:-\}"),
+    "cursor": re.compile(r"\$\{env:KNOWLEDGE_ADDRESS\}"),
+    "opencode": re.compile(r"\{env:KNOWLEDGE_ADDRESS\}"),
 }
 
 
@@ -152,12 +152,14 @@ def address_problems(launch: Launch) -> list[str]:
     """A template that writes an address overrides the address `knowledge serve` recorded
     and the caller's own variable; the bridge finds both by itself. Written means: a value
     for ``KNOWLEDGE_ADDRESS``, a variable with a default, a variable this client does not
-    expand (the bridge would get its text), or ``--address`` among the arguments."""
+    expand (the bridge would get its text), an empty value (it hides the address the
+    caller exported from a client that passes it on), or ``--address`` among the
+    arguments."""
     problems: list[str] = []
-    value = launch.env.get("KNOWLEDGE_ADDRESS", "").strip()
-    if value:
+    value = launch.env.get("KNOWLEDGE_ADDRESS")
+    if value is not None:
         empty = EMPTY_WHEN_UNSET.get(launch.syntax)
-        if empty is None or not empty.fullmatch(value):
+        if empty is None or not empty.fullmatch(value.strip()):
             problems.append(
                 f"KNOWLEDGE_ADDRESS holds an address ({value!r}); leave it out (the bridge"
                 " finds the address knowledge serve recorded) or reference the variable"

@@ -188,7 +188,8 @@ def launch_from_template(data: Any, shape: str) -> Launch:
         _require(isinstance(data, dict), "top level must be an object")
         entry = _entry(data.get("mcpServers"), "mcpServers")
         _require(entry.get("type", "stdio") == "stdio", "mcpServers.knowledge.type must be stdio")
-        return _stdio_entry(entry, "mcpServers.knowledge", syntax="shell")
+        # Claude Code starts a stdio server with its own environment plus `env`.
+        return _stdio_entry(entry, "mcpServers.knowledge", syntax="shell", inherits_env=True)
     if shape == "cursor":
         _require(isinstance(data, dict), "top level must be an object")
         return _stdio_entry(

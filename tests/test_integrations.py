@@ -157,13 +157,14 @@ def _set_address(tree: Path, slug: str, value: str) -> str:
         ("cursor", "${KNOWLEDGE_ADDRESS:-}", True),  # Cursor's syntax is ${env:VAR}
         ("cursor", "<HOST:PORT>", True),
         ("cursor", "${env:KNOWLEDGE_ADDRESS}", False),
-        ("cursor", "", False),
+        ("cursor", "", True),  # hides the address the caller exported
         ("claude-code", "${KNOWLEDGE_ADDRESS:-127.0.0.1:50151}", True),
         ("claude-code", "${KNOWLEDGE_ADDRESS}", True),  # unset, it reaches the bridge as text
         ("claude-code", "${KNOWLEDGE_ADDRESS:-}", False),
-        ("cline", "${KNOWLEDGE_ADDRESS}", True),  # expanded by no client of this shape
+        ("cline", "${KNOWLEDGE_ADDRESS}", True),  # Cline's expansion is unconfirmed: as text
         ("hermes-agent", "${KNOWLEDGE_ADDRESS}", True),
         ("hermes-agent", "127.0.0.1:50151", True),
+        ("cline", "", True),
     ],
 )
 def test_catches_a_template_that_writes_an_address(
