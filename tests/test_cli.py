@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -186,6 +187,47 @@ def test_edition_refusal_is_one_line_with_the_edition(served) -> None:  # type: 
     assert out.exit_code == 3
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "enterprise" in lines[0]
+
+
+def test_serve_whose_stdout_nobody_reads_serves_on_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """`knowledge serve --workers 2` whose standard output has no reader (the reader of a
+    pipe gone, as `| head -0` leaves it): the listening line is lost, not the service; it
+    records its address, answers there and stops on SIGTERM. Before, the failed line
+    left the workers serving and the process waiting for them until killed, with no
+    address recorded."""
+    env = _env(tmp_path)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    proc = subprocess.Popen(
+        [*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0", "--no-bootstrap", "--workers", "2"],
+        env=env,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    os.close(write_end)
+    try:
+        recorded = Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json"
+        for _ in range(600):
+            if recorded.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the server stopped"
+        assert recorded.exists(), "no address recorded"
+        assert _invoke(env, "status").exit_code == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert "server.listening_line_lost" in err and "Traceback" not in err, err[-2000:]
+    assert not recorded.exists()
 
 
 def test_sigterm_stops_gracefully(served) -> None:  # type: ignore[no-untyped-def]

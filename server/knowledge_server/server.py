@@ -310,8 +310,14 @@ async def serve(
         await workers.stop(0)
         await shutdown(served, 0)
         raise
-    # Printed only once every process accepts calls and signals are handled.
-    print(f"listening on {host}:{port}", file=out, flush=True)
+    # Printed only once every process accepts calls and signals are handled. Nobody may
+    # read it (`knowledge serve | head -0`, a closed stdout under a supervisor): the
+    # service serves on, found by its recorded address; an error here left the workers
+    # serving and the process waiting for them forever.
+    try:
+        print(f"listening on {host}:{port}", file=out, flush=True)
+    except OSError as exc:
+        log.warning("server.listening_line_lost", error_type=type(exc).__name__, port=port)
     background = None
     if on_started is not None:
         result = on_started(app)

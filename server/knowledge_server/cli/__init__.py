@@ -211,7 +211,8 @@ def serve(
 ) -> None:
     """Run the gRPC service until SIGTERM/SIGINT.
 
-    Prints one line `listening on HOST:PORT` once it accepts calls. On first start it
+    Prints one line `listening on HOST:PORT` once it accepts calls (with no reader on
+    standard output, it serves on and logs server.listening_line_lost). On first start it
     indexes the workspaces and ingests session logs in the background; lanes report
     KNOWLEDGE_INDEX_NOT_READY until their index exists.
 
@@ -279,13 +280,21 @@ def serve(
 
     class _Out:
         def write(self, text: str) -> int:
-            sys.stdout.write(text)
             if text.startswith("listening on "):
-                record_address(cfg.data_dir, text.split()[-1])
+                record_address(cfg.data_dir, text.split()[-1])  # first: stdout may be gone
+            try:
+                sys.stdout.write(text)
+            except OSError:
+                _stdout_gone()
+                raise
             return len(text)
 
         def flush(self) -> None:
-            sys.stdout.flush()
+            try:
+                sys.stdout.flush()
+            except OSError:
+                _stdout_gone()
+                raise
 
     try:
         asyncio.run(
@@ -307,6 +316,16 @@ def serve(
         pass
     finally:
         clear_address(cfg.data_dir)
+
+
+def _stdout_gone() -> None:
+    """Standard output's reader went away: later writes (and the flush at exit, which
+    would print a traceback) go to the null device instead."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, sys.stdout.fileno())
+    finally:
+        os.close(null)
 
 
 # How long a starting server waits for the serve lock before it takes the directory for
