@@ -230,6 +230,75 @@ def test_serve_whose_stdout_nobody_reads_serves_on_and_stops_on_sigterm(
     assert not recorded.exists()
 
 
+def test_serve_with_standard_output_closed_serves_on_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """`knowledge serve --workers 2 >&-` (standard output closed, as some supervisors
+    start a daemon): it records its address, answers there and stops on SIGTERM, its
+    workers with it. Before, writing the listening line raised an AttributeError, and
+    the process waited for its workers until killed."""
+    env = _env(tmp_path)
+    proc = subprocess.Popen(
+        [*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0", "--no-bootstrap", "--workers", "2"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        preexec_fn=lambda: os.close(1),  # the child starts with standard output closed
+    )
+    recorded = Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json"
+    try:
+        for _ in range(600):
+            if recorded.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the server stopped"
+        assert recorded.exists(), "no address recorded"
+        assert _invoke(env, "status").exit_code == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert "Traceback" not in err, err[-2000:]
+
+
+def test_serve_prints_its_line_when_only_the_address_cannot_be_recorded(
+    tmp_path: Path,
+) -> None:
+    """The address cannot be recorded (a full disk; here its temporary file's name is
+    taken by a folder): the listening line still goes to standard output, and the log
+    says what failed (the line was withheld, and blamed on standard output)."""
+    env = _env(tmp_path)
+    data = Path(env["KNOWLEDGE_DATA_DIR"])
+    (data / "server.json.tmp").mkdir(parents=True)
+    proc = subprocess.Popen(
+        [*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0", "--no-bootstrap"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening on 127.0.0.1:"), line
+        assert not (data / "server.json").exists()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert "server.address_not_recorded" in err and "listening_line_lost" not in err, err
+
+
 def test_sigterm_stops_gracefully(served) -> None:  # type: ignore[no-untyped-def]
     proc, env, _port = served
     proc.send_signal(signal.SIGTERM)

@@ -310,26 +310,33 @@ async def serve(
         await workers.stop(0)
         await shutdown(served, 0)
         raise
-    # Printed only once every process accepts calls and signals are handled. Nobody may
-    # read it (`knowledge serve | head -0`, a closed stdout under a supervisor): the
-    # service serves on, found by its recorded address; an error here left the workers
-    # serving and the process waiting for them forever.
+    background: asyncio.Task[object] | None = None
+    watch: asyncio.Task[None] | None = None
     try:
-        print(f"listening on {host}:{port}", file=out, flush=True)
-    except OSError as exc:
-        log.warning("server.listening_line_lost", error_type=type(exc).__name__, port=port)
-    background = None
-    if on_started is not None:
-        result = on_started(app)
-        if asyncio.iscoroutine(result):
-            background = asyncio.create_task(result)
-    watch = asyncio.create_task(workers.watch(stop))
-    await stop.wait()
-    log.info("server.stopping", grace_seconds=config.grace_seconds)
-    if on_stopping is not None:
-        on_stopping()
-    watch.cancel()
-    if background is not None:
-        background.cancel()
-    await asyncio.gather(workers.stop(config.grace_seconds), shutdown(served, config.grace_seconds))
+        # Printed only once every process accepts calls and signals are handled. Nobody
+        # may read it (`knowledge serve | head -0`): the service serves on, found by its
+        # recorded address.
+        try:
+            print(f"listening on {host}:{port}", file=out, flush=True)
+        except OSError as exc:
+            log.warning("server.listening_line_lost", error_type=type(exc).__name__, port=port)
+        if on_started is not None:
+            result = on_started(app)
+            if asyncio.iscoroutine(result):
+                background = asyncio.create_task(result)
+        watch = asyncio.create_task(workers.watch(stop))
+        await stop.wait()
+        log.info("server.stopping", grace_seconds=config.grace_seconds)
+        if on_stopping is not None:
+            on_stopping()
+    finally:
+        # However serving ended (a failure here too): the workers stop with this process,
+        # which otherwise waited for them forever.
+        if watch is not None:
+            watch.cancel()
+        if background is not None:
+            background.cancel()
+        await asyncio.gather(
+            workers.stop(config.grace_seconds), shutdown(served, config.grace_seconds)
+        )
     log.info("server.stopped")

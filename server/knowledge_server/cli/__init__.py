@@ -230,7 +230,7 @@ def serve(
         check_workspaces,
         load_config,
     )
-    from knowledge_server.logs import configure_logging
+    from knowledge_server.logs import configure_logging, get_logger
     from knowledge_server.runtime import (
         build_app,
         build_authenticator,
@@ -281,7 +281,14 @@ def serve(
     class _Out:
         def write(self, text: str) -> int:
             if text.startswith("listening on "):
-                record_address(cfg.data_dir, text.split()[-1])  # first: stdout may be gone
+                try:  # first: standard output may be gone
+                    record_address(cfg.data_dir, text.split()[-1])
+                except OSError as exc:  # a full disk: clients need --address, the line still goes
+                    get_logger("knowledge.server").error(
+                        "server.address_not_recorded", error_type=type(exc).__name__
+                    )
+            if sys.stdout is None:  # started with standard output closed (`>&-`)
+                return len(text)
             try:
                 sys.stdout.write(text)
             except OSError:
@@ -290,6 +297,8 @@ def serve(
             return len(text)
 
         def flush(self) -> None:
+            if sys.stdout is None:
+                return
             try:
                 sys.stdout.flush()
             except OSError:
