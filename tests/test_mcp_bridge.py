@@ -932,6 +932,36 @@ def test_a_serve_lock_behind_a_link_is_found_as_the_server_takes_it(tmp_path: Pa
     assert recorded_address(data) is None
 
 
+def test_a_serve_lock_others_may_make_or_hold_proves_nothing(tmp_path: Path) -> None:
+    """`locks/` a link into a folder other users may write: one of them could plant the
+    lock and hold it, passing a killed server's file for a live one's, or plant a FIFO
+    whose opening waited forever (the CLI, the bridge and the hook hung). Neither counts:
+    the recorded address is not followed, at once."""
+    import threading
+
+    from knowledge_sdk.recorded import recorded_address
+
+    data, shared = tmp_path / "data", tmp_path / "shared"
+    data.mkdir(mode=0o700)
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (data / "locks").symlink_to(shared)
+    with serving_data_dir(data):  # even held
+        (data / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678"}))
+        (data / "server.json").chmod(0o600)
+        assert recorded_address(data) is None
+    (data / "locks").unlink()
+    private = tmp_path / "private-locks"
+    private.mkdir(mode=0o700)
+    os.mkfifo(private / "serve.lock")
+    (data / "locks").symlink_to(private)
+    answer: list[str | None] = []
+    probe = threading.Thread(target=lambda: answer.append(recorded_address(data)), daemon=True)
+    probe.start()
+    probe.join(10)
+    assert answer == [None], "the probe waited on a FIFO"
+
+
 def test_knowledge_mcp_answers_settings_it_cannot_use_in_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

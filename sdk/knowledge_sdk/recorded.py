@@ -63,23 +63,38 @@ def _own(info: os.stat_result) -> bool:
     return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
+def _private_dir(info: os.stat_result) -> bool:
+    """A directory of this user's that other users may not write: its group only when the
+    group is this user's private one (a umask of 002 gives it the group's write bit),
+    never a group shared with others."""
+    if info.st_uid != os.getuid() or info.st_mode & stat.S_IWOTH:
+        return False
+    return not (info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid))
+
+
 def _served(dir_fd: int) -> bool:
     """Whether a `knowledge serve` holds the data directory's serve lock now. Probed with
     a shared lock taken and dropped at once (the server, starting, waits out such a probe
     rather than taking it for another server)."""
-    # Links followed, as the server follows them when it takes the lock (the directory
-    # holding them is this user's alone, checked; probing a lock changes nothing).
+    # Links followed, as the server follows them when it takes the lock; where they lead
+    # must be this user's alone too (a lock another user can make or hold would pass a dead
+    # server's file for a live one's), and opening never waits (a FIFO planted there).
     try:
         locks = os.open(SERVE_LOCK[0], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return False
     try:
-        fd = os.open(SERVE_LOCK[1], os.O_RDONLY | os.O_CLOEXEC, dir_fd=locks)
+        if not _private_dir(os.fstat(locks)):
+            return False
+        fd = os.open(SERVE_LOCK[1], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=locks)
     except OSError:
         return False
     finally:
         os.close(locks)
     try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or not _own(info):
+            return False
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
@@ -105,15 +120,8 @@ def recorded_address(data_dir: Path | str) -> str | None:
     except OSError:
         return None
     try:
-        # A directory of this user's that other users may not write: its group only when
-        # the group is this user's private one (a umask of 002 gives the data directory
-        # that group's write bit), never a group shared with others.
-        folder = os.fstat(dir_fd)
-        if folder.st_uid != os.getuid() or folder.st_mode & stat.S_IWOTH:
-            return None
-        if folder.st_mode & stat.S_IWGRP and not _private_group(folder.st_gid):
-            return None
-        if not _served(dir_fd):
+        # The data directory this user's alone, then a server holding it.
+        if not _private_dir(os.fstat(dir_fd)) or not _served(dir_fd):
             return None
         fd = os.open(SERVER_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError:
