@@ -160,8 +160,9 @@ def address_problems(launch: Launch) -> list[str]:
     if value is not None:
         empty = EMPTY_WHEN_UNSET.get(launch.syntax)
         if empty is None or not empty.fullmatch(value.strip()):
+            what = "an address" if value.strip() else "an empty value, hiding the caller's"
             problems.append(
-                f"KNOWLEDGE_ADDRESS holds an address ({value!r}); leave it out (the bridge"
+                f"KNOWLEDGE_ADDRESS holds {what} ({value!r}); leave it out (the bridge"
                 " finds the address knowledge serve recorded) or reference the variable"
                 " in this client's syntax, without a default"
             )

@@ -177,7 +177,7 @@ def test_catches_a_template_that_writes_an_address(
     failed = _failures(check.run_checks(tree))
     assert (name in failed) is written, failed
     if written:
-        assert "KNOWLEDGE_ADDRESS holds an address" in failed[name]
+        assert "KNOWLEDGE_ADDRESS holds " in failed[name]
 
 
 @pytest.mark.parametrize(

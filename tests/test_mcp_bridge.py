@@ -387,6 +387,26 @@ def _recorded(data_dir: Path, text: str) -> None:
     (data_dir / "server.json").chmod(0o600)
 
 
+def test_knowledge_mcp_is_the_stdio_bridge_whatever_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A harness hands `knowledge mcp` the user's whole environment (Claude Code, OpenCode).
+    One who exported KNOWLEDGE_MCP_HTTP for an HTTP bridge elsewhere turned this one into
+    an HTTP server too (or an exit: no token), and the harness hung on a silent stdio. The
+    HTTP switch stays out of the bridge's environment; the rest passes on."""
+    from knowledge_mcp.__main__ import parse_args
+    from knowledge_server.cli.mcp import bridge_exec
+
+    monkeypatch.setenv("KNOWLEDGE_MCP_HTTP", "127.0.0.1:8765")
+    monkeypatch.setenv("KNOWLEDGE_MCP_HTTP_TOKEN", "x" * 40)
+    monkeypatch.setenv("KNOWLEDGE_TLS_CA", "/ca.pem")
+    argv, env = bridge_exec("127.0.0.1:1", None, None)
+    assert "KNOWLEDGE_MCP_HTTP" not in env and "KNOWLEDGE_MCP_HTTP_TOKEN" not in env
+    assert env["KNOWLEDGE_TLS_CA"] == "/ca.pem"
+    monkeypatch.setattr(os, "environ", env)
+    assert parse_args(argv[3:]).http is None
+
+
 def test_knowledge_mcp_passes_the_address_knowledge_serve_recorded(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

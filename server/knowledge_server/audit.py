@@ -295,8 +295,8 @@ class AuditLog:
         append that gets the lock: the write it records has happened, and its caller is
         answered as such rather than told it failed (a retry would do it twice). Events
         kept there first are appended before this one. After ``close`` (work that ran on
-        past shutdown) the event is kept there too, and joins the chain at the first append
-        of the next start."""
+        past shutdown) the event is kept there too, and joins the chain at the next append
+        to the log by any process."""
         if not operation:
             raise ValueError("an audit event needs an operation")
         at = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")

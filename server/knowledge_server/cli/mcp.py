@@ -26,18 +26,25 @@ BRIDGE_MISSING = (
 )
 
 
+# The variables that make `knowledge-mcp` serve over HTTP instead of stdio.
+HTTP_SWITCH = frozenset({"KNOWLEDGE_MCP_HTTP", "KNOWLEDGE_MCP_HTTP_TOKEN"})
+
+
 def bridge_exec(
     address: str | None, token: str | None, timeout: float | None
 ) -> tuple[list[str], dict[str, str]]:
     """The bridge's command line and environment. The token goes in the environment
     (``KNOWLEDGE_TOKEN``), never on the command line, which every local user can read
-    (``ps``, ``/proc/<pid>/cmdline``) for as long as the bridge runs."""
+    (``ps``, ``/proc/<pid>/cmdline``) for as long as the bridge runs. The bridge's HTTP
+    switch (``KNOWLEDGE_MCP_HTTP`` and its token) is left out: `knowledge mcp` is the stdio
+    bridge a harness starts, often with the user's whole environment, and a variable
+    exported for an HTTP bridge turned it into one the harness could not talk to."""
     argv = [sys.executable, "-m", BRIDGE_MODULE]
     if address:
         argv += ["--address", address]
     if timeout:
         argv += ["--timeout", str(timeout)]
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in HTTP_SWITCH}
     if token:
         env["KNOWLEDGE_TOKEN"] = token
     return argv, env
