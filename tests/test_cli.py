@@ -255,6 +255,8 @@ def test_serve_with_standard_output_closed_serves_on_and_stops_on_sigterm(
         assert proc.poll() is None, "the server stopped"
         assert recorded.exists(), "no address recorded"
         assert _invoke(env, "status").exit_code == 0
+        # The null device took descriptor 1, not the first file the server opened.
+        assert os.readlink(f"/proc/{proc.pid}/fd/1") == os.devnull
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
@@ -297,6 +299,40 @@ def test_serve_prints_its_line_when_only_the_address_cannot_be_recorded(
     assert proc.stderr is not None
     err = proc.stderr.read()
     assert "server.address_not_recorded" in err and "listening_line_lost" not in err, err
+
+
+def test_serve_makes_its_folders_owner_only_so_its_clients_follow_it(tmp_path: Path) -> None:
+    """Under a umask of 002 with a group shared with others, the data directory and its
+    `locks/` came out group-writable, and clients (rightly) refused the address recorded
+    there: every client of a server on another port dialled the default. The server makes
+    both owner-only, and a `locks/` an earlier version left group-writable loses that bit."""
+    import stat as st
+
+    env = _env(tmp_path)
+    data = Path(env["KNOWLEDGE_DATA_DIR"])
+    for round_ in (1, 2):
+        proc = subprocess.Popen(
+            [*KNOWLEDGE, "serve", "--listen", "127.0.0.1:0", "--no-bootstrap"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=REPO_ROOT,
+            preexec_fn=lambda: os.umask(0o002),  # the child's umask
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith("listening on ")
+            assert st.S_IMODE(data.stat().st_mode) & 0o022 == 0
+            assert st.S_IMODE((data / "locks").stat().st_mode) & 0o022 == 0, round_
+            assert _invoke(env, "status").exit_code == 0
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        (data / "locks").chmod(0o775)  # as an earlier version left it
 
 
 def test_sigterm_stops_gracefully(served) -> None:  # type: ignore[no-untyped-def]

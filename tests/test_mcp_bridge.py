@@ -5,6 +5,7 @@ checks every structured result against the tool's output schema)."""
 
 from __future__ import annotations
 
+import fcntl
 import grp
 import importlib.util
 import json
@@ -966,10 +967,14 @@ def test_a_serve_lock_others_may_make_or_hold_proves_nothing(tmp_path: Path) -> 
     shared.mkdir()
     shared.chmod(0o1777)
     (data / "locks").symlink_to(shared)
-    with serving_data_dir(data):  # even held
+    planted = os.open(shared / "serve.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(planted, fcntl.LOCK_EX)  # held, as by the user who planted it
         (data / "server.json").write_text(json.dumps({"address": "127.0.0.1:45678"}))
         (data / "server.json").chmod(0o600)
         assert recorded_address(data) is None
+    finally:
+        os.close(planted)
     (data / "locks").unlink()
     private = tmp_path / "private-locks"
     private.mkdir(mode=0o700)

@@ -445,7 +445,9 @@ def check_data_dir(cfg: Config) -> None:
     """Raise ConfigError when the data directory cannot be created or written (``serve``
     checks this at start, for a one-line error instead of a traceback)."""
     try:
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        # Owner-only, whatever the umask: clients follow the address recorded here only
+        # from a folder no other user may write (knowledge_sdk.recorded).
+        cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=cfg.data_dir, prefix=".write-check-"):
             pass
     except OSError as exc:

@@ -216,7 +216,7 @@ def kb_converter(config: Config) -> Converter:
 def build_app(config: Config, *, clock: Callable[[], datetime] | None = None) -> KnowledgeApp:
     """The app a real `serve` runs; ``clock`` lets tests move licence time."""
     licence = WatchedLicence(config, clock)
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # as check_data_dir
     set_mmap_mib(config.sqlite_mmap_mib)  # before any store is opened
     embedder = make_embedder(config)
     code = CodeLane(

@@ -13,6 +13,7 @@ import dataclasses
 import fcntl
 import math
 import os
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -222,6 +223,7 @@ def serve(
     serve` has, is refused with one line and exit code 2, leaving that server and its
     server.json alone.
     """
+    _fill_closed_standard_fds()
     # The server's runtime (stores, tree-sitter, numpy) is imported by `serve` alone, so
     # the client commands (search, status, ...) start without loading it.
     from knowledge_server.config import (
@@ -327,6 +329,20 @@ def serve(
         clear_address(cfg.data_dir)
 
 
+def _fill_closed_standard_fds() -> None:
+    """Standard input, output or error closed at start (`>&-`): the null device in its
+    place, before anything is opened, or the first file opened (the serve lock, a store)
+    became descriptor 1 and whatever writes there wrote into it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
 def _stdout_gone() -> None:
     """Standard output's reader went away: later writes (and the flush at exit, which
     would print a traceback) go to the null device instead."""
@@ -349,7 +365,12 @@ def _hold_data_dir(data_dir: Path) -> int:
     removed the first one's server.json. A lock the kernel drops when its holder dies, so
     a killed server never leaves the directory taken."""
     path = data_dir.joinpath(*SERVE_LOCK)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # Clients trust the lock only in a folder no other user may write: one an earlier
+    # version made under a umask of 002 (a shared group's write bit) is made so.
+    folder = path.parent.stat()
+    if folder.st_uid == os.getuid() and folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        path.parent.chmod(stat.S_IMODE(folder.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     # A client finding the recorded address probes the lock with a shared one, held for
     # a moment: waited out, never taken for another server.

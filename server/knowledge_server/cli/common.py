@@ -49,7 +49,7 @@ def data_dir(ctx: click.Context) -> Path:
 
 def record_address(directory: Path, address: str) -> None:
     """Written by `serve`, so other commands find the running service without flags."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = directory / (SERVER_FILE + ".tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
