@@ -406,6 +406,14 @@ def test_knowledge_mcp_is_the_stdio_bridge_whatever_the_environment(
     assert env["KNOWLEDGE_TLS_CA"] == "/ca.pem"
     monkeypatch.setattr(os, "environ", env)
     assert parse_args(argv[3:]).http is None
+    monkeypatch.undo()
+    seen: list[list[str]] = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: seen.append(argv))
+    result = CliRunner().invoke(
+        cli_main, ["mcp"], env={"KNOWLEDGE_MCP_HTTP": "127.0.0.1:8765", "KNOWLEDGE_ADDRESS": "a:1"}
+    )
+    assert result.exit_code == 0 and seen, result.output
+    assert "KNOWLEDGE_MCP_HTTP ignored: this is the stdio bridge" in result.output
 
 
 def test_knowledge_mcp_passes_the_address_knowledge_serve_recorded(

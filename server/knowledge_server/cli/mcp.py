@@ -83,6 +83,12 @@ def mcp_command(
         token or parent.get("token"),
         timeout or parent.get("timeout"),
     )
+    if ignored := sorted(HTTP_SWITCH & set(os.environ)):
+        print(
+            f"knowledge mcp: {', '.join(ignored)} ignored: this is the stdio bridge"
+            " (for HTTP: knowledge-mcp --http)",
+            file=sys.stderr,
+        )
     sys.stdout.flush()
     sys.stderr.flush()
     # The bridge replaces this process (same stdio); argv[0] is the interpreter running us.
