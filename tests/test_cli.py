@@ -189,6 +189,36 @@ def test_edition_refusal_is_one_line_with_the_edition(served) -> None:  # type: 
     assert len(lines) == 1 and "enterprise" in lines[0]
 
 
+def _serves_by_its_recorded_address(
+    env: dict[str, str], proc: subprocess.Popen[str], check: Any = None
+) -> str:
+    """Wait until `proc` (a `knowledge serve`) records its address, check a client finds
+    it there (and ``check(proc)``), stop it with SIGTERM (exit 0, no traceback, address
+    withdrawn); its standard error."""
+    recorded = Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json"
+    try:
+        for _ in range(600):
+            if recorded.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the server stopped"
+        assert recorded.exists(), "no address recorded"
+        assert _invoke(env, "status").exit_code == 0
+        if check is not None:
+            check(proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert "Traceback" not in err, err[-2000:]
+    assert not recorded.exists()
+    return err
+
+
 def test_serve_whose_stdout_nobody_reads_serves_on_and_stops_on_sigterm(
     tmp_path: Path,
 ) -> None:
@@ -209,25 +239,7 @@ def test_serve_whose_stdout_nobody_reads_serves_on_and_stops_on_sigterm(
         cwd=REPO_ROOT,
     )
     os.close(write_end)
-    try:
-        recorded = Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json"
-        for _ in range(600):
-            if recorded.exists() or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, "the server stopped"
-        assert recorded.exists(), "no address recorded"
-        assert _invoke(env, "status").exit_code == 0
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    assert "server.listening_line_lost" in err and "Traceback" not in err, err[-2000:]
-    assert not recorded.exists()
+    assert "server.listening_line_lost" in _serves_by_its_recorded_address(env, proc)
 
 
 def test_serve_with_standard_output_closed_serves_on_and_stops_on_sigterm(
@@ -246,26 +258,12 @@ def test_serve_with_standard_output_closed_serves_on_and_stops_on_sigterm(
         cwd=REPO_ROOT,
         preexec_fn=lambda: os.close(1),  # the child starts with standard output closed
     )
-    recorded = Path(env["KNOWLEDGE_DATA_DIR"]) / "server.json"
-    try:
-        for _ in range(600):
-            if recorded.exists() or proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, "the server stopped"
-        assert recorded.exists(), "no address recorded"
-        assert _invoke(env, "status").exit_code == 0
+
+    def null_on_stdout(proc: subprocess.Popen[str]) -> None:
         # The null device took descriptor 1, not the first file the server opened.
         assert os.readlink(f"/proc/{proc.pid}/fd/1") == os.devnull
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    assert "Traceback" not in err, err[-2000:]
+
+    _serves_by_its_recorded_address(env, proc, null_on_stdout)
 
 
 def test_serve_prints_its_line_when_only_the_address_cannot_be_recorded(

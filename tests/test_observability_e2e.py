@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -407,7 +407,12 @@ async def test_metrics_are_off_by_default(tmp_path: Path) -> None:
         await shutdown(rs.served, 0)
 
 
-async def test_a_search_is_one_span_with_a_child_span_per_lane(tmp_path: Path) -> None:
+@asynccontextmanager
+async def _traced_and_indexed(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[InMemorySpanExporter, AsyncKnowledgeClient]]:
+    """A traced server with the workspace indexed and the logs ingested; the spans so far
+    cleared, a client to it."""
     ws, logs = _workspace(tmp_path)
     exporter, tracing = _recorded()
     cfg = load_config(
@@ -429,13 +434,18 @@ async def test_a_search_is_one_span_with_a_child_span_per_lane(tmp_path: Path) -
             async for _ in kc.ingest_sessions([str(logs)]):
                 pass
             exporter.clear()
-            answer = await kc.search(
-                f"{WORD} decoder",
-                include=["episodes", "code"],
-                request_id="trace-req-1",
-            )
+            yield exporter, kc
     finally:
         await shutdown(served, 0)
+
+
+async def test_a_search_is_one_span_with_a_child_span_per_lane(tmp_path: Path) -> None:
+    async with _traced_and_indexed(tmp_path) as (exporter, kc):
+        answer = await kc.search(
+            f"{WORD} decoder",
+            include=["episodes", "code"],
+            request_id="trace-req-1",
+        )
     spans = exporter.get_finished_spans()
     rpc = [s for s in spans if s.name == "knowledge.v1.KnowledgeService/Search"]
     assert len(rpc) == 1
@@ -462,30 +472,8 @@ async def test_a_dispatch_span_has_the_lane_spans_of_its_search(tmp_path: Path) 
     """A dispatch searches to plan: its lanes are child spans of the Dispatch span (they
     were dropped with the metrics, so a slow dispatch showed no lane), and the Dispatch
     span carries no search answer's attributes (it returns none)."""
-    ws, logs = _workspace(tmp_path)
-    exporter, tracing = _recorded()
-    cfg = load_config(
-        env={},
-        overrides={
-            "listen": "127.0.0.1:0",
-            "data_dir": str(tmp_path / "data"),
-            "bootstrap": False,
-            "workspaces": [str(ws)],
-            "session_paths": [str(logs)],
-        },
-    )
-    served = await create_server(cfg, build_app(cfg), tracing=tracing)
-    await served.server.start()
-    try:
-        async with AsyncKnowledgeClient(f"127.0.0.1:{served.port}") as kc:
-            async for _ in kc.index_workspace(str(ws)):
-                pass
-            async for _ in kc.ingest_sessions([str(logs)]):
-                pass
-            exporter.clear()
-            await kc.dispatch(f"fix the {WORD} decoder")
-    finally:
-        await shutdown(served, 0)
+    async with _traced_and_indexed(tmp_path) as (exporter, kc):
+        await kc.dispatch(f"fix the {WORD} decoder")
     spans = exporter.get_finished_spans()
     rpc = [s for s in spans if s.name == "knowledge.v1.KnowledgeService/Dispatch"]
     assert len(rpc) == 1
