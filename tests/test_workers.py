@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from knowledge_sdk import KnowledgeClient
@@ -195,3 +196,27 @@ def test_stores_open_concurrently_in_several_processes(tmp_path: Path) -> None:
         found.append(errors.get())
     assert not found
     assert all(p.exitcode == 0 for p in procs)
+
+
+def _closes_its_pipe_then_exits(writer: Any) -> None:
+    writer.close()
+    time.sleep(0.5)  # still exiting when the first process reads the end of its pipe
+    sys.exit(3)
+
+
+def test_a_worker_that_closes_its_pipe_is_reported_by_its_exit_not_a_timeout() -> None:
+    """A worker ending during start-up (a Ctrl-C to the process group) closes its pipe
+    before it has exited: reported by its exit code, not as "no answer within 120s", a
+    timeout that never happened."""
+    from knowledge_server.workers import _read_ready
+
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_closes_its_pipe_then_exits, args=(writer,))
+    proc.start()
+    writer.close()
+    try:
+        assert _read_ready(reader, proc, 120) == "exited with code 3"
+    finally:
+        proc.join(10)
+        reader.close()

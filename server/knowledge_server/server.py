@@ -309,6 +309,11 @@ async def serve(
     except ConfigError:
         await workers.stop(0)
         await shutdown(served, 0)
+        if stop.is_set():
+            # Asked to stop while the workers started (a Ctrl-C reaches them too): a
+            # stop, not a failed start.
+            log.info("server.stopped", during="start-up")
+            return
         raise
     background: asyncio.Task[object] | None = None
     watch: asyncio.Task[None] | None = None

@@ -136,14 +136,22 @@ class WorkerGroup:
 
 def _read_ready(reader: Connection, proc: Any, timeout: float) -> str:
     deadline = time.monotonic() + timeout
+    closed = False
     while time.monotonic() < deadline:
         if reader.poll(0.2):
             try:
                 return str(reader.recv())
             except EOFError:
+                closed = True
                 break
         if not proc.is_alive():
             break
+    if closed:
+        # Its end of the pipe closed: the worker is exiting (a Ctrl-C to the process group
+        # during start-up); its exit code says why, not a timeout that never happened.
+        proc.join(5)
     if proc.is_alive():
+        if closed:
+            return "closed its pipe without answering"
         return f"no answer within {timeout:.0f}s"
     return f"exited with code {proc.exitcode}"
