@@ -43,7 +43,8 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -696,14 +697,11 @@ async def test_http13_the_face_serves_https_with_the_servers_certificate(
     tls = {"tls_cert": str(srv_cert), "tls_key": str(srv_key_path)}
     if mutual:
         tls["tls_client_ca"] = str(ca_pem)
-    rs = await start_server(tmp_path, retrieve_http_listen="127.0.0.1:0", **tls)
-    assert rs.served.http is not None
-    port = rs.served.http.port
     trusted = ssl.create_default_context(cafile=str(ca_pem))
     with_cert = ssl.create_default_context(cafile=str(ca_pem))
     with_cert.load_cert_chain(str(cli_cert), str(cli_key_path))
     body = {"query": "refund days"}
-    try:
+    async with _http_face(tmp_path, **tls) as port:
         async with httpx.AsyncClient(verify=with_cert, timeout=10) as client:
             r = await client.post(f"https://127.0.0.1:{port}/knowledge/retrieve", json=body)
             assert r.status_code == 200, r.text
@@ -718,10 +716,6 @@ async def test_http13_the_face_serves_https_with_the_servers_certificate(
                     await client.post(url, json=body)
             else:
                 assert (await client.post(url, json=body)).status_code == 200
-    finally:
-        await rs.served.http.stop(0)
-        await rs.server.stop(0)
-        rs.app.close()
 
 
 def _http_counts(world: KbWorld) -> dict[tuple[str, str], float]:
@@ -794,6 +788,20 @@ def test_http14_a_caller_gone_before_its_body_is_499_not_a_server_error(
     ).is_success
 
 
+@asynccontextmanager
+async def _http_face(tmp_path: Path, **settings: Any) -> AsyncIterator[int]:
+    """A real server with its HTTP face on a free port (and ``settings``); the port. Both
+    are stopped and the app closed at the end."""
+    rs = await start_server(tmp_path, retrieve_http_listen="127.0.0.1:0", **settings)
+    assert rs.served.http is not None
+    try:
+        yield rs.served.http.port
+    finally:
+        await rs.served.http.stop(0)
+        await rs.server.stop(0)
+        rs.app.close()
+
+
 async def _status_line(reader: asyncio.StreamReader) -> bytes:
     return (await asyncio.wait_for(reader.readline(), timeout=30)).strip()
 
@@ -850,37 +858,35 @@ async def test_http15_a_stalled_body_is_408_and_idle_connections_never_shut_othe
     do (a cap counting them answered every request 503 once it was full). Real sockets
     against the real server, with the deadline made small."""
     monkeypatch.setattr(kb_http, "BODY_READ_TIMEOUT_S", 0.5, raising=False)
-    rs = await start_server(tmp_path, retrieve_http_listen="127.0.0.1:0")
-    assert rs.served.http is not None
-    port = rs.served.http.port
-    url = f"http://127.0.0.1:{port}/knowledge/retrieve"
     body = b'{"query": "refund days"}'
     held: list[asyncio.StreamWriter] = []
-    try:
-        answer = await _trickled_exchange(
-            port,
-            b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body[:1],
-            within_s=15,  # before the trickle ends: keep-alive would never end
-        )
-        assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 408 Request Timeout", answer
-        assert b"did not arrive within" in answer and b"KNOWLEDGE_INVALID_REQUEST" in answer
-        assert b"connection: close" in answer.lower()
+    async with _http_face(tmp_path) as port:
+        try:
+            answer = await _trickled_exchange(
+                port,
+                b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body[:1],
+                within_s=15,  # before the trickle ends: keep-alive would never end
+            )
+            assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 408 Request Timeout", answer
+            assert b"did not arrive within" in answer and b"KNOWLEDGE_INVALID_REQUEST" in answer
+            assert b"connection: close" in answer.lower()
 
-        for _ in range(300):
-            _, idle = await asyncio.open_connection("127.0.0.1", port)
-            held.append(idle)
-        async with httpx.AsyncClient(timeout=30) as client:
-            r = await client.post(url, content=body, headers={"Content-Type": "application/json"})
-        assert r.status_code == 200, r.text
-        assert r.json()["reason_code"] == "NO_EVIDENCE"
-    finally:
-        for idle in held:
-            idle.close()
-        await rs.served.http.stop(0)
-        await rs.server.stop(0)
-        rs.app.close()
+            for _ in range(300):
+                _, idle = await asyncio.open_connection("127.0.0.1", port)
+                held.append(idle)
+            async with httpx.AsyncClient(timeout=30) as client:
+                r = await client.post(
+                    f"http://127.0.0.1:{port}/knowledge/retrieve",
+                    content=body,
+                    headers={"Content-Type": "application/json"},
+                )
+            assert r.status_code == 200, r.text
+            assert r.json()["reason_code"] == "NO_EVIDENCE"
+        finally:
+            for idle in held:
+                idle.close()
 
 
 async def test_http15_every_refusal_before_the_body_closes_its_connection(
@@ -892,10 +898,7 @@ async def test_http15_every_refusal_before_the_body_closes_its_connection(
     now and then (each byte restarted the keep-alive timer: held for as long as it liked,
     without a token). A small body's caller still reads the whole answer."""
     monkeypatch.setattr(kb_http, "DRAIN_S", 0.5, raising=False)
-    rs = await start_server(tmp_path, retrieve_http_listen="127.0.0.1:0")
-    assert rs.served.http is not None
-    port = rs.served.http.port
-    try:
+    async with _http_face(tmp_path) as port:
         for head, status in (
             (
                 b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\n"
@@ -918,10 +921,6 @@ async def test_http15_every_refusal_before_the_body_closes_its_connection(
                 headers={"Content-Type": "application/json"},
             )
         assert r.status_code == 404 and r.json()["error"]["code"] == "KNOWLEDGE_NOT_FOUND"
-    finally:
-        await rs.served.http.stop(0)
-        await rs.server.stop(0)
-        rs.app.close()
 
 
 async def test_http15_a_refusal_neither_invites_a_body_nor_waits_for_one_that_has_arrived(
@@ -932,10 +931,7 @@ async def test_http15_a_refusal_neither_invites_a_body_nor_waits_for_one_that_ha
     large upload then met a reset connection), nor wait for more of a body that has all
     arrived (a chunked body over the limit got its 413 only after the drain's wait)."""
     monkeypatch.setattr(kb_http, "DRAIN_S", 60.0, raising=False)
-    rs = await start_server(tmp_path, retrieve_http_listen="127.0.0.1:0")
-    assert rs.served.http is not None
-    port = rs.served.http.port
-    try:
+    async with _http_face(tmp_path) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
             b"POST /knowledge/retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -957,7 +953,3 @@ async def test_http15_a_refusal_neither_invites_a_body_nor_waits_for_one_that_ha
         first = await asyncio.wait_for(_status_line(reader), timeout=20)
         assert first.startswith(b"HTTP/1.1 413"), first
         writer.close()
-    finally:
-        await rs.served.http.stop(0)
-        await rs.server.stop(0)
-        rs.app.close()
