@@ -235,24 +235,10 @@ def test_only_calls_safe_to_send_again_are_retried() -> None:
     import json
 
     from knowledge_sdk import client as sdk_client
-    from knowledge_server._gen.knowledge.v1 import (
-        docgraph_pb2,
-        index_service_pb2,
-        kb_admin_pb2,
-        kb_retrieve_pb2,
-        knowledge_service_pb2,
-        memory_pb2,
-    )
+    from knowledge_server.transport.policy import FILES
 
     marked = set()
-    for module in (
-        knowledge_service_pb2,
-        docgraph_pb2,
-        index_service_pb2,
-        kb_admin_pb2,
-        kb_retrieve_pb2,
-        memory_pb2,
-    ):
+    for module in FILES:  # every proto file that declares a service
         for service in module.DESCRIPTOR.services_by_name.values():
             for method in service.methods:
                 if method.GetOptions().idempotency_level in (1, 2):  # NO_SIDE_EFFECTS, IDEMPOTENT
