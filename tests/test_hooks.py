@@ -154,10 +154,14 @@ def test_the_text_tools_keep_each_item_on_one_line() -> None:
 
 
 def _hook(
-    address: str, timeout: str, event: dict[str, object]
+    address: str | None, timeout: str, event: dict[str, object], **env_extra: str
 ) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """The hook as a harness runs it, with no KNOWLEDGE_ variable but these (and
+    KNOWLEDGE_ADDRESS when ``address`` is given); how long it took and what it did."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KNOWLEDGE_")}
-    env.update(PYTHONPATH=PYPATH, KNOWLEDGE_ADDRESS=address, KNOWLEDGE_HOOK_TIMEOUT=timeout)
+    env.update(PYTHONPATH=PYPATH, KNOWLEDGE_HOOK_TIMEOUT=timeout, **env_extra)
+    if address is not None:
+        env["KNOWLEDGE_ADDRESS"] = address
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "knowledge_mcp.hooks"],
@@ -238,20 +242,11 @@ def test_the_hook_dials_the_address_knowledge_serve_recorded(tmp_path: Path) -> 
                 pass
         data = tmp_path / "data"
         data.mkdir(mode=0o700)  # as `knowledge serve` leaves it, whatever the umask
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KNOWLEDGE_")}
-        env.update(PYTHONPATH=PYPATH, KNOWLEDGE_DATA_DIR=str(data), KNOWLEDGE_HOOK_TIMEOUT="20")
         event = {"hook_event_name": "UserPromptSubmit", "prompt": "where are parcels shipped"}
         with serving_data_dir(data):  # held, then recorded, as by `knowledge serve`
             (data / "server.json").write_text(json.dumps({"address": server.address, "pid": 1}))
             (data / "server.json").chmod(0o600)
-            done = subprocess.run(
-                [sys.executable, "-m", "knowledge_mcp.hooks"],
-                input=json.dumps(event),
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            _took, done = _hook(None, "20", event, KNOWLEDGE_DATA_DIR=str(data))
     finally:
         server.stop()
     assert done.returncode == 0, done.stderr
