@@ -237,10 +237,6 @@ def _create_in_place(path: Path, key: bytes) -> None:
         raise
 
 
-class _Closed(Exception):
-    """An append after the log was closed."""
-
-
 class AuditLog:
     """The audit store of one data directory. Thread-safe: one writer connection, used
     under a lock; ``append`` is a short write (one row), so callers on the event loop run
@@ -310,20 +306,20 @@ class AuditLog:
             "outcome": outcome,
         }
         drained: list[str] = []
+        event: AuditEvent | None = None
         try:
             with self._lock:
-                if self._closed_after is not None:
-                    raise _Closed
-                with immediate(self._conn):
-                    try:
-                        drained = self._drain()
-                        event = self._insert(fields)
-                    except BaseException:
-                        self._left_files = True  # a file it renamed stays for the next drain
-                        raise
+                if self._closed_after is None:
+                    with immediate(self._conn):
+                        try:
+                            drained = self._drain()
+                            event = self._insert(fields)
+                        except BaseException:
+                            self._left_files = True  # a file it renamed stays for the next drain
+                            raise
         except apsw.BusyError:
             return self._keep_pending(fields, "log busy")
-        except _Closed:
+        if event is None:
             return self._keep_pending(fields, "log closed")
         for path in drained:
             # Committed: the kept events are in the chain (a crash before this unlink is

@@ -15,6 +15,7 @@ import betterproto2
 import click
 from knowledge_sdk import ConnectionSettings, KnowledgeClient
 from knowledge_sdk import errors as sdk_errors
+from knowledge_sdk.client import DEFAULT_ADDRESS
 from knowledge_sdk.recorded import recorded_address
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -85,7 +86,7 @@ def resolve_address(ctx: click.Context) -> str:
         return os.environ["KNOWLEDGE_ADDRESS"]
     # Only a file this user wrote, naming this machine (knowledge_sdk.recorded): a data
     # directory others may write could otherwise send the commands and the token elsewhere.
-    return recorded_address(data_dir(ctx).resolve()) or "127.0.0.1:50151"
+    return recorded_address(data_dir(ctx).resolve()) or DEFAULT_ADDRESS
 
 
 @contextmanager
