@@ -337,19 +337,20 @@ def _fill_closed_standard_fds() -> None:
         try:
             os.fstat(fd)
         except OSError:
-            null = os.open(os.devnull, os.O_RDWR)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
+            _null_onto(fd)
 
 
 def _stdout_gone() -> None:
     """Standard output's reader went away: later writes (and the flush at exit, which
     would print a traceback) go to the null device instead."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, sys.stdout.fileno())
-    finally:
+    _null_onto(sys.stdout.fileno())
+
+
+def _null_onto(fd: int) -> None:
+    """The null device as descriptor ``fd`` (closed or not)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    if null != fd:  # else it took the closed descriptor's number already
+        os.dup2(null, fd)
         os.close(null)
 
 
